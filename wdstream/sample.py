@@ -1,0 +1,86 @@
+"""One training sample: token ids plus the document pieces they are made of.
+
+A sample is the msgpack map stored as member ``KEY.msgpack`` of a shard::
+
+    {"tokens": <bin: little-endian uint16|uint32>, "dtype": "uint16",
+     "doc_lens": [700, 1349], "cont": true}
+
+``doc_lens`` are the lengths of consecutive document pieces (they sum to the token count);
+``cont`` says whether the first piece continues the last document of the previous sample
+in dataset order. With these, documents can be rebuilt exactly and per-document
+``position_ids``/``cu_seqlens`` derived. Decoding is zero-copy: ``np.frombuffer`` over the
+msgpack binary field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+__all__ = ["DTYPES", "Sample", "decode_sample", "encode_sample", "token_dtype_for_vocab"]
+
+DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+
+# A sample is at most a few MB (one document in docs mode); refuse anything wildly larger
+# so a corrupt or hostile shard cannot make msgpack allocate gigabytes.
+_MAX_SAMPLE_BYTES = 1 << 30
+
+
+def token_dtype_for_vocab(n_vocab: int) -> str:
+    """Name of the smallest on-disk dtype that holds every id of a vocabulary of ``n_vocab``."""
+    return "uint16" if n_vocab <= 1 << 16 else "uint32"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Decoded sample. ``tokens`` may be a read-only view into the shard bytes."""
+
+    tokens: np.ndarray
+    doc_lens: tuple[int, ...]
+    cont: bool
+
+    def doc_starts(self) -> np.ndarray:
+        """Boolean mask over tokens: True where a document piece begins in this sample."""
+        starts = np.zeros(len(self.tokens), dtype=bool)
+        offsets = np.cumsum((0,) + self.doc_lens[:-1])
+        starts[offsets[offsets < len(self.tokens)]] = True
+        return starts
+
+
+def encode_sample(tokens: np.ndarray, doc_lens: list[int] | tuple[int, ...], cont: bool) -> bytes:
+    """Serialise a sample; ``tokens`` must already have the on-disk little-endian dtype.
+
+    Raises:
+        ValueError: if the piece lengths do not add up to the token count or the dtype is unknown.
+    """
+    dtype_name = next((n for n, d in DTYPES.items() if d == tokens.dtype), None)
+    if dtype_name is None:
+        raise ValueError(f"token dtype must be one of {list(DTYPES)}, got {tokens.dtype}")
+    if sum(doc_lens) != len(tokens):
+        raise ValueError(f"doc_lens sum {sum(doc_lens)} != {len(tokens)} tokens")
+    return msgpack.packb(
+        {"tokens": tokens.tobytes(), "dtype": dtype_name, "doc_lens": list(doc_lens), "cont": cont}
+    )
+
+
+def decode_sample(data: bytes | memoryview) -> Sample:
+    """Decode one sample's msgpack bytes without copying the token array.
+
+    Raises:
+        ValueError: if the bytes are not a valid sample (callers add shard and offset).
+    """
+    try:
+        obj = msgpack.unpackb(
+            data, raw=False, max_bin_len=_MAX_SAMPLE_BYTES, max_array_len=_MAX_SAMPLE_BYTES
+        )
+        dtype = DTYPES[obj["dtype"]]
+        tokens = np.frombuffer(obj["tokens"], dtype=dtype)
+        doc_lens = tuple(obj["doc_lens"])
+        cont = bool(obj["cont"])
+    except (msgpack.UnpackException, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"not a wdstream sample: {exc!r}") from exc
+    if sum(doc_lens) != len(tokens):
+        raise ValueError(f"doc_lens sum {sum(doc_lens)} != {len(tokens)} tokens")
+    return Sample(tokens=tokens, doc_lens=doc_lens, cont=cont)
