@@ -3,40 +3,112 @@
 ``open_store("data/")`` -> local, ``open_store("s3://bucket/prefix/")`` -> S3,
 ``open_store("https://host/path/")`` -> HTTP. ``split_url`` turns a shard URL into the
 store of its folder plus the object name, so brace patterns of URLs work on every backend.
+See docs/STORAGE.md for the atomicity guarantees and the retry policy.
 """
 
 from __future__ import annotations
 
 import posixpath
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from wdstream.storage.base import Store
 from wdstream.storage.local import LocalStore
+from wdstream.storage.retry import (
+    RemoteReadError,
+    RemoteStoreError,
+    RemoteWriteError,
+    RetryPolicy,
+    redact_url,
+)
 
-__all__ = ["LocalStore", "Store", "open_store", "split_url"]
+__all__ = [
+    "HttpStore",
+    "LocalStore",
+    "RemoteReadError",
+    "RemoteStoreError",
+    "RemoteWriteError",
+    "RetryPolicy",
+    "S3Store",
+    "Store",
+    "open_store",
+    "redact_url",
+    "split_url",
+]
+
+# Options that only mean something for remote stores; a local root accepts and ignores them
+# so one set of storage options can be passed for any dataset URL.
+_REMOTE_ONLY = frozenset({"retries", "timeout", "backoff", "max_backoff", "endpoint_url"})
 
 
 def open_store(url: str, create: bool = False, **options: Any) -> Store:
     """Return the store for a root URL or local path.
 
     Args:
-        url: local folder, ``s3://bucket/prefix``, or ``http(s)://host/path``.
+        url: local folder, ``file://path``, ``s3://bucket/prefix``, or ``http(s)://host/path``.
         create: create the root if missing (local folders only; object stores need nothing).
-        options: backend options (``endpoint_url``, ``retries``, ``timeout``...).
+        options: backend options: ``retries``, ``timeout`` (seconds, or a ``(connect, read)``
+            pair), ``backoff`` for remote stores; ``endpoint_url``, ``region``, ``profile``,
+            ``part_size`` for S3; ``headers``, ``verify`` for HTTP.
 
     Raises:
         ValueError: for a scheme wdstream does not read, such as ``pipe:``.
+        TypeError: for an option the backend does not know.
     """
+    allow_pipe = bool(options.pop("allow_pipe", False))
+    if url.startswith("pipe:"):
+        if not allow_pipe:
+            raise ValueError(
+                "pipe: URLs run shell commands and are refused; wdstream reads local paths, "
+                "s3:// and http(s):// URLs"
+            )
+        raise ValueError(
+            "pipe: URLs are not implemented by wdstream's stores (allow_pipe=True only lifts "
+            "the refusal); use a local path, s3:// or http(s):// instead"
+        )
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in ("", "file"):
         path = url[len("file://") :] if scheme == "file" else url
+        unknown = set(options) - _REMOTE_ONLY
+        if unknown:
+            raise TypeError(f"options not understood by a local store: {sorted(unknown)}")
         return LocalStore(path, create=create)
-    if url.startswith("pipe:"):
-        raise ValueError(f"pipe: URLs run shell commands and are refused: {url!r}")
-    raise ValueError(f"unsupported storage URL {url!r} (local paths only so far)")
+    if scheme == "s3":
+        from wdstream.storage.s3 import S3Store
+
+        return S3Store(url, **options)
+    if scheme in ("http", "https"):
+        from wdstream.storage.http import HttpStore
+
+        return HttpStore(url, **options)
+    raise ValueError(
+        f"unsupported storage URL {redact_url(url)!r}: use a local path, s3:// or http(s)://"
+    )
 
 
 def split_url(url: str) -> tuple[str, str]:
-    """Split a shard URL or path into ``(root, name)``."""
+    """Split a shard URL or path into ``(root, name)``.
+
+    ``"s3://bucket/a/b.tar"`` -> ``("s3://bucket/a", "b.tar")``. The query string of an
+    HTTP URL (a signed token) stays with the root, so ``open_store(root)`` appends it to
+    every object it fetches.
+    """
+    if url.startswith(("http://", "https://")):
+        p = urlsplit(url)
+        folder, name = posixpath.split(p.path)
+        return urlunsplit((p.scheme, p.netloc, folder, p.query, "")), name
     root, name = posixpath.split(url)
     return (root or "."), name
+
+
+def __getattr__(name: str) -> Any:
+    # Backends import boto3/requests; load them only when asked for.
+    if name == "S3Store":
+        from wdstream.storage.s3 import S3Store
+
+        return S3Store
+    if name == "HttpStore":
+        from wdstream.storage.http import HttpStore
+
+        return HttpStore
+    raise AttributeError(f"module 'wdstream.storage' has no attribute {name!r}")

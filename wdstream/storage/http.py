@@ -1,0 +1,361 @@
+"""HTTP(S) store: ranged GETs with resuming retries, HEAD for sizes, PUT for writes.
+
+Plain HTTP has no listing, so readers start from ``index.json`` (or explicit shard URLs)
+and :meth:`HttpStore.list` raises :class:`ListingNotSupportedError`. Writes buffer the
+object and send one ``PUT`` when the ``with`` block exits cleanly; whether the server makes
+that PUT atomic is up to the server (wdstream's test server writes to a temporary file and
+renames it).
+
+A server that ignores ``Range`` answers ``200`` with the whole object; the store then skips
+to the requested offset and closes the connection as soon as it has the bytes it asked for,
+instead of downloading the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, BinaryIO, cast
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import requests
+import urllib3
+
+from wdstream.errors import WdstreamError
+from wdstream.storage.base import Store
+from wdstream.storage.retry import (
+    RemoteReadError,
+    RemoteWriteError,
+    Retrier,
+    RetryPolicy,
+    TransientError,
+    iter_limited,
+    redact_url,
+)
+
+__all__ = ["HttpStore", "ListingNotSupportedError"]
+
+_CHUNK = 1 << 20
+# Objects up to this size are PUT from memory; larger ones are streamed from the spool file.
+_SPOOL = 16 << 20
+
+
+class ListingNotSupportedError(WdstreamError, NotImplementedError):
+    """Plain HTTP cannot list a folder; use ``index.json`` or explicit shard URLs."""
+
+
+class _HttpStatusError(Exception):
+    """A status that retrying will not fix (400, 405, ...)."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an exception from ``requests`` is worth another attempt."""
+    if isinstance(exc, requests.exceptions.SSLError):
+        return False  # a certificate problem does not heal by waiting
+    return isinstance(
+        exc,
+        (
+            TransientError,
+            requests.ConnectionError,
+            requests.Timeout,
+            requests.exceptions.ChunkedEncodingError,
+            urllib3.exceptions.ProtocolError,
+            urllib3.exceptions.ReadTimeoutError,
+            ConnectionError,
+            TimeoutError,
+        ),
+    )
+
+
+def _retry_after(resp: requests.Response) -> float | None:
+    value = resp.headers.get("Retry-After")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date; the backoff is good enough
+
+
+def _check(resp: requests.Response, url: str) -> None:
+    """Map a status to an exception (``url`` is already redacted)."""
+    code = resp.status_code
+    if 200 <= code < 300:
+        return
+    resp.close()
+    if code in (404, 410):
+        raise FileNotFoundError(f"no such object: {url} (HTTP {code})")
+    if code in (401, 403):
+        raise PermissionError(f"access denied: {url} (HTTP {code})")
+    if code == 429 or code >= 500:
+        raise TransientError(f"HTTP {code} {resp.reason}", _retry_after(resp))
+    raise _HttpStatusError(f"HTTP {code} {resp.reason}")
+
+
+class _Body:
+    """A sized, re-readable request body, so ``requests`` sends Content-Length (not chunked)
+    and a retried PUT starts again from byte 0."""
+
+    def __init__(self, f: Any, size: int) -> None:
+        self._f, self._size = f, size
+        f.seek(0)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def read(self, n: int = -1) -> bytes:
+        return cast(bytes, self._f.read(n if n and n > 0 else _CHUNK))
+
+
+class _Response:
+    """Chunks of a streamed response; ``close()`` gives the connection back (or drops it
+    when the body was not read to the end)."""
+
+    def __init__(self, resp: requests.Response, chunks: Iterable[bytes]) -> None:
+        self._resp, self._chunks = resp, chunks
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._chunks)
+
+    def close(self) -> None:
+        self._resp.close()
+
+
+class HttpStore(Store):
+    """Objects under an ``http(s)://host/path/`` prefix.
+
+    Args:
+        url: the root; ``user:pass@`` in it is used for basic auth and a query string
+            (a signed token) is appended to every object URL. Neither appears in
+            :attr:`url`, messages or logs.
+        retries, timeout, backoff, max_backoff: see :class:`RetryPolicy`.
+        headers: extra request headers (e.g. ``Authorization``); never logged.
+        chunk_size: bytes per socket read of a response.
+        verify: TLS verification, as in ``requests``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        retries: int | None = None,
+        timeout: float | tuple[float, float] | None = None,
+        backoff: float | None = None,
+        max_backoff: float | None = None,
+        headers: dict[str, str] | None = None,
+        chunk_size: int = _CHUNK,
+        verify: bool | str = True,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"not an http(s) URL: {redact_url(url)!r}")
+        self._parts = parts
+        self.url = redact_url(url).rstrip("/")
+        self.policy = RetryPolicy.from_options(retries, timeout, backoff, max_backoff)
+        self.headers = dict(headers or {})
+        self.chunk_size = chunk_size
+        self.verify = verify
+        self._setup()
+
+    def _setup(self) -> None:
+        self._retrier = Retrier(self.policy, is_transient)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._sessions: list[requests.Session] = []
+
+    # -- pickling: sessions and locks stay in the process that made them ------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in ("_retrier", "_local", "_lock", "_sessions"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def _session(self) -> requests.Session:
+        # requests.Session is not documented as thread-safe: one per thread (the reader's
+        # read-ahead thread gets its own) and per process (a forked worker makes its own).
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            session = requests.Session()
+            session.headers.update(self.headers)
+            session.headers["Accept-Encoding"] = "identity"  # byte ranges of the raw object
+            session.verify = self.verify
+            local.session, local.pid = session, os.getpid()
+            with self._lock:
+                self._sessions.append(session)
+        return cast(requests.Session, local.session)
+
+    def _object_url(self, name: str) -> str:
+        p = self._parts
+        path = p.path.rstrip("/") + "/" + quote(name, safe="/-_.~")
+        return urlunsplit((p.scheme, p.netloc, path, p.query, ""))
+
+    @property
+    def _timeout(self) -> tuple[float, float]:
+        return (self.policy.connect_timeout, self.policy.read_timeout)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def _fetch(self, name: str, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+        headers = {}
+        if start > 0 or end is not None:
+            headers["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
+        resp = self._session().get(
+            self._object_url(name), headers=headers, stream=True, timeout=self._timeout
+        )
+        if resp.status_code == 416:  # start at or past the end: nothing to read
+            resp.close()
+            return 0, ()
+        _check(resp, self.child_url(name))
+        length = resp.headers.get("Content-Length")
+        chunks = resp.iter_content(self.chunk_size)
+        if resp.status_code == 206:
+            first, last = _content_range(resp.headers.get("Content-Range", ""))
+            if first is not None and first != start:
+                resp.close()
+                raise RemoteReadError(
+                    f"{self.child_url(name)}: asked for byte {start}, got Content-Range "
+                    f"starting at {first}",
+                    self.child_url(name), "bad Content-Range", start,
+                )  # fmt: skip
+            if length is not None:
+                promised = int(length)
+            else:
+                promised = last - first + 1 if first is not None and last is not None else 0
+            return promised, _Response(resp, chunks)
+        # 200: the server ignored Range and sends the whole object from byte 0.
+        total = int(length) if length is not None else None
+        limit = None if end is None else max(0, end - start)
+        if total is None:
+            promised = 0  # unknown length: trust the stream (truncation shows as an error)
+        else:
+            stop = total if end is None else min(end, total)
+            promised = max(0, stop - start)
+        return promised, _Response(resp, iter_limited(iter(chunks), start, limit))
+
+    def read(self, name: str) -> bytes:
+        return self._retrier.read(
+            lambda a, b: self._fetch(name, a, b), self.child_url(name), 0, None
+        )
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        if start < 0 or end < start:
+            raise ValueError(f"bad byte range [{start}, {end}) of {self.child_url(name)}")
+        if end == start:
+            return b""
+        return self._retrier.read(
+            lambda a, b: self._fetch(name, a, b), self.child_url(name), start, end
+        )
+
+    def _head(self, name: str) -> requests.Response:
+        url = self.child_url(name)
+
+        def head() -> requests.Response:
+            resp = self._session().head(
+                self._object_url(name), timeout=self._timeout, allow_redirects=True
+            )
+            _check(resp, url)
+            return resp
+
+        return self._retrier.call(head, "HEAD", url)
+
+    def size(self, name: str) -> int:
+        length = self._head(name).headers.get("Content-Length")
+        if length is not None:
+            return int(length)
+        # Some servers leave Content-Length out of HEAD; a one-byte range has the total.
+        url = self.child_url(name)
+
+        def probe() -> int:
+            resp = self._session().get(
+                self._object_url(name), headers={"Range": "bytes=0-0"}, stream=True,
+                timeout=self._timeout,
+            )  # fmt: skip
+            resp.close()
+            if resp.status_code == 416:
+                return 0
+            _check(resp, url)
+            total = resp.headers.get("Content-Range", "").rpartition("/")[2]
+            if not total.isdigit():
+                raise RemoteReadError(f"{url}: server reports no size", url, "no size")
+            return int(total)
+
+        return self._retrier.call(probe, "size of", url)
+
+    def exists(self, name: str) -> bool:
+        try:
+            self._head(name)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list(self) -> list[str]:
+        raise ListingNotSupportedError(
+            f"cannot list {self.url}: plain HTTP has no listing; read the dataset through "
+            "its index.json or give explicit shard URLs"
+        )
+
+    # -- writes ---------------------------------------------------------------------------
+
+    @contextmanager
+    def writer(self, name: str) -> Iterator[BinaryIO]:
+        spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL)
+        try:
+            yield cast(BinaryIO, spool)
+            # Only a clean exit gets here: an exception in the block sends nothing.
+            size = spool.seek(0, os.SEEK_END)
+            spool.seek(0)
+            data = spool.read() if size <= _SPOOL else None
+            self._put(name, data if data is not None else _Body(spool, size))
+        finally:
+            spool.close()
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self._put(name, bytes(data))
+
+    def _put(self, name: str, body: bytes | _Body) -> None:
+        url = self.child_url(name)
+
+        def put() -> None:
+            if isinstance(body, _Body):
+                body._f.seek(0)  # a retry resends from the start
+            resp = self._session().put(
+                self._object_url(name), data=body, timeout=self._timeout,
+                headers={"Content-Type": "application/octet-stream"},
+            )  # fmt: skip
+            resp.close()
+            _check(resp, url)
+
+        self._retrier.call(put, "PUT", url, RemoteWriteError)
+
+    def delete(self, name: str) -> None:
+        url = self.child_url(name)
+
+        def delete() -> None:
+            resp = self._session().delete(self._object_url(name), timeout=self._timeout)
+            resp.close()
+            if resp.status_code != 404:
+                _check(resp, url)
+
+        self._retrier.call(delete, "DELETE", url, RemoteWriteError)
+
+    def close(self) -> None:
+        with self._lock:
+            sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            session.close()
+        self._local = threading.local()
+
+
+def _content_range(value: str) -> tuple[int | None, int | None]:
+    """``"bytes 10-19/100"`` -> ``(10, 19)``; anything else -> ``(None, None)``."""
+    unit, _, rest = value.partition(" ")
+    span = rest.partition("/")[0]
+    first, _, last = span.partition("-")
+    if unit != "bytes" or not first.isdigit() or not last.isdigit():
+        return None, None
+    return int(first), int(last)

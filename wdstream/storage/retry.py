@@ -1,0 +1,300 @@
+"""Retries shared by the remote stores: backoff with jitter, resuming reads, redaction.
+
+A remote read is a loop around one backend call, ``fetch(offset, end)``, that starts a GET
+of bytes ``[offset, end)`` and returns how many bytes the response promises plus an iterator
+of chunks. When the body stops early (connection reset, read timeout, a proxy that cuts
+the response) the loop asks only for the bytes still missing::
+
+    want [0, 100)   GET bytes=0-99   -> 60 bytes, then the connection resets
+                    sleep (backoff + jitter)
+                    GET bytes=60-99  -> 40 bytes           -> return the 100 bytes
+
+The retry budget counts consecutive failures *without progress*; a response that brought
+new bytes resets it, so a long read over a flaky link finishes while a dead endpoint fails
+after ``retries`` attempts with a :class:`RemoteReadError` naming the URL, the byte offset
+and the last cause. URLs and causes are redacted before they reach a message or a log.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from wdstream.errors import WdstreamError
+
+__all__ = [
+    "Fetch",
+    "RemoteReadError",
+    "RemoteStoreError",
+    "RemoteWriteError",
+    "RetryPolicy",
+    "Retrier",
+    "TransientError",
+    "describe",
+    "iter_limited",
+    "redact_text",
+    "redact_url",
+]
+
+log = logging.getLogger("wdstream.storage")
+
+T = TypeVar("T")
+
+# (bytes the response promises, chunks of the body). The iterator may have a close().
+Fetch = Callable[[int, "int | None"], "tuple[int, Iterable[bytes]]"]
+
+
+class RemoteStoreError(WdstreamError, OSError):
+    """A remote store operation failed after its retries; names the URL and the cause."""
+
+    def __init__(self, message: str, url: str, cause: str, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.cause = cause
+        self.offset = offset
+
+
+class RemoteReadError(RemoteStoreError):
+    """A remote read failed after its retry budget: names the URL, byte offset and cause."""
+
+
+class RemoteWriteError(RemoteStoreError):
+    """A remote write (PUT, multipart upload, DELETE) failed after its retry budget."""
+
+
+class TransientError(Exception):
+    """Raised by a backend for an answer worth retrying (5xx, 429, a truncated body)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard a remote store tries.
+
+    Attributes:
+        retries: attempts after the first one before giving up (per read: consecutive
+            attempts that brought no new byte).
+        backoff: first delay in seconds; doubles per attempt up to ``max_backoff``.
+        max_backoff: cap of one delay (also caps a server's ``Retry-After``).
+        connect_timeout: seconds to open a connection.
+        read_timeout: seconds to wait for the next bytes of a response.
+    """
+
+    retries: int = 5
+    backoff: float = 0.25
+    max_backoff: float = 10.0
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+
+    @classmethod
+    def from_options(
+        cls,
+        retries: int | None = None,
+        timeout: float | tuple[float, float] | None = None,
+        backoff: float | None = None,
+        max_backoff: float | None = None,
+    ) -> RetryPolicy:
+        """Build a policy from ``open_store`` options; ``timeout`` is one number or a
+        ``(connect, read)`` pair."""
+        kw: dict[str, float | int] = {}
+        if retries is not None:
+            if retries < 0:
+                raise ValueError(f"retries must be >= 0, got {retries!r}")
+            kw["retries"] = int(retries)
+        if backoff is not None:
+            if backoff < 0:
+                raise ValueError(f"backoff must be >= 0, got {backoff!r}")
+            kw["backoff"] = float(backoff)
+        if max_backoff is not None:
+            kw["max_backoff"] = float(max_backoff)
+        if timeout is not None:
+            connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+            if connect <= 0 or read <= 0:
+                raise ValueError(f"timeout must be > 0, got {timeout!r}")
+            kw["connect_timeout"], kw["read_timeout"] = float(connect), float(read)
+        return cls(**kw)  # type: ignore[arg-type]
+
+
+_USERINFO = re.compile(r"(?<=//)[^/@\s'\"]+@")
+_QUERY = re.compile(r"\?[^\s'\"()<>]+")
+# Header-looking secrets a library might echo in an exception text.
+_SECRET_FIELDS = re.compile(
+    r"(?i)(authorization|x-amz-security-token|x-amz-credential|x-amz-signature|"
+    r"signature|aws_secret_access_key|aws_access_key_id|password)(['\"]?\s*[:=]\s*['\"]?)"
+    r"[^\s'\",&}]+"
+)
+
+
+def redact_url(url: str) -> str:
+    """The URL with ``user:pass@`` and any query string (presigned signatures) removed."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return redact_text(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = "<redacted>" if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def redact_text(text: str) -> str:
+    """Scrub URL credentials, query strings and secret-looking fields from free text."""
+    text = _USERINFO.sub("***@", text)
+    text = _QUERY.sub("?<redacted>", text)
+    return _SECRET_FIELDS.sub(r"\1\2<redacted>", text)
+
+
+def describe(exc: BaseException) -> str:
+    """One-line, redacted description of an exception, for messages and logs."""
+    text = str(exc) or exc.__class__.__name__
+    return f"{exc.__class__.__name__}: {redact_text(text)}"[:500]
+
+
+class Retrier:
+    """Runs backend calls under a :class:`RetryPolicy`.
+
+    Args:
+        policy: retry counts, backoff and timeouts.
+        is_transient: tells which exceptions are worth another attempt.
+        rng: source of jitter; jitter never affects data, only when attempts happen.
+        sleep: injectable for tests.
+    """
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        is_transient: Callable[[BaseException], bool],
+        rng: random.Random | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.policy = policy
+        self.is_transient = is_transient
+        self.rng = rng or random.Random()
+        self.sleep = sleep
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait before retry number ``attempt`` (1-based): "equal jitter", so
+        workers that failed together do not come back together, yet never wait zero."""
+        p = self.policy
+        base = min(p.max_backoff, p.backoff * (2 ** (attempt - 1)))
+        wait = base / 2 + self.rng.uniform(0, base / 2)
+        if retry_after is not None:
+            wait = max(wait, min(retry_after, p.max_backoff))
+        return wait
+
+    def _wait(self, attempt: int, exc: BaseException, what: str, url: str) -> None:
+        wait = self.delay(attempt, getattr(exc, "retry_after", None))
+        log.warning(
+            "%s %s failed (%s); retry %d/%d in %.2fs",
+            what, url, describe(exc), attempt, self.policy.retries, wait,
+        )  # fmt: skip
+        self.sleep(wait)
+
+    def call(
+        self,
+        fn: Callable[[], T],
+        what: str,
+        url: str,
+        error: type[RemoteStoreError] = RemoteReadError,
+    ) -> T:
+        """Run ``fn`` until it succeeds, retrying transient failures.
+
+        Raises:
+            RemoteStoreError: ``error`` after the budget, or at once for a permanent failure
+                that is not a FileNotFoundError/PermissionError/ValueError.
+        """
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except (FileNotFoundError, PermissionError, RemoteStoreError, ValueError):
+                raise
+            except Exception as exc:
+                if not self.is_transient(exc):
+                    raise error(
+                        f"{what} {url} failed: {describe(exc)}", url, describe(exc)
+                    ) from None
+                attempt += 1
+                if attempt > self.policy.retries:
+                    raise error(
+                        f"{what} {url} failed after {attempt} attempts; "
+                        f"last cause: {describe(exc)}",
+                        url,
+                        describe(exc),
+                    ) from None
+                self._wait(attempt, exc, what, url)
+
+    def read(self, fetch: Fetch, url: str, start: int, end: int | None) -> bytes:
+        """Read ``[start, end)`` (``end=None``: to the end) through ``fetch``, resuming
+        from the last byte received after every failure.
+
+        Raises:
+            RemoteReadError: after ``retries`` consecutive attempts without progress, naming
+                ``url``, the offset of the first missing byte and the last cause.
+        """
+        parts: list[bytes] = []
+        pos = start
+        failures = 0
+        while end is None or pos < end:
+            before = pos
+            try:
+                promised, chunks = fetch(pos, end)
+                got = 0
+                try:
+                    for chunk in chunks:
+                        parts.append(chunk)
+                        got += len(chunk)
+                        pos += len(chunk)
+                finally:
+                    close = getattr(chunks, "close", None)
+                    if close is not None:
+                        close()
+                if got < promised:
+                    raise TransientError(f"truncated body: {got} of {promised} bytes")
+                break  # the response was complete: that is all there is
+            except (FileNotFoundError, PermissionError, RemoteStoreError, ValueError):
+                raise
+            except Exception as exc:
+                if not (isinstance(exc, TransientError) or self.is_transient(exc)):
+                    raise RemoteReadError(
+                        f"read of {url} at byte {pos} failed: {describe(exc)}",
+                        url, describe(exc), pos,
+                    ) from None  # fmt: skip
+                failures = 1 if pos > before else failures + 1
+                if failures > self.policy.retries:
+                    raise RemoteReadError(
+                        f"read of {url} at byte {pos} failed after {failures} attempts "
+                        f"without progress; last cause: {describe(exc)}",
+                        url, describe(exc), pos,
+                    ) from None  # fmt: skip
+                self._wait(failures, exc, f"read at byte {pos} of", url)
+        return b"".join(parts)
+
+
+def iter_limited(chunks: Iterator[bytes], skip: int, limit: int | None) -> Iterator[bytes]:
+    """Drop the first ``skip`` bytes of a stream and stop after ``limit`` more: turns a
+    whole-object answer from a server that ignored ``Range`` into the requested slice
+    without reading the rest of the body."""
+    for chunk in chunks:
+        if skip:
+            if len(chunk) <= skip:
+                skip -= len(chunk)
+                continue
+            chunk, skip = chunk[skip:], 0
+        if limit is not None:
+            if len(chunk) >= limit:
+                if limit:
+                    yield chunk[:limit]
+                return
+            limit -= len(chunk)
+        yield chunk
