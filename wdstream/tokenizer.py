@@ -130,8 +130,8 @@ def _sources(spec: str) -> list[tuple[str, Callable[[], Any]]]:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_encoding(spec: str) -> tuple[str, Any, str]:
-    """Return ``(name, tiktoken.Encoding, ranks_sha256)`` for ``spec``."""
+def _load_encoding(spec: str) -> tuple[str, Any]:
+    """Return ``(name, tiktoken.Encoding)`` for ``spec``."""
     tried: list[str] = []
     for what, load in _sources(spec):
         try:
@@ -142,8 +142,13 @@ def _load_encoding(spec: str) -> tuple[str, Any, str]:
             )
             continue
         name = enc.name.removesuffix("_offline")
-        return name, enc, _canonical_ranks_sha256(enc._mergeable_ranks)
+        return name, enc
     raise TokenizerError(f"cannot load tokenizer {spec!r}; tried: " + "; ".join(tried))
+
+
+@functools.lru_cache(maxsize=8)
+def _ranks_sha256(spec: str) -> str:
+    return _canonical_ranks_sha256(_load_encoding(spec)[1]._mergeable_ranks)
 
 
 def _bpe_binding(name: str) -> Any:
@@ -170,11 +175,16 @@ class Tokenizer:
         if backend not in ("tiktoken", "bpe-openai"):
             raise ValueError(f"backend must be 'tiktoken' or 'bpe-openai', got {backend!r}")
         self.spec = spec
-        self.name, self._enc, self.ranks_sha256 = _load_encoding(spec)
+        self.name, self._enc = _load_encoding(spec)
         self.n_vocab: int = self._enc.n_vocab
         self.eos_id: int | None = self._enc._special_tokens.get(ENDOFTEXT)
         self.backend = backend
         self._bpe = _bpe_binding(self.name) if backend == "bpe-openai" else None
+
+    @functools.cached_property
+    def ranks_sha256(self) -> str:
+        """Canonical sha256 of the ranks (computed on first use, ~0.3 s for 100k ranks)."""
+        return _ranks_sha256(self.spec)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Tokenizer, (self.spec, self.backend))

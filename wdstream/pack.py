@@ -1,0 +1,437 @@
+"""``pack``: text files in, tar shards of tokens plus ``index.json`` out -- resumable.
+
+Pipeline (one packing thread, tokenisation in a pool, writes in a background thread)::
+
+    DocumentReader -> batches (~1 MB) -> TokenPool (ordered) -> ConcatPacker / DocsPacker
+        -> ShardWriter -> Store  (sidecar, tar, then journal; index.json last)
+
+Resume: after every shard commit the journal ``.wdstream-pack.json`` records the command's
+fingerprint, the committed shards and the input position after the shard's last sample
+(:class:`~wdstream.inputs.Position` of the document holding its last token, plus how many of
+that document's tokens were packed). A rerun of the same command skips straight to that
+record, re-tokenises only that one document, drops its packed tokens, and continues; the
+shards it writes are byte-identical to an uninterrupted run's because packing depends only
+on the token stream, never on batch or worker boundaries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from wdstream.errors import InputError, WdstreamError
+from wdstream.index import INDEX_NAME, DatasetIndex, ShardEntry
+from wdstream.inputs import DocumentReader, InputFile, Position, expand_inputs
+from wdstream.packer import ConcatPacker, DocsPacker
+from wdstream.sample import DTYPES, token_dtype_for_vocab
+from wdstream.shardwriter import ShardWriter, parse_size
+from wdstream.storage import LocalStore, Store, open_store
+from wdstream.tokenizer import load_tokenizer
+from wdstream.tokenpool import TokenPool
+
+__all__ = ["JOURNAL_NAME", "JOURNAL_VERSION", "PackResult", "pack"]
+
+JOURNAL_NAME = ".wdstream-pack.json"
+JOURNAL_VERSION = 1
+_CHECK_BYTES = 256 << 10  # input text bpe-openai must reproduce before it is trusted
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What :func:`pack` did (timings are not part of the dataset)."""
+
+    index: DatasetIndex
+    seconds: float
+    resumed_shards: int  # shards found committed by an interrupted run
+    workers: int
+    pool: str
+
+    @property
+    def input_mb_per_s(self) -> float:
+        return self.index.stats.get("input_bytes", 0) / 1e6 / max(self.seconds, 1e-9)
+
+
+def _peek_texts(files: list[InputFile], text_key: str, lines: bool) -> list[str]:
+    """A few hundred KB of the first input's text, to check a second backend against."""
+    if not files or files[0].path == "-":
+        return []
+    texts, size = [], 0
+    reader = DocumentReader(files[:1], text_key, lines, on_error="skip", errors="replace")
+    try:
+        for text, _ in reader:
+            texts.append(text[:_CHECK_BYTES])
+            size += len(text)
+            if size >= _CHECK_BYTES:
+                break
+    except InputError:
+        pass  # the real read reports it, at its place in the input
+    return texts
+
+
+def _batches(
+    reader: DocumentReader, batch_chars: int, max_docs: int = 8192
+) -> Iterator[tuple[list[str], list[Position]]]:
+    texts: list[str] = []
+    positions: list[Position] = []
+    size = 0
+    for text, pos in reader:
+        texts.append(text)
+        positions.append(pos)
+        size += len(text)
+        if size >= batch_chars or len(texts) >= max_docs:
+            yield texts, positions
+            texts, positions, size = [], [], 0
+    if texts:
+        yield texts, positions
+
+
+class _Journal:
+    """The resume journal: written atomically after every shard commit."""
+
+    def __init__(self, store: Store, fingerprint: dict[str, Any]) -> None:
+        self.store, self.fingerprint = store, fingerprint
+        self.entries: list[ShardEntry] = []
+        self.position: dict[str, Any] | None = None
+
+    def load(self) -> bool:
+        """Read an existing journal; True if it belongs to this command.
+
+        Raises:
+            WdstreamError: if it belongs to a different command or does not parse.
+        """
+        try:
+            raw = self.store.read(JOURNAL_NAME)
+        except FileNotFoundError:
+            return False
+        where = self.store.child_url(JOURNAL_NAME)
+        try:
+            obj = json.loads(raw)
+            if obj.get("version") != JOURNAL_VERSION:
+                raise ValueError(f"journal version {obj.get('version')!r}")
+            entries = [ShardEntry(**e) for e in obj["shards"]]
+            position = obj["position"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WdstreamError(
+                f"{where}: unreadable pack journal ({exc}); use --overwrite"
+            ) from exc
+        if obj.get("fingerprint") != self.fingerprint:
+            theirs = obj.get("fingerprint") or {}
+            changed = sorted(
+                k
+                for k in set(theirs) | set(self.fingerprint)
+                if theirs.get(k) != self.fingerprint.get(k)
+            )
+            raise WdstreamError(
+                f"{self.store.url} holds an interrupted pack of a different command "
+                f"(differs in: {', '.join(changed)}); pack into a fresh output or pass --overwrite"
+            )
+        for e in entries:
+            if not (self.store.exists(e.name) and self.store.size(e.name) == e.bytes):
+                raise WdstreamError(
+                    f"{self.store.child_url(e.name)}: committed shard missing or wrong size; use --overwrite"
+                )
+        self.entries, self.position = entries, position
+        return True
+
+    def commit(
+        self, entry: ShardEntry, end: tuple[Position, int], bad_locations: list[str]
+    ) -> None:
+        pos, emitted = end
+        self.entries.append(entry)
+        self.position = {
+            "position": list(pos),
+            "emitted": emitted,
+            "bad_locations": bad_locations[: min(pos.bad, len(bad_locations))],
+            "next_sample": sum(e.samples for e in self.entries),
+        }
+        body = {
+            "version": JOURNAL_VERSION,
+            "fingerprint": self.fingerprint,
+            "shards": [e.__dict__ for e in self.entries],
+            "position": self.position,
+        }
+        self.store.write_bytes(JOURNAL_NAME, json.dumps(body, sort_keys=True).encode())
+
+
+def _clear_output(store: Store, name: str) -> None:
+    pattern = re.compile(re.escape(name) + r"-\d{6}\.(tar|idx)")
+    store.delete(INDEX_NAME)
+    store.delete(JOURNAL_NAME)
+    for obj in store.list():
+        if pattern.fullmatch(obj):
+            store.delete(obj)
+
+
+def pack(
+    inputs: list[str] | tuple[str, ...] | str,
+    output: str,
+    *,
+    text_key: str = "text",
+    tokenizer: str = "cl100k_base",
+    backend: str = "auto",
+    eos: bool = True,
+    bos: bool = False,
+    bos_id: int | None = None,
+    seq_len: int = 2048,
+    mode: str = "concat",
+    shard_size: str | int = "256MB",
+    shard_samples: int | None = None,
+    name: str = "data",
+    lines: bool = False,
+    on_error: str = "raise",
+    errors: str = "strict",
+    workers: int | None = None,
+    pool: str = "auto",
+    overwrite: bool = False,
+    progress: bool | None = None,
+    batch_bytes: int = 1 << 20,
+    store_options: dict[str, Any] | None = None,
+) -> PackResult:
+    """Tokenise text inputs and write a wdstream dataset (shards, sidecars, ``index.json``).
+
+    Args:
+        inputs: files, directories, globs, ``{a..b}`` brace patterns, or ``-`` for stdin.
+        output: dataset root (local folder or any URL :func:`wdstream.storage.open_store` takes).
+        text_key: JSON field with the text, dotted for nested fields.
+        tokenizer: encoding name or ``.tiktoken`` path (see :func:`wdstream.tokenizer.load_tokenizer`).
+        backend: ``auto``, ``tiktoken`` or ``bpe-openai``.
+        eos: append the EOS id to every document.
+        bos: prepend a BOS id (``bos_id``, else the tokenizer's ``<|endoftext|>``).
+        seq_len: training row length; concat samples hold ``seq_len + 1`` tokens.
+        mode: ``concat`` (fixed-length samples) or ``docs`` (one document per sample).
+        shard_size: maximum tar size (``"256MB"``, ``"1GiB"``, bytes).
+        shard_samples: optional maximum samples per shard.
+        name: shard name prefix (``{name}-000000.tar``).
+        lines: ``.txt`` inputs hold one document per line.
+        on_error: ``raise`` or ``skip`` malformed records (skips are counted in the stats).
+        errors: ``strict`` or ``replace`` undecodable UTF-8.
+        workers: parallel tokenisers (default: all cores; 0 = in this thread).
+        pool: ``auto``, ``threads`` or ``processes``.
+        overwrite: replace a complete or interrupted dataset at ``output``.
+        progress: show a progress bar (default: when stderr is a terminal).
+        batch_bytes: characters of text per tokenisation batch.
+        store_options: passed to :func:`~wdstream.storage.open_store`.
+
+    Returns:
+        PackResult with the written :class:`~wdstream.index.DatasetIndex`.
+
+    Raises:
+        InputError: bad input (names file and line or byte offset); no index is written.
+        WdstreamError: output holds a dataset or a different interrupted pack.
+        TokenizerError: the tokenizer cannot be loaded.
+    """
+    t0 = time.perf_counter()
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if mode not in ("concat", "docs"):
+        raise ValueError(f"mode must be 'concat' or 'docs', got {mode!r}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    shard_bytes = parse_size(shard_size)
+    if shard_samples is not None and shard_samples < 1:
+        raise ValueError(f"shard_samples must be >= 1, got {shard_samples}")
+    if workers is None:
+        workers = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
+    files = expand_inputs(list(inputs))
+
+    store = open_store(output, create=True, **(store_options or {}))
+    if isinstance(store, LocalStore):
+        store.remove_partials()
+    if store.exists(INDEX_NAME) and not overwrite:
+        raise WdstreamError(
+            f"{store.child_url(INDEX_NAME)} exists: {output} already holds a complete dataset; "
+            "pack into a fresh output or pass --overwrite"
+        )
+
+    tok = load_tokenizer(tokenizer, backend, _peek_texts(files, text_key, lines))
+    eos_id = tok.eos_id if eos else None
+    if eos and eos_id is None:
+        raise ValueError(f"tokenizer {tok.name!r} has no <|endoftext|> token; pass eos=False")
+    if bos:
+        bos_id = bos_id if bos_id is not None else tok.eos_id
+        if bos_id is None:
+            raise ValueError(f"tokenizer {tok.name!r} has no <|endoftext|> token; give bos_id")
+    else:
+        bos_id = None
+    dtype = token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))
+    sample_tokens = seq_len + 1 if mode == "concat" else None
+    fingerprint = {
+        "inputs": [f.fingerprint() for f in files],
+        "text_key": text_key,
+        "lines": lines,
+        "on_error": on_error,
+        "errors": errors,
+        "tokenizer": tok.info(),
+        "eos_id": eos_id,
+        "bos_id": bos_id,
+        "mode": mode,
+        "seq_len": seq_len,
+        "shard_bytes": shard_bytes,
+        "shard_samples": shard_samples,
+        "name": name,
+    }
+    journal = _Journal(store, fingerprint)
+    if overwrite:
+        _clear_output(store, name)
+    resumed = journal.load()
+    start = None
+    emitted = 0
+    bad_locations: list[str] = []
+    if resumed:
+        assert journal.position is not None
+        start = Position(*journal.position["position"])
+        emitted = journal.position["emitted"]
+        bad_locations = list(journal.position["bad_locations"])
+    resumed_shards = len(journal.entries)
+
+    reader = DocumentReader(files, text_key, lines, on_error, errors, start, bad_locations)
+    packer = (
+        ConcatPacker(seq_len + 1, DTYPES[dtype]) if mode == "concat" else DocsPacker(DTYPES[dtype])
+    )
+    writer = ShardWriter(
+        store,
+        name,
+        shard_bytes,
+        shard_samples,
+        first_shard=len(journal.entries),
+        first_sample=sum(e.samples for e in journal.entries),
+        on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
+    )
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = _Progress(show)
+    tpool = TokenPool(tok, workers, pool, bos_id, eos_id, dtype)
+    try:
+        first = True
+        for positions, flat, lens in tpool.map(_batches(reader, batch_bytes)):
+            if first and start is not None:
+                flat, lens, positions = _drop_packed(flat, lens, positions, start, emitted, packer)
+            first = False
+            for s in packer.add(flat, lens, positions):
+                writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end)
+            bar.update(reader.input_bytes, len(lens), len(flat))
+        if first and start is not None:
+            raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
+        for s in packer.flush():
+            writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        tpool.close()
+        bar.close()
+
+    entries = tuple(journal.entries)
+    if not entries:
+        raise InputError(f"no non-empty documents in {', '.join(f.path for f in files)}")
+    stats = {
+        "documents": sum(e.documents for e in entries),
+        "empty_documents_skipped": reader.empty,
+        "records_skipped": reader.bad,
+        "skipped_locations": list(reader.bad_locations),
+        "input_bytes": reader.input_bytes,
+        "input_files": len(files),
+    }
+    index = DatasetIndex(
+        tokenizer=tok.info(),
+        eos_id=eos_id,
+        bos_id=bos_id,
+        dtype=dtype,
+        mode=mode,
+        seq_len=seq_len,
+        sample_tokens=sample_tokens,
+        shards=entries,
+        stats=stats,
+    )
+    store.write_bytes(INDEX_NAME, index.to_json().encode())
+    store.delete(JOURNAL_NAME)
+    keep = {e.name for e in entries} | {e.sidecar for e in entries}
+    stale = re.compile(re.escape(name) + r"-\d{6}\.(tar|idx)")
+    for obj in store.list():
+        if stale.fullmatch(obj) and obj not in keep:
+            store.delete(obj)  # written by a crashed run past what this run produced
+    return PackResult(index, time.perf_counter() - t0, resumed_shards, workers, tpool.kind)
+
+
+def _drop_packed(
+    flat: np.ndarray,
+    lens: np.ndarray,
+    positions: list[Position],
+    start: Position,
+    emitted: int,
+    packer: ConcatPacker | DocsPacker,
+) -> tuple[np.ndarray, np.ndarray, list[Position]]:
+    """On resume, remove the first document's tokens that are already in committed shards."""
+    if not positions or positions[0][:3] != start[:3]:
+        raise WdstreamError(
+            "the input changed since the interrupted pack (no document at the recorded "
+            f"position {tuple(start[:3])}); use --overwrite"
+        )
+    first_len = int(lens[0])
+    if emitted > first_len:
+        raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
+    if emitted == first_len:
+        return flat[first_len:], lens[1:], positions[1:]
+    packer.resume_inside_document(emitted)
+    lens = lens.copy()
+    lens[0] -= emitted
+    return flat[emitted:], lens, positions
+
+
+class _Progress:
+    """tqdm bar with docs/s, tokens/s and MB/s, only when asked (a terminal)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._bar: Any = None
+        self._docs = self._tokens = 0
+        self._t0 = time.perf_counter()
+        self._last = 0
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                unit="B", unit_scale=True, unit_divisor=1000, desc="pack", dynamic_ncols=True
+            )
+
+    def update(self, input_bytes: int, docs: int, tokens: int) -> None:
+        if self._bar is None:
+            return
+        self._docs += docs
+        self._tokens += tokens
+        self._bar.update(input_bytes - self._last)
+        self._last = input_bytes
+        dt = max(time.perf_counter() - self._t0, 1e-9)
+        self._bar.set_postfix_str(
+            f"{self._docs / dt:,.0f} docs/s {self._tokens / dt:,.0f} tok/s", refresh=False
+        )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def describe(result: PackResult) -> str:
+    """One-line summary of a pack."""
+    idx = result.index
+    total_bytes = sum(s.bytes for s in idx.shards)
+    skipped = idx.stats.get("records_skipped", 0)
+    return (
+        f"packed {idx.total_documents:,} documents, {idx.total_tokens:,} tokens into "
+        f"{len(idx.shards)} shards ({total_bytes / 1e6:,.1f} MB) in {result.seconds:.1f}s: "
+        f"{result.input_mb_per_s:.1f} MB/s input, {idx.total_tokens / max(result.seconds, 1e-9):,.0f} tokens/s "
+        f"[{idx.tokenizer['name']}/{idx.tokenizer['backend']}, {result.workers} workers, {result.pool}]"
+        + (f"; {skipped} bad records skipped" if skipped else "")
+        + (f"; resumed after {result.resumed_shards} shards" if result.resumed_shards else "")
+    )

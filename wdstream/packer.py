@@ -1,0 +1,132 @@
+"""Cut a stream of tokenised documents into samples, remembering document boundaries.
+
+Concat mode, ``sample_tokens = 5`` (``seq_len = 4``), documents ``A`` (3 tokens incl. EOS),
+``B`` (6), ``C`` (2)::
+
+    stream   A A A B B B B B B C C
+    samples  [A A A B B] [B B B B C] [C]       (the dataset's last sample may be shorter)
+    doc_lens  [3, 2]      [4, 1]      [1]
+    cont      False       True        True
+
+Docs mode: one document per sample (``cont`` False, ``doc_lens == [len]``).
+
+Each :class:`PackedSample` also carries ``end``: the position of the document holding its last
+token and how many of that document's tokens are emitted up to the sample's end. That is the
+whole resume state after a shard commit: re-read from that document, drop that many of its
+tokens, and packing continues exactly as before (no carry buffer to save).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ConcatPacker", "DocsPacker", "PackedSample"]
+
+
+@dataclass(frozen=True)
+class PackedSample:
+    """A sample ready to encode, with where in the input it ends."""
+
+    tokens: np.ndarray  # on-disk dtype
+    doc_lens: list[int]
+    cont: bool
+    new_docs: int  # documents whose first token is in this sample
+    end: tuple[Any, int]  # (position of the last document touched, its tokens emitted so far)
+
+
+class ConcatPacker:
+    """Packs documents into samples of exactly ``sample_tokens`` tokens."""
+
+    def __init__(self, sample_tokens: int, dtype: np.dtype) -> None:
+        if sample_tokens < 1:
+            raise ValueError(f"sample_tokens must be >= 1, got {sample_tokens}")
+        self.sample_tokens = sample_tokens
+        self.dtype = dtype
+        self._carry = np.zeros(0, dtype=dtype)
+        self._lens: list[int] = []  # pieces in the carry
+        self._pos: list[Any] = []  # their document positions
+        self._pre = 0  # tokens of the first carry piece's document emitted before the carry
+        self._cont = False  # whether the first carry piece continues a document
+
+    def add(
+        self, tokens: np.ndarray, lens: Sequence[int] | np.ndarray, positions: Sequence[Any]
+    ) -> Iterator[PackedSample]:
+        """Add documents (concatenated ``tokens``, their ``lens``); yield every full sample."""
+        stream = np.concatenate((self._carry, tokens)) if len(self._carry) else tokens
+        piece_lens = np.asarray(self._lens + list(lens), dtype=np.int64)
+        pos = self._pos + list(positions)
+        ends = np.cumsum(piece_lens)
+        starts = ends - piece_lens
+        size = self.sample_tokens
+        n_full = len(stream) // size
+        for k in range(n_full):
+            yield self._sample(stream, starts, ends, pos, k * size, (k + 1) * size)
+        cut = n_full * size
+        first = int(np.searchsorted(ends, cut, side="right"))
+        if n_full and first < len(pos):
+            # The carry now starts inside (or at) piece ``first``.
+            self._pre = (self._pre if first == 0 else 0) + cut - int(starts[first])
+            self._cont = bool(cut > starts[first] or (first == 0 and self._cont))
+        elif n_full:
+            self._pre, self._cont = 0, False
+        self._carry = stream[cut:]
+        self._lens = [int(x) for x in (ends[first:] - np.maximum(starts[first:], cut))]
+        self._pos = pos[first:]
+
+    def _sample(
+        self,
+        stream: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        pos: list[Any],
+        a: int,
+        b: int,
+    ) -> PackedSample:
+        i0 = int(np.searchsorted(ends, a, side="right"))
+        i1 = int(np.searchsorted(starts, b, side="left"))
+        doc_lens = (np.minimum(ends[i0:i1], b) - np.maximum(starts[i0:i1], a)).tolist()
+        first_cont = a > starts[i0] or (i0 == 0 and self._cont)
+        new_docs = (i1 - i0) - (1 if first_cont else 0)
+        last = i1 - 1
+        emitted = b - int(starts[last]) + (self._pre if last == 0 else 0)
+        return PackedSample(stream[a:b], doc_lens, bool(first_cont), new_docs, (pos[last], emitted))
+
+    def flush(self) -> Iterator[PackedSample]:
+        """Yield the final, shorter sample holding whatever is left."""
+        if len(self._carry):
+            n = len(self._carry)
+            ends = np.cumsum(np.asarray(self._lens, dtype=np.int64))
+            yield self._sample(self._carry, ends - np.asarray(self._lens), ends, self._pos, 0, n)
+            self._carry = self._carry[:0]
+            self._lens, self._pos, self._pre, self._cont = [], [], 0, False
+
+    def resume_inside_document(self, emitted: int) -> None:
+        """Resume mid-document: the next tokens added continue a document of which
+        ``emitted`` tokens are already in earlier samples."""
+        assert not len(self._carry), "resume only into an empty packer"
+        self._pre, self._cont = emitted, emitted > 0
+
+
+class DocsPacker:
+    """One document per sample."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
+
+    def add(
+        self, tokens: np.ndarray, lens: Sequence[int] | np.ndarray, positions: Sequence[Any]
+    ) -> Iterator[PackedSample]:
+        start = 0
+        for n, p in zip(lens, positions, strict=True):
+            yield PackedSample(tokens[start : start + n], [int(n)], False, 1, (p, int(n)))
+            start += n
+
+    def flush(self) -> Iterator[PackedSample]:
+        return iter(())
+
+    def resume_inside_document(self, emitted: int) -> None:
+        raise AssertionError("docs mode never splits a document")

@@ -1,0 +1,178 @@
+"""Assemble samples into tar shards and write them through a :class:`Store` in the background.
+
+A shard is built in memory (it is bounded by ``--shard-size``), hashed, and handed to one
+background thread that writes the sidecar then the tar (each atomically, via
+``store.writer``) and then calls ``on_commit`` -- all in shard order, so the resume journal
+only ever names shards that are completely written. At most ``max_in_flight`` finished shards
+wait for that thread; tokenisation keeps running while a shard uploads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from wdstream.index import ShardEntry
+from wdstream.sample import encode_sample
+from wdstream.shardindex import ShardSidecar
+from wdstream.storage import Store
+from wdstream.tarfmt import BLOCK, END_OF_ARCHIVE, member_bytes
+
+__all__ = ["ShardWriter", "parse_size", "shard_names"]
+
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9,
+          "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}  # fmt: skip
+
+
+def parse_size(text: str | int) -> int:
+    """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 2**30, ``4096`` -> 4096.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if isinstance(text, int):
+        return text
+    s = text.strip().upper().replace(" ", "")
+    num = s.rstrip("KMGIB")
+    unit = s[len(num) :]
+    try:
+        value = float(num) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 512KB, 256MB, 1GiB)") from None
+    if value <= 0:
+        raise ValueError(f"size must be positive, got {text!r}")
+    return int(value)
+
+
+def shard_names(name: str, i: int) -> tuple[str, str]:
+    """``(tar, sidecar)`` object names of shard ``i``."""
+    return f"{name}-{i:06d}.tar", f"{name}-{i:06d}.idx"
+
+
+class ShardWriter:
+    """Collects encoded samples into shards of at most ``shard_bytes`` / ``shard_samples``.
+
+    Args:
+        store: where shards go.
+        name: shard name prefix.
+        shard_bytes: tar size limit (header, data, padding and end marker included); a single
+            sample larger than this gets a shard of its own.
+        shard_samples: optional sample-count limit.
+        first_shard, first_sample: numbering to continue from (resume).
+        on_commit: called in the writer thread, in order, after each shard is written, with
+            ``(entry, state)``: the index entry and the ``state`` passed to :meth:`add`
+            with the shard's last sample.
+        max_in_flight: finished shards allowed to wait for the background writer.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        shard_bytes: int,
+        shard_samples: int | None = None,
+        first_shard: int = 0,
+        first_sample: int = 0,
+        on_commit: Callable[[ShardEntry, Any], None] | None = None,
+        max_in_flight: int = 2,
+    ) -> None:
+        self.store, self.name = store, name
+        self.shard_bytes, self.shard_samples = shard_bytes, shard_samples
+        self.next_shard, self.next_sample = first_shard, first_sample
+        self.on_commit = on_commit
+        self._members: list[bytes] = []
+        self._offsets: list[int] = []
+        self._sizes: list[int] = []
+        self._tokens: list[int] = []
+        self._size = 0
+        self._docs = 0
+        self._state: Any = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdstream-shard-writer")
+        self._futures: list[Future[None]] = []
+        self._slots = threading.Semaphore(max_in_flight)
+        self.bytes_written = 0
+
+    def add(
+        self, tokens: np.ndarray, doc_lens: list[int], cont: bool, new_docs: int, state: Any
+    ) -> None:
+        """Append one sample; ``state`` is what the journal needs if the shard ends here."""
+        data = encode_sample(tokens, doc_lens, cont)
+        member = member_bytes(f"{self.next_sample:012d}.msgpack", data)
+        if self._members and (
+            self._size + len(member) + len(END_OF_ARCHIVE) > self.shard_bytes
+            or (self.shard_samples is not None and len(self._members) >= self.shard_samples)
+        ):
+            self._finish_shard()
+        self._offsets.append(self._size + BLOCK)
+        self._sizes.append(len(data))
+        self._tokens.append(len(tokens))
+        self._members.append(member)
+        self._size += len(member)
+        self._docs += new_docs
+        self._state = state
+        self.next_sample += 1
+
+    def _finish_shard(self) -> None:
+        tar_name, idx_name = shard_names(self.name, self.next_shard)
+        self._members.append(END_OF_ARCHIVE)
+        tar = b"".join(self._members)
+        sidecar = ShardSidecar(
+            offsets=np.asarray(self._offsets, dtype=np.uint64),
+            sizes=np.asarray(self._sizes, dtype=np.uint32),
+            tokens=np.asarray(self._tokens, dtype=np.uint32),
+        ).to_bytes()
+        entry = ShardEntry(
+            name=tar_name,
+            sidecar=idx_name,
+            samples=len(self._sizes),
+            tokens=int(sum(self._tokens)),
+            documents=self._docs,
+            bytes=len(tar),
+            sha256="",
+            sidecar_sha256=hashlib.sha256(sidecar).hexdigest(),
+        )
+        state = self._state
+        self._members, self._offsets, self._sizes, self._tokens = [], [], [], []
+        self._size = self._docs = 0
+        self.next_shard += 1
+        self._raise_failed()
+        self._slots.acquire()
+        self._futures.append(self._pool.submit(self._write, tar, sidecar, entry, state))
+
+    def _write(self, tar: bytes, sidecar: bytes, entry: ShardEntry, state: Any) -> None:
+        try:
+            # Hash here, off the tokenising thread; dataclasses.replace is cheap.
+            entry = ShardEntry(**{**entry.__dict__, "sha256": hashlib.sha256(tar).hexdigest()})
+            self.store.write_bytes(entry.sidecar, sidecar)
+            self.store.write_bytes(entry.name, tar)
+            self.bytes_written += len(tar)
+            if self.on_commit is not None:
+                self.on_commit(entry, state)
+        finally:
+            self._slots.release()
+
+    def _raise_failed(self) -> None:
+        done = [f for f in self._futures if f.done()]
+        self._futures = [f for f in self._futures if not f.done()]
+        for f in done:
+            f.result()  # re-raises a failed write here, in the packing thread
+
+    def close(self) -> None:
+        """Write the last, partly filled shard and wait for every write; re-raise failures."""
+        try:
+            if self._members:
+                self._finish_shard()
+            for f in self._futures:
+                f.result()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def abort(self) -> None:
+        """Stop without writing the partial shard (shards already queued still finish)."""
+        self._members = []
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,156 @@
+"""Tokenise batches of documents in parallel, in order, with a bounded number in flight.
+
+The packing process only reads, batches (~1 MB of text), and packs; workers return each
+batch as one flat token array in the on-disk dtype (BOS/EOS already added) plus the document
+lengths, so nothing crosses the process boundary as Python ints.
+
+Kinds of pool:
+
+* ``threads``: tiktoken releases the GIL while encoding, so threads in this process work
+  and avoid sending text to another process.
+* ``processes``: a ``forkserver`` pool (``spawn`` where forkserver is missing); needed for
+  bpe-openai, which holds the GIL while it encodes.
+* ``inline``: ``workers=0``, encode on the calling thread (tests, debugging).
+
+Results come back in submission order whatever the pool, so output never depends on the
+number of workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+
+from wdstream.tokenizer import Tokenizer
+
+__all__ = ["POOL_KINDS", "TokenPool", "encode_flat"]
+
+POOL_KINDS = ("auto", "threads", "processes")
+M = TypeVar("M")
+
+_worker: tuple[Tokenizer, int | None, int | None, str] | None = None
+
+
+def encode_flat(
+    tok: Tokenizer, texts: list[str], bos_id: int | None, eos_id: int | None, dtype: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encode ``texts``; return all ids (BOS/EOS added) concatenated, and each document's length."""
+    arrays = tok.encode_batch(texts)
+    pieces: list[np.ndarray] = []
+    bos = None if bos_id is None else np.array([bos_id], dtype=np.uint32)
+    eos = None if eos_id is None else np.array([eos_id], dtype=np.uint32)
+    for a in arrays:
+        if bos is not None:
+            pieces.append(bos)
+        pieces.append(a)
+        if eos is not None:
+            pieces.append(eos)
+    extra = (bos_id is not None) + (eos_id is not None)
+    lens = np.fromiter((len(a) + extra for a in arrays), dtype=np.int64, count=len(arrays))
+    flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint32)
+    return flat.astype(dtype, copy=False), lens
+
+
+def _init_worker(tok: Tokenizer, bos_id: int | None, eos_id: int | None, dtype: str) -> None:
+    global _worker
+    _worker = (tok, bos_id, eos_id, dtype)
+
+
+def _encode_in_worker(texts: list[str]) -> tuple[bytes, bytes]:
+    assert _worker is not None, "worker not initialised"
+    flat, lens = encode_flat(_worker[0], texts, _worker[1], _worker[2], _worker[3])
+    return flat.tobytes(), lens.tobytes()
+
+
+class TokenPool:
+    """Ordered, bounded parallel map from text batches to ``(meta, tokens, lens)``.
+
+    Args:
+        tok: the tokenizer (pickled to process workers; it reloads itself there).
+        workers: parallel encoders; 0 encodes inline.
+        kind: ``auto`` (processes for bpe-openai, threads for tiktoken), ``threads`` or
+            ``processes``.
+        max_in_flight: batches submitted but not yet consumed (default ``2 * workers + 1``).
+    """
+
+    def __init__(
+        self,
+        tok: Tokenizer,
+        workers: int,
+        kind: str,
+        bos_id: int | None,
+        eos_id: int | None,
+        dtype: str,
+        max_in_flight: int | None = None,
+    ) -> None:
+        if kind not in POOL_KINDS:
+            raise ValueError(f"pool kind must be one of {POOL_KINDS}, got {kind!r}")
+        if kind == "auto":
+            kind = "processes" if tok.backend == "bpe-openai" else "threads"
+        self.kind = kind if workers > 0 else "inline"
+        self.workers = workers
+        self._args = (tok, bos_id, eos_id, dtype)
+        self._max = max_in_flight or 2 * workers + 1
+        self._executor: Executor | None = None
+        if self.kind == "processes":
+            methods = multiprocessing.get_all_start_methods()
+            ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+            self._executor = ProcessPoolExecutor(
+                workers, mp_context=ctx, initializer=_init_worker, initargs=self._args
+            )
+        elif self.kind == "threads":
+            self._executor = ThreadPoolExecutor(workers, thread_name_prefix="wdstream-encode")
+
+    def _submit(self, texts: list[str]) -> Future[tuple[Any, Any]]:
+        assert self._executor is not None
+        if self.kind == "processes":
+            return self._executor.submit(_encode_in_worker, texts)
+        return self._executor.submit(encode_flat, *self._bind(texts))
+
+    def _bind(self, texts: list[str]) -> tuple[Any, ...]:
+        tok, bos_id, eos_id, dtype = self._args
+        return (tok, texts, bos_id, eos_id, dtype)
+
+    def map(
+        self, batches: Iterable[tuple[list[str], M]]
+    ) -> Iterator[tuple[M, np.ndarray, np.ndarray]]:
+        """Yield ``(meta, flat_tokens, lens)`` for every ``(texts, meta)``, in input order."""
+        dtype = self._args[3]
+        if self._executor is None:
+            for texts, meta in batches:
+                flat, lens = encode_flat(*self._bind(texts))
+                yield meta, flat, lens
+            return
+        pending: deque[tuple[M, Future[tuple[Any, Any]]]] = deque()
+        for texts, meta in batches:
+            pending.append((meta, self._submit(texts)))
+            if len(pending) >= self._max:
+                yield self._result(*pending.popleft(), dtype)
+        while pending:
+            yield self._result(*pending.popleft(), dtype)
+
+    @staticmethod
+    def _result(
+        meta: M, fut: Future[tuple[Any, Any]], dtype: str
+    ) -> tuple[M, np.ndarray, np.ndarray]:
+        flat, lens = fut.result()
+        if isinstance(flat, bytes):
+            return meta, np.frombuffer(flat, dtype=dtype), np.frombuffer(lens, dtype=np.int64)
+        return meta, flat, lens
+
+    def close(self) -> None:
+        """Stop the workers (pending batches are dropped)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def __enter__(self) -> TokenPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
