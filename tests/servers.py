@@ -1,0 +1,314 @@
+"""Real servers on 127.0.0.1 for the storage tests, with deterministic fault injection.
+
+* :class:`FileServer`: a threaded HTTP/1.1 server over a folder: GET (honours ``Range``:
+  206 + Content-Range, 416 past the end), HEAD, PUT (temporary file + rename) and DELETE.
+* :class:`FaultProxy`: forwards every request to an upstream (moto's S3 server) and can
+  inject the same faults, answering 503 with an S3 ``SlowDown`` error document.
+* :class:`Faults`: the knobs, shared by both. Decisions come from request counters, never
+  from randomness, so a failing test fails the same way every time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import unquote, urlsplit
+
+_R = TypeVar("_R", bound="_Running")
+
+SLOWDOWN_XML = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+@dataclass
+class Faults:
+    """Fault-injection knobs; counters are per server and count every request.
+
+    Attributes:
+        fail_first: answer the first n requests (any method) with 503.
+        fail_every: answer every k-th request with 503 (0: never).
+        cut_first: cut the body of the first n GET responses after ``cut_at`` bytes.
+        cut_every: cut every k-th GET response (0: never).
+        cut_at: body bytes sent before closing a cut response (the header still promises
+            the full Content-Length).
+        ignore_range: answer ranged GETs with 200 and the whole object.
+        delay: seconds to sleep before answering each request.
+        methods: only requests with these methods count for the fail_*/delay knobs.
+    """
+
+    fail_first: int = 0
+    fail_every: int = 0
+    cut_first: int = 0
+    cut_every: int = 0
+    cut_at: int = 1000
+    ignore_range: bool = False
+    delay: float = 0.0
+    methods: tuple[str, ...] = ("GET", "HEAD", "PUT", "DELETE", "POST")
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    _n: int = 0
+    _gets: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self, **knobs: object) -> None:
+        """Clear the counters and the request log, and set new knobs."""
+        with self._lock:
+            self._n = self._gets = 0
+            self.requests.clear()
+            for key, value in knobs.items():
+                if not hasattr(self, key) or key.startswith("_"):
+                    raise AttributeError(key)
+                setattr(self, key, value)
+
+    def decide(self, method: str, path: str, rng: str | None) -> tuple[bool, bool]:
+        """Log the request and return ``(answer 503, cut the body)``."""
+        with self._lock:
+            self.requests.append((method, path, rng))
+            if method not in self.methods:
+                return False, False
+            self._n += 1
+            n = self._n
+            fail = n <= self.fail_first or (self.fail_every > 0 and n % self.fail_every == 0)
+            cut = False
+            if method == "GET" and not fail:
+                self._gets += 1
+                g = self._gets
+                cut = g <= self.cut_first or (self.cut_every > 0 and g % self.cut_every == 0)
+        return fail, cut
+
+    def ranges(self, method: str = "GET") -> list[str | None]:
+        """The Range headers of the logged requests with ``method``."""
+        return [r for m, _, r in self.requests if m == method]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet tests
+        pass
+
+    def _gate(self) -> bool:
+        """Apply delay / 503 faults; True when the request was answered already."""
+        faults = self.server.faults
+        fail, self._cut = faults.decide(self.command, self.path, self.headers.get("Range"))
+        if faults.delay and self.command in faults.methods:
+            time.sleep(faults.delay)
+        if fail:
+            self._drain()
+            self.send_response(503)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(SLOWDOWN_XML)))
+            self.send_header("Retry-After", "0")
+            self.end_headers()
+            self.wfile.write(SLOWDOWN_XML)
+            return True
+        return False
+
+    def _drain(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _send_body(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        if self._cut:
+            # Promise len(body) bytes, send fewer, hang up: a truncated body.
+            self.wfile.write(body[: self.server.faults.cut_at])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    faults: Faults
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A client that hangs up early (it had the bytes it wanted) is normal here.
+        pass
+
+
+class _FileHandler(_Handler):
+    server: _FileServerImpl
+
+    def _file(self) -> Path | None:
+        rel = unquote(urlsplit(self.path).path).lstrip("/")
+        path = (self.server.root / rel).resolve()
+        if self.server.root not in path.parents and path != self.server.root:
+            return None
+        return path
+
+    def _auth_ok(self) -> bool:
+        want = self.server.auth_header
+        if want is None or self.headers.get("Authorization") == want:
+            return True
+        self._drain()
+        self._send_body(401, {}, b"unauthorized")
+        return False
+
+    def do_GET(self) -> None:
+        if self._gate() or not self._auth_ok():
+            return
+        path = self._file()
+        if path is None or not path.is_file():
+            self._send_body(404, {}, b"not found")
+            return
+        data = path.read_bytes()
+        rng = self.headers.get("Range")
+        if rng is None or self.server.faults.ignore_range:
+            self._send_body(200, {"Accept-Ranges": "bytes"}, data)
+            return
+        first_s, _, last_s = rng.removeprefix("bytes=").partition("-")
+        first = int(first_s)
+        last = min(int(last_s), len(data) - 1) if last_s else len(data) - 1
+        if first >= len(data):
+            self._send_body(416, {"Content-Range": f"bytes */{len(data)}"}, b"")
+            return
+        headers = {"Content-Range": f"bytes {first}-{last}/{len(data)}"}
+        self._send_body(206, headers, data[first : last + 1])
+
+    do_HEAD = do_GET
+
+    def do_PUT(self) -> None:
+        if self._gate() or not self._auth_ok():
+            return
+        body = self._drain()
+        path = self._file()
+        if path is None:
+            self._send_body(403, {}, b"forbidden")
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".put-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.replace(tmp, path)
+        self._send_body(201, {}, b"")
+
+    def do_DELETE(self) -> None:
+        if self._gate() or not self._auth_ok():
+            return
+        path = self._file()
+        if path is None or not path.is_file():
+            self._send_body(404, {}, b"not found")
+            return
+        path.unlink()
+        self._send_body(204, {}, b"")
+
+
+class _FileServerImpl(_Server):
+    root: Path
+    auth_header: str | None
+
+
+class _ProxyHandler(_Handler):
+    server: _ProxyServerImpl
+
+    def _forward(self) -> None:
+        if self._gate():
+            return
+        body = self._drain()
+        host, port = self.server.upstream
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        headers = {
+            k: v for k, v in self.headers.items() if k.lower() not in ("connection", "expect")
+        }
+        try:
+            conn.request(self.command, self.path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            passed = {
+                k: v
+                for k, v in resp.getheaders()
+                if k.lower() not in ("content-length", "connection", "transfer-encoding")
+            }
+        finally:
+            conn.close()
+        self._send_body(resp.status, passed, data)
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+
+class _ProxyServerImpl(_Server):
+    upstream: tuple[str, int]
+
+
+class _Running:
+    """Start/stop a server thread; a context manager."""
+
+    def __init__(self, server: _Server) -> None:
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.faults = server.faults
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def __enter__(self: _R) -> _R:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class FileServer(_Running):
+    """Serve ``root`` over HTTP on 127.0.0.1 (a free port), with :class:`Faults`.
+
+    Args:
+        root: the folder served; PUT writes into it.
+        auth_header: if set, every request must carry exactly this Authorization header.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], auth_header: str | None = None) -> None:
+        server = _FileServerImpl(("127.0.0.1", 0), _FileHandler)
+        server.root = Path(root).resolve()
+        server.auth_header = auth_header
+        server.faults = Faults()
+        self.root = server.root
+        super().__init__(server)
+
+    def clear(self) -> None:
+        """Delete everything served (between tests sharing one server)."""
+        for child in self.root.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+
+
+class FaultProxy(_Running):
+    """Forward requests to ``upstream`` (host, port), injecting :class:`Faults`."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        server = _ProxyServerImpl(("127.0.0.1", 0), _ProxyHandler)
+        server.upstream = upstream
+        server.faults = Faults()
+        super().__init__(server)
