@@ -6,8 +6,10 @@ storage -> writer / reader stages -> ``Loader`` and ``pack`` -> CLI.
 
 from __future__ import annotations
 
+from wdstream.dataset import TokenDataset
 from wdstream.errors import CorruptShardError, InputError, StateMismatchError, WdstreamError
 from wdstream.index import DatasetIndex, ShardEntry
+from wdstream.loader import Loader
 
 __version__ = "0.1.0"
 
@@ -15,8 +17,10 @@ __all__ = [
     "CorruptShardError",
     "DatasetIndex",
     "InputError",
+    "Loader",
     "ShardEntry",
     "StateMismatchError",
+    "TokenDataset",
     "WdstreamError",
     "__version__",
 ]

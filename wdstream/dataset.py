@@ -1,0 +1,304 @@
+"""``TokenDataset``: the resumable ``IterableDataset`` of token batches.
+
+A rank's data is ``streams`` independent :class:`~wdstream.stream.TokenStream` s served
+round-robin in chunks of ``K`` batches (chunks are aligned to multiples of ``K`` inside
+each epoch, the last chunk of an epoch may be shorter)::
+
+    streams=4, K=2, nb=3:   s0 b0 b1 | s1 b0 b1 | s2 .. | s3 .. | s0 b2 | s1 b2 | s2 b2 | s3 b2 | next epoch
+
+With ``W`` torch workers (``W`` divides ``streams``), worker ``i`` serves the streams
+``(next_stream + i + j * W) % streams`` in that order, one chunk per message, so torch's
+in-order worker round-robin reproduces exactly the single-process order above.
+
+Used directly (``DataLoader(ds, batch_size=None)`` or torchdata's ``StatefulDataLoader``)
+it yields one batch per item (``K = 1``). :class:`wdstream.Loader` uses it with ``K > 1``
+and slices the chunks in the main process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from wdstream.errors import StateMismatchError
+from wdstream.source import ShardSource
+from wdstream.stream import CURSOR_KEYS, ReaderConfig, ReaderContext, TokenStream, start_cursor
+
+__all__ = ["STATE_VERSION", "Chunk", "TokenDataset", "chunk_to_batches", "resolve_rank"]
+
+STATE_VERSION = 1
+
+# (stream, tokens int32 [n*B, T+1], position_ids int32 [n*B, T] or None, cursors after each batch)
+Chunk = tuple[int, torch.Tensor, torch.Tensor | None, list[dict[str, int]]]
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: explicit, else ``torch.distributed``, else env vars, else 0/1."""
+    if rank is None or world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            r, w = dist.get_rank(), dist.get_world_size()
+        else:
+            r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        rank = r if rank is None else rank
+        world_size = w if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    return rank, world_size
+
+
+def _position_ids(doc_start: np.ndarray) -> np.ndarray:
+    """Per-row positions restarting at every piece start and at each row start."""
+    starts = doc_start[:, :-1].copy()
+    starts[:, 0] = True
+    idx = np.arange(starts.shape[1], dtype=np.int32)
+    last = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
+    return idx - last
+
+
+def chunk_to_batches(
+    tokens: torch.Tensor, positions: torch.Tensor | None, batch_size: int
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Slice a chunk into batches: int64 contiguous ``input_ids``/``labels`` [B, T]."""
+    for j in range(tokens.shape[0] // batch_size):
+        rows = tokens[j * batch_size : (j + 1) * batch_size]
+        batch = {
+            "input_ids": rows[:, :-1].to(torch.int64, memory_format=torch.contiguous_format),
+            "labels": rows[:, 1:].to(torch.int64, memory_format=torch.contiguous_format),
+        }
+        if positions is not None:
+            pos = positions[j * batch_size : (j + 1) * batch_size].to(
+                torch.int64, memory_format=torch.contiguous_format
+            )
+            flat = pos.reshape(-1)
+            starts = torch.nonzero(flat == 0).reshape(-1)
+            batch["position_ids"] = pos
+            batch["cu_seqlens"] = torch.cat([starts, starts.new_tensor([flat.numel()])]).to(
+                torch.int32
+            )
+        yield batch
+
+
+def _new_buffer(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:
+    if not shared:
+        return torch.empty(shape, dtype=dtype)
+    # Allocate straight into shared memory (as torch's default_collate does) so sending the
+    # chunk to the main process does not copy it again.
+    numel = int(np.prod(shape))
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
+    return torch.empty(0, dtype=dtype).new(storage).view(shape)
+
+
+class TokenDataset(IterableDataset):
+    """Shuffled, sharded, exactly resumable batches of ``[batch_size, seq_len]`` tokens.
+
+    Args:
+        source: dataset root with ``index.json``, brace pattern of shard URLs, or a list.
+        seq_len: training sequence length T (rows hold T + 1 tokens).
+        batch_size: rows per batch B.
+        shuffle: permute shards per epoch and shuffle samples in windows.
+        seed: the one seed of all randomness.
+        rank: this rank (default: ``torch.distributed``, else ``RANK``, else 0).
+        world_size: number of ranks (default: ``torch.distributed``, else ``WORLD_SIZE``, else 1).
+        streams: independent streams of this rank (a multiple of the worker count).
+        epochs: epochs per ``iter()`` (None: forever); each ``iter()`` continues where the last
+            one stopped, so ``for e in range(E): for b in ds`` with ``epochs=1`` walks E epochs.
+        shuffle_window: samples per shuffle window.
+        shuffle_lanes: interleaved lanes a window is drawn from.
+        chunk_batches: batches per message (K); 1 when used directly.
+        return_doc_boundaries: add ``position_ids`` and ``cu_seqlens`` to each batch.
+        store_options: passed to the storage backend.
+    """
+
+    def __init__(
+        self,
+        source: str | Sequence[str] | ShardSource,
+        seq_len: int,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        streams: int = 1,
+        epochs: int | None = None,
+        shuffle_window: int = 1024,
+        shuffle_lanes: int = 8,
+        chunk_batches: int = 1,
+        return_doc_boundaries: bool = False,
+        **store_options: Any,
+    ) -> None:
+        for name, v in [("seq_len", seq_len), ("batch_size", batch_size), ("streams", streams),
+                        ("shuffle_window", shuffle_window), ("shuffle_lanes", shuffle_lanes),
+                        ("chunk_batches", chunk_batches)]:  # fmt: skip
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v!r}")
+        if epochs is not None and epochs < 1:
+            raise ValueError(f"epochs must be None or >= 1, got {epochs!r}")
+        rank, world_size = resolve_rank(rank, world_size)
+        self.source = (
+            source if isinstance(source, ShardSource) else ShardSource(source, **store_options)
+        )
+        self.cfg = ReaderConfig(
+            seq_len=seq_len, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank,
+            world_size=world_size, streams=streams, shuffle_window=shuffle_window,
+            shuffle_lanes=shuffle_lanes, chunk_batches=chunk_batches,
+            doc_boundaries=return_doc_boundaries,
+        )  # fmt: skip
+        self.epochs = epochs
+        self._ctx = ReaderContext(self.source, self.cfg)
+        self._cursors = [start_cursor() for _ in range(streams)]
+        self._next_stream = 0
+        self._iter_stop: int | None = 0 if epochs is not None else None
+        self._worker: list[int] | None = None  # [id, num_workers] when the state is a worker's
+        # Set by ``Loader``: chunks instead of batches, and the start state in shared memory
+        # (workers, persistent or not, read it at every ``iter()``).
+        self._yield_chunks = False
+        self._shared: torch.Tensor | None = None
+
+    # ---- state -------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """What a state must match to be loaded here."""
+        c = self.cfg
+        return {
+            "dataset": self.source.fingerprint, "seed": c.seed, "world_size": c.world_size,
+            "rank": c.rank, "streams": c.streams, "seq_len": c.seq_len, "batch_size": c.batch_size,
+            "shuffle": c.shuffle, "shuffle_window": c.shuffle_window,
+            "shuffle_lanes": c.shuffle_lanes, "chunk_batches": c.chunk_batches,
+        }  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        """Small JSON-serialisable position (see ``docs/READER.md``)."""
+        return {
+            "version": STATE_VERSION,
+            "config": self.config(),
+            "streams": [dict(c) for c in self._cursors],
+            "next_stream": self._next_stream,
+            "chunk_left": self._chunk_size(self._next_stream),
+            "iter_stop": self._iter_stop,
+            "worker": self._worker,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a position taken by :meth:`state_dict` (or ``Loader.state_dict``).
+
+        Raises:
+            StateMismatchError: if the state is from another dataset or configuration.
+        """
+        check_state(state, self.config())
+        self._cursors = [{k: int(c[k]) for k in CURSOR_KEYS} for c in state["streams"]]
+        self._next_stream = int(state["next_stream"])
+        self._iter_stop = state.get("iter_stop", self._iter_stop)
+        self._worker = state.get("worker")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Put every stream at the start of ``epoch`` (for plain ``DataLoader`` workers)."""
+        self._cursors = [start_cursor(epoch) for _ in range(self.cfg.streams)]
+        self._next_stream = 0
+        self._iter_stop = None if self.epochs is None else epoch
+        self._worker = None
+
+    def batches_per_epoch(self, epoch: int | None = None) -> int:
+        """Batches this rank yields in ``epoch`` (default: the current one); equal on every rank."""
+        if epoch is None:
+            epoch = self._cursors[self._next_stream]["epoch"]
+        return self.cfg.streams * self._ctx.batches_per_stream(epoch)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch()
+
+    def _chunk_size(self, s: int) -> int:
+        c = self._cursors[s]
+        nb = self._ctx.batches_per_stream(c["epoch"])
+        k = self.cfg.chunk_batches
+        return min(k - c["batches"] % k, nb - c["batches"])
+
+    # ---- iteration ---------------------------------------------------------------------
+    def _schedule(self) -> tuple[list[int], int | None]:
+        """This process's stream order and the epoch at which this ``iter()`` stops."""
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        S = self.cfg.streams
+        if S % nw:
+            raise ValueError(f"streams={S} must be a multiple of the number of workers {nw}")
+        if self._worker is not None and list(self._worker) == [wid, nw]:
+            first = self._next_stream  # a worker's own saved state (StatefulDataLoader)
+        elif self._worker is not None and self._worker[1] != 1:
+            raise StateMismatchError(
+                f"state was taken in worker {self._worker[0]} of {self._worker[1]}, "
+                f"restored in worker {wid} of {nw}"
+            )
+        else:
+            first = (self._next_stream + wid) % S
+        order = [(first + j * nw) % S for j in range(S // nw)]
+        stop = self._iter_stop
+        if self.epochs is not None:
+            if stop is None:
+                stop = self._cursors[first]["epoch"] + self.epochs
+            elif all(self._cursors[s]["epoch"] >= stop for s in order):
+                stop = stop + self.epochs  # the last iter() finished: continue with the next
+        self._iter_stop = stop
+        self._worker = [wid, nw] if info is not None else None
+        self._next_stream = first
+        return order, stop
+
+    def iter_chunks(self) -> Iterator[Chunk]:
+        """Yield this process's chunks in round-robin order, advancing the state."""
+        shared = get_worker_info() is not None
+        if shared and self._shared is not None:
+            n = int.from_bytes(self._shared[:8].numpy().tobytes(), "little")
+            self.load_state_dict(json.loads(self._shared[8 : 8 + n].numpy().tobytes()))
+        order, stop = self._schedule()
+        cfg = self.cfg
+        streams = {s: TokenStream(self._ctx, s, self._cursors[s]) for s in order}
+        try:
+            for i in itertools.count():
+                s = order[i % len(order)]
+                if stop is not None and self._cursors[s]["epoch"] >= stop:
+                    return
+                n = self._chunk_size(s)
+                rows = n * cfg.batch_size
+                tokens = _new_buffer((rows, cfg.seq_len + 1), torch.int32, shared)
+                doc = np.empty((rows, cfg.seq_len + 1), dtype=bool) if cfg.doc_boundaries else None
+                cursors = streams[s].fill(tokens.numpy(), doc, n)
+                pos = None
+                if doc is not None:
+                    pos = _new_buffer((rows, cfg.seq_len), torch.int32, shared)
+                    pos.numpy()[:] = _position_ids(doc)
+                self._cursors[s] = dict(cursors[-1])
+                self._next_stream = order[(i + 1) % len(order)]
+                yield s, tokens, pos, cursors
+        finally:
+            for st in streams.values():
+                st.close()
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._yield_chunks:
+            yield from self.iter_chunks()
+            return
+        for _, tokens, pos, _ in self.iter_chunks():
+            yield from chunk_to_batches(tokens, pos, self.cfg.batch_size)
+
+
+def check_state(state: dict[str, Any], config: dict[str, Any]) -> None:
+    """Raise :class:`StateMismatchError` unless ``state`` belongs to ``config``."""
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        got = state.get("version") if isinstance(state, dict) else type(state).__name__
+        raise StateMismatchError(
+            f"not a wdstream reader state of version {STATE_VERSION} (got {got!r})"
+        )
+    saved = state.get("config", {})
+    diff = {k: (saved.get(k), v) for k, v in config.items() if saved.get(k) != v}
+    if diff:
+        what = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in sorted(diff.items()))
+        raise StateMismatchError(f"state does not belong to this reader ({what})")
+    if len(state.get("streams", ())) != config["streams"]:
+        raise StateMismatchError(
+            f"state has {len(state.get('streams', ()))} streams, reader has {config['streams']}"
+        )

@@ -1,0 +1,250 @@
+"""``Loader``: batches for the training loop, with an exact resumable cursor.
+
+The loader runs :class:`~wdstream.dataset.TokenDataset` in chunk mode (``K`` batches per
+worker message, one int32 tensor), slices each chunk into ``[B, T]`` int64 ``input_ids`` /
+``labels`` in the main process, and records a batch's stream cursor only when the batch is
+handed to the caller, so batches prefetched by workers but not consumed are never lost::
+
+    loader = Loader("data/", seq_len=2048, batch_size=8, num_workers=2)
+    for step, batch in enumerate(loader):
+        ...
+        if step % 1000 == 0:
+            save(loader.state_dict())          # a few hundred bytes of JSON
+
+    loader = Loader("data/", ...same arguments...)
+    loader.load_state_dict(saved)              # continues with the very next batch
+
+Each ``iter()`` runs ``epochs`` epochs from where the previous one stopped (forever when
+``epochs`` is None): a restored mid-epoch state finishes that epoch first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from wdstream.dataset import STATE_VERSION, Chunk, TokenDataset, check_state, chunk_to_batches
+from wdstream.stream import CURSOR_KEYS
+
+__all__ = ["Loader"]
+
+_SHARED_STATE_BYTES = 1 << 20
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _pin(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+    for s, t, p, c in chunks:
+        yield s, t.pin_memory(), (p.pin_memory() if p is not None else None), c
+
+
+def _to_device(chunks: Iterator[Chunk], device: torch.device) -> Iterator[Chunk]:
+    """Copy each chunk to ``device`` on a side stream, one chunk ahead of its use."""
+    side = torch.cuda.Stream(device)
+
+    def send(chunk: Chunk) -> tuple[Chunk, torch.cuda.Event]:
+        s, t, p, c = chunk
+        with torch.cuda.stream(side):
+            t = t.to(device, non_blocking=True)
+            p = p.to(device, non_blocking=True) if p is not None else None
+            done = torch.cuda.Event()
+            done.record(side)
+        return (s, t, p, c), done
+
+    def ready(sent: tuple[Chunk, torch.cuda.Event]) -> Chunk:
+        (s, t, p, c), done = sent
+        main = torch.cuda.current_stream(device)
+        main.wait_event(done)
+        t.record_stream(main)
+        if p is not None:
+            p.record_stream(main)
+        return s, t, p, c
+
+    pending = None
+    for chunk in chunks:
+        sent = send(chunk)
+        if pending is not None:
+            yield ready(pending)
+        pending = sent
+    if pending is not None:
+        yield ready(pending)
+
+
+class Loader:
+    """Shuffled ``[batch_size, seq_len]`` token batches, equal per rank, exactly resumable.
+
+    Args:
+        source: dataset root with ``index.json``, brace pattern of shard URLs, or a list.
+        seq_len: training sequence length T (may differ from the packed one).
+        batch_size: rows per batch B.
+        shuffle: shuffle shards per epoch and samples in windows.
+        seed: the one seed of all randomness.
+        num_workers: torch worker processes (0: everything in this process).
+        rank: default ``torch.distributed`` rank, else ``RANK``, else 0.
+        world_size: default ``torch.distributed`` world size, else ``WORLD_SIZE``, else 1.
+        epochs: epochs per ``iter()``; None repeats forever with a fresh shuffle each epoch.
+        streams: independent streams per rank (default ``max(1, num_workers)``); a multiple
+            of ``num_workers``. The batch order depends on ``streams``, not on the workers.
+        chunk_batches: batches per worker message (K).
+        shuffle_window: samples per shuffle window.
+        shuffle_lanes: lanes (distant places of the data) a window is drawn from.
+        pin_memory: pin chunks in page-locked memory.
+        prefetch_factor: chunks each worker keeps ready (torch ``DataLoader`` option).
+        persistent_workers: keep workers alive between ``iter()`` calls.
+        device: a CUDA device: chunks are copied there one ahead, on a side stream.
+        return_doc_boundaries: add ``position_ids`` [B, T] and ``cu_seqlens`` (int32).
+        drop_last: must be True: every rank yields the same number of full batches and the
+            remainder is left out (see ``docs/READER.md``).
+        multiprocessing_context: torch ``DataLoader`` option (e.g. ``"spawn"``).
+        store_options: passed to the storage backend.
+    """
+
+    def __init__(
+        self,
+        source: str | Sequence[str],
+        seq_len: int = 2048,
+        batch_size: int = 8,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int = 4,
+        rank: int | None = None,
+        world_size: int | None = None,
+        epochs: int | None = None,
+        *,
+        streams: int | None = None,
+        chunk_batches: int = 8,
+        shuffle_window: int = 1024,
+        shuffle_lanes: int = 8,
+        pin_memory: bool = False,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        device: str | torch.device | None = None,
+        return_doc_boundaries: bool = False,
+        drop_last: bool = True,
+        multiprocessing_context: Any = None,
+        **store_options: Any,
+    ) -> None:
+        if not drop_last:
+            raise ValueError(
+                "drop_last=False is not supported: ranks must yield equal batch counts"
+            )
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        streams = max(1, num_workers) if streams is None else streams
+        if num_workers and streams % num_workers:
+            raise ValueError(f"streams={streams} must be a multiple of num_workers={num_workers}")
+        self.dataset = TokenDataset(
+            source, seq_len, batch_size, shuffle=shuffle, seed=seed, rank=rank,
+            world_size=world_size, streams=streams, epochs=epochs, shuffle_window=shuffle_window,
+            shuffle_lanes=shuffle_lanes, chunk_batches=chunk_batches,
+            return_doc_boundaries=return_doc_boundaries, **store_options,
+        )  # fmt: skip
+        self.dataset._yield_chunks = True
+        self.epochs = epochs
+        self.num_workers = num_workers
+        self.device = torch.device(device) if device is not None else None
+        self.pin_memory = pin_memory or (self.device is not None and self.device.type == "cuda")
+        self._dl_options = {
+            "prefetch_factor": prefetch_factor,
+            "persistent_workers": persistent_workers,
+            "multiprocessing_context": multiprocessing_context,
+        }
+        self._dl: DataLoader | None = None
+        ds = self.dataset
+        self._cursors = [dict(c) for c in ds._cursors]
+        self._next_stream = 0
+
+    @property
+    def rank(self) -> int:
+        return self.dataset.cfg.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dataset.cfg.world_size
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch (the same on every rank)."""
+        return self.dataset.batches_per_epoch(self._cursors[self._next_stream]["epoch"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position after the last batch handed out: small and JSON-serialisable."""
+        ds = self.dataset
+        s = self._next_stream
+        c = self._cursors[s]
+        nb = ds._ctx.batches_per_stream(c["epoch"])
+        k = ds.cfg.chunk_batches
+        return {
+            "version": STATE_VERSION,
+            "config": ds.config(),
+            "streams": [dict(c) for c in self._cursors],
+            "next_stream": s,
+            "chunk_left": min(k - c["batches"] % k, nb - c["batches"]),
+            "iter_stop": None,
+            "worker": None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly after the batch at which ``state`` was taken.
+
+        Raises:
+            StateMismatchError: for a state of another dataset, seed, world size, rank,
+                stream count or batch geometry.
+        """
+        check_state(state, self.dataset.config())
+        self._cursors = [{k: int(c[k]) for k in CURSOR_KEYS} for c in state["streams"]]
+        self._next_stream = int(state["next_stream"])
+
+    def _prepare(self) -> None:
+        ds = self.dataset
+        ds._cursors = [dict(c) for c in self._cursors]
+        ds._next_stream = self._next_stream
+        ds._worker = None
+        ep = self._cursors[self._next_stream]["epoch"]
+        ds._iter_stop = None if self.epochs is None else ep + self.epochs
+
+    def _torch_loader(self) -> DataLoader:
+        if self._dl is None:
+            ds = self.dataset
+            ds._shared = torch.zeros(_SHARED_STATE_BYTES, dtype=torch.uint8).share_memory_()
+            opts = {k: v for k, v in self._dl_options.items() if v is not None}
+            self._dl = DataLoader(
+                ds, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
+                pin_memory=self.pin_memory, **opts,
+            )  # fmt: skip
+        return self._dl
+
+    def _chunks(self) -> Iterator[Chunk]:
+        self._prepare()
+        ds = self.dataset
+        if self.num_workers == 0:
+            chunks = ds.iter_chunks()
+            if self.pin_memory and torch.cuda.is_available():
+                chunks = _pin(chunks)
+            return chunks
+        dl = self._torch_loader()
+        blob = json.dumps(ds.state_dict()).encode()
+        assert ds._shared is not None and len(blob) + 8 <= ds._shared.numel()
+        ds._shared[:8] = torch.frombuffer(
+            bytearray(len(blob).to_bytes(8, "little")), dtype=torch.uint8
+        )
+        ds._shared[8 : 8 + len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        return iter(dl)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        chunks = self._chunks()
+        if self.device is not None and self.device.type == "cuda":
+            chunks = _to_device(chunks, self.device)
+        B, S = self.dataset.cfg.batch_size, self.dataset.cfg.streams
+        for s, tokens, pos, cursors in chunks:
+            n = len(cursors)
+            for j, batch in enumerate(chunk_to_batches(tokens, pos, B)):
+                # Record the position only now, as the batch is handed over.
+                self._cursors[s] = cursors[j]
+                self._next_stream = (s + 1) % S if j == n - 1 else s
+                yield batch

@@ -1,0 +1,125 @@
+"""The epoch plan: shard order, equal per-stream sample ranges, windows, batches per epoch.
+
+Everything is computed locally from the shard counts, with no communication, so every
+rank and worker derives the same plan. Worked example, 3 shards of 4 samples, 2 ranks x 1
+stream, epoch order ``[2, 0, 1]``::
+
+    epoch sequence   2.0 2.1 2.2 2.3 | 0.0 0.1 0.2 0.3 | 1.0 1.1 1.2 1.3   (12 samples)
+    ranges (S=2)     [0, 6) -> rank 0          [6, 12) -> rank 1
+
+A remainder of fewer than ``world_size * streams`` samples at the end is left out (which
+samples differs by epoch as the shard order changes). Inside a range, ``m`` lanes split it
+into contiguous parts; window ``w`` takes the next ``ceil(W / m)`` samples of every lane::
+
+    range [0, 12), m=3, W=6:  lanes [0,4) [4,8) [8,12)
+    window 0 = 0 1 | 4 5 | 8 9      window 1 = 2 3 | 6 7 | 10 11
+
+and is emitted in a permutation seeded by ``(seed, epoch, rank, stream, window)``. Every
+stream yields ``min`` over all ranks' streams of its full-batch count, so every rank
+yields the same number of batches per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from wdstream.source import ShardSource
+
+__all__ = ["EpochPlan", "WindowGeometry"]
+
+
+@dataclass(frozen=True)
+class WindowGeometry:
+    """How one stream's sample range is cut into lanes and windows."""
+
+    start: int
+    stop: int
+    window: int
+    lanes: int
+
+    @property
+    def _m(self) -> int:
+        return max(1, min(self.lanes, self.stop - self.start))
+
+    @property
+    def _per_lane(self) -> int:
+        return max(1, math.ceil(self.window / self._m))
+
+    @property
+    def n_windows(self) -> int:
+        """Number of windows covering the range."""
+        n = self.stop - self.start
+        return 0 if n <= 0 else math.ceil(math.ceil(n / self._m) / self._per_lane)
+
+    def spans(self, w: int) -> list[tuple[int, int]]:
+        """Epoch-sequence spans ``[p, q)`` of window ``w``, one per non-empty lane."""
+        m, c, n = self._m, self._per_lane, self.stop - self.start
+        out = []
+        for j in range(m):
+            lo = self.start + j * n // m
+            hi = self.start + (j + 1) * n // m
+            p, q = lo + w * c, min(lo + (w + 1) * c, hi)
+            if p < q:
+                out.append((p, q))
+        return out
+
+
+class EpochPlan:
+    """Shard order and per-stream ranges of one epoch.
+
+    Args:
+        source: the shards.
+        epoch: epoch number.
+        seed: shuffle seed.
+        shuffle: permute shards (else dataset order).
+        n_ranges: ``world_size * streams``.
+    """
+
+    def __init__(
+        self, source: ShardSource, epoch: int, seed: int, shuffle: bool, n_ranges: int
+    ) -> None:
+        self.source = source
+        n = len(source)
+        if shuffle:
+            self.order = np.random.default_rng([seed, epoch]).permutation(n)
+        else:
+            self.order = np.arange(n)
+        self.cum = np.concatenate([[0], np.cumsum(source.samples[self.order])]).astype(np.int64)
+        self.tok_cum = np.concatenate([[0], np.cumsum(source.tokens[self.order])]).astype(np.int64)
+        self.n_ranges = n_ranges
+        self.range_len = int(self.cum[-1]) // n_ranges
+
+    def range(self, g: int) -> tuple[int, int]:
+        """Epoch-sequence span of global stream ``g = rank * streams + stream``."""
+        return g * self.range_len, (g + 1) * self.range_len
+
+    def pieces(self, p: int, q: int) -> list[tuple[int, int, int]]:
+        """``(shard, a, b)`` pieces covering epoch positions ``[p, q)``, in order."""
+        out = []
+        i = int(np.searchsorted(self.cum, p, side="right")) - 1
+        while p < q:
+            base = int(self.cum[i])
+            end = min(q, int(self.cum[i + 1]))
+            if end > p:
+                out.append((int(self.order[i]), p - base, end - base))
+            p = max(p, end)
+            i += 1
+        return out
+
+    def tokens_before(self, p: int) -> int:
+        """Tokens in epoch positions ``[0, p)``."""
+        if p >= self.cum[-1]:
+            return int(self.tok_cum[-1])
+        i = int(np.searchsorted(self.cum, p, side="right")) - 1
+        return int(self.tok_cum[i]) + self.source.tokens_before(
+            int(self.order[i]), p - int(self.cum[i])
+        )
+
+    def batches_per_stream(self, row_tokens: int, batch_size: int) -> int:
+        """Full batches every stream yields: the minimum over all ranges."""
+        bounds = [self.tokens_before(g * self.range_len) for g in range(self.n_ranges + 1)]
+        tokens = np.diff(np.asarray(bounds, dtype=np.int64))
+        return int((tokens // row_tokens // batch_size).min())

@@ -1,0 +1,205 @@
+"""Where a reader's samples come from: shard names, per-shard counts, ranged sample reads.
+
+A :class:`ShardSource` is the pluggable bottom of the reader: the plan only needs
+``samples`` (per shard), ``tokens_before(shard, k)`` and ``read(shard, a, b)``. This one
+serves indexed token shards; a raw-text source would implement the same three.
+
+``source`` may be a dataset root holding ``index.json`` (counts come from the index; sidecars
+are loaded lazily, only for the shards actually read), a brace pattern of shard URLs
+(``data/x-{000000..000009}.tar``), or a list of them (counts come from each shard's
+``.idx`` sidecar; a shard without one is scanned once). Every byte goes through
+:mod:`wdstream.storage`, so local paths, ``s3://`` and ``http(s)://`` take the same path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import braceexpand
+import numpy as np
+
+from wdstream.errors import CorruptShardError
+from wdstream.index import INDEX_NAME, DatasetIndex
+from wdstream.sample import decode_sample
+from wdstream.shardindex import ShardSidecar, scan_tar
+from wdstream.storage import Store, open_store, split_url
+
+__all__ = ["ShardSource", "expand_urls"]
+
+_SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
+
+
+def expand_urls(source: str | Sequence[str]) -> list[str]:
+    """Expand brace patterns (``a-{000..009}.tar``) in one URL or a list of them."""
+    items = [source] if isinstance(source, str) else list(source)
+    return [u for item in items for u in braceexpand.braceexpand(item)]
+
+
+class ShardSource:
+    """Indexed token shards: counts for planning and one ranged read per sample span.
+
+    Args:
+        source: dataset root with ``index.json``, brace pattern of shard URLs, or a list.
+        store_options: passed to :func:`wdstream.storage.open_store`.
+
+    Raises:
+        FileNotFoundError: if a root has no ``index.json`` or a shard is missing.
+        CorruptShardError: if a sidecar or sample does not decode (names shard and offset).
+    """
+
+    def __init__(self, source: str | Sequence[str], **store_options: Any) -> None:
+        self._options = store_options
+        self._stores: dict[str, Store] = {}
+        self._cache: OrderedDict[int, tuple[ShardSidecar, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.index: DatasetIndex | None = None
+        is_root = isinstance(source, str) and "{" not in source and not source.endswith(".tar")
+        if is_root:
+            assert isinstance(source, str)
+            store = self._store(source)
+            self.index = DatasetIndex.from_json(store.read(INDEX_NAME), store.child_url(INDEX_NAME))
+            self.urls = [(source, s.name) for s in self.index.shards]
+            self.sidecar_names = [s.sidecar for s in self.index.shards]
+            self.samples = np.array([s.samples for s in self.index.shards], dtype=np.int64)
+            self.tokens = np.array([s.tokens for s in self.index.shards], dtype=np.int64)
+            self.mode = self.index.mode
+            self.sample_tokens = self.index.sample_tokens
+            ident: list[list[Any]] = [[s.name, s.sha256] for s in self.index.shards]
+        else:
+            self.urls = [split_url(u) for u in expand_urls(source)]
+            if not self.urls:
+                raise ValueError(f"no shard URLs in {source!r}")
+            self.sidecar_names = [
+                n[:-4] + ".idx" if n.endswith(".tar") else n + ".idx" for _, n in self.urls
+            ]
+            counts = [self._sidecar(i)[0].tokens for i in range(len(self.urls))]
+            self.samples = np.array([len(c) for c in counts], dtype=np.int64)
+            self.tokens = np.array([int(c.sum(dtype=np.int64)) for c in counts], dtype=np.int64)
+            # Without an index the mode is inferred: equal-length samples (but a last short
+            # one) mean concat packing, which lets the plan count tokens arithmetically.
+            lens = np.concatenate(counts) if counts else np.zeros(0)
+            st = int(lens[0]) if len(lens) else 0
+            concat = len(lens) > 0 and bool(np.all(lens[:-1] == st)) and 0 < lens[-1] <= st
+            self.mode = "concat" if concat else "docs"
+            self.sample_tokens = st if concat else None
+            ident = [
+                [f"{r}/{n}", int(a), int(b)]
+                for (r, n), a, b in zip(self.urls, self.samples, self.tokens, strict=True)
+            ]
+        self.fingerprint = hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
+        st = self.sample_tokens or 0
+        # A shard is "regular" when every sample but possibly its last has sample_tokens
+        # tokens; then token prefixes are arithmetic and no sidecar is needed to plan.
+        self._regular = (
+            (self.samples > 0)
+            & ((self.samples - 1) * st < self.tokens)
+            & (self.tokens <= self.samples * st)
+            if self.mode == "concat" and st
+            else np.zeros(len(self.samples), dtype=bool)
+        )
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cache"] = OrderedDict()
+        state["_stores"] = {}
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _store(self, root: str) -> Store:
+        store = self._stores.get(root)
+        if store is None:
+            store = self._stores[root] = open_store(root, **self._options)
+        return store
+
+    def where(self, shard: int) -> str:
+        """URL of a shard, for messages."""
+        root, name = self.urls[shard]
+        return self._store(root).child_url(name)
+
+    def _sidecar(self, shard: int) -> tuple[ShardSidecar, np.ndarray]:
+        with self._lock:
+            hit = self._cache.get(shard)
+            if hit is not None:
+                self._cache.move_to_end(shard)
+                return hit
+        root, name = self.urls[shard]
+        store = self._store(root)
+        try:
+            sidecar = ShardSidecar.from_bytes(store.read(self.sidecar_names[shard]))
+        except FileNotFoundError:
+            sidecar = self._scan(shard)
+        except ValueError as exc:
+            raise CorruptShardError(f"{store.child_url(self.sidecar_names[shard])}: {exc}") from exc
+        entry = (sidecar, np.concatenate([[0], np.cumsum(sidecar.tokens, dtype=np.int64)]))
+        with self._lock:
+            self._cache[shard] = entry
+            while len(self._cache) > _SIDECAR_CACHE:
+                self._cache.popitem(last=False)
+        return entry
+
+    def _scan(self, shard: int) -> ShardSidecar:
+        """Build a sidecar for a shard that has none by reading the whole tar once."""
+        root, name = self.urls[shard]
+        data = self._store(root).read(name)
+        try:
+            members = [m for m in scan_tar(data) if m[0].endswith(".msgpack")]
+        except ValueError as exc:
+            raise CorruptShardError(f"{self.where(shard)}: {exc}") from exc
+        ntok = [len(self._decode(shard, data[o : o + n], o).tokens) for _, o, n in members]
+        return ShardSidecar(
+            offsets=np.array([o for _, o, _ in members], dtype="<u8"),
+            sizes=np.array([n for _, _, n in members], dtype="<u4"),
+            tokens=np.array(ntok, dtype="<u4"),
+        )
+
+    def _decode(self, shard: int, data: bytes | memoryview, offset: int) -> Any:
+        try:
+            return decode_sample(data)
+        except ValueError as exc:
+            raise CorruptShardError(f"{self.where(shard)}: sample at byte {offset}: {exc}") from exc
+
+    def tokens_before(self, shard: int, k: int) -> int:
+        """Tokens in samples ``[0, k)`` of ``shard`` (no read for regular concat shards)."""
+        if k <= 0:
+            return 0
+        if k >= self.samples[shard]:
+            return int(self.tokens[shard])
+        if self._regular[shard]:
+            return k * int(self.sample_tokens or 0)
+        return int(self._sidecar(shard)[1][k])
+
+    def read(self, shard: int, a: int, b: int) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
+        """Decode samples ``[a, b)`` of ``shard`` with one ranged read.
+
+        Returns:
+            ``(tokens, doc_lens)``: per sample a read-only token array and its piece lengths.
+        """
+        sidecar, _ = self._sidecar(shard)
+        begin, end = sidecar.byte_range(a, b)
+        root, name = self.urls[shard]
+        buf = memoryview(self._store(root).read_range(name, begin, end))
+        if len(buf) != end - begin:
+            raise CorruptShardError(f"{self.where(shard)}: short read at byte {begin + len(buf)}")
+        offs = sidecar.offsets[a:b].astype(np.int64) - begin
+        sizes = sidecar.sizes[a:b]
+        toks: list[np.ndarray] = []
+        docs: list[tuple[int, ...]] = []
+        for o, n in zip(offs.tolist(), sizes.tolist(), strict=True):
+            s = self._decode(shard, buf[o : o + n], begin + o)
+            toks.append(s.tokens)
+            docs.append(s.doc_lens)
+        want = sidecar.tokens[a:b]
+        if any(len(t) != w for t, w in zip(toks, want.tolist(), strict=True)):
+            raise CorruptShardError(f"{self.where(shard)}: token counts disagree with the sidecar")
+        return toks, docs

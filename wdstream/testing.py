@@ -1,0 +1,231 @@
+"""Test helpers: a tiny v1 dataset writer and the shared exact-resume harness.
+
+``write_synthetic_dataset`` builds a dataset in the exact v1 format (tar members, sidecars,
+``index.json``) from synthetic documents whose tokens are *recognisable*: with the default
+``uint32`` dtype, token ``t`` of the dataset is the integer ``t`` (its global position in the
+document stream), so a test can check no-missing / no-duplicate / order from the tokens
+alone, and ``token // sample_tokens`` is the sample key in concat mode::
+
+    docs (lengths 3, 5, ...):   [0 1 2] [3 4 5 6 7] ...
+    concat, sample_tokens=4:    sample 0 = [0 1 2 3] doc_lens (3, 1) cont False
+                                sample 1 = [4 5 6 7] doc_lens (4,)   cont True
+
+``assert_resumes_exactly`` is the one resumability check every stateful stage's tests call
+(the grain / torchdata ``run_test_save_load_state`` habit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from wdstream.index import DatasetIndex, ShardEntry
+from wdstream.sample import encode_sample
+from wdstream.shardindex import ShardSidecar
+from wdstream.storage import open_store
+from wdstream.tarfmt import BLOCK, END_OF_ARCHIVE, member_bytes
+
+__all__ = ["assert_resumes_exactly", "synthetic_doc_lengths", "write_synthetic_dataset"]
+
+
+def synthetic_doc_lengths(n_docs: int, seed: int = 0, lo: int = 1, hi: int = 300) -> list[int]:
+    """Deterministic document lengths in ``[lo, hi]``."""
+    rng = np.random.default_rng([seed, 12345])
+    return [int(x) for x in rng.integers(lo, hi + 1, size=n_docs)]
+
+
+def _concat_samples(
+    doc_lens: Sequence[int], sample_tokens: int
+) -> Iterator[tuple[int, int, list[int], bool]]:
+    """Yield ``(start_token, n_tokens, doc_lens, cont)`` of fixed-length concat samples."""
+    total = int(sum(doc_lens))
+    doc_ends = np.cumsum(doc_lens)
+    doc_starts = doc_ends - np.asarray(doc_lens)
+    for start in range(0, total, sample_tokens):
+        stop = min(start + sample_tokens, total)
+        first = int(np.searchsorted(doc_ends, start, side="right"))
+        pieces: list[int] = []
+        d = first
+        while d < len(doc_lens) and doc_starts[d] < stop:
+            pieces.append(int(min(doc_ends[d], stop) - max(doc_starts[d], start)))
+            d += 1
+        yield start, stop - start, pieces, bool(doc_starts[first] < start)
+
+
+def write_synthetic_dataset(
+    root: str,
+    *,
+    n_docs: int = 200,
+    doc_lens: Sequence[int] | None = None,
+    mode: str = "concat",
+    sample_tokens: int = 65,
+    samples_per_shard: int = 10,
+    dtype: str = "uint32",
+    name: str = "data",
+    seed: int = 0,
+    sidecars: bool = True,
+    write_index: bool = True,
+) -> DatasetIndex:
+    """Write a synthetic v1 dataset under ``root`` and return its index.
+
+    Args:
+        root: dataset folder or URL (anything ``open_store`` takes).
+        n_docs: number of synthetic documents (ignored if ``doc_lens`` is given).
+        doc_lens: explicit document lengths.
+        mode: ``"concat"`` (samples of exactly ``sample_tokens``, the last may be shorter) or
+            ``"docs"`` (one document per sample).
+        sample_tokens: concat sample length (``seq_len + 1`` of the pack).
+        samples_per_shard: samples per shard (small, so there are many shards).
+        dtype: ``"uint32"`` (token = global position) or ``"uint16"`` (position mod 65536).
+        name: shard name prefix.
+        seed: seeds the document lengths.
+        sidecars: write ``.idx`` sidecars (False to test the tar-scan fallback).
+        write_index: write ``index.json``.
+
+    Returns:
+        The :class:`DatasetIndex` describing what was written.
+    """
+    if mode not in ("concat", "docs"):
+        raise ValueError(f"mode must be 'concat' or 'docs', got {mode!r}")
+    lens = list(doc_lens) if doc_lens is not None else synthetic_doc_lengths(n_docs, seed)
+    np_dtype = np.dtype("<u4" if dtype == "uint32" else "<u2")
+    if mode == "concat":
+        samples = list(_concat_samples(lens, sample_tokens))
+    else:
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(int)
+        samples = [(int(s), n, [n], False) for s, n in zip(starts, lens, strict=True)]
+    store = open_store(root, create=True)
+    shards: list[ShardEntry] = []
+    for shard_no, first in enumerate(range(0, len(samples), samples_per_shard)):
+        chunk = samples[first : first + samples_per_shard]
+        parts: list[bytes] = []
+        offsets, sizes, ntoks = [], [], []
+        pos = 0
+        documents = 0
+        for j, (start, n, pieces, cont) in enumerate(chunk):
+            tokens = (
+                np.arange(start, start + n, dtype=np.int64) % (1 << (8 * np_dtype.itemsize))
+            ).astype(np_dtype)
+            data = encode_sample(tokens, pieces, cont)
+            member = member_bytes(f"{first + j:012d}.msgpack", data)
+            offsets.append(pos + BLOCK)
+            sizes.append(len(data))
+            ntoks.append(n)
+            documents += len(pieces) - int(cont)
+            parts.append(member)
+            pos += len(member)
+        tar = b"".join(parts) + END_OF_ARCHIVE
+        sidecar = ShardSidecar(
+            offsets=np.asarray(offsets, dtype="<u8"),
+            sizes=np.asarray(sizes, dtype="<u4"),
+            tokens=np.asarray(ntoks, dtype="<u4"),
+        ).to_bytes()
+        tar_name, idx_name = f"{name}-{shard_no:06d}.tar", f"{name}-{shard_no:06d}.idx"
+        store.write_bytes(tar_name, tar)
+        if sidecars:
+            store.write_bytes(idx_name, sidecar)
+        shards.append(
+            ShardEntry(
+                name=tar_name,
+                sidecar=idx_name,
+                samples=len(chunk),
+                tokens=int(sum(ntoks)),
+                documents=documents,
+                bytes=len(tar),
+                sha256=hashlib.sha256(tar).hexdigest(),
+                sidecar_sha256=hashlib.sha256(sidecar).hexdigest(),
+            )
+        )
+    n_vocab = int(sum(lens)) + 1 if dtype == "uint32" else 1 << 16
+    index = DatasetIndex(
+        tokenizer={"name": "synthetic", "backend": "none", "ranks_sha256": "", "n_vocab": n_vocab},
+        eos_id=None,
+        bos_id=None,
+        dtype=dtype,
+        mode=mode,
+        seq_len=sample_tokens - 1 if mode == "concat" else None,
+        sample_tokens=sample_tokens if mode == "concat" else None,
+        shards=tuple(shards),
+        stats={"documents": len(lens)},
+    )
+    if write_index:
+        store.write_bytes("index.json", index.to_json().encode())
+    return index
+
+
+class _Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+def _canon(item: Any) -> Any:
+    """Comparable form of a batch (tensors / arrays -> nested lists)."""
+    if isinstance(item, dict):
+        return {k: _canon(v) for k, v in sorted(item.items())}
+    if isinstance(item, list | tuple):
+        return [_canon(v) for v in item]
+    if hasattr(item, "tolist"):
+        return item.tolist()
+    return item
+
+
+def assert_resumes_exactly(
+    make: Callable[[], _Stateful],
+    steps: int | None = None,
+    check_at: Iterable[int] | None = None,
+    json_roundtrip: bool = True,
+) -> list[Any]:
+    """Check that restoring the state taken after any step reproduces the rest exactly.
+
+    Runs one uninterrupted pass over ``iter(make())`` (at most ``steps`` items), recording the
+    state *before* every item. Then, for every position ``i`` in ``check_at`` (default: all),
+    builds a fresh instance, loads the state recorded before item ``i`` and asserts it yields
+    exactly items ``i..`` of the uninterrupted pass (up to the same stop).
+
+    Args:
+        make: factory of fresh, identically configured instances.
+        steps: items to draw from the uninterrupted pass (None: until exhausted).
+        check_at: positions to restore at; default every position ``0..n``.
+        json_roundtrip: pass each state through ``json.dumps``/``loads`` first.
+
+    Returns:
+        The items of the uninterrupted pass (canonicalised to nested lists).
+    """
+    ref = make()
+    it = iter(ref)
+    states: list[dict[str, Any]] = []
+    items: list[Any] = []
+    while steps is None or len(items) < steps:
+        states.append(json.loads(json.dumps(ref.state_dict())))
+        try:
+            items.append(_canon(next(it)))
+        except StopIteration:
+            states.pop()
+            break
+    states.append(json.loads(json.dumps(ref.state_dict())))
+    positions = range(len(items) + 1) if check_at is None else check_at
+    for i in positions:
+        state = states[i]
+        if json_roundtrip:
+            state = json.loads(json.dumps(state))
+        fresh = make()
+        fresh.load_state_dict(state)
+        want = items[i:]
+        got: list[Any] = []
+        fit = iter(fresh)
+        while len(got) < len(want):
+            try:
+                got.append(_canon(next(fit)))
+            except StopIteration:
+                break
+        assert got == want, f"resume at step {i}: {len(got)} items, first mismatch at " + str(
+            next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+        )
+    return items
