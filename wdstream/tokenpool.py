@@ -9,7 +9,8 @@ Kinds of pool:
 * ``threads``: tiktoken releases the GIL while encoding, so threads in this process work
   and avoid sending text to another process.
 * ``processes``: a ``forkserver`` pool (``spawn`` where forkserver is missing); needed for
-  bpe-openai, which holds the GIL while it encodes.
+  bpe-openai, which holds the GIL while it encodes. As with any spawn/forkserver pool, a
+  script that calls ``pack`` must guard its entry point with ``if __name__ == "__main__":``.
 * ``inline``: ``workers=0``, encode on the calling thread (tests, debugging).
 
 Results come back in submission order whatever the pool, so output never depends on the
@@ -33,11 +34,27 @@ __all__ = ["POOL_KINDS", "TokenPool", "encode_flat"]
 POOL_KINDS = ("auto", "threads", "processes")
 M = TypeVar("M")
 
-_worker: tuple[Tokenizer, int | None, int | None, str] | None = None
+_worker: tuple[Any, int | None, int | None, str] | None = None
+
+
+class _BpeEncoder:
+    """Just the bpe-openai binding: process workers need nothing else of a Tokenizer."""
+
+    def __init__(self, name: str) -> None:
+        from bpe_openai import _bindings
+
+        self._tok = _bindings.tokenizer_for_encoding(name)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.array(self._tok.encode(t), dtype=np.uint32) for t in texts]
 
 
 def encode_flat(
-    tok: Tokenizer, texts: list[str], bos_id: int | None, eos_id: int | None, dtype: str
+    tok: Tokenizer | _BpeEncoder,
+    texts: list[str],
+    bos_id: int | None,
+    eos_id: int | None,
+    dtype: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Encode ``texts``; return all ids (BOS/EOS added) concatenated, and each document's length."""
     arrays = tok.encode_batch(texts)
@@ -56,8 +73,11 @@ def encode_flat(
     return flat.astype(dtype, copy=False), lens
 
 
-def _init_worker(tok: Tokenizer, bos_id: int | None, eos_id: int | None, dtype: str) -> None:
+def _init_worker(
+    spec: str, name: str, backend: str, bos_id: int | None, eos_id: int | None, dtype: str
+) -> None:
     global _worker
+    tok = _BpeEncoder(name) if backend == "bpe-openai" else Tokenizer(spec, backend)
     _worker = (tok, bos_id, eos_id, dtype)
 
 
@@ -100,8 +120,13 @@ class TokenPool:
         if self.kind == "processes":
             methods = multiprocessing.get_all_start_methods()
             ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+            if "forkserver" in methods:
+                # Import once in the fork server, so each worker forks with the modules loaded
+                # instead of importing the package (and whatever it imports) itself.
+                ctx.set_forkserver_preload(["wdstream.tokenpool"])
+            initargs = (tok.spec, tok.name, tok.backend, bos_id, eos_id, dtype)
             self._executor = ProcessPoolExecutor(
-                workers, mp_context=ctx, initializer=_init_worker, initargs=self._args
+                workers, mp_context=ctx, initializer=_init_worker, initargs=initargs
             )
         elif self.kind == "threads":
             self._executor = ThreadPoolExecutor(workers, thread_name_prefix="wdstream-encode")
