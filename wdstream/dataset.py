@@ -36,7 +36,8 @@ __all__ = ["STATE_VERSION", "Chunk", "TokenDataset", "chunk_to_batches", "resolv
 STATE_VERSION = 1
 
 # (stream, tokens int32 [n*B, T+1], position_ids int32 [n*B, T] or None, cursors after each batch)
-Chunk = tuple[int, torch.Tensor, torch.Tensor | None, list[dict[str, int]]]
+# (with a shared ring, tokens is the slot ``(worker, slot, rows)`` and positions None)
+Chunk = tuple[int, Any, torch.Tensor | None, list[dict[str, int]]]
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -63,20 +64,26 @@ def _position_ids(doc_start: np.ndarray) -> np.ndarray:
     return idx - last
 
 
+def _long(x: torch.Tensor, pin: bool) -> torch.Tensor:
+    if not pin:
+        return x.to(torch.int64, memory_format=torch.contiguous_format)
+    out = torch.empty(x.shape, dtype=torch.int64, pin_memory=True)
+    return out.copy_(x)
+
+
 def chunk_to_batches(
-    tokens: torch.Tensor, positions: torch.Tensor | None, batch_size: int
+    tokens: torch.Tensor, positions: torch.Tensor | None, batch_size: int, pin: bool = False
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """Slice a chunk into batches: int64 contiguous ``input_ids``/``labels`` [B, T]."""
+    """Slice a chunk into batches: int64 contiguous ``input_ids``/``labels`` [B, T].
+
+    ``position_ids`` (int64 [B, T]) and ``cu_seqlens`` (int32, flat over the batch: the start
+    of every piece plus ``B * T`` at the end) are added when ``positions`` is given.
+    """
     for j in range(tokens.shape[0] // batch_size):
         rows = tokens[j * batch_size : (j + 1) * batch_size]
-        batch = {
-            "input_ids": rows[:, :-1].to(torch.int64, memory_format=torch.contiguous_format),
-            "labels": rows[:, 1:].to(torch.int64, memory_format=torch.contiguous_format),
-        }
+        batch = {"input_ids": _long(rows[:, :-1], pin), "labels": _long(rows[:, 1:], pin)}
         if positions is not None:
-            pos = positions[j * batch_size : (j + 1) * batch_size].to(
-                torch.int64, memory_format=torch.contiguous_format
-            )
+            pos = _long(positions[j * batch_size : (j + 1) * batch_size], pin)
             flat = pos.reshape(-1)
             starts = torch.nonzero(flat == 0).reshape(-1)
             batch["position_ids"] = pos
@@ -161,6 +168,10 @@ class TokenDataset(IterableDataset):
         # (workers, persistent or not, read it at every ``iter()``).
         self._yield_chunks = False
         self._shared: torch.Tensor | None = None
+        # Set by ``Loader`` with workers: per worker a ring of chunk slots in shared memory
+        # ([workers, slots, K*B, T+1] int32, and int32 positions), so a message is a slot
+        # number instead of a fresh shared-memory tensor (which costs more than the data).
+        self._ring: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     # ---- state -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -256,6 +267,8 @@ class TokenDataset(IterableDataset):
             self.load_state_dict(json.loads(self._shared[8 : 8 + n].numpy().tobytes()))
         order, stop = self._schedule()
         cfg = self.cfg
+        ring = self._ring if shared else None
+        wid = self._worker[0] if self._worker is not None else 0
         streams = {s: TokenStream(self._ctx, s, self._cursors[s]) for s in order}
         try:
             for i in itertools.count():
@@ -264,16 +277,31 @@ class TokenDataset(IterableDataset):
                     return
                 n = self._chunk_size(s)
                 rows = n * cfg.batch_size
-                tokens = _new_buffer((rows, cfg.seq_len + 1), torch.int32, shared)
+                ref: Any
+                if ring is not None:
+                    slot = i % ring[0].shape[1]
+                    tokens = ring[0][wid, slot, :rows]
+                    pos = ring[1][wid, slot, :rows] if ring[1] is not None else None
+                    ref = (wid, slot, rows)
+                else:
+                    tokens = _new_buffer((rows, cfg.seq_len + 1), torch.int32, shared)
+                    pos = (
+                        _new_buffer((rows, cfg.seq_len), torch.int32, shared)
+                        if cfg.doc_boundaries
+                        else None
+                    )
+                    ref = tokens
                 doc = np.empty((rows, cfg.seq_len + 1), dtype=bool) if cfg.doc_boundaries else None
                 cursors = streams[s].fill(tokens.numpy(), doc, n)
-                pos = None
                 if doc is not None:
-                    pos = _new_buffer((rows, cfg.seq_len), torch.int32, shared)
+                    assert pos is not None
                     pos.numpy()[:] = _position_ids(doc)
                 self._cursors[s] = dict(cursors[-1])
                 self._next_stream = order[(i + 1) % len(order)]
-                yield s, tokens, pos, cursors
+                if ring is not None:
+                    yield s, ref, None, cursors
+                else:
+                    yield s, tokens, pos, cursors
         finally:
             for st in streams.values():
                 st.close()

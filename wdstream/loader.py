@@ -118,7 +118,7 @@ class Loader:
         epochs: int | None = None,
         *,
         streams: int | None = None,
-        chunk_batches: int = 8,
+        chunk_batches: int = 16,
         shuffle_window: int = 1024,
         shuffle_lanes: int = 8,
         pin_memory: bool = False,
@@ -212,10 +212,22 @@ class Loader:
         if self._dl is None:
             ds = self.dataset
             ds._shared = torch.zeros(_SHARED_STATE_BYTES, dtype=torch.uint8).share_memory_()
+            # A worker runs at most prefetch_factor chunks ahead of the one the main process
+            # is slicing, so prefetch_factor + 2 slots per worker are never overwritten early.
+            c = ds.cfg
+            slots = (self._dl_options["prefetch_factor"] or 2) + 2
+            rows = c.chunk_batches * c.batch_size
+            shape = (self.num_workers, slots, rows)
+            tok = torch.empty((*shape, c.seq_len + 1), dtype=torch.int32).share_memory_()
+            pos = (
+                torch.empty((*shape, c.seq_len), dtype=torch.int32).share_memory_()
+                if c.doc_boundaries
+                else None
+            )
+            ds._ring = (tok, pos)
             opts = {k: v for k, v in self._dl_options.items() if v is not None}
             self._dl = DataLoader(
-                ds, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
-                pin_memory=self.pin_memory, **opts,
+                ds, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **opts,
             )  # fmt: skip
         return self._dl
 
@@ -223,10 +235,7 @@ class Loader:
         self._prepare()
         ds = self.dataset
         if self.num_workers == 0:
-            chunks = ds.iter_chunks()
-            if self.pin_memory and torch.cuda.is_available():
-                chunks = _pin(chunks)
-            return chunks
+            return ds.iter_chunks()
         dl = self._torch_loader()
         blob = json.dumps(ds.state_dict()).encode()
         assert ds._shared is not None and len(blob) + 8 <= ds._shared.numel()
@@ -236,14 +245,28 @@ class Loader:
         ds._shared[8 : 8 + len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
         return iter(dl)
 
+    def _resolve(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+        """Turn ring-slot references from workers into tensor views of the slot."""
+        ring = self.dataset._ring
+        for s, tokens, pos, cursors in chunks:
+            if isinstance(tokens, tuple | list):
+                assert ring is not None
+                w, slot, rows = tokens
+                tokens = ring[0][w, slot, :rows]
+                pos = ring[1][w, slot, :rows] if ring[1] is not None else None
+            yield s, tokens, pos, cursors
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        chunks = self._chunks()
-        if self.device is not None and self.device.type == "cuda":
-            chunks = _to_device(chunks, self.device)
+        chunks = self._resolve(self._chunks())
+        cuda = self.device is not None and self.device.type == "cuda"
+        if cuda:
+            assert self.device is not None
+            chunks = _to_device(_pin(chunks), self.device)
+        pin = self.pin_memory and not cuda and torch.cuda.is_available()
         B, S = self.dataset.cfg.batch_size, self.dataset.cfg.streams
         for s, tokens, pos, cursors in chunks:
             n = len(cursors)
-            for j, batch in enumerate(chunk_to_batches(tokens, pos, B)):
+            for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin)):
                 # Record the position only now, as the batch is handed over.
                 self._cursors[s] = cursors[j]
                 self._next_stream = (s + 1) % S if j == n - 1 else s
