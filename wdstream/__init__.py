@@ -10,6 +10,8 @@ from wdstream.dataset import TokenDataset
 from wdstream.errors import CorruptShardError, InputError, StateMismatchError, WdstreamError
 from wdstream.index import DatasetIndex, ShardEntry
 from wdstream.loader import Loader
+from wdstream.packing import PackResult, pack
+from wdstream.shardread import documents
 
 __version__ = "0.1.0"
 
@@ -18,9 +20,12 @@ __all__ = [
     "DatasetIndex",
     "InputError",
     "Loader",
+    "PackResult",
     "ShardEntry",
     "StateMismatchError",
     "TokenDataset",
     "WdstreamError",
     "__version__",
+    "documents",
+    "pack",
 ]

@@ -1,0 +1,163 @@
+"""Read packed shards through a :class:`Store`: index, sidecars, samples, documents.
+
+Small building blocks shared by ``inspect``/``stats``/``verify``, :func:`documents` and the
+reader. Every decoding failure raises :class:`~wdstream.errors.CorruptShardError` naming the
+shard and the byte offset::
+
+    store = open_store("data/")
+    index = read_index(store)
+    sidecar = read_sidecar(store, index.shards[0])
+    for sample in read_samples(store, index.shards[0].name, sidecar, 10, 20):
+        sample.tokens, sample.doc_lens, sample.cont
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import numpy as np
+
+from wdstream.errors import CorruptShardError
+from wdstream.index import INDEX_NAME, DatasetIndex, ShardEntry
+from wdstream.sample import Sample, decode_sample
+from wdstream.shardindex import ShardSidecar, scan_tar
+from wdstream.storage import Store, open_store
+
+__all__ = [
+    "documents",
+    "iter_samples",
+    "read_index",
+    "read_samples",
+    "read_sidecar",
+    "sidecar_from_tar",
+    "store_sha256",
+]
+
+
+def read_index(store: Store) -> DatasetIndex:
+    """Parse the store's ``index.json``.
+
+    Raises:
+        FileNotFoundError: if there is none (the dataset is incomplete or not a dataset).
+        ValueError: if it does not parse (the message names it).
+    """
+    return DatasetIndex.from_json(store.read(INDEX_NAME), where=store.child_url(INDEX_NAME))
+
+
+def read_sidecar(store: Store, shard: ShardEntry) -> ShardSidecar:
+    """Read and parse the sidecar of ``shard``.
+
+    Raises:
+        CorruptShardError: if the sidecar does not parse or disagrees with the index entry.
+    """
+    where = store.child_url(shard.sidecar)
+    try:
+        sidecar = ShardSidecar.from_bytes(store.read(shard.sidecar))
+    except ValueError as exc:
+        raise CorruptShardError(f"{where}: {exc}") from exc
+    if len(sidecar) != shard.samples:
+        raise CorruptShardError(f"{where}: {len(sidecar)} samples, index.json says {shard.samples}")
+    return sidecar
+
+
+def sidecar_from_tar(data: bytes | memoryview, where: str = "shard") -> ShardSidecar:
+    """Build a sidecar by scanning a whole tar (for shards that have none).
+
+    Token counts are left 0 (they need decoding); offsets and sizes are exact.
+
+    Raises:
+        CorruptShardError: naming ``where`` and the offset of the first bad header.
+    """
+    try:
+        members = scan_tar(data)
+    except ValueError as exc:
+        raise CorruptShardError(f"{where}: {exc}") from exc
+    members = [m for m in members if m[0].endswith(".msgpack")]
+    return ShardSidecar(
+        offsets=np.asarray([m[1] for m in members], dtype=np.uint64),
+        sizes=np.asarray([m[2] for m in members], dtype=np.uint32),
+        tokens=np.zeros(len(members), dtype=np.uint32),
+    )
+
+
+def read_samples(
+    store: Store, name: str, sidecar: ShardSidecar, start: int, stop: int
+) -> Iterator[Sample]:
+    """Decode samples ``[start, stop)`` of shard ``name`` with one ranged read.
+
+    Raises:
+        CorruptShardError: naming the shard, sample and byte offset of a sample that does
+            not decode, is cut short, or whose token count disagrees with the sidecar.
+    """
+    if start >= stop:
+        return
+    begin, end = sidecar.byte_range(start, stop)
+    data = memoryview(store.read_range(name, begin, end))
+    for k in range(start, stop):
+        off, size = int(sidecar.offsets[k]), int(sidecar.sizes[k])
+        where = f"{store.child_url(name)}: sample {k} at byte {off}"
+        if off + size - begin > len(data):
+            raise CorruptShardError(f"{where}: shard ends early (truncated?)")
+        try:
+            sample = decode_sample(data[off - begin : off - begin + size])
+        except ValueError as exc:
+            raise CorruptShardError(f"{where}: {exc}") from exc
+        expected = int(sidecar.tokens[k])
+        if expected and len(sample.tokens) != expected:
+            raise CorruptShardError(
+                f"{where}: {len(sample.tokens)} tokens, sidecar says {expected}"
+            )
+        yield sample
+
+
+def iter_samples(
+    store: Store, index: DatasetIndex, chunk: int = 256
+) -> Iterator[tuple[ShardEntry, int, Sample]]:
+    """Every sample of the dataset in order, as ``(shard, index in shard, sample)``."""
+    for shard in index.shards:
+        sidecar = read_sidecar(store, shard)
+        for a in range(0, len(sidecar), chunk):
+            b = min(a + chunk, len(sidecar))
+            for k, sample in enumerate(read_samples(store, shard.name, sidecar, a, b), start=a):
+                yield shard, k, sample
+
+
+def documents(root: str | Store) -> Iterator[np.ndarray]:
+    """Yield every document's token ids (EOS included when packed with it), in dataset order.
+
+    Documents split across samples (and shards) are joined using ``cont``; each document is
+    yielded exactly once.
+
+    Raises:
+        CorruptShardError: if a sample does not decode or a continuation has nothing to continue.
+    """
+    store = root if isinstance(root, Store) else open_store(root)
+    index = read_index(store)
+    parts: list[np.ndarray] = []
+    for shard, k, sample in iter_samples(store, index):
+        pos = 0
+        for j, n in enumerate(sample.doc_lens):
+            piece = sample.tokens[pos : pos + n]
+            pos += n
+            if j == 0 and sample.cont:
+                if not parts:
+                    raise CorruptShardError(
+                        f"{store.child_url(shard.name)}: sample {k} continues a document, "
+                        "but no document precedes it"
+                    )
+                parts.append(piece)
+                continue
+            if parts:
+                yield np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+            parts = [piece]
+    if parts:
+        yield np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+
+
+def store_sha256(store: Store, name: str) -> str:
+    """sha256 of an object, streamed in large chunks."""
+    h = hashlib.sha256()
+    for chunk in store.iter_chunks(name):
+        h.update(chunk)
+    return h.hexdigest()
