@@ -1,0 +1,184 @@
+"""``wdstream`` command line: pack, inspect, stats, verify, demo. Thin: parse, call, print."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from wdstream.errors import WdstreamError
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="wdstream")
+def main() -> None:
+    """Pack text into WebDataset tar shards of tokens; inspect and verify them."""
+
+
+def _fail(exc: Exception) -> None:
+    raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--output", "-o", required=True, help="Dataset root: folder, s3://, http(s)://.")
+@click.option(
+    "--text-key", default="text", show_default=True, help="JSON field (dotted for nested)."
+)
+@click.option(
+    "--tokenizer", default="cl100k_base", show_default=True, help="Encoding name or .tiktoken path."
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "tiktoken", "bpe-openai"]),
+    default="auto",
+    show_default=True,
+)
+@click.option(
+    "--eos/--no-eos", default=True, show_default=True, help="Append EOS to every document."
+)
+@click.option("--bos", is_flag=True, help="Prepend BOS (<|endoftext|> unless --bos-id).")
+@click.option("--bos-id", type=int, default=None)
+@click.option(
+    "--seq-len", type=int, default=2048, show_default=True, help="Samples hold seq_len+1 tokens."
+)
+@click.option("--mode", type=click.Choice(["concat", "docs"]), default="concat", show_default=True)
+@click.option("--shard-size", default="256MB", show_default=True)
+@click.option("--shard-samples", type=int, default=None)
+@click.option("--name", default="data", show_default=True, help="Shard name prefix.")
+@click.option("--lines", is_flag=True, help=".txt inputs: one document per line.")
+@click.option(
+    "--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True
+)
+@click.option(
+    "--errors", type=click.Choice(["strict", "replace"]), default="strict", show_default=True
+)
+@click.option("--workers", type=int, default=None, help="Tokenizer workers (default: all cores).")
+@click.option(
+    "--pool", type=click.Choice(["auto", "threads", "processes"]), default="auto", show_default=True
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Replace a dataset or interrupted pack at --output."
+)
+@click.option("--quiet", "-q", is_flag=True)
+def pack(inputs: tuple[str, ...], output: str, quiet: bool, **options: Any) -> None:
+    """Tokenise INPUT... (JSONL[.gz|.zst], .txt, dirs, globs, {a..b}, -) into shards."""
+    from wdstream.packing import describe
+    from wdstream.packing import pack as do_pack
+
+    try:
+        result = do_pack(list(inputs), output, progress=None if not quiet else False, **options)
+    except (WdstreamError, ValueError, OSError) as exc:
+        _fail(exc)
+    if not quiet:
+        click.echo(describe(result))
+        stats = result.index.stats
+        if stats.get("records_skipped"):
+            for loc in stats["skipped_locations"]:
+                click.echo(f"  skipped {loc}", err=True)
+
+
+def _preview(text: str, width: int = 160) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+@main.command()
+@click.argument("target")
+@click.option("--samples", "-n", type=int, default=3, show_default=True)
+@click.option("--tokenizer", default=None, help="For decoding (default: the index's).")
+def inspect(target: str, samples: int, tokenizer: str | None) -> None:
+    """Show the first samples of a dataset ROOT or a single .tar shard."""
+    from wdstream.checks import preview_samples
+    from wdstream.tokenizer import load_tokenizer
+
+    try:
+        index, previews = preview_samples(target, samples)
+        spec = tokenizer or (index.tokenizer["name"] if index else "cl100k_base")
+        tok = load_tokenizer(spec, "tiktoken")
+    except (WdstreamError, ValueError, OSError) as exc:
+        _fail(exc)
+    if index is not None:
+        click.echo(
+            f"{target}: {len(index.shards)} shards, {index.total_samples:,} samples, "
+            f"{index.total_documents:,} documents, {index.total_tokens:,} tokens; "
+            f"{index.tokenizer['name']} ({index.dtype}), mode {index.mode}, seq_len {index.seq_len}"
+        )
+    for p in previews:
+        click.echo(f"{p.key}: {p.tokens} tokens, doc_lens {list(p.doc_lens)}, cont {p.cont}")
+        pos = 0
+        for j, n in enumerate(p.doc_lens):
+            piece = p.sample.tokens[pos : pos + n]
+            pos += n
+            head = "  ...cont " if j == 0 and p.cont else "  doc      "
+            click.echo(f"{head}[{n} tokens] {_preview(tok.decode(piece[:64]))}")
+
+
+@main.command()
+@click.argument("root")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def stats(root: str, as_json: bool) -> None:
+    """Shards, samples, documents, tokens, bytes and a document-length histogram."""
+    from wdstream.checks import dataset_stats
+
+    try:
+        s = dataset_stats(root)
+    except (WdstreamError, ValueError, OSError) as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(s, indent=1, sort_keys=True))
+        return
+    click.echo(
+        f"{root}: {s['shards']} shards, {s['samples']:,} samples, {s['documents']:,} documents, "
+        f"{s['tokens']:,} tokens, {s['bytes'] / 1e6:,.1f} MB ({s['tokenizer']['name']}, mode {s['mode']})"
+    )
+    click.echo(f"document length (tokens), mean {s['doc_len_mean']:.1f}:")
+    top = max(s["doc_len_histogram"].values(), default=1)
+    for bucket, count in s["doc_len_histogram"].items():
+        click.echo(f"  {bucket:>17} {count:>9,} {'#' * max(1, round(40 * count / top))}")
+    input_stats = s["input_stats"]
+    if input_stats:
+        click.echo(
+            f"input: {input_stats.get('input_bytes', 0) / 1e6:,.1f} MB, "
+            f"{input_stats.get('empty_documents_skipped', 0)} empty documents skipped, "
+            f"{input_stats.get('records_skipped', 0)} bad records skipped"
+        )
+
+
+@main.command()
+@click.argument("root")
+def verify(root: str) -> None:
+    """Check every shard's sha256, every sample, and the index counts."""
+    from wdstream.checks import verify_dataset
+
+    report = verify_dataset(root)
+    if not report.ok:
+        click.echo(f"FAILED: {report.problems[0]}", err=True)
+        sys.exit(1)
+    click.echo(
+        f"OK: {report.shards} shards, {report.samples:,} samples, {report.documents:,} documents, "
+        f"{report.tokens:,} tokens verified"
+    )
+
+
+@main.command()
+@click.option(
+    "--workdir", default=None, help="Where to build the corpus and dataset (default: a temp dir)."
+)
+@click.option("--megabytes", type=float, default=4.0, show_default=True, help="Corpus size.")
+def demo(workdir: str | None, megabytes: float) -> None:
+    """Build a corpus from the stdlib's .py files, pack it, and stream batches from it."""
+    from wdstream.demo import run_demo
+
+    try:
+        run_demo(workdir, megabytes, echo=click.echo)
+    except (WdstreamError, ValueError, OSError) as exc:
+        _fail(exc)
+
+
+if __name__ == "__main__":
+    main()
