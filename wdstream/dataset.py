@@ -162,7 +162,8 @@ class TokenDataset(IterableDataset):
         self._ctx = ReaderContext(self.source, self.cfg)
         self._cursors = [start_cursor() for _ in range(streams)]
         self._next_stream = 0
-        self._iter_stop: int | None = 0 if epochs is not None else None
+        # Epoch at which the iteration in progress stops; None when none is in progress.
+        self._iter_stop: int | None = None
         self._worker: list[int] | None = None  # [id, num_workers] when the state is a worker's
         # Set by ``Loader``: chunks instead of batches, and the start state in shared memory
         # (workers, persistent or not, read it at every ``iter()``).
@@ -205,14 +206,14 @@ class TokenDataset(IterableDataset):
         check_state(state, self.config())
         self._cursors = [{k: int(c[k]) for k in CURSOR_KEYS} for c in state["streams"]]
         self._next_stream = int(state["next_stream"])
-        self._iter_stop = state.get("iter_stop", self._iter_stop)
+        self._iter_stop = state.get("iter_stop")
         self._worker = state.get("worker")
 
     def set_epoch(self, epoch: int) -> None:
         """Put every stream at the start of ``epoch`` (for plain ``DataLoader`` workers)."""
         self._cursors = [start_cursor(epoch) for _ in range(self.cfg.streams)]
         self._next_stream = 0
-        self._iter_stop = None if self.epochs is None else epoch
+        self._iter_stop = None
         self._worker = None
 
     def batches_per_epoch(self, epoch: int | None = None) -> int:
@@ -249,11 +250,10 @@ class TokenDataset(IterableDataset):
             first = (self._next_stream + wid) % S
         order = [(first + j * nw) % S for j in range(S // nw)]
         stop = self._iter_stop
-        if self.epochs is not None:
-            if stop is None:
-                stop = self._cursors[first]["epoch"] + self.epochs
-            elif all(self._cursors[s]["epoch"] >= stop for s in order):
-                stop = stop + self.epochs  # the last iter() finished: continue with the next
+        if self.epochs is None:
+            stop = None
+        elif stop is None:  # a new iteration: the next ``epochs`` epochs from here
+            stop = self._cursors[first]["epoch"] + self.epochs
         self._iter_stop = stop
         self._worker = [wid, nw] if info is not None else None
         self._next_stream = first
@@ -274,6 +274,7 @@ class TokenDataset(IterableDataset):
             for i in itertools.count():
                 s = order[i % len(order)]
                 if stop is not None and self._cursors[s]["epoch"] >= stop:
+                    self._iter_stop = None  # finished: the next iter() continues after it
                     return
                 n = self._chunk_size(s)
                 rows = n * cfg.batch_size
