@@ -1,0 +1,54 @@
+"""Shared fixtures. Test data is built in ``tmp_path`` at run time; no binary test data.
+
+Writer fixtures: ``corpus_docs`` (texts with recognisable content: synthetic sentences of
+varying length, a few long stdlib sources, unicode) and ``write_jsonl`` to lay them out as
+input files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sysconfig
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+
+_WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+    "sigma tau upsilon phi chi psi omega shard token sample stream cursor resume"
+).split()
+
+
+def make_corpus(n_docs: int = 120, seed: int = 0, stdlib_files: int = 4) -> list[str]:
+    """Deterministic documents: document i starts with ``doc {i}:`` and has 1..~3000 words."""
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n_docs):
+        n = int(rng.paretovariate(1.2) * 20) % 3000 + 1
+        body = " ".join(rng.choice(_WORDS) for _ in range(n))
+        extra = rng.choice(["", " ünïcödé 日本語 🙂", "\n\n  indented\tcode()\n", " 12345 678"])
+        docs.append(f"doc {i}: {body}{extra}")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for p in sorted(stdlib.glob("*.py"))[:stdlib_files]:
+        docs.append(p.read_text(encoding="utf-8"))
+    return docs
+
+
+@pytest.fixture(scope="session")
+def corpus_docs() -> list[str]:
+    return make_corpus()
+
+
+def _write_jsonl(path: Path, texts: Iterable[str], key: str = "text") -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({key: t, "meta": {"n": len(t)}}) + "\n")
+    return path
+
+
+@pytest.fixture
+def write_jsonl() -> Callable[..., Path]:
+    """``write_jsonl(path, texts, key="text")`` writes one JSON object per line."""
+    return _write_jsonl

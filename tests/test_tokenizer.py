@@ -1,0 +1,85 @@
+"""Offline tokenizer resolution and backend agreement."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wdstream.tokenizer import CHECK_TEXT, Tokenizer, TokenizerError, load_tokenizer
+
+CL100K_FILE_SHA = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+
+
+def test_cl100k_offline_and_hash() -> None:
+    tok = load_tokenizer("cl100k_base", "tiktoken")
+    assert tok.name == "cl100k_base"
+    assert tok.n_vocab == 100277 and tok.eos_id == 100257
+    # Canonical hash equals the hash of the rank-sorted .tiktoken file.
+    assert tok.ranks_sha256 == CL100K_FILE_SHA
+    assert tok.decode(tok.encode("hello world")) == "hello world"
+
+
+def test_o200k_offline() -> None:
+    tok = load_tokenizer("o200k_base", "tiktoken")
+    assert tok.name == "o200k_base" and tok.eos_id == 199999 and tok.n_vocab == 200019
+    assert tok.decode(tok.encode(CHECK_TEXT)) == CHECK_TEXT
+
+
+def test_tiktoken_file_path(tmp_path: Path) -> None:
+    import tiktoken_ext
+
+    src = Path(tiktoken_ext.__path__[0]) / "data" / "cl100k_base.tiktoken"
+    path = tmp_path / "myvocab.tiktoken"
+    shutil.copy(src, path)
+    tok = load_tokenizer(str(path))
+    ref = load_tokenizer("cl100k_base", "tiktoken")
+    assert tok.name == "myvocab" and tok.backend == "tiktoken"
+    assert tok.eos_id == 100256  # appended after the ranks
+    assert tok.ranks_sha256 == ref.ranks_sha256
+    assert np.array_equal(tok.encode(CHECK_TEXT), ref.encode(CHECK_TEXT))
+
+
+def test_unknown_name_lists_what_was_tried(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerError, match="nosuch_enc") as info:
+        load_tokenizer("nosuch_enc")
+    assert "tiktoken.get_encoding('nosuch_enc')" in str(info.value)
+    with pytest.raises(TokenizerError, match="tiktoken file"):
+        load_tokenizer(str(tmp_path / "missing.tiktoken"))
+
+
+@pytest.mark.parametrize("name", ["cl100k_base", "o200k_base"])
+def test_bpe_openai_matches_tiktoken(name: str, corpus_docs: list[str]) -> None:
+    fast = load_tokenizer(name, "bpe-openai")
+    ref = load_tokenizer(name, "tiktoken")
+    assert fast.backend == "bpe-openai" and fast.info()["backend"] == "bpe-openai"
+    long_doc = "\n".join(corpus_docs) * 15  # > 1M characters: the raw binding takes it
+    assert len(long_doc) > 1_000_000
+    for text in [*corpus_docs, CHECK_TEXT, long_doc, "", "<|endoftext|>"]:
+        assert np.array_equal(fast.encode(text), ref.encode(text))
+
+
+def test_backend_fallback_on_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import wdstream.tokenizer as T
+
+    real = Tokenizer.encode
+
+    def broken(self: Tokenizer, text: str) -> np.ndarray:
+        ids = real(self, text)
+        return ids[::-1] if self.backend == "bpe-openai" else ids
+
+    monkeypatch.setattr(T.Tokenizer, "encode", broken)
+    with pytest.warns(UserWarning, match="differ"):
+        tok = load_tokenizer("cl100k_base", "bpe-openai")
+    assert tok.backend == "tiktoken"
+    assert load_tokenizer("cl100k_base", "auto").backend == "tiktoken"
+
+
+def test_tokenizer_pickles_to_same_backend() -> None:
+    tok = load_tokenizer("cl100k_base", "auto")
+    again = pickle.loads(pickle.dumps(tok))
+    assert again.backend == tok.backend and again.name == tok.name
+    assert np.array_equal(again.encode(CHECK_TEXT), tok.encode(CHECK_TEXT))
