@@ -52,6 +52,12 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, moto_endpoint: str)
 
 
 @pytest.fixture
+def fake_credentials() -> tuple[str, str, str]:
+    """The fake (access key, secret key, session token) that ``aws_env`` sets."""
+    return ACCESS_KEY, SECRET_KEY, SESSION_TOKEN
+
+
+@pytest.fixture
 def s3_bucket(aws_env: str) -> str:
     """A new, empty bucket on the moto server."""
     name = f"wds-test-{next(_bucket_ids)}"
@@ -69,10 +75,7 @@ def _s3_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
 @pytest.fixture
 def s3_proxy(_s3_proxy: FaultProxy) -> FaultProxy:
     """A fault-injecting proxy in front of moto; faults reset for each test."""
-    _s3_proxy.faults.reset(
-        fail_first=0, fail_every=0, cut_first=0, cut_every=0, cut_at=1000,
-        ignore_range=False, delay=0.0,
-    )  # fmt: skip
+    _s3_proxy.faults.reset()
     return _s3_proxy
 
 

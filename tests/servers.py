@@ -42,6 +42,7 @@ class Faults:
         cut_at: body bytes sent before closing a cut response (the header still promises
             the full Content-Length).
         ignore_range: answer ranged GETs with 200 and the whole object.
+        sent: body bytes handed to the socket so far (a counter, not a knob).
         delay: seconds to sleep before answering each request.
         methods: only requests with these methods count for the fail_*/delay knobs.
     """
@@ -55,16 +56,17 @@ class Faults:
     delay: float = 0.0
     methods: tuple[str, ...] = ("GET", "HEAD", "PUT", "DELETE", "POST")
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    sent: int = 0
     _n: int = 0
     _gets: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self, **knobs: object) -> None:
-        """Clear the counters and the request log, and set new knobs."""
+        """Clear the counters and the request log; knobs not given go back to defaults."""
         with self._lock:
-            self._n = self._gets = 0
+            self._n = self._gets = self.sent = 0
             self.requests.clear()
-            for key, value in knobs.items():
+            for key, value in {**_DEFAULT_KNOBS, **knobs}.items():
                 if not hasattr(self, key) or key.startswith("_"):
                     raise AttributeError(key)
                 setattr(self, key, value)
@@ -85,9 +87,19 @@ class Faults:
                 cut = g <= self.cut_first or (self.cut_every > 0 and g % self.cut_every == 0)
         return fail, cut
 
+    def count_sent(self, n: int) -> None:
+        with self._lock:
+            self.sent += n
+
     def ranges(self, method: str = "GET") -> list[str | None]:
         """The Range headers of the logged requests with ``method``."""
         return [r for m, _, r in self.requests if m == method]
+
+
+_DEFAULT_KNOBS = {
+    "fail_first": 0, "fail_every": 0, "cut_first": 0, "cut_every": 0, "cut_at": 1000,
+    "ignore_range": False, "delay": 0.0, "methods": Faults.methods,
+}  # fmt: skip
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -118,11 +130,13 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
 
-    def _send_body(self, status: int, headers: dict[str, str], body: bytes) -> None:
+    def _send_body(
+        self, status: int, headers: dict[str, str], body: bytes, length: int | None = None
+    ) -> None:
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(body) if length is None else length))
         self.end_headers()
         if self.command == "HEAD":
             return
@@ -132,7 +146,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
-        self.wfile.write(body)
+        try:
+            for i in range(0, len(body), 64 << 10):
+                self.wfile.write(body[i : i + (64 << 10)])
+                self.server.faults.count_sent(min(64 << 10, len(body) - i))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client had what it wanted and hung up
 
 
 class _Server(ThreadingHTTPServer):
@@ -232,6 +251,7 @@ class _ProxyHandler(_Handler):
             conn.request(self.command, self.path, body=body or None, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
+            length = resp.getheader("Content-Length") if self.command == "HEAD" else None
             passed = {
                 k: v
                 for k, v in resp.getheaders()
@@ -239,7 +259,7 @@ class _ProxyHandler(_Handler):
             }
         finally:
             conn.close()
-        self._send_body(resp.status, passed, data)
+        self._send_body(resp.status, passed, data, int(length) if length else None)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 

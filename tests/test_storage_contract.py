@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures_remote import aws_env, http_server, moto_endpoint, s3_bucket  # noqa: F401
 from tests.servers import FileServer
 from wdstream.storage import LocalStore, Store, open_store
+
+# The fixtures (moto server, buckets, HTTP file server) live in one plugin module.
+pytest_plugins = ["tests.fixtures_remote"]
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -33,6 +33,7 @@ from wdstream.storage.retry import (
     RetryPolicy,
     TransientError,
     iter_limited,
+    iter_stream,
     redact_url,
 )
 
@@ -157,6 +158,9 @@ class HttpStore(Store):
         self.verify = verify
         self._setup()
 
+    def __repr__(self) -> str:
+        return f"HttpStore({self.url!r})"
+
     def _setup(self) -> None:
         self._retrier = Retrier(self.policy, is_transient)
         self._local = threading.local()
@@ -212,7 +216,7 @@ class HttpStore(Store):
             return 0, ()
         _check(resp, self.child_url(name))
         length = resp.headers.get("Content-Length")
-        chunks = resp.iter_content(self.chunk_size)
+        chunks = iter_stream(resp.raw, self.chunk_size)
         if resp.status_code == 206:
             first, last = _content_range(resp.headers.get("Content-Range", ""))
             if first is not None and first != start:
@@ -235,7 +239,7 @@ class HttpStore(Store):
         else:
             stop = total if end is None else min(end, total)
             promised = max(0, stop - start)
-        return promised, _Response(resp, iter_limited(iter(chunks), start, limit))
+        return promised, _Response(resp, iter_limited(chunks, start, limit))
 
     def read(self, name: str) -> bytes:
         return self._retrier.read(

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from wdstream.errors import WdstreamError
@@ -38,6 +38,7 @@ __all__ = [
     "TransientError",
     "describe",
     "iter_limited",
+    "iter_stream",
     "redact_text",
     "redact_url",
 ]
@@ -126,11 +127,16 @@ class RetryPolicy:
 
 _USERINFO = re.compile(r"(?<=//)[^/@\s'\"]+@")
 _QUERY = re.compile(r"\?[^\s'\"()<>]+")
-# Header-looking secrets a library might echo in an exception text.
+# Header-looking secrets a library might echo in an exception text. A quoted value is
+# dropped whole; an unquoted Authorization value loses its scheme and its credentials.
 _SECRET_FIELDS = re.compile(
     r"(?i)(authorization|x-amz-security-token|x-amz-credential|x-amz-signature|"
-    r"signature|aws_secret_access_key|aws_access_key_id|password)(['\"]?\s*[:=]\s*['\"]?)"
-    r"[^\s'\",&}]+"
+    r"signature|aws_secret_access_key|aws_access_key_id|password|token)"
+    r"(['\"]?\s*[:=]\s*)"
+    r"('[^']*'|\"[^\"]*\"|[^\s'\",&}]+)"
+)
+_AUTH_UNQUOTED = re.compile(
+    r"(?i)(authorization['\"]?\s*[:=]\s*)([^\s'\"][^\s'\",&}]*(?:\s+[^\s'\",&}]+)?)"
 )
 
 
@@ -151,6 +157,7 @@ def redact_text(text: str) -> str:
     """Scrub URL credentials, query strings and secret-looking fields from free text."""
     text = _USERINFO.sub("***@", text)
     text = _QUERY.sub("?<redacted>", text)
+    text = _AUTH_UNQUOTED.sub(r"\1<redacted>", text)
     return _SECRET_FIELDS.sub(r"\1\2<redacted>", text)
 
 
@@ -220,7 +227,7 @@ class Retrier:
             except (FileNotFoundError, PermissionError, RemoteStoreError, ValueError):
                 raise
             except Exception as exc:
-                if not self.is_transient(exc):
+                if not (isinstance(exc, TransientError) or self.is_transient(exc)):
                     raise error(
                         f"{what} {url} failed: {describe(exc)}", url, describe(exc)
                     ) from None
@@ -298,3 +305,19 @@ def iter_limited(chunks: Iterator[bytes], skip: int, limit: int | None) -> Itera
                 return
             limit -= len(chunk)
         yield chunk
+
+
+def iter_stream(raw: Any, chunk_size: int) -> Iterator[bytes]:
+    """Chunks of a raw (urllib3) response body, as they arrive.
+
+    ``read1`` returns what one socket read brought, so when the connection drops the bytes
+    received so far have already been handed over and a retry resumes after them; a plain
+    ``read(n)`` would wait for ``n`` bytes and lose them all in the exception. Without
+    ``read1`` (urllib3 < 2), small reads bound the loss.
+    """
+    read1 = getattr(raw, "read1", None)
+    while True:
+        data = read1(chunk_size) if read1 is not None else raw.read(min(chunk_size, 64 << 10))
+        if not data:
+            return
+        yield data

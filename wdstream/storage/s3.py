@@ -36,6 +36,7 @@ from wdstream.storage.retry import (
     RetryPolicy,
     TransientError,
     describe,
+    iter_stream,
     log,
 )
 
@@ -93,17 +94,17 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class _Chunks:
-    """The body of a GetObject response in chunks; ``close()`` releases the connection."""
+    """The body of a GetObject response in chunks as they arrive (see ``iter_stream``);
+    ``close()`` releases the connection."""
 
     def __init__(self, body: Any, chunk_size: int) -> None:
         self._body, self._chunk = body, chunk_size
 
     def __iter__(self) -> Iterator[bytes]:
-        while True:
-            chunk = self._body.read(self._chunk)
-            if not chunk:
-                return
-            yield chunk
+        # botocore's StreamingBody only offers read(n), which loses a partial chunk when
+        # the connection drops; its urllib3 response underneath has read1.
+        raw = getattr(self._body, "_raw_stream", None)
+        return iter_stream(raw if raw is not None else self._body, self._chunk)
 
     def close(self) -> None:
         self._body.close()
@@ -122,6 +123,8 @@ class S3Store(Store):
             written with one PutObject.
         max_pool_connections: connections the client keeps (threads reading at once).
     """
+
+    _list_page_size = 1000  # keys per ListObjectsV2 call (S3's maximum)
 
     def __init__(
         self,
@@ -152,6 +155,9 @@ class S3Store(Store):
         self.part_size = part_size
         self.max_pool_connections = max_pool_connections
         self._setup()
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r})"
 
     def _setup(self) -> None:
         self._retrier = Retrier(self.policy, is_transient)
@@ -265,7 +271,10 @@ class S3Store(Store):
         def list_all() -> list[str]:
             names = []
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self.prefix, Delimiter="/"
+                Bucket=self.bucket,
+                Prefix=self.prefix,
+                Delimiter="/",
+                PaginationConfig={"PageSize": self._list_page_size},
             )
             for page in pages:
                 for obj in page.get("Contents", ()):

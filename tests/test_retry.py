@@ -1,0 +1,239 @@
+"""Retry policy, resuming reads and redaction, without any network; plus ``open_store``."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from wdstream.errors import WdstreamError
+from wdstream.storage import (
+    LocalStore,
+    RemoteReadError,
+    RemoteWriteError,
+    RetryPolicy,
+    open_store,
+    redact_url,
+    split_url,
+)
+from wdstream.storage.retry import Retrier, TransientError, iter_limited, redact_text
+
+pytestmark = pytest.mark.timeout(30)
+
+DATA = bytes(range(256)) * 40  # 10,240 bytes
+
+
+class FlakyFetch:
+    """``fetch`` over DATA whose responses break after ``cuts[i]`` bytes (None: whole)."""
+
+    def __init__(self, cuts: list[int | None], error: Exception | None = None) -> None:
+        self.cuts = list(cuts)
+        self.error = error
+        self.calls: list[tuple[int, int | None]] = []
+
+    def __call__(self, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+        self.calls.append((start, end))
+        body = DATA[start:end]
+        cut = self.cuts.pop(0) if self.cuts else None
+
+        def chunks() -> Iterator[bytes]:
+            sent = body if cut is None else body[:cut]
+            for i in range(0, len(sent), 100):
+                yield sent[i : i + 100]
+            if cut is not None and self.error is not None:
+                raise self.error
+
+        return len(body), chunks()
+
+
+def _retrier(retries: int = 3, sleeps: list[float] | None = None) -> Retrier:
+    record = sleeps if sleeps is not None else []
+    return Retrier(
+        RetryPolicy(retries=retries, backoff=0.1, max_backoff=1.0),
+        lambda exc: isinstance(exc, ConnectionResetError),
+        random.Random(0),
+        sleep=record.append,
+    )
+
+
+def test_resumes_from_last_byte() -> None:
+    fetch = FlakyFetch([250, 1_000, None])
+    assert _retrier().read(fetch, "u", 100, 5_000) == DATA[100:5_000]
+    assert fetch.calls == [(100, 5_000), (350, 5_000), (1_350, 5_000)]
+
+
+def test_resumes_after_connection_reset_too() -> None:
+    fetch = FlakyFetch([300, None], error=ConnectionResetError("reset by peer"))
+    assert _retrier().read(fetch, "u", 0, None) == DATA
+    assert fetch.calls == [(0, None), (300, None)]
+
+
+def test_budget_counts_failures_without_progress() -> None:
+    # Ten failures in a row, but each brought bytes: the read completes with retries=1.
+    fetch = FlakyFetch([500] * 10 + [None])
+    assert _retrier(retries=1).read(fetch, "u", 0, 8_000) == DATA[:8_000]
+    # Stuck at byte 0: gives up after 1 + retries attempts, naming the offset and cause.
+    stuck = FlakyFetch([0] * 10)
+    with pytest.raises(RemoteReadError) as info:
+        _retrier(retries=2).read(stuck, "s3://b/k.tar", 0, 8_000)
+    assert len(stuck.calls) == 3
+    err = info.value
+    assert (err.url, err.offset) == ("s3://b/k.tar", 0)
+    assert "truncated body: 0 of 8000 bytes" in err.cause and "s3://b/k.tar" in str(err)
+
+
+def test_offset_in_error_is_the_first_missing_byte() -> None:
+    fetch = FlakyFetch([700, 0, 0, 0], error=ConnectionResetError("reset"))
+    with pytest.raises(RemoteReadError, match="at byte 1700 .*ConnectionResetError: reset"):
+        _retrier(retries=2).read(fetch, "u", 1_000, 9_000)
+
+
+def test_permanent_errors_are_not_retried() -> None:
+    def fetch(start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+        raise RuntimeError("400 bad request")
+
+    with pytest.raises(RemoteReadError, match="400 bad request"):
+        _retrier().read(fetch, "u", 0, 10)
+
+    def missing(start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+        raise FileNotFoundError("no such object: u")
+
+    with pytest.raises(FileNotFoundError):
+        _retrier().read(missing, "u", 0, 10)
+
+
+def test_call_retries_then_raises_the_given_error() -> None:
+    attempts: list[int] = []
+
+    def op() -> int:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionResetError("reset")
+        return 42
+
+    assert _retrier().call(op, "HEAD", "u") == 42
+
+    def always() -> None:
+        raise ConnectionResetError("reset")
+
+    with pytest.raises(RemoteWriteError, match="PUT u failed after 4 attempts"):
+        _retrier(retries=3).call(always, "PUT", "u", RemoteWriteError)
+
+
+def test_backoff_grows_with_jitter_and_cap() -> None:
+    sleeps: list[float] = []
+    r = _retrier(retries=6, sleeps=sleeps)
+    for attempt in range(1, 7):
+        base = min(1.0, 0.1 * 2 ** (attempt - 1))
+        for _ in range(20):
+            assert base / 2 <= r.delay(attempt) <= base
+    assert r.delay(1, retry_after=0.7) >= 0.7
+    assert r.delay(1, retry_after=100.0) <= 1.0  # capped by max_backoff
+    fetch = FlakyFetch([0, 0, 0, None])
+    r.read(fetch, "u", 0, 100)
+    assert len(sleeps) == 3 and sleeps[0] < sleeps[2]
+
+
+def test_transient_error_carries_retry_after() -> None:
+    sleeps: list[float] = []
+    r = Retrier(RetryPolicy(retries=1, backoff=0.0), lambda e: False, sleep=sleeps.append)
+    state = {"n": 0}
+
+    def op() -> str:
+        state["n"] += 1
+        if state["n"] == 1:
+            raise TransientError("HTTP 429", retry_after=0.25)
+        return "ok"
+
+    assert r.call(op, "GET", "u") == "ok"
+    assert sleeps == [0.25]
+
+
+def test_policy_from_options() -> None:
+    p = RetryPolicy.from_options(retries=2, timeout=3.0, backoff=0.5)
+    assert (p.retries, p.connect_timeout, p.read_timeout, p.backoff) == (2, 3.0, 3.0, 0.5)
+    assert RetryPolicy.from_options(timeout=(1.0, 30.0)).read_timeout == 30.0
+    for bad in ({"retries": -1}, {"timeout": 0}, {"backoff": -1.0}):
+        with pytest.raises(ValueError):
+            RetryPolicy.from_options(**bad)
+
+
+def test_error_types() -> None:
+    err = RemoteReadError("m", "u", "c", 5)
+    assert isinstance(err, WdstreamError) and isinstance(err, OSError)
+    assert issubclass(RemoteWriteError, OSError)
+
+
+@pytest.mark.parametrize(
+    ("url", "want"),
+    [
+        ("https://user:pw@host.example/a/b.tar", "https://***@host.example/a/b.tar"),
+        ("https://host/a?X-Amz-Signature=abc&X-Amz-Credential=k", "https://host/a?<redacted>"),
+        ("s3://bucket/prefix/x.tar", "s3://bucket/prefix/x.tar"),
+        ("http://host:8080/p/", "http://host:8080/p/"),
+    ],
+)
+def test_redact_url(url: str, want: str) -> None:
+    assert redact_url(url) == want
+
+
+def test_redact_text() -> None:
+    text = (
+        "Max retries exceeded with url: /a/b.tar?sig=SECRET1 (http://bob:SECRET2@h/x) "
+        "headers {'Authorization': 'AWS4-HMAC-SHA256 SECRET3'} password=SECRET4"
+    )
+    out = redact_text(text)
+    for secret in ("SECRET1", "SECRET2", "SECRET3", "SECRET4"):
+        assert secret not in out
+
+
+@given(
+    data=st.binary(max_size=300),
+    sizes=st.lists(st.integers(1, 50), min_size=1, max_size=10),
+    skip=st.integers(0, 350),
+    limit=st.one_of(st.none(), st.integers(0, 350)),
+)
+def test_iter_limited_is_a_slice(
+    data: bytes, sizes: list[int], skip: int, limit: int | None
+) -> None:
+    def chunks() -> Iterator[bytes]:
+        i = k = 0
+        while i < len(data):
+            n = sizes[k % len(sizes)]
+            yield data[i : i + n]
+            i, k = i + n, k + 1
+
+    want = data[skip:] if limit is None else data[skip : skip + limit]
+    assert b"".join(iter_limited(chunks(), skip, limit)) == want
+
+
+def test_open_store_dispatch_and_refusals(tmp_path: object) -> None:
+    from wdstream.storage.http import HttpStore
+    from wdstream.storage.s3 import S3Store
+
+    assert isinstance(open_store("s3://bucket/prefix"), S3Store)
+    assert isinstance(open_store("https://host.example/data/"), HttpStore)
+    assert isinstance(open_store("http://host.example/data"), HttpStore)
+    assert isinstance(open_store(str(tmp_path)), LocalStore)
+    with pytest.raises(ValueError, match="refused"):
+        open_store("pipe:curl -s http://x/a.tar")
+    with pytest.raises(ValueError, match="not implemented"):
+        open_store("pipe:cat a.tar", allow_pipe=True)
+    with pytest.raises(ValueError, match="unsupported storage URL 'gs://b/p'"):
+        open_store("gs://b/p")
+    with pytest.raises(TypeError, match="part_size"):
+        open_store(str(tmp_path), part_size=1)
+    with pytest.raises(TypeError):
+        open_store("https://host/x", part_size=1)
+
+
+def test_split_url() -> None:
+    assert split_url("s3://bucket/a/b.tar") == ("s3://bucket/a", "b.tar")
+    assert split_url("s3://bucket/b.tar") == ("s3://bucket", "b.tar")
+    assert split_url("https://h/x/y/s-000001.tar") == ("https://h/x/y", "s-000001.tar")
+    assert split_url("https://h/x/s.tar?sig=1") == ("https://h/x?sig=1", "s.tar")
+    assert split_url("data/s.tar") == ("data", "s.tar")
+    assert split_url("s.tar") == (".", "s.tar")
