@@ -159,6 +159,7 @@ class Loader:
         ds = self.dataset
         self._cursors = [dict(c) for c in ds._cursors]
         self._next_stream = 0
+        self._iter_stop: int | None = None  # stop epoch of the iteration in progress
 
     @property
     def rank(self) -> int:
@@ -185,7 +186,7 @@ class Loader:
             "streams": [dict(c) for c in self._cursors],
             "next_stream": s,
             "chunk_left": min(k - c["batches"] % k, nb - c["batches"]),
-            "iter_stop": None,
+            "iter_stop": self._iter_stop,
             "worker": None,
         }
 
@@ -199,14 +200,19 @@ class Loader:
         check_state(state, self.dataset.config())
         self._cursors = [{k: int(c[k]) for k in CURSOR_KEYS} for c in state["streams"]]
         self._next_stream = int(state["next_stream"])
+        stop = state.get("iter_stop")
+        self._iter_stop = None if stop is None else int(stop)
 
     def _prepare(self) -> None:
         ds = self.dataset
         ds._cursors = [dict(c) for c in self._cursors]
         ds._next_stream = self._next_stream
         ds._worker = None
-        ep = self._cursors[self._next_stream]["epoch"]
-        ds._iter_stop = None if self.epochs is None else ep + self.epochs
+        if self.epochs is None:
+            self._iter_stop = None
+        elif self._iter_stop is None:  # a new iteration: the next ``epochs`` epochs from here
+            self._iter_stop = self._cursors[self._next_stream]["epoch"] + self.epochs
+        ds._iter_stop = self._iter_stop
 
     def _torch_loader(self) -> DataLoader:
         if self._dl is None:
@@ -271,3 +277,4 @@ class Loader:
                 self._cursors[s] = cursors[j]
                 self._next_stream = (s + 1) % S if j == n - 1 else s
                 yield batch
+        self._iter_stop = None  # finished: the next iter() runs the following epochs

@@ -116,6 +116,18 @@ class ShardSource:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Release the stores' cached file handles / connections."""
+        stores, self._stores = self._stores, {}
+        for store in stores.values():
+            store.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: S110 - interpreter shutdown; nothing left to release
+            pass
+
     def _store(self, root: str) -> Store:
         store = self._stores.get(root)
         if store is None:
