@@ -1,0 +1,142 @@
+"""kill -9 a real ``wdstream pack`` at several points, rerun it: byte-identical output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import wdstream
+from tests.conftest import make_corpus
+from wdstream.packing import JOURNAL_NAME
+
+OPTS = ["--seq-len", "31", "--shard-size", "8KB", "--quiet"]
+
+
+def _cmd(src: Path, out: Path, workers: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "wdstream.cli",
+        "pack",
+        str(src),
+        "-o",
+        str(out),
+        "--workers",
+        str(workers),
+        *OPTS,
+    ]
+
+
+def _committed(out: Path) -> int:
+    try:
+        return len(json.loads((out / JOURNAL_NAME).read_bytes())["shards"])
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _kill_after(cmd: list[str], out: Path, shards: int, timeout: float = 120) -> bool:
+    """Run ``cmd``; SIGKILL it once the journal holds >= ``shards`` shards. True if killed."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if _committed(out) >= shards:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return True
+            time.sleep(0.002)
+        return False
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if not p.name.startswith(".")}
+
+
+@pytest.fixture(scope="module")
+def big_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("resume") / "in.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for t in make_corpus(n_docs=150, seed=1, stdlib_files=1):
+            f.write(json.dumps({"text": t}) + "\n")
+    return path
+
+
+def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path, big_input: Path) -> None:
+    ref = tmp_path / "ref"
+    subprocess.run(_cmd(big_input, ref, 0), check=True)
+    expected = _files(ref)
+    n_shards = len(json.loads(expected["index.json"])["shards"])
+    assert n_shards > 30
+
+    out = tmp_path / "out"
+    kills = 0
+    for k in (1, n_shards // 3, (2 * n_shards) // 3):
+        kills += _kill_after(_cmd(big_input, out, 0), out, k)
+        assert not (out / "index.json").exists()
+        assert _committed(out) >= k
+    assert kills == 3, "pack finished before it could be killed"
+    # Leftover partial files are swept; the rerun (with other workers) completes identically.
+    subprocess.run(_cmd(big_input, out, 2), check=True)
+    assert _files(out) == expected
+    assert not (out / JOURNAL_NAME).exists()
+    assert not [p for p in out.iterdir() if p.name.endswith(".partial")]
+
+
+def test_resume_in_process_after_interrupt(
+    tmp_path: Path, big_input: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception in the middle (e.g. Ctrl-C) also resumes exactly, in docs mode too."""
+    import wdstream.shardwriter as sw
+
+    for mode in ("concat", "docs"):
+        ref, out = tmp_path / f"ref-{mode}", tmp_path / f"out-{mode}"
+        kw = dict(seq_len=31, shard_size="8KB", workers=0, mode=mode)
+        wdstream.pack([str(big_input)], str(ref), **kw)  # type: ignore[arg-type]
+        real: Callable[..., None] = sw.ShardWriter._write
+        calls = {"n": 0}
+
+        def flaky(
+            self: sw.ShardWriter,
+            *args: object,
+            real: Callable[..., None] = real,
+            calls: dict[str, int] = calls,
+        ) -> None:
+            calls["n"] += 1
+            if calls["n"] == 7:
+                raise KeyboardInterrupt
+            real(self, *args)
+
+        monkeypatch.setattr(sw.ShardWriter, "_write", flaky)
+        with pytest.raises(KeyboardInterrupt):
+            wdstream.pack([str(big_input)], str(out), **kw)  # type: ignore[arg-type]
+        monkeypatch.setattr(sw.ShardWriter, "_write", real)
+        assert _committed(out) == 6 and not (out / "index.json").exists()
+        res = wdstream.pack([str(big_input)], str(out), **kw)  # type: ignore[arg-type]
+        assert res.resumed_shards == 6
+        assert _files(out) == _files(ref)
+
+
+def test_different_command_is_refused(tmp_path: Path, big_input: Path) -> None:
+    out = tmp_path / "out"
+    assert _kill_after(_cmd(big_input, out, 0), out, 2)
+    with pytest.raises(
+        wdstream.WdstreamError, match=r"different command \(differs in: seq_len\).*--overwrite"
+    ):
+        wdstream.pack([str(big_input)], str(out), seq_len=63, shard_size="8KB", workers=0)
+    res = wdstream.pack(
+        [str(big_input)], str(out), seq_len=63, shard_size="8KB", workers=0, overwrite=True
+    )
+    assert res.resumed_shards == 0
+    assert len(list(wdstream.documents(str(out)))) == res.index.total_documents
