@@ -63,10 +63,10 @@ def test_keys_and_listing_relative_to_prefix(s3_bucket: str) -> None:
 
 def test_listing_paginates(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     client = boto3.client("s3")
-    names = [f"s-{i:05d}.idx" for i in range(250)]
+    names = [f"s-{i:05d}.idx" for i in range(120)]
     for name in names:
         client.put_object(Bucket=s3_bucket, Key=f"ds/{name}", Body=b"")
-    monkeypatch.setattr(S3Store, "_list_page_size", 100)  # 3 pages, not 1,000+ objects
+    monkeypatch.setattr(S3Store, "_list_page_size", 50)  # 3 pages, not 1,000+ objects
     assert _store(f"s3://{s3_bucket}/ds").list() == names
 
 
