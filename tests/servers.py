@@ -44,6 +44,8 @@ class Faults:
         ignore_range: answer ranged GETs with 200 and the whole object.
         sent: body bytes handed to the socket so far (a counter, not a knob).
         delay: seconds to sleep before answering each request.
+        lose_nth: (proxy) forward the n-th counted request, then answer 503 instead of the
+            upstream reply: the request took effect but its answer was lost (0: never).
         methods: only requests with these methods count for the fail_*/delay knobs.
     """
 
@@ -54,6 +56,7 @@ class Faults:
     cut_at: int = 1000
     ignore_range: bool = False
     delay: float = 0.0
+    lose_nth: int = 0
     methods: tuple[str, ...] = ("GET", "HEAD", "PUT", "DELETE", "POST")
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     sent: int = 0
@@ -71,12 +74,12 @@ class Faults:
                     raise AttributeError(key)
                 setattr(self, key, value)
 
-    def decide(self, method: str, path: str, rng: str | None) -> tuple[bool, bool]:
-        """Log the request and return ``(answer 503, cut the body)``."""
+    def decide(self, method: str, path: str, rng: str | None) -> tuple[bool, bool, bool]:
+        """Log the request and return ``(answer 503, cut the body, lose the reply)``."""
         with self._lock:
             self.requests.append((method, path, rng))
             if method not in self.methods:
-                return False, False
+                return False, False, False
             self._n += 1
             n = self._n
             fail = n <= self.fail_first or (self.fail_every > 0 and n % self.fail_every == 0)
@@ -85,7 +88,7 @@ class Faults:
                 self._gets += 1
                 g = self._gets
                 cut = g <= self.cut_first or (self.cut_every > 0 and g % self.cut_every == 0)
-        return fail, cut
+        return fail, cut, n == self.lose_nth
 
     def count_sent(self, n: int) -> None:
         with self._lock:
@@ -98,7 +101,7 @@ class Faults:
 
 _DEFAULT_KNOBS = {
     "fail_first": 0, "fail_every": 0, "cut_first": 0, "cut_every": 0, "cut_at": 1000,
-    "ignore_range": False, "delay": 0.0, "methods": Faults.methods,
+    "ignore_range": False, "delay": 0.0, "lose_nth": 0, "methods": Faults.methods,
 }  # fmt: skip
 
 
@@ -112,7 +115,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _gate(self) -> bool:
         """Apply delay / 503 faults; True when the request was answered already."""
         faults = self.server.faults
-        fail, self._cut = faults.decide(self.command, self.path, self.headers.get("Range"))
+        fail, self._cut, self._lose = faults.decide(
+            self.command, self.path, self.headers.get("Range")
+        )
         if faults.delay and self.command in faults.methods:
             time.sleep(faults.delay)
         if fail:
@@ -259,6 +264,9 @@ class _ProxyHandler(_Handler):
             }
         finally:
             conn.close()
+        if self._lose:
+            self._send_body(503, {"Content-Type": "application/xml"}, SLOWDOWN_XML)
+            return
         self._send_body(resp.status, passed, data, int(length) if length else None)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward

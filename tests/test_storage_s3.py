@@ -100,6 +100,18 @@ def test_killed_writer_leaves_no_object_and_partials_are_removable(
     assert _uploads(s3_bucket) == []
 
 
+def test_complete_whose_reply_was_lost_still_succeeds(s3_bucket: str, s3_proxy: FaultProxy) -> None:
+    store = _store(f"s3://{s3_bucket}/ds", endpoint_url=s3_proxy.base_url)
+    data = random.Random(4).randbytes(6 * MiB)
+    # POSTs: 1 CreateMultipartUpload, 2 CompleteMultipartUpload (done, but answered 503),
+    # 3 its retry (moto, like S3, answers success for an upload completed moments ago).
+    s3_proxy.faults.reset(lose_nth=2, methods=("POST",))
+    with store.writer("s.tar") as out:
+        out.write(data)
+    assert [m for m, _, _ in s3_proxy.faults.requests].count("POST") == 3
+    assert store.read("s.tar") == data
+
+
 def test_small_part_size_refused(s3_bucket: str) -> None:
     with pytest.raises(ValueError, match="part_size"):
         open_store(f"s3://{s3_bucket}/x", part_size=1024)

@@ -408,13 +408,25 @@ class _S3Writer:
             self._upload_part(bytes(self._buf))
             self._buf.clear()
         upload_id, parts = self._upload_id, self._parts
-        self._call(
-            lambda: client.complete_multipart_upload(
-                Bucket=s.bucket, Key=self._key, UploadId=upload_id,
-                MultipartUpload={"Parts": parts},
-            ),
-            "CompleteMultipartUpload",
-        )  # fmt: skip
+        attempts = 0
+
+        def complete() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                client.complete_multipart_upload(
+                    Bucket=s.bucket, Key=self._key, UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                )  # fmt: skip
+            except bce.ClientError as exc:
+                # A retry after a lost reply finds the upload already completed.
+                if attempts > 1 and _code(exc)[0] == "NoSuchUpload":
+                    head = s._head(self._name)
+                    if head is not None and int(head["ContentLength"]) == self._pos:
+                        return
+                raise
+
+        self._call(complete, "CompleteMultipartUpload")
         self._upload_id = None
 
     def abort(self) -> None:
