@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from wdstream.tokenizer import Tokenizer
+from wdstream.tokenizer import Tokenizer, _bpe_binding
 
 __all__ = ["POOL_KINDS", "TokenPool", "encode_flat"]
 
@@ -41,9 +41,7 @@ class _BpeEncoder:
     """Just the bpe-openai binding: process workers need nothing else of a Tokenizer."""
 
     def __init__(self, name: str) -> None:
-        from bpe_openai import _bindings
-
-        self._tok = _bindings.tokenizer_for_encoding(name)
+        self._tok = _bpe_binding(name)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [np.array(self._tok.encode(t), dtype=np.uint32) for t in texts]
