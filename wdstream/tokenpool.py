@@ -7,7 +7,8 @@ lengths, so nothing crosses the process boundary as Python ints.
 Kinds of pool:
 
 * ``threads``: tiktoken releases the GIL while encoding, so threads in this process work
-  and avoid sending text to another process.
+  and avoid sending text to another process and the pool's start-up (~1-2 s), but on 2 cores processes measured faster (see
+  ``docs/BENCHMARKS.md``).
 * ``processes``: a ``forkserver`` pool (``spawn`` where forkserver is missing); needed for
   bpe-openai, which holds the GIL while it encodes. As with any spawn/forkserver pool, a
   script that calls ``pack`` must guard its entry point with ``if __name__ == "__main__":``.
@@ -91,8 +92,7 @@ class TokenPool:
     Args:
         tok: the tokenizer (pickled to process workers; it reloads itself there).
         workers: parallel encoders; 0 encodes inline.
-        kind: ``auto`` (processes for bpe-openai, threads for tiktoken), ``threads`` or
-            ``processes``.
+        kind: ``auto`` (processes), ``threads`` or ``processes``.
         max_in_flight: batches submitted but not yet consumed (default ``2 * workers + 1``).
     """
 
@@ -109,7 +109,10 @@ class TokenPool:
         if kind not in POOL_KINDS:
             raise ValueError(f"pool kind must be one of {POOL_KINDS}, got {kind!r}")
         if kind == "auto":
-            kind = "processes" if tok.backend == "bpe-openai" else "threads"
+            # Measured on 2 cores (docs/BENCHMARKS.md): processes beat threads for tiktoken
+            # too; with threads, the packing thread and the GIL-held parts of each encode
+            # call contend for the interpreter.
+            kind = "processes"
         self.kind = kind if workers > 0 else "inline"
         self.workers = workers
         self._args = (tok, bos_id, eos_id, dtype)
