@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ from wdstream.index import INDEX_NAME, DatasetIndex, ShardEntry
 from wdstream.inputs import DocumentReader, InputFile, Position, expand_inputs
 from wdstream.packer import ConcatPacker, DocsPacker
 from wdstream.sample import DTYPES, token_dtype_for_vocab
-from wdstream.shardwriter import ShardWriter, parse_size
+from wdstream.shardwriter import ShardWriter, parse_size, shard_names
 from wdstream.storage import LocalStore, Store, open_store
 from wdstream.tokenizer import load_tokenizer
 from wdstream.tokenpool import TokenPool
@@ -161,13 +160,26 @@ class _Journal:
         self.store.write_bytes(JOURNAL_NAME, json.dumps(body, sort_keys=True).encode())
 
 
+def _delete_shards_from(store: Store, name: str, first: int) -> None:
+    """Delete shards ``first, first+1, ...`` until one is missing.
+
+    Shards are numbered without gaps, so this finds every leftover without listing the
+    store (plain HTTP cannot list).
+    """
+    i = first
+    while True:
+        tar, idx = shard_names(name, i)
+        if not (store.exists(tar) or store.exists(idx)):
+            return
+        store.delete(tar)
+        store.delete(idx)
+        i += 1
+
+
 def _clear_output(store: Store, name: str) -> None:
-    pattern = re.compile(re.escape(name) + r"-\d{6}\.(tar|idx)")
     store.delete(INDEX_NAME)
     store.delete(JOURNAL_NAME)
-    for obj in store.list():
-        if pattern.fullmatch(obj):
-            store.delete(obj)
+    _delete_shards_from(store, name, 0)
 
 
 def pack(
@@ -357,11 +369,9 @@ def pack(
     )
     store.write_bytes(INDEX_NAME, index.to_json().encode())
     store.delete(JOURNAL_NAME)
-    keep = {e.name for e in entries} | {e.sidecar for e in entries}
-    stale = re.compile(re.escape(name) + r"-\d{6}\.(tar|idx)")
-    for obj in store.list():
-        if stale.fullmatch(obj) and obj not in keep:
-            store.delete(obj)  # written by a crashed run past what this run produced
+    # A crashed run may have written shards past what this run produced (only if its
+    # output was longer, e.g. after --overwrite with other options): remove them.
+    _delete_shards_from(store, name, len(entries))
     return PackResult(index, time.perf_counter() - t0, resumed_shards, workers, tpool.kind)
 
 
