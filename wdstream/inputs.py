@@ -266,6 +266,8 @@ class DocumentReader:
             offset += len(raw)
             self.input_bytes += len(raw)
             line = self._decode(raw, name, pos.offset)
+            if pos.offset == 0 and line.startswith("\ufeff"):
+                line = line[1:]  # a UTF-8 byte-order mark is not part of the first record
             if as_text:
                 text: str | None = line.removesuffix("\n").removesuffix("\r")
             elif not line.strip():

@@ -29,6 +29,9 @@ _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 
           "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}  # fmt: skip
 
 
+_WRITE_CHUNK = 8 << 20  # bytes per store write: large for object stores, bounded copies
+
+
 def parse_size(text: str | int) -> int:
     """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 2**30, ``4096`` -> 4096.
 
@@ -120,7 +123,7 @@ class ShardWriter:
     def _finish_shard(self) -> None:
         tar_name, idx_name = shard_names(self.name, self.next_shard)
         self._members.append(END_OF_ARCHIVE)
-        tar = b"".join(self._members)
+        members = self._members
         sidecar = ShardSidecar(
             offsets=np.asarray(self._offsets, dtype=np.uint64),
             sizes=np.asarray(self._sizes, dtype=np.uint32),
@@ -132,7 +135,7 @@ class ShardWriter:
             samples=len(self._sizes),
             tokens=int(sum(self._tokens)),
             documents=self._docs,
-            bytes=len(tar),
+            bytes=self._size + len(END_OF_ARCHIVE),
             sha256="",
             sidecar_sha256=hashlib.sha256(sidecar).hexdigest(),
         )
@@ -142,15 +145,27 @@ class ShardWriter:
         self.next_shard += 1
         self._raise_failed()
         self._slots.acquire()
-        self._futures.append(self._pool.submit(self._write, tar, sidecar, entry, state))
+        self._futures.append(self._pool.submit(self._write, members, sidecar, entry, state))
 
-    def _write(self, tar: bytes, sidecar: bytes, entry: ShardEntry, state: Any) -> None:
+    def _write(self, members: list[bytes], sidecar: bytes, entry: ShardEntry, state: Any) -> None:
         try:
-            # Hash here, off the tokenising thread; dataclasses.replace is cheap.
-            entry = ShardEntry(**{**entry.__dict__, "sha256": hashlib.sha256(tar).hexdigest()})
+            # Stream the members (no joined copy of the shard) and hash them on the way, off
+            # the packing thread.
             self.store.write_bytes(entry.sidecar, sidecar)
-            self.store.write_bytes(entry.name, tar)
-            self.bytes_written += len(tar)
+            h = hashlib.sha256()
+            with self.store.writer(entry.name) as out:
+                group: list[bytes] = []
+                size = 0
+                for i, m in enumerate(members):
+                    group.append(m)
+                    size += len(m)
+                    if size >= _WRITE_CHUNK or i == len(members) - 1:
+                        chunk = b"".join(group)
+                        h.update(chunk)
+                        out.write(chunk)
+                        group, size = [], 0
+            entry = ShardEntry(**{**entry.__dict__, "sha256": h.hexdigest()})
+            self.bytes_written += entry.bytes
             if self.on_commit is not None:
                 self.on_commit(entry, state)
         finally:
