@@ -322,3 +322,18 @@ def test_stdin_via_cli(tmp_path: Path) -> None:
     )
     assert res.exit_code == 0, res.output
     assert_same_docs(tmp_path / "out", [f"line {i} " * (i + 1) for i in range(50)])
+
+
+def test_numeric_braces_and_bom(tmp_path: Path) -> None:
+    texts = [f"part {i} text" for i in range(12)]
+    for i in range(12):
+        bom = "\ufeff" if i == 0 else ""
+        (tmp_path / f"part-{i:03d}.jsonl").write_text(
+            bom + json.dumps({"text": texts[i]}) + "\n", encoding="utf-8"
+        )
+    out = tmp_path / "out"
+    idx = wdstream.pack(
+        [str(tmp_path / "part-{000..011}.jsonl")], str(out), workers=0, mode="docs"
+    ).index
+    assert idx.stats["input_files"] == 12
+    assert_same_docs(out, texts)

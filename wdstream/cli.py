@@ -42,7 +42,7 @@ def _fail(exc: Exception) -> None:
     "--eos/--no-eos", default=True, show_default=True, help="Append EOS to every document."
 )
 @click.option("--bos", is_flag=True, help="Prepend BOS (<|endoftext|> unless --bos-id).")
-@click.option("--bos-id", type=int, default=None)
+@click.option("--bos-id", type=int, default=None, help="BOS id (implies --bos).")
 @click.option(
     "--seq-len", type=int, default=2048, show_default=True, help="Samples hold seq_len+1 tokens."
 )

@@ -216,7 +216,8 @@ def pack(
         tokenizer: encoding name or ``.tiktoken`` path (see :func:`wdstream.tokenizer.load_tokenizer`).
         backend: ``auto``, ``tiktoken`` or ``bpe-openai``.
         eos: append the EOS id to every document.
-        bos: prepend a BOS id (``bos_id``, else the tokenizer's ``<|endoftext|>``).
+        bos: prepend a BOS id (``bos_id``, else the tokenizer's ``<|endoftext|>``); giving
+            ``bos_id`` implies ``bos``.
         seq_len: training row length; concat samples hold ``seq_len + 1`` tokens.
         mode: ``concat`` (fixed-length samples) or ``docs`` (one document per sample).
         shard_size: maximum tar size (``"256MB"``, ``"1GiB"``, bytes).
@@ -231,6 +232,9 @@ def pack(
         progress: show a progress bar (default: when stderr is a terminal).
         batch_bytes: characters of text per tokenisation batch.
         store_options: passed to :func:`~wdstream.storage.open_store`.
+
+    With ``workers > 0`` and the default pool, tokenisation runs in a forkserver process
+    pool, so a script calling ``pack`` needs the usual ``if __name__ == "__main__":`` guard.
 
     Returns:
         PackResult with the written :class:`~wdstream.index.DatasetIndex`.
@@ -271,7 +275,7 @@ def pack(
     eos_id = tok.eos_id if eos else None
     if eos and eos_id is None:
         raise ValueError(f"tokenizer {tok.name!r} has no <|endoftext|> token; pass eos=False")
-    if bos:
+    if bos or bos_id is not None:
         bos_id = bos_id if bos_id is not None else tok.eos_id
         if bos_id is None:
             raise ValueError(f"tokenizer {tok.name!r} has no <|endoftext|> token; give bos_id")
