@@ -29,7 +29,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from wdstream.errors import StateMismatchError
 from wdstream.source import ShardSource
-from wdstream.stream import CURSOR_KEYS, ReaderConfig, ReaderContext, TokenStream, start_cursor
+from wdstream.stream import ReaderConfig, ReaderContext
+from wdstream.textsource import TextSource
+from wdstream.textstream import TextContext
+from wdstream.tokenizer import Tokenizer
 
 __all__ = ["STATE_VERSION", "Chunk", "TokenDataset", "chunk_to_batches", "resolve_rank"]
 
@@ -121,6 +124,16 @@ class TokenDataset(IterableDataset):
         shuffle_lanes: interleaved lanes a window is drawn from.
         chunk_batches: batches per message (K); 1 when used directly.
         return_doc_boundaries: add ``position_ids`` and ``cu_seqlens`` to each batch.
+        tokenizer: read raw text (JSON Lines, ``.txt`` or text tar shards) and tokenize it on
+            the fly with this tokenizer (see ``docs/READER.md``, "Raw text"); None: ``source``
+            is packed token shards.
+        text_key: raw text: JSON field holding the text (dotted for nested fields).
+        batches_per_epoch: raw text: batches every rank yields per epoch (a multiple of
+            ``streams``; a stream that runs out first raises). Without it each stream stops
+            when its files run out, so ranks may yield different counts.
+        on_error: raw text: ``"raise"`` on a bad record (naming file and line) or ``"skip"``.
+        eos: raw text: append ``<|endoftext|>`` to every document.
+        tokenize_threads: raw text: threads of one batched tokenizer call.
         store_options: passed to the storage backend.
     """
 
@@ -139,6 +152,12 @@ class TokenDataset(IterableDataset):
         shuffle_lanes: int = 8,
         chunk_batches: int = 1,
         return_doc_boundaries: bool = False,
+        tokenizer: str | Tokenizer | None = None,
+        text_key: str = "text",
+        batches_per_epoch: int | None = None,
+        on_error: str = "raise",
+        eos: bool = True,
+        tokenize_threads: int | None = None,
         **store_options: Any,
     ) -> None:
         for name, v in [("seq_len", seq_len), ("batch_size", batch_size), ("streams", streams),
@@ -149,9 +168,27 @@ class TokenDataset(IterableDataset):
         if epochs is not None and epochs < 1:
             raise ValueError(f"epochs must be None or >= 1, got {epochs!r}")
         rank, world_size = resolve_rank(rank, world_size)
-        self.source = (
-            source if isinstance(source, ShardSource) else ShardSource(source, **store_options)
-        )
+        self.source: ShardSource | TextSource
+        if tokenizer is not None or isinstance(source, TextSource):
+            assert not isinstance(source, ShardSource), "tokenizer= reads raw text, not shards"
+            self.source = (
+                source
+                if isinstance(source, TextSource)
+                else TextSource(
+                    source, tokenizer or "cl100k_base", text_key=text_key, on_error=on_error,
+                    eos=eos, **store_options,
+                )
+            )  # fmt: skip
+        elif batches_per_epoch is not None:
+            raise ValueError(
+                "batches_per_epoch is for raw-text sources (tokenizer=...); packed shards get "
+                "equal per-rank counts from their index"
+            )
+        else:
+            assert not isinstance(source, TextSource)
+            self.source = (
+                source if isinstance(source, ShardSource) else ShardSource(source, **store_options)
+            )
         self.cfg = ReaderConfig(
             seq_len=seq_len, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank,
             world_size=world_size, streams=streams, shuffle_window=shuffle_window,
@@ -159,8 +196,12 @@ class TokenDataset(IterableDataset):
             doc_boundaries=return_doc_boundaries,
         )  # fmt: skip
         self.epochs = epochs
-        self._ctx = ReaderContext(self.source, self.cfg)
-        self._cursors = [start_cursor() for _ in range(streams)]
+        self._ctx: ReaderContext | TextContext
+        if isinstance(self.source, TextSource):
+            self._ctx = TextContext(self.source, self.cfg, batches_per_epoch, tokenize_threads)
+        else:
+            self._ctx = ReaderContext(self.source, self.cfg)
+        self._cursors = [self._ctx.start_cursor() for _ in range(streams)]
         self._next_stream = 0
         # Epoch at which the iteration in progress stops; None when none is in progress.
         self._iter_stop: int | None = None
@@ -183,6 +224,7 @@ class TokenDataset(IterableDataset):
             "rank": c.rank, "streams": c.streams, "seq_len": c.seq_len, "batch_size": c.batch_size,
             "shuffle": c.shuffle, "shuffle_window": c.shuffle_window,
             "shuffle_lanes": c.shuffle_lanes, "chunk_batches": c.chunk_batches,
+            **self._ctx.config(),
         }  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
@@ -204,20 +246,25 @@ class TokenDataset(IterableDataset):
             StateMismatchError: if the state is from another dataset or configuration.
         """
         check_state(state, self.config())
-        self._cursors = [{k: int(c[k]) for k in CURSOR_KEYS} for c in state["streams"]]
+        keys = self._ctx.cursor_keys
+        self._cursors = [{k: int(c[k]) for k in keys} for c in state["streams"]]
         self._next_stream = int(state["next_stream"])
         self._iter_stop = state.get("iter_stop")
         self._worker = state.get("worker")
 
     def set_epoch(self, epoch: int) -> None:
         """Put every stream at the start of ``epoch`` (for plain ``DataLoader`` workers)."""
-        self._cursors = [start_cursor(epoch) for _ in range(self.cfg.streams)]
+        self._cursors = [self._ctx.start_cursor(epoch) for _ in range(self.cfg.streams)]
         self._next_stream = 0
         self._iter_stop = None
         self._worker = None
 
     def batches_per_epoch(self, epoch: int | None = None) -> int:
-        """Batches this rank yields in ``epoch`` (default: the current one); equal on every rank."""
+        """Batches this rank yields in ``epoch`` (default: the current one); equal on every rank.
+
+        Raises:
+            TypeError: for raw text without ``batches_per_epoch`` (no count before reading).
+        """
         if epoch is None:
             epoch = self._cursors[self._next_stream]["epoch"]
         return self.cfg.streams * self._ctx.batches_per_stream(epoch)
@@ -226,10 +273,7 @@ class TokenDataset(IterableDataset):
         return self.batches_per_epoch()
 
     def _chunk_size(self, s: int) -> int:
-        c = self._cursors[s]
-        nb = self._ctx.batches_per_stream(c["epoch"])
-        k = self.cfg.chunk_batches
-        return min(k - c["batches"] % k, nb - c["batches"])
+        return self._ctx.chunk_size(self._cursors[s])
 
     # ---- iteration ---------------------------------------------------------------------
     def _schedule(self) -> tuple[list[int], int | None]:
@@ -269,13 +313,20 @@ class TokenDataset(IterableDataset):
         cfg = self.cfg
         ring = self._ring if shared else None
         wid = self._worker[0] if self._worker is not None else 0
-        streams = {s: TokenStream(self._ctx, s, self._cursors[s]) for s in order}
+        streams = {s: self._ctx.stream(s, self._cursors[s]) for s in order}
         try:
             for i in itertools.count():
                 s = order[i % len(order)]
                 if stop is not None and self._cursors[s]["epoch"] >= stop:
-                    self._iter_stop = None  # finished: the next iter() continues after it
-                    return
+                    if all(self._cursors[t]["epoch"] >= stop for t in order):
+                        self._iter_stop = None  # finished: the next iter() continues after it
+                        return
+                    # Raw text: streams end their epochs at different batch counts. A
+                    # finished stream still takes its turn, as an empty chunk, so the turn
+                    # order (and a restored worker rotation) stays that of all streams.
+                    self._next_stream = order[(i + 1) % len(order)]
+                    yield s, _empty_chunk(ring, wid, i, cfg.seq_len), None, []
+                    continue
                 n = self._chunk_size(s)
                 rows = n * cfg.batch_size
                 ref: Any
@@ -294,6 +345,12 @@ class TokenDataset(IterableDataset):
                     ref = tokens
                 doc = np.empty((rows, cfg.seq_len + 1), dtype=bool) if cfg.doc_boundaries else None
                 cursors = streams[s].fill(tokens.numpy(), doc, n)
+                if len(cursors) < n:  # raw text: the epoch ended early (a shorter chunk)
+                    rows = len(cursors) * cfg.batch_size
+                    tokens = tokens[:rows]
+                    pos = pos[:rows] if pos is not None else None
+                    doc = doc[:rows] if doc is not None else None
+                    ref = (wid, ref[1], rows) if ring is not None else tokens
                 if doc is not None:
                     assert pos is not None
                     pos.numpy()[:] = _position_ids(doc)
@@ -313,6 +370,13 @@ class TokenDataset(IterableDataset):
             return
         for _, tokens, pos, _ in self.iter_chunks():
             yield from chunk_to_batches(tokens, pos, self.cfg.batch_size)
+
+
+def _empty_chunk(ring: Any, wid: int, i: int, seq_len: int) -> Any:
+    """Tokens of a chunk of no batches (a ring reference when workers use the ring)."""
+    if ring is not None:
+        return (wid, i % ring[0].shape[1], 0)
+    return torch.empty((0, seq_len + 1), dtype=torch.int32)
 
 
 def check_state(state: dict[str, Any], config: dict[str, Any]) -> None:

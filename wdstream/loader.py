@@ -21,6 +21,7 @@ Each ``iter()`` runs ``epochs`` epochs from where the previous one stopped (fore
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from wdstream.dataset import STATE_VERSION, Chunk, TokenDataset, check_state, chunk_to_batches
-from wdstream.stream import CURSOR_KEYS
+from wdstream.tokenizer import Tokenizer
 
 __all__ = ["Loader"]
 
@@ -102,6 +103,16 @@ class Loader:
         drop_last: must be True: every rank yields the same number of full batches and the
             remainder is left out (see ``docs/READER.md``).
         multiprocessing_context: torch ``DataLoader`` option (e.g. ``"spawn"``).
+        tokenizer: read raw text instead of packed shards and tokenize it on the fly:
+            ``source`` is JSON Lines files (plain, ``.gz``, ``.zst``), ``.txt`` files or tar
+            shards of ``KEY.txt`` / ``KEY.json`` samples (see ``docs/READER.md``, "Raw text").
+        text_key: raw text: JSON field holding the text (dotted for nested fields).
+        batches_per_epoch: raw text: batches every rank yields per epoch (a multiple of
+            ``streams``); the only way to equal counts across DDP ranks without an index.
+        on_error: raw text: ``"raise"`` on a bad record (naming file and line) or ``"skip"``.
+        eos: raw text: append ``<|endoftext|>`` to every document.
+        tokenize_threads: raw text: threads of one batched tokenizer call (default: CPU
+            cores divided by the worker count).
         store_options: passed to the storage backend.
     """
 
@@ -128,6 +139,12 @@ class Loader:
         return_doc_boundaries: bool = False,
         drop_last: bool = True,
         multiprocessing_context: Any = None,
+        tokenizer: str | Tokenizer | None = None,
+        text_key: str = "text",
+        batches_per_epoch: int | None = None,
+        on_error: str = "raise",
+        eos: bool = True,
+        tokenize_threads: int | None = None,
         **store_options: Any,
     ) -> None:
         if not drop_last:
@@ -139,11 +156,19 @@ class Loader:
         streams = max(1, num_workers) if streams is None else streams
         if num_workers and streams % num_workers:
             raise ValueError(f"streams={streams} must be a multiple of num_workers={num_workers}")
+        if tokenizer is not None and tokenize_threads is None:
+            tokenize_threads = max(1, (os.cpu_count() or 1) // max(1, num_workers))
+        text = (
+            {"tokenizer": tokenizer, "text_key": text_key, "batches_per_epoch": batches_per_epoch,
+             "on_error": on_error, "eos": eos, "tokenize_threads": tokenize_threads}
+            if tokenizer is not None
+            else {"batches_per_epoch": batches_per_epoch}
+        )  # fmt: skip
         self.dataset = TokenDataset(
             source, seq_len, batch_size, shuffle=shuffle, seed=seed, rank=rank,
             world_size=world_size, streams=streams, epochs=epochs, shuffle_window=shuffle_window,
             shuffle_lanes=shuffle_lanes, chunk_batches=chunk_batches,
-            return_doc_boundaries=return_doc_boundaries, **store_options,
+            return_doc_boundaries=return_doc_boundaries, **text, **store_options,
         )  # fmt: skip
         self.dataset._yield_chunks = True
         self.epochs = epochs
@@ -170,22 +195,23 @@ class Loader:
         return self.dataset.cfg.world_size
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current epoch (the same on every rank)."""
+        """Batches this rank yields in the current epoch (the same on every rank).
+
+        Raises:
+            TypeError: for raw text without ``batches_per_epoch`` (no count before reading).
+        """
         return self.dataset.batches_per_epoch(self._cursors[self._next_stream]["epoch"])
 
     def state_dict(self) -> dict[str, Any]:
         """Position after the last batch handed out: small and JSON-serialisable."""
         ds = self.dataset
         s = self._next_stream
-        c = self._cursors[s]
-        nb = ds._ctx.batches_per_stream(c["epoch"])
-        k = ds.cfg.chunk_batches
         return {
             "version": STATE_VERSION,
             "config": ds.config(),
             "streams": [dict(c) for c in self._cursors],
             "next_stream": s,
-            "chunk_left": min(k - c["batches"] % k, nb - c["batches"]),
+            "chunk_left": ds._ctx.chunk_size(self._cursors[s]),
             "iter_stop": self._iter_stop,
             "worker": None,
         }
@@ -198,7 +224,8 @@ class Loader:
                 stream count or batch geometry.
         """
         check_state(state, self.dataset.config())
-        self._cursors = [{k: int(c[k]) for k in CURSOR_KEYS} for c in state["streams"]]
+        keys = self.dataset._ctx.cursor_keys
+        self._cursors = [{k: int(c[k]) for k in keys} for c in state["streams"]]
         self._next_stream = int(state["next_stream"])
         stop = state.get("iter_stop")
         self._iter_stop = None if stop is None else int(stop)
@@ -272,6 +299,9 @@ class Loader:
         B, S = self.dataset.cfg.batch_size, self.dataset.cfg.streams
         for s, tokens, pos, cursors in chunks:
             n = len(cursors)
+            if n == 0:  # a raw-text stream that finished its epochs passes its turn
+                self._next_stream = (s + 1) % S
+                continue
             for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin)):
                 # Record the position only now, as the batch is handed over.
                 self._cursors[s] = cursors[j]

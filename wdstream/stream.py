@@ -66,6 +66,8 @@ class _Window:
 class ReaderContext:
     """Per-process shared pieces: the source, epoch plans, batch counts, the read-ahead thread."""
 
+    cursor_keys = CURSOR_KEYS
+
     def __init__(self, source: ShardSource, cfg: ReaderConfig) -> None:
         self.source = source
         self.cfg = cfg
@@ -85,6 +87,23 @@ class ReaderContext:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdstream-readahead")
         return self._pool
+
+    @staticmethod
+    def start_cursor(epoch: int = 0) -> dict[str, int]:
+        return start_cursor(epoch)
+
+    def stream(self, stream: int, cursor: dict[str, int]) -> TokenStream:
+        return TokenStream(self, stream, cursor)
+
+    def config(self) -> dict[str, Any]:
+        """Config keys beyond the shared ones (none for indexed shards)."""
+        return {}
+
+    def chunk_size(self, cursor: dict[str, int]) -> int:
+        """Batches in the next chunk of a stream at ``cursor`` (chunks aligned to K)."""
+        nb = self.batches_per_stream(cursor["epoch"])
+        k = self.cfg.chunk_batches
+        return min(k - cursor["batches"] % k, nb - cursor["batches"])
 
     def plan(self, epoch: int) -> EpochPlan:
         with self._lock:

@@ -1,0 +1,252 @@
+"""Raw text tokenized on the fly: equality with tokenize-and-chunk, exact resume, file split,
+compressed and tar sources, caps, state checks, bad records."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import random
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+
+from wdstream import InputError, Loader, StateMismatchError, TokenDataset
+from wdstream.testing import assert_resumes_exactly
+from wdstream.tokenizer import load_tokenizer
+
+N_FILES, PER_FILE = 6, 24
+SEQ, B = 16, 2
+PER_BATCH = B * (SEQ + 1)
+_WORDS = "alpha beta gamma delta shard token stream cursor resume ünï 日本 🙂 12345".split()
+
+
+def _docs() -> list[list[str]]:
+    """Documents per file; document i starts with ``doc i:`` and has 1..40 words."""
+    rng = random.Random(7)
+    out, i = [], 0
+    for _ in range(N_FILES):
+        part = []
+        for _ in range(PER_FILE):
+            part.append(
+                f"doc {i}: " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 40)))
+            )
+            i += 1
+        out.append(part)
+    return out
+
+
+DOCS = _docs()
+ALL = [d for part in DOCS for d in part]
+
+
+def _jsonl(part: list[str], key: str = "text") -> bytes:
+    return "".join(json.dumps({key: d}) + "\n" for d in part).encode()
+
+
+def _tar(part: list[str], ext: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for j, d in enumerate(part):
+            extra = [("cls", b"3")]  # a non-text member of the same sample is ignored
+            body = d.encode() if ext == "txt" else json.dumps({"meta": {"body": d}}).encode()
+            for e, data in [(ext, body), *extra]:
+                info = tarfile.TarInfo(f"s{j:05d}.{e}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The same documents as JSONL, .jsonl.gz, .jsonl.zst, txt-tar and json-tar files."""
+    d = tmp_path_factory.mktemp("rawtext")
+    zc = zstandard.ZstdCompressor()
+    for i, part in enumerate(DOCS):
+        raw = _jsonl(part)
+        (d / f"p-{i}.jsonl").write_bytes(raw)
+        (d / f"p-{i}.jsonl.gz").write_bytes(gzip.compress(raw))
+        (d / f"p-{i}.jsonl.zst").write_bytes(zc.compress(raw))
+        (d / f"t-{i}.tar").write_bytes(_tar(part, "txt"))
+        (d / f"j-{i}.tar").write_bytes(_tar(part, "json"))
+    last = N_FILES - 1
+    return {
+        "jsonl": f"{d}/p-{{0..{last}}}.jsonl",
+        "gz": f"{d}/p-*.jsonl.gz",
+        "zst": f"{d}/p-{{0..{last}}}.jsonl.zst",
+        "tar": f"{d}/t-{{0..{last}}}.tar",
+        "jtar": f"{d}/j-{{0..{last}}}.tar",
+    }
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("cl100k_base", backend="tiktoken")
+
+
+def rows_of(batch: dict) -> np.ndarray:
+    return np.concatenate([batch["input_ids"].numpy(), batch["labels"].numpy()[:, -1:]], axis=1)
+
+
+def loader(src: str, **kw) -> Loader:
+    opts = dict(tokenizer="cl100k_base", seq_len=SEQ, batch_size=B, num_workers=0,
+                shuffle_window=5, chunk_batches=3)  # fmt: skip
+    return Loader(src, **{**opts, **kw})
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "gz", "zst", "tar", "jtar"])
+def test_unshuffled_equals_tokenize_then_chunk(corpus, tok, kind: str) -> None:
+    kw = {"text_key": "meta.body"} if kind == "jtar" else {}
+    got = np.concatenate([rows_of(b) for b in loader(corpus[kind], shuffle=False, epochs=1,
+                                                      streams=1, **kw)])  # fmt: skip
+    flat = np.concatenate([np.append(tok.encode(d), tok.eos_id) for d in ALL])
+    n = len(flat) // PER_BATCH  # full batches; the rest (< one batch) is left out
+    assert got.shape == (n * B, SEQ + 1)
+    assert np.array_equal(got.ravel(), flat[: n * PER_BATCH])
+
+
+def test_shuffled_epochs_differ_and_keep_tokens(corpus) -> None:
+    ld = loader(corpus["jsonl"], epochs=1, streams=1, seed=3)
+    e0 = np.concatenate([rows_of(b) for b in ld]).ravel()
+    e1 = np.concatenate([rows_of(b) for b in ld]).ravel()
+    ref = np.concatenate([rows_of(b) for b in loader(corpus["jsonl"], shuffle=False, epochs=1,
+                                                      streams=1)]).ravel()  # fmt: skip
+    assert not np.array_equal(e0, e1) and not np.array_equal(e0, ref)
+    # a window shuffle keeps documents whole: the token multiset differs only by the tail
+    for e in (e0, e1):
+        assert abs(len(e) - len(ref)) < PER_BATCH
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "zst", "tar"])
+@pytest.mark.parametrize("epochs,cap", [(2, None), (None, 30)])
+def test_resumes_exactly_no_workers(corpus, kind: str, epochs, cap) -> None:
+    def make() -> Loader:
+        return loader(corpus[kind], epochs=epochs, streams=2, seed=1, batches_per_epoch=cap)
+
+    steps = None if epochs else 75
+    n = sum(1 for _ in make()) if epochs else steps
+    edges = {n - 1, n} | ({n // 2 - 1, n // 2, n // 2 + 1} if epochs else set())
+    items = assert_resumes_exactly(make, steps=steps, check_at=sorted(set(range(0, n, 7)) | edges))
+    assert len(items) > 60
+    if cap:
+        assert len(make()) == cap
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resumes_exactly_two_workers(corpus, persistent: bool) -> None:
+    def make() -> Loader:
+        return loader(corpus["zst"], epochs=2, num_workers=2, seed=2, chunk_batches=4,
+                      persistent_workers=persistent)  # fmt: skip
+
+    items = assert_resumes_exactly(make, check_at=[0, 1, 5, 23, 60, 61, 130, 190])
+    # the batch order depends on the stream count, not on the workers
+    same = loader(corpus["zst"], epochs=2, num_workers=0, seed=2, streams=2, chunk_batches=4)
+    assert [x["input_ids"] for x in items] == [b["input_ids"].tolist() for b in same]
+
+
+def _stream_tokens(src: str, rank: int, epoch: int) -> dict[int, tuple[np.ndarray, list[int]]]:
+    """Per stream of ``rank``: its token sequence in ``epoch`` and its files."""
+    ds = TokenDataset(src, SEQ, B, tokenizer="cl100k_base", rank=rank, world_size=2, streams=2,
+                      epochs=1, seed=11, shuffle_window=4)  # fmt: skip
+    ds.set_epoch(epoch)
+    out: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    for s, tokens, _, cursors in ds.iter_chunks():
+        assert tokens.shape[0] == len(cursors) * B
+        out[s].append(tokens.numpy().ravel().copy())
+    return {s: (np.concatenate(v), ds._ctx.files(epoch, s)) for s, v in out.items()}
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_two_ranks_two_streams_no_duplicate_no_missing(corpus, tok, epoch: int) -> None:
+    ids = {tuple(tok.encode(d).tolist()): i for i, d in enumerate(ALL)}
+    seen: list[int] = []
+    all_files: list[int] = []
+    for rank in (0, 1):
+        for _s, (toks, files) in _stream_tokens(corpus["jsonl"], rank, epoch).items():
+            all_files += files
+            cut = np.flatnonzero(toks == tok.eos_id)
+            pieces = np.split(toks, cut + 1)
+            full = [ids[tuple(p[:-1].tolist())] for p in pieces[:-1]]
+            # documents come whole and only from this stream's files
+            assert {i // PER_FILE for i in full} <= set(files)
+            seen += full
+            # what the stream left out is less than one batch
+            stream_docs = [i for f in files for i in range(f * PER_FILE, (f + 1) * PER_FILE)]
+            total = sum(len(tok.encode(ALL[i])) + 1 for i in stream_docs)
+            assert 0 <= total - len(toks) < PER_BATCH
+    assert sorted(all_files) == list(range(N_FILES))  # files split disjoint and complete
+    assert len(seen) == len(set(seen))  # no document twice in an epoch
+    assert len(set(seen)) >= len(ALL) - 4 * 3  # missing: only the short tails of 4 streams
+
+
+def test_file_order_differs_by_epoch(corpus) -> None:
+    ds = TokenDataset(corpus["jsonl"], SEQ, B, tokenizer="cl100k_base", world_size=2, rank=0,
+                      streams=1, seed=0)  # fmt: skip
+    orders = {tuple(ds._ctx.files(e, 0)) for e in range(6)}
+    assert len(orders) > 1
+
+
+def test_batches_per_epoch_equal_counts_and_errors(corpus) -> None:
+    counts = []
+    for rank in (0, 1):
+        ld = loader(corpus["jsonl"], rank=rank, world_size=2, streams=2, epochs=1,
+                    batches_per_epoch=40)  # fmt: skip
+        assert len(ld) == 40
+        counts.append(sum(1 for _ in ld))
+    assert counts == [40, 40]
+    with pytest.raises(ValueError, match="ran out of text"):
+        list(loader(corpus["jsonl"], world_size=2, rank=0, streams=2, epochs=1,
+                    batches_per_epoch=400))  # fmt: skip
+    with pytest.raises(ValueError, match="multiple of streams"):
+        loader(corpus["jsonl"], streams=2, batches_per_epoch=41)
+    with pytest.raises(TypeError, match="batches_per_epoch"):
+        len(loader(corpus["jsonl"]))
+    with pytest.raises(ValueError, match="cannot feed"):
+        loader(corpus["jsonl"], world_size=4, rank=0, streams=2)
+
+
+def test_state_refuses_other_source_tokenizer_seed_world(corpus, tmp_path: Path) -> None:
+    ld = loader(corpus["jsonl"], streams=2, world_size=2, rank=0)
+    it = iter(ld)
+    next(it)
+    state = json.loads(json.dumps(ld.state_dict()))
+    assert len(json.dumps(state)) < 2000
+    other = tmp_path / "other.jsonl"
+    other.write_text(_jsonl(ALL).decode())
+    for bad, what in [
+        (dict(seed=9), "seed"),
+        (dict(world_size=1, rank=0), "world_size"),
+        (dict(tokenizer="o200k_base"), "tokenizer"),
+        (dict(text_key="body"), "text_key"),
+    ]:
+        fresh = loader(corpus["jsonl"], **{**dict(streams=2, world_size=2, rank=0), **bad})
+        with pytest.raises(StateMismatchError, match=what):
+            fresh.load_state_dict(state)
+    fresh = loader(corpus["zst"], streams=2, world_size=2, rank=0)
+    with pytest.raises(StateMismatchError, match="dataset"):
+        fresh.load_state_dict(state)
+
+
+def test_bad_json_line_names_file_and_line(tmp_path: Path, tok) -> None:
+    good = _jsonl(ALL[:30]).decode().splitlines(keepends=True)
+    p = tmp_path / "bad.jsonl"
+    p.write_text("".join(good[:2] + ['{"text": "broken\n'] + good[2:]))
+    with pytest.raises(InputError, match=rf"{p}:3: malformed JSON"):
+        list(loader(str(p), epochs=1, streams=1))
+    got = [rows_of(b) for b in loader(str(p), epochs=1, streams=1, shuffle=False,
+                                       on_error="skip")]  # fmt: skip
+    flat = np.concatenate([np.append(tok.encode(d), tok.eos_id) for d in ALL[:30]])
+    assert np.array_equal(np.concatenate(got).ravel(), flat[: len(got) * PER_BATCH])
+
+
+def test_doc_boundaries(corpus, tok) -> None:
+    ld = loader(corpus["jsonl"], shuffle=False, epochs=1, streams=1, return_doc_boundaries=True)
+    for b in ld:
+        x, pos = b["input_ids"], b["position_ids"]
+        after_eos = np.zeros_like(x.numpy(), dtype=bool)
+        after_eos[:, 1:] = x.numpy()[:, :-1] == tok.eos_id
+        starts = pos.numpy() == 0
+        assert np.array_equal(starts[:, 1:], after_eos[:, 1:]) and starts[:, 0].all()

@@ -1,0 +1,386 @@
+"""Token streams over raw text, tokenized on the fly, with the indexed reader's cursor semantics.
+
+Without an index there are no counts to plan with, so the split is by *files*
+(webdataset's shard-level split): epoch ``e``'s file order is a permutation seeded by
+``(seed, e)`` and file ``i`` of it goes to global stream ``i % (world_size * streams)``::
+
+    files (epoch order)  f3 f0 f5 f1 f4 f2          2 ranks x 1 stream
+    rank 0               f3 f5 f4
+    rank 1               f0 f1 f2
+
+A stream reads its files in order, ``W`` documents per window; a window is tokenized in one
+batched call (tiktoken releases the GIL) and emitted in a permutation seeded by
+``(seed, e, rank, stream, window)``. The cursor is::
+
+    {"epoch": e, "window": w, "file": f, "byte": b, "record": r,
+     "emitted": k, "offset": o, "batches": d}
+
+"window ``w`` of epoch ``e`` starts at byte ``b`` (record ``r``) of the stream's ``f``-th
+file; the next token is token ``o`` of its ``k``-th document in shuffled order; ``d`` batches
+of this epoch are done". Restoring re-reads that one window (a seek for plain files; for
+``.gz``/``.zst`` a decompression from the file's start), never replays the epoch.
+
+A stream's epoch ends when its files cannot fill another batch (the rest is left out), or
+after ``batches_per_epoch / streams`` batches when that cap is given; the cap is the only way
+to make every rank yield the same number of batches, since file sizes are unknown up front.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Generator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from wdstream.stream import ReaderConfig
+from wdstream.textsource import TextSource
+
+__all__ = ["TEXT_CURSOR_KEYS", "TextContext", "TextStream"]
+
+TEXT_CURSOR_KEYS = ("epoch", "window", "file", "byte", "record", "emitted", "offset", "batches")
+
+
+@dataclass
+class _TextWindow:
+    window: int
+    file: int  # where the window starts: index into the stream's file list of this epoch,
+    byte: int  # byte offset and record number in that (decompressed) file
+    record: int
+    tokens: np.ndarray  # flat int32, documents in shuffled order
+    starts: np.ndarray  # int64[n + 1]
+    doc_start: np.ndarray | None
+
+
+class _DocReader:
+    """The documents of one stream's files from a position, read strictly sequentially."""
+
+    def __init__(self, source: TextSource, files: list[int], f: int, byte: int, record: int):
+        self._gen = self._iter(source, files, f, byte, record)
+        self._head = next(self._gen, None)
+
+    @staticmethod
+    def _iter(
+        source: TextSource, files: list[int], f: int, byte: int, record: int
+    ) -> Generator[tuple[str, int, int, int], None, None]:
+        for i in range(f, len(files)):
+            b, r = (byte, record) if i == f else (0, 0)
+            for text, at, rec in source.docs(files[i], b, r):
+                yield text, i, at, rec
+
+    def position(self) -> tuple[int, int, int] | None:
+        """``(file, byte, record)`` of the next document, None when the files are done."""
+        return None if self._head is None else self._head[1:]
+
+    def take(self, n: int) -> list[str]:
+        out: list[str] = []
+        while len(out) < n and self._head is not None:
+            out.append(self._head[0])
+            self._head = next(self._gen, None)
+        return out
+
+    def close(self) -> None:
+        self._gen.close()
+
+
+class TextContext:
+    """Per-process shared pieces of a raw-text reader: source, file split, tokenizer threads.
+
+    Args:
+        source: the text files and tokenizer.
+        cfg: batch geometry, shuffle and split (``shuffle_window`` counts documents).
+        batches_per_epoch: per-rank cap (a multiple of ``cfg.streams``), or None.
+        tokenize_threads: threads of one batched tokenizer call (default: CPU count).
+    """
+
+    cursor_keys = TEXT_CURSOR_KEYS
+
+    def __init__(
+        self,
+        source: TextSource,
+        cfg: ReaderConfig,
+        batches_per_epoch: int | None = None,
+        tokenize_threads: int | None = None,
+    ) -> None:
+        n_streams = cfg.world_size * cfg.streams
+        if len(source) < n_streams:
+            # Every rank computes the same, so every rank fails here instead of one rank
+            # yielding nothing and the others hanging in their first collective.
+            raise ValueError(
+                f"{len(source)} text files cannot feed {cfg.world_size} ranks x {cfg.streams} "
+                f"streams: the split is by file, so give at least {n_streams} files or fewer "
+                "streams / workers"
+            )
+        if batches_per_epoch is not None and (
+            batches_per_epoch < cfg.streams or batches_per_epoch % cfg.streams
+        ):
+            raise ValueError(
+                f"batches_per_epoch must be a positive multiple of streams={cfg.streams}, "
+                f"got {batches_per_epoch!r}"
+            )
+        self.source = source
+        self.cfg = cfg
+        self.cap = batches_per_epoch
+        self.threads = tokenize_threads or os.cpu_count() or 1
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "cfg": self.cfg, "cap": self.cap, "threads": self.threads}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["source"], state["cfg"], state["cap"], state["threads"])  # type: ignore[misc]
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdstream-textahead")
+            return self._pool
+
+    def config(self) -> dict[str, Any]:
+        """What a state must match besides the shared reader config."""
+        return {
+            "tokenizer": self.source.tokenizer_id(),
+            "text_key": self.source.text_key,
+            "batches_per_epoch": self.cap,
+        }
+
+    @staticmethod
+    def start_cursor(epoch: int = 0) -> dict[str, int]:
+        return dict.fromkeys(TEXT_CURSOR_KEYS, 0) | {"epoch": epoch}
+
+    def stream(self, stream: int, cursor: dict[str, int]) -> TextStream:
+        return TextStream(self, stream, cursor)
+
+    def batches_per_stream(self, epoch: int) -> int:
+        """Batches every stream yields per epoch: only known with ``batches_per_epoch``.
+
+        Raises:
+            TypeError: without the cap (raw text has no length before it is read).
+        """
+        if self.cap is None:
+            raise TypeError(
+                "a raw-text source has no batch count per epoch; pass batches_per_epoch= to "
+                "fix one (needed for equal counts across DDP ranks)"
+            )
+        return self.cap // self.cfg.streams
+
+    def chunk_size(self, cursor: dict[str, int]) -> int:
+        """Most batches the next chunk of a stream at ``cursor`` holds."""
+        k, d = self.cfg.chunk_batches, cursor["batches"]
+        n = k - d % k
+        return n if self.cap is None else min(n, self.cap // self.cfg.streams - d)
+
+    def files(self, epoch: int, stream: int) -> list[int]:
+        """The stream's files in epoch ``epoch``, in reading order."""
+        cfg = self.cfg
+        n = len(self.source)
+        order = (
+            np.random.default_rng([cfg.seed, epoch]).permutation(n) if cfg.shuffle else np.arange(n)
+        )
+        g = cfg.rank * cfg.streams + stream
+        return [int(i) for i in order[g :: cfg.world_size * cfg.streams]]
+
+    def tokenize(
+        self, texts: list[str], epoch: int, stream: int, window: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Tokenize a window in one batched call, shuffle it, flatten it."""
+        tok, cfg = self.source.tokenizer, self.cfg
+        # tiktoken's batch encoder runs its own threads (the Rust core releases the GIL).
+        ids = tok._enc.encode_ordinary_batch(texts, num_threads=self.threads)
+        n = len(ids)
+        if cfg.shuffle:
+            rng = np.random.default_rng([cfg.seed, epoch, cfg.rank, stream, window])
+            order = rng.permutation(n)
+        else:
+            order = np.arange(n)
+        eos = self.source.eos_id
+        lens = np.fromiter((len(ids[i]) for i in order), dtype=np.int64, count=n)
+        lens += eos is not None
+        starts = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=starts[1:])
+        flat = np.empty(int(starts[-1]), dtype=np.int32)
+        for j, i in enumerate(order.tolist()):
+            a, b = int(starts[j]), int(starts[j + 1])
+            if eos is not None:
+                flat[a : b - 1] = ids[i]
+                flat[b - 1] = eos
+            else:
+                flat[a:b] = ids[i]
+        doc_start = None
+        if cfg.doc_boundaries:
+            doc_start = np.zeros(len(flat), dtype=bool)
+            doc_start[starts[:-1][lens > 0]] = True
+        return flat, starts, doc_start
+
+
+class TextStream:
+    """Rows of ``seq_len + 1`` tokens from one stream's text files, resumable from a cursor."""
+
+    def __init__(self, ctx: TextContext, stream: int, cursor: dict[str, int]) -> None:
+        self.ctx = ctx
+        self.stream = stream
+        self._cursor = dict(cursor)
+        self._wins: list[_TextWindow] = []  # the current window first, then read-ahead ones
+        self._pos = 0
+        self._reader: _DocReader | None = None
+        self._ahead: Future[_TextWindow | None] | None = None
+        self._files: list[int] = []
+        self._done = False  # the reader has no more documents in this epoch
+
+    def cursor(self) -> dict[str, int]:
+        """The position after the last batch produced (JSON-serialisable)."""
+        return dict(self._cursor)
+
+    def close(self) -> None:
+        self._drop()
+
+    def _drop(self) -> None:
+        ahead, reader = self._ahead, self._reader
+        self._ahead = self._reader = None
+        self._wins = []
+        self._done = False
+        if reader is not None:
+            if ahead is None or ahead.cancel() or ahead.done():
+                reader.close()
+            else:  # still tokenizing: close once it is done
+                ahead.add_done_callback(lambda _: reader.close())
+
+    def _read(self, reader: _DocReader, epoch: int, window: int) -> _TextWindow | None:
+        at = reader.position()
+        if at is None:
+            return None
+        texts = reader.take(self.ctx.cfg.shuffle_window)
+        tokens, starts, ds = self.ctx.tokenize(texts, epoch, self.stream, window)
+        return _TextWindow(window, *at, tokens, starts, ds)
+
+    def _next_window(self) -> _TextWindow | None:
+        """The window after the last one loaded, then start reading the one after it."""
+        reader = self._reader
+        if self._done or reader is None:
+            return None
+        epoch = self._cursor["epoch"]
+        window = self._wins[-1].window + 1 if self._wins else self._cursor["window"]
+        ahead = self._ahead
+        win = ahead.result() if ahead is not None else self._read(reader, epoch, window)
+        self._ahead = None
+        if win is None:
+            self._done = True
+        else:
+            # Read and tokenize the next window while this one is cut into rows.
+            self._ahead = self.ctx.pool.submit(self._read, reader, epoch, window + 1)
+        return win
+
+    def _ensure(self) -> None:
+        """Open the reader and load the cursor's window if nothing is loaded."""
+        if self._wins or self._done:
+            return
+        c = self._cursor
+        self._files = self.ctx.files(c["epoch"], self.stream)
+        f = c["file"]
+        if f < len(self._files):
+            self._reader = _DocReader(self.ctx.source, self._files, f, c["byte"], c["record"])
+        win = self._next_window()
+        if win is None:
+            self._done = True
+            return
+        self._wins = [win]
+        self._pos = int(win.starts[c["emitted"]]) + c["offset"]
+
+    def _available(self, need: int) -> bool:
+        """Whether ``need`` more tokens exist in this epoch (reading windows ahead as needed)."""
+        self._ensure()
+        have = sum(len(w.tokens) for w in self._wins) - self._pos
+        while have < need:
+            win = self._next_window()
+            if win is None:
+                return False
+            self._wins.append(win)
+            have += len(win.tokens)
+        return True
+
+    def _end_epoch(self) -> None:
+        self._drop()
+        self._cursor = self.ctx.start_cursor(self._cursor["epoch"] + 1)
+
+    def fill(
+        self, tokens: np.ndarray, doc_start: np.ndarray | None, n: int
+    ) -> list[dict[str, int]]:
+        """Write up to ``n`` batches into ``tokens`` (``[n * B, seq_len + 1]``).
+
+        Fewer than ``n`` only when the epoch ends; the cursor is then at the next epoch.
+
+        Returns:
+            The cursor after each batch written.
+
+        Raises:
+            ValueError: if a stream has no full batch in an epoch, or runs out before
+                ``batches_per_epoch``.
+        """
+        cfg = self.ctx.cfg
+        per_batch = cfg.batch_size * (cfg.seq_len + 1)
+        flat = tokens.reshape(-1)
+        flat_ds = doc_start.reshape(-1) if doc_start is not None else None
+        if not self._available(per_batch):
+            c = self._cursor
+            raise ValueError(
+                f"rank {cfg.rank} stream {self.stream}: its files "
+                f"({[self.ctx.source.where(i) for i in self._files]}) hold less than one batch "
+                f"of {cfg.batch_size} x {cfg.seq_len + 1} tokens in epoch {c['epoch']} "
+                f"(at batch {c['batches']}); use more or larger files, or fewer streams"
+            )
+        cursors: list[dict[str, int]] = []
+        for j in range(n):
+            o = j * per_batch
+            stop = o + per_batch
+            while o < stop:
+                win = self._wins[0]
+                take = min(stop - o, len(win.tokens) - self._pos)
+                if take <= 0:
+                    self._wins.pop(0)
+                    self._pos = 0
+                    continue
+                flat[o : o + take] = win.tokens[self._pos : self._pos + take]
+                if flat_ds is not None:
+                    assert win.doc_start is not None
+                    flat_ds[o : o + take] = win.doc_start[self._pos : self._pos + take]
+                o += take
+                self._pos += take
+            cursors.append(self._after_batch(per_batch))
+            if cursors[-1]["batches"] == 0:
+                break  # the epoch is over
+        return cursors
+
+    def _after_batch(self, per_batch: int) -> dict[str, int]:
+        c = self._cursor
+        d = c["batches"] + 1
+        cap = None if self.ctx.cap is None else self.ctx.cap // self.ctx.cfg.streams
+        if d == cap:
+            self._end_epoch()
+            return self.cursor()
+        if not self._available(per_batch):
+            if cap is not None:
+                cfg = self.ctx.cfg
+                raise ValueError(
+                    f"rank {cfg.rank} stream {self.stream} ran out of text after {d} of {cap} "
+                    f"batches in epoch {c['epoch']}: batches_per_epoch={self.ctx.cap} is more "
+                    "than these files hold; lower it"
+                )
+            self._end_epoch()
+            return self.cursor()
+        win = self._wins[0]
+        if self._pos >= len(win.tokens):
+            self._wins.pop(0)
+            self._pos = 0
+            win = self._wins[0]
+        k = int(np.searchsorted(win.starts, self._pos, side="right")) - 1
+        self._cursor = {
+            "epoch": c["epoch"], "window": win.window, "file": win.file, "byte": win.byte,
+            "record": win.record, "emitted": k, "offset": self._pos - int(win.starts[k]),
+            "batches": d,
+        }  # fmt: skip
+        return self.cursor()
