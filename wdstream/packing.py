@@ -16,7 +16,6 @@ on the token stream, never on batch or worker boundaries.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -27,19 +26,19 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.index import INDEX_NAME, DatasetIndex, ShardEntry
+from wdstream.index import INDEX_NAME, DatasetIndex
 from wdstream.inputs import DocumentReader, InputFile, Position, expand_inputs
+from wdstream.journal import JOURNAL_NAME, Journal
 from wdstream.packer import ConcatPacker, DocsPacker
+from wdstream.progress import Progress
 from wdstream.sample import DTYPES, token_dtype_for_vocab
 from wdstream.shardwriter import ShardWriter, parse_size, shard_names
 from wdstream.storage import LocalStore, Store, open_store
 from wdstream.tokenizer import load_tokenizer
 from wdstream.tokenpool import TokenPool
 
-__all__ = ["JOURNAL_NAME", "JOURNAL_VERSION", "PackResult", "pack"]
+__all__ = ["JOURNAL_NAME", "PackResult", "describe", "pack"]
 
-JOURNAL_NAME = ".wdstream-pack.json"
-JOURNAL_VERSION = 1
 _CHECK_BYTES = 256 << 10  # input text bpe-openai must reproduce before it is trusted
 
 
@@ -90,74 +89,6 @@ def _batches(
             texts, positions, size = [], [], 0
     if texts:
         yield texts, positions
-
-
-class _Journal:
-    """The resume journal: written atomically after every shard commit."""
-
-    def __init__(self, store: Store, fingerprint: dict[str, Any]) -> None:
-        self.store, self.fingerprint = store, fingerprint
-        self.entries: list[ShardEntry] = []
-        self.position: dict[str, Any] | None = None
-
-    def load(self) -> bool:
-        """Read an existing journal; True if it belongs to this command.
-
-        Raises:
-            WdstreamError: if it belongs to a different command or does not parse.
-        """
-        try:
-            raw = self.store.read(JOURNAL_NAME)
-        except FileNotFoundError:
-            return False
-        where = self.store.child_url(JOURNAL_NAME)
-        try:
-            obj = json.loads(raw)
-            if obj.get("version") != JOURNAL_VERSION:
-                raise ValueError(f"journal version {obj.get('version')!r}")
-            entries = [ShardEntry(**e) for e in obj["shards"]]
-            position = obj["position"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise WdstreamError(
-                f"{where}: unreadable pack journal ({exc}); use --overwrite"
-            ) from exc
-        if obj.get("fingerprint") != self.fingerprint:
-            theirs = obj.get("fingerprint") or {}
-            changed = sorted(
-                k
-                for k in set(theirs) | set(self.fingerprint)
-                if theirs.get(k) != self.fingerprint.get(k)
-            )
-            raise WdstreamError(
-                f"{self.store.url} holds an interrupted pack of a different command "
-                f"(differs in: {', '.join(changed)}); pack into a fresh output or pass --overwrite"
-            )
-        for e in entries:
-            if not (self.store.exists(e.name) and self.store.size(e.name) == e.bytes):
-                raise WdstreamError(
-                    f"{self.store.child_url(e.name)}: committed shard missing or wrong size; use --overwrite"
-                )
-        self.entries, self.position = entries, position
-        return True
-
-    def commit(
-        self, entry: ShardEntry, end: tuple[Position, int], bad_locations: list[str]
-    ) -> None:
-        pos, emitted = end
-        self.entries.append(entry)
-        self.position = {
-            "position": list(pos),
-            "emitted": emitted,
-            "bad_locations": bad_locations[: min(pos.bad, len(bad_locations))],
-            "next_sample": sum(e.samples for e in self.entries),
-        }
-        body = {
-            "version": JOURNAL_VERSION,
-            "fingerprint": self.fingerprint,
-            "shards": [e.__dict__ for e in self.entries],
-            "position": self.position,
-        }
-        self.store.write_bytes(JOURNAL_NAME, json.dumps(body, sort_keys=True).encode())
 
 
 def _delete_shards_from(store: Store, name: str, first: int) -> None:
@@ -298,7 +229,7 @@ def pack(
         "shard_samples": shard_samples,
         "name": name,
     }
-    journal = _Journal(store, fingerprint)
+    journal = Journal(store, fingerprint)
     if overwrite:
         _clear_output(store, name)
     resumed = journal.load()
@@ -326,7 +257,7 @@ def pack(
         on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
     )
     show = sys.stderr.isatty() if progress is None else progress
-    bar = _Progress(show)
+    bar = Progress(show)
     tpool = TokenPool(tok, workers, pool, bos_id, eos_id, dtype)
     try:
         first = True
@@ -402,38 +333,6 @@ def _drop_packed(
     lens = lens.copy()
     lens[0] -= emitted
     return flat[emitted:], lens, positions
-
-
-class _Progress:
-    """tqdm bar with docs/s, tokens/s and MB/s, only when asked (a terminal)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self._bar: Any = None
-        self._docs = self._tokens = 0
-        self._t0 = time.perf_counter()
-        self._last = 0
-        if enabled:
-            from tqdm import tqdm
-
-            self._bar = tqdm(
-                unit="B", unit_scale=True, unit_divisor=1000, desc="pack", dynamic_ncols=True
-            )
-
-    def update(self, input_bytes: int, docs: int, tokens: int) -> None:
-        if self._bar is None:
-            return
-        self._docs += docs
-        self._tokens += tokens
-        self._bar.update(input_bytes - self._last)
-        self._last = input_bytes
-        dt = max(time.perf_counter() - self._t0, 1e-9)
-        self._bar.set_postfix_str(
-            f"{self._docs / dt:,.0f} docs/s {self._tokens / dt:,.0f} tok/s", refresh=False
-        )
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
 
 
 def describe(result: PackResult) -> str:
