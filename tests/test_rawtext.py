@@ -135,15 +135,19 @@ def test_resumes_exactly_no_workers(corpus, kind: str, epochs, cap) -> None:
         assert len(make()) == cap
 
 
-@pytest.mark.parametrize("persistent", [False, True])
-def test_resumes_exactly_two_workers(corpus, persistent: bool) -> None:
+@pytest.mark.parametrize("streams,persistent", [(2, False), (2, True), (4, False)])
+def test_resumes_exactly_two_workers(corpus, streams: int, persistent: bool) -> None:
     def make() -> Loader:
         return loader(corpus["zst"], epochs=2, num_workers=2, seed=2, chunk_batches=4,
-                      persistent_workers=persistent)  # fmt: skip
+                      streams=streams, persistent_workers=persistent)  # fmt: skip
 
-    items = assert_resumes_exactly(make, check_at=[0, 1, 5, 23, 60, 61, 130, 190])
+    n = sum(1 for _ in make())
+    # streams end their epochs at different counts: restore near both epoch ends too
+    check = [0, 1, 5, 23, 61, n // 2 - 3, n // 2 - 1, n // 2, n // 2 + 2, n - 5, n - 1, n]
+    items = assert_resumes_exactly(make, check_at=check)
     # the batch order depends on the stream count, not on the workers
-    same = loader(corpus["zst"], epochs=2, num_workers=0, seed=2, streams=2, chunk_batches=4)
+    same = loader(corpus["zst"], epochs=2, num_workers=0, seed=2, streams=streams,
+                  chunk_batches=4)  # fmt: skip
     assert [x["input_ids"] for x in items] == [b["input_ids"].tolist() for b in same]
 
 
@@ -180,6 +184,21 @@ def test_two_ranks_two_streams_no_duplicate_no_missing(corpus, tok, epoch: int) 
     assert sorted(all_files) == list(range(N_FILES))  # files split disjoint and complete
     assert len(seen) == len(set(seen))  # no document twice in an epoch
     assert len(set(seen)) >= len(ALL) - 4 * 3  # missing: only the short tails of 4 streams
+
+
+def test_cursor_points_at_a_record(corpus, tok) -> None:
+    """The saved cursor is a byte offset and line number into one of the files (no replay)."""
+    ld = loader(corpus["jsonl"], streams=1, seed=4)
+    it = iter(ld)
+    for _ in range(37):
+        next(it)
+    c = ld.state_dict()["streams"][0]
+    assert c["window"] > 0 and c["byte"] > 0
+    f = ld.dataset._ctx.files(c["epoch"], 0)[c["file"]]
+    path = ld.dataset.source.where(f)
+    raw = Path(path).read_bytes()
+    line = raw[c["byte"] :].split(b"\n", 1)[0]
+    assert raw[: c["byte"]].count(b"\n") == c["record"] and json.loads(line)["text"] in ALL
 
 
 def test_file_order_differs_by_epoch(corpus) -> None:
