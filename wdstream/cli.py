@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -98,10 +99,14 @@ def inspect(target: str, samples: int, tokenizer: str | None) -> None:
 
     try:
         index, previews = preview_samples(target, samples)
-        spec = tokenizer or (index.tokenizer["name"] if index else "cl100k_base")
-        tok = load_tokenizer(spec, "tiktoken")
     except (WdstreamError, ValueError, OSError) as exc:
         _fail(exc)
+    spec = tokenizer or (index.tokenizer["name"] if index else "cl100k_base")
+    try:
+        decode: Callable[[Any], str] = load_tokenizer(spec, "tiktoken").decode
+    except (WdstreamError, ValueError) as exc:
+        click.echo(f"(showing ids: {exc}; pass --tokenizer to decode)", err=True)
+        decode = str
     if index is not None:
         click.echo(
             f"{target}: {len(index.shards)} shards, {index.total_samples:,} samples, "
@@ -115,7 +120,7 @@ def inspect(target: str, samples: int, tokenizer: str | None) -> None:
             piece = p.sample.tokens[pos : pos + n]
             pos += n
             head = "  ...cont " if j == 0 and p.cont else "  doc      "
-            click.echo(f"{head}[{n} tokens] {_preview(tok.decode(piece[:64]))}")
+            click.echo(f"{head}[{n} tokens] {_preview(decode(piece[:64]))}")
 
 
 @main.command()
