@@ -97,13 +97,20 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path, big_input: Path) -
 def test_resume_in_process_after_interrupt(
     tmp_path: Path, big_input: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An exception in the middle (e.g. Ctrl-C) also resumes exactly, in docs mode too."""
+    """An exception in the middle (e.g. Ctrl-C) also resumes exactly, in docs mode too,
+    with skipped bad records and empty documents counted identically."""
     import wdstream.shardwriter as sw
 
+    lines = big_input.read_text().splitlines(keepends=True)
+    for i in range(0, len(lines), 15):  # a bad record and an empty document every 15 lines
+        lines[i] = "{broken\n" if i % 30 else json.dumps({"text": ""}) + "\n"
+    messy = tmp_path / "messy.jsonl"
+    messy.write_text("".join(lines))
     for mode in ("concat", "docs"):
         ref, out = tmp_path / f"ref-{mode}", tmp_path / f"out-{mode}"
-        kw = dict(seq_len=31, shard_size="8KB", workers=0, mode=mode)
-        wdstream.pack([str(big_input)], str(ref), **kw)  # type: ignore[arg-type]
+        kw = dict(seq_len=31, shard_size="8KB", workers=0, mode=mode, on_error="skip")
+        stats = wdstream.pack([str(messy)], str(ref), **kw).index.stats  # type: ignore[arg-type]
+        assert stats["records_skipped"] == 5 and stats["empty_documents_skipped"] == 6
         real: Callable[..., None] = sw.ShardWriter._write
         calls = {"n": 0}
 
@@ -120,10 +127,10 @@ def test_resume_in_process_after_interrupt(
 
         monkeypatch.setattr(sw.ShardWriter, "_write", flaky)
         with pytest.raises(KeyboardInterrupt):
-            wdstream.pack([str(big_input)], str(out), **kw)  # type: ignore[arg-type]
+            wdstream.pack([str(messy)], str(out), **kw)  # type: ignore[arg-type]
         monkeypatch.setattr(sw.ShardWriter, "_write", real)
         assert _committed(out) == 6 and not (out / "index.json").exists()
-        res = wdstream.pack([str(big_input)], str(out), **kw)  # type: ignore[arg-type]
+        res = wdstream.pack([str(messy)], str(out), **kw)  # type: ignore[arg-type]
         assert res.resumed_shards == 6
         assert _files(out) == _files(ref)
 
