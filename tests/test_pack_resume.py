@@ -42,15 +42,48 @@ def _committed(out: Path) -> int:
         return 0
 
 
+def _descendants(pid: int) -> set[int]:
+    """Live descendants of ``pid`` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(d.name))
+    found, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _kill_after(cmd: list[str], out: Path, shards: int, timeout: float = 120) -> bool:
-    """Run ``cmd``; SIGKILL it once the journal holds >= ``shards`` shards. True if killed."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    """Run ``cmd``; SIGKILL it once the journal holds >= ``shards`` shards. True if killed.
+
+    Also checks that the killed pack leaves no tokenizer processes behind.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             if _committed(out) >= shards:
+                helpers = _descendants(proc.pid)
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
+                gone_by = time.monotonic() + 10
+                while any(_alive(p) for p in helpers) and time.monotonic() < gone_by:
+                    time.sleep(0.05)
+                assert not [p for p in helpers if _alive(p)], "pool processes outlived pack"
                 return True
             time.sleep(0.002)
         return False
@@ -82,8 +115,9 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path, big_input: Path) -
 
     out = tmp_path / "out"
     kills = 0
-    for k in (1, n_shards // 3, (2 * n_shards) // 3):
-        kills += _kill_after(_cmd(big_input, out, 0), out, k)
+    # The middle run tokenises in a process pool: killing its parent must not matter either.
+    for k, workers in ((1, 0), (n_shards // 3, 2), ((2 * n_shards) // 3, 0)):
+        kills += _kill_after(_cmd(big_input, out, workers), out, k)
         assert not (out / "index.json").exists()
         assert _committed(out) >= k
     assert kills == 3, "pack finished before it could be killed"

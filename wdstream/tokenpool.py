@@ -21,6 +21,9 @@ number of workers.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
+import os
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -72,10 +75,28 @@ def encode_flat(
     return flat.astype(dtype, copy=False), lens
 
 
+def _exit_with_parent() -> None:
+    """Exit this worker when the packing process dies, even by SIGKILL.
+
+    A pool worker blocks on its task queue forever once its parent is gone (it holds the
+    queue's write end itself), so without this a killed ``pack`` leaves its workers behind.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="wdstream-parent-watch", daemon=True).start()
+
+
 def _init_worker(
     spec: str, name: str, backend: str, bos_id: int | None, eos_id: int | None, dtype: str
 ) -> None:
     global _worker
+    _exit_with_parent()
     tok = _BpeEncoder(name) if backend == "bpe-openai" else Tokenizer(spec, backend)
     _worker = (tok, bos_id, eos_id, dtype)
 
