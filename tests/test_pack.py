@@ -115,13 +115,21 @@ def test_single_sample_larger_than_shard(tmp_path: Path, write_jsonl: Callable[.
 
 
 def test_determinism_across_workers(
-    tmp_path: Path, corpus_docs: list[str], write_jsonl: Callable[..., Path]
+    tmp_path: Path,
+    corpus_docs: list[str],
+    write_jsonl: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from wdstream.tokenpool import TokenPool
+
     src = write_jsonl(tmp_path / "in.jsonl", corpus_docs)
     outs = []
-    for i, (workers, pool) in enumerate(
-        [(0, "auto"), (1, "threads"), (2, "threads"), (2, "processes")]
-    ):
+    configs = [(0, "auto", True), (1, "threads", True), (2, "threads", True)]
+    configs += [(2, "processes", True), (2, "processes", False), (1, "processes", False)]
+    for i, (workers, pool, inline_first) in enumerate(configs):
+        # inline_first=False: every batch goes through the process pool, none is encoded
+        # in this process while the workers start.
+        monkeypatch.setattr(TokenPool, "inline_while_starting", inline_first)
         out = tmp_path / f"out{i}"
         res = wdstream.pack(
             [str(src)], str(out), seq_len=100, shard_size="20KB", workers=workers, pool=pool,

@@ -101,14 +101,55 @@ def _init_worker(
     _worker = (tok, bos_id, eos_id, dtype)
 
 
+def _ready() -> None:
+    """Runs once a process worker is initialised (start-up probe)."""
+
+
 def _encode_in_worker(texts: list[str]) -> tuple[bytes, bytes]:
     assert _worker is not None, "worker not initialised"
     flat, lens = encode_flat(_worker[0], texts, _worker[1], _worker[2], _worker[3])
     return flat.tobytes(), lens.tobytes()
 
 
+class _Starter:
+    """Starts every process worker from a background thread.
+
+    ``ProcessPoolExecutor.submit`` blocks while it starts a worker, and the first start waits
+    for the fork server's imports; meanwhile the packing thread keeps encoding inline.
+    """
+
+    def __init__(self, pool: TokenPool) -> None:
+        self._pool = pool
+        self._probes: list[Future[None]] = []
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="wdstream-pool-start", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        executor = self._pool._executor
+        assert executor is not None
+        try:
+            self._probes = [executor.submit(_ready) for _ in range(self._pool.workers)]
+        except BaseException as exc:  # re-raised by join(), in the packing thread
+            self._error = exc
+
+    def ready(self) -> bool:
+        """Whether the pool can take work (a worker is up, or starting it failed)."""
+        if self.thread.is_alive():
+            return False
+        return self._error is not None or any(f.done() for f in self._probes)
+
+    def join(self) -> None:
+        self.thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 class TokenPool:
     """Ordered, bounded parallel map from text batches to ``(meta, tokens, lens)``.
+
+    While process workers start, batches are encoded on the calling thread
+    (``inline_while_starting``; tests turn it off to exercise the pool on tiny inputs).
 
     Args:
         tok: the tokenizer (pickled to process workers; it reloads itself there).
@@ -116,6 +157,8 @@ class TokenPool:
         kind: ``auto`` (processes), ``threads`` or ``processes``.
         max_in_flight: batches submitted but not yet consumed (default ``2 * workers + 1``).
     """
+
+    inline_while_starting = True
 
     def __init__(
         self,
@@ -139,6 +182,7 @@ class TokenPool:
         self._args = (tok, bos_id, eos_id, dtype)
         self._max = max_in_flight or 2 * workers + 1
         self._executor: Executor | None = None
+        self._starter: _Starter | None = None
         if self.kind == "processes":
             methods = multiprocessing.get_all_start_methods()
             ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
@@ -174,7 +218,23 @@ class TokenPool:
                 yield meta, flat, lens
             return
         pending: deque[tuple[M, Future[tuple[Any, Any]]]] = deque()
+        starter = self._starter = _Starter(self) if self.kind == "processes" else None
         for texts, meta in batches:
+            if (
+                starter is not None
+                and self.inline_while_starting
+                and not pending
+                and not starter.ready()
+            ):
+                # Workers are still starting (fork server imports, vocabulary: 1-2 s, and
+                # submitting blocks meanwhile, hence the thread): encode here meanwhile.
+                # Only while nothing is pending, so the order of results is unchanged.
+                flat, lens = encode_flat(*self._bind(texts))
+                yield meta, flat, lens
+                continue
+            if starter is not None:
+                starter.join()
+                starter = None
             pending.append((meta, self._submit(texts)))
             if len(pending) >= self._max:
                 yield self._result(*pending.popleft(), dtype)
@@ -192,6 +252,8 @@ class TokenPool:
 
     def close(self) -> None:
         """Stop the workers (pending batches are dropped)."""
+        if self._starter is not None:
+            self._starter.thread.join()  # never shut the pool down under a submitting thread
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
