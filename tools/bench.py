@@ -971,7 +971,8 @@ class Bench:
         self.work = Path(args.workdir or tempfile.mkdtemp(prefix="wdbench-"))
         self.work.mkdir(parents=True, exist_ok=True)
         self.cores = os.cpu_count() or 1
-        # --quick leaves out the slowest extras: the CLI timing and 2-worker memory/remote runs
+        # --quick leaves out the slowest extras: the CLI timing, the memory part and the
+        # 2-worker resume/remote runs
         self.workers = [0] if args.quick else [0, 2]
         self.r: dict[str, Any] = {"args": vars(args)}
         self.t_start = time.perf_counter()
@@ -1068,7 +1069,7 @@ class Bench:
 
     def resume(self) -> None:
         runs: dict[str, dict[str, Any]] = {}
-        for workers in (0, 2):
+        for workers in self.workers:
             for reader, _ in RESUMERS:
                 root = self.path(reader)
                 key = f"{reader}/{workers}"
@@ -1581,7 +1582,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--scale", type=int, help="memory test: dataset x1 vs x SCALE (default 4)")
     p.add_argument("--delay", type=float, default=0.02, help="remote: seconds of delay per GET")
-    p.add_argument("--parts", default="pack,read,resume,memory,remote")
+    p.add_argument("--parts", help="default: pack,read,resume,memory,remote (quick: no memory)")
     p.add_argument("--workdir", help="where corpus and datasets go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work dir")
     p.add_argument("--output", default=str(ROOT / "docs" / "BENCHMARKS.md"))
@@ -1592,6 +1593,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     a.read_batches = a.read_batches or (40 if a.quick else 360)
     a.scale = a.scale or (2 if a.quick else 4)
     a.min_seconds = a.min_seconds if a.min_seconds is not None else (0.3 if a.quick else 1.0)
+    a.parts = a.parts or (
+        "pack,read,resume,remote" if a.quick else "pack,read,resume,memory,remote"
+    )
     a.parts = [s.strip() for s in a.parts.split(",") if s.strip()]
     return a
 
