@@ -19,7 +19,14 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-__all__ = ["DTYPES", "Sample", "decode_sample", "encode_sample", "token_dtype_for_vocab"]
+__all__ = [
+    "DTYPES",
+    "Sample",
+    "decode_sample",
+    "encode_sample",
+    "token_dtype_for_vocab",
+    "tokens_views",
+]
 
 DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
@@ -63,6 +70,60 @@ def encode_sample(tokens: np.ndarray, doc_lens: list[int] | tuple[int, ...], con
     return msgpack.packb(
         {"tokens": tokens.tobytes(), "dtype": dtype_name, "doc_lens": list(doc_lens), "cont": cont}
     )
+
+
+# The writer emits the map keys in a fixed order, so a sample starts with these bytes followed
+# by a msgpack bin header; ``tokens_views`` relies on that to find the token bytes in place.
+_TOKENS_PREFIX = b"\x84\xa6tokens"
+# msgpack bin8/16/32 marker byte -> bytes of its big-endian length (0: not a bin marker).
+_WIDTH_OF_MARKER = np.zeros(256, dtype=np.int64)
+_WIDTH_OF_MARKER[[0xC4, 0xC5, 0xC6]] = [1, 2, 4]
+_DTYPE_FIELDS = {b"\xa5dtype\xa6" + n.encode(): d for n, d in DTYPES.items()}
+
+
+def tokens_views(
+    data: memoryview, offsets: np.ndarray, sizes: np.ndarray
+) -> list[np.ndarray] | None:
+    """Zero-copy token views of many samples of one buffer at once (the window read path).
+
+    ``offsets``/``sizes`` locate each sample's msgpack bytes in ``data``. Instead of unpacking,
+    it checks that every sample has the canonical layout the writer produces (``tokens``
+    first, then ``dtype``) with a few vectorised numpy operations, so the per-sample Python
+    cost is one ``np.frombuffer``. Returns None if any sample has another layout (or the
+    samples mix dtypes); the caller then decodes sample by sample.
+    """
+    n = len(offsets)
+    if n == 0:
+        return []
+    raw = np.frombuffer(data, dtype=np.uint8)
+    offs = offsets.astype(np.int64)
+    ends = offs + sizes.astype(np.int64)
+    head = len(_TOKENS_PREFIX)
+    if int(ends.max()) > len(raw) or int((sizes < head + 1).sum()):
+        return None
+    prefix = np.frombuffer(_TOKENS_PREFIX, dtype=np.uint8)
+    if not np.array_equal(raw[offs[:, None] + np.arange(head)], np.broadcast_to(prefix, (n, head))):
+        return None
+    widths = _WIDTH_OF_MARKER[raw[offs + head]]
+    if not widths.all() or int((sizes < head + 1 + widths).sum()):
+        return None
+    length = np.zeros(n, dtype=np.int64)
+    for i in range(int(widths.max())):
+        byte = raw[np.minimum(offs + head + 1 + i, len(raw) - 1)]
+        length = np.where(widths > i, (length << 8) | byte, length)
+    starts = offs + head + 1 + widths
+    field_len = 13
+    if int((starts + length + field_len > ends).sum()):
+        return None
+    fields = raw[(starts + length)[:, None] + np.arange(field_len)]
+    dtype = _DTYPE_FIELDS.get(fields[0].tobytes())
+    if dtype is None or not (fields == fields[0]).all() or int((length % dtype.itemsize).sum()):
+        return None
+    counts = (length // dtype.itemsize).tolist()
+    return [
+        np.frombuffer(data, dtype=dtype, count=c, offset=o)
+        for o, c in zip(starts.tolist(), counts, strict=True)
+    ]
 
 
 def decode_sample(data: bytes | memoryview) -> Sample:

@@ -24,7 +24,7 @@ import numpy as np
 
 from wdstream.errors import CorruptShardError
 from wdstream.index import INDEX_NAME, DatasetIndex
-from wdstream.sample import decode_sample
+from wdstream.sample import decode_sample, tokens_views
 from wdstream.shardindex import ShardSidecar, scan_tar
 from wdstream.storage import Store, open_store, split_url
 
@@ -191,11 +191,18 @@ class ShardSource:
             return k * int(self.sample_tokens or 0)
         return int(self._sidecar(shard)[1][k])
 
-    def read(self, shard: int, a: int, b: int) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
+    def read(
+        self, shard: int, a: int, b: int, with_docs: bool = True
+    ) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
         """Decode samples ``[a, b)`` of ``shard`` with one ranged read.
 
+        Args:
+            with_docs: also decode each sample's document pieces. Without them the token
+                arrays are found in place (``tokens_view``), with no msgpack unpacking.
+
         Returns:
-            ``(tokens, doc_lens)``: per sample a read-only token array and its piece lengths.
+            ``(tokens, doc_lens)``: per sample a read-only token array (a view into the read
+            buffer) and its piece lengths (empty when ``with_docs`` is False).
         """
         sidecar, _ = self._sidecar(shard)
         begin, end = sidecar.byte_range(a, b)
@@ -205,12 +212,17 @@ class ShardSource:
             raise CorruptShardError(f"{self.where(shard)}: short read at byte {begin + len(buf)}")
         offs = sidecar.offsets[a:b].astype(np.int64) - begin
         sizes = sidecar.sizes[a:b]
-        toks: list[np.ndarray] = []
         docs: list[tuple[int, ...]] = []
-        for o, n in zip(offs.tolist(), sizes.tolist(), strict=True):
-            s = self._decode(shard, buf[o : o + n], begin + o)
-            toks.append(s.tokens)
-            docs.append(s.doc_lens)
+        views = None if with_docs else tokens_views(buf, offs, sizes)
+        if views is not None:
+            toks = views
+        else:
+            toks = []
+            for o, n in zip(offs.tolist(), sizes.tolist(), strict=True):
+                s = self._decode(shard, buf[o : o + n], begin + o)
+                toks.append(s.tokens)
+                if with_docs:
+                    docs.append(s.doc_lens)
         want = sidecar.tokens[a:b]
         if any(len(t) != w for t, w in zip(toks, want.tolist(), strict=True)):
             raise CorruptShardError(f"{self.where(shard)}: token counts disagree with the sidecar")

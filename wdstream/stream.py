@@ -151,7 +151,7 @@ class ReaderContext:
         docs: list[tuple[int, ...]] = []
         for p, q in self.geometry(epoch, stream).spans(w):
             for shard, a, b in plan.pieces(p, q):
-                t, d = self.source.read(shard, a, b)
+                t, d = self.source.read(shard, a, b, with_docs=cfg.doc_boundaries)
                 toks += t
                 docs += d
         n = len(toks)

@@ -1,0 +1,114 @@
+"""The v1 format building blocks: samples, zero-copy token views, tar members, sidecar, index."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from wdstream.index import DatasetIndex, ShardEntry
+from wdstream.sample import decode_sample, encode_sample, tokens_views
+from wdstream.shardindex import ShardSidecar, scan_tar
+from wdstream.tarfmt import END_OF_ARCHIVE, member_bytes
+
+
+def _pack_many(
+    lengths: list[int], dtype: str, gap: bytes = b"pad"
+) -> tuple[bytes, list[int], list[int], list[np.ndarray]]:
+    parts, offsets, sizes, arrays, pos = [], [], [], [], 0
+    for i, n in enumerate(lengths):
+        tokens = (np.arange(n) * 7 + i).astype(dtype)
+        blob = encode_sample(tokens, [n] if n else [], cont=bool(i % 2))
+        parts += [gap, blob]
+        offsets.append(pos + len(gap))
+        sizes.append(len(blob))
+        pos += len(gap) + len(blob)
+        arrays.append(tokens)
+    return b"".join(parts), offsets, sizes, arrays
+
+
+@given(
+    lengths=st.lists(st.integers(0, 70_000), min_size=1, max_size=6),
+    dtype=st.sampled_from(["<u2", "<u4"]),
+)
+def test_tokens_views_equal_full_decode(lengths: list[int], dtype: str) -> None:
+    data, offsets, sizes, arrays = _pack_many(lengths, dtype)
+    views = tokens_views(memoryview(data), np.array(offsets), np.array(sizes))
+    assert views is not None
+    for view, want, off, size in zip(views, arrays, offsets, sizes, strict=True):
+        assert view.dtype == want.dtype and np.array_equal(view, want)
+        assert np.array_equal(decode_sample(data[off : off + size]).tokens, want)
+
+
+def test_tokens_views_refuses_other_layouts() -> None:
+    other_order = msgpack.packb(
+        {"dtype": "uint32", "tokens": b"abcd", "doc_lens": [1], "cont": False}
+    )
+    assert (
+        tokens_views(memoryview(other_order), np.array([0]), np.array([len(other_order)])) is None
+    )
+    good = encode_sample(np.arange(3, dtype="<u2"), [3], False)
+    truncated = good[:-1]
+    assert tokens_views(memoryview(truncated), np.array([0]), np.array([len(good)])) is None
+
+
+def test_sample_rejects_inconsistent_pieces() -> None:
+    with pytest.raises(ValueError, match="doc_lens"):
+        encode_sample(np.arange(4, dtype="<u4"), [3], False)
+    with pytest.raises(ValueError, match="not a wdstream sample"):
+        decode_sample(b"\x93\x01\x02")
+
+
+def test_doc_starts_mark_every_piece() -> None:
+    sample = decode_sample(encode_sample(np.arange(6, dtype="<u2"), [2, 1, 3], True))
+    assert sample.doc_starts().tolist() == [True, False, True, True, False, False]
+
+
+def test_tar_members_are_plain_tar_and_scannable() -> None:
+    blobs = [encode_sample(np.arange(n, dtype="<u4"), [n], False) for n in (1, 300, 5)]
+    data = (
+        b"".join(member_bytes(f"{i:012d}.msgpack", b) for i, b in enumerate(blobs)) + END_OF_ARCHIVE
+    )
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert [tar.extractfile(m).read() for m in tar.getmembers()] == blobs  # type: ignore[union-attr]
+    members = scan_tar(data)
+    assert [data[o : o + n] for _, o, n in members] == blobs
+    with pytest.raises(ValueError, match="without an end-of-archive"):
+        scan_tar(data[: -len(END_OF_ARCHIVE)])
+
+
+def test_sidecar_round_trip_and_byte_range() -> None:
+    side = ShardSidecar(
+        offsets=np.array([512, 2048, 4096], dtype="<u8"),
+        sizes=np.array([100, 200, 300], dtype="<u4"),
+        tokens=np.array([10, 20, 30], dtype="<u4"),
+    )
+    back = ShardSidecar.from_bytes(side.to_bytes())
+    assert back.byte_range(1, 3) == (2048, 4396)
+    assert np.array_equal(back.tokens, side.tokens)
+    with pytest.raises(IndexError):
+        back.byte_range(2, 4)
+
+
+def test_index_json_round_trip_and_version_check() -> None:
+    shard = ShardEntry("d-000000.tar", "d-000000.idx", 3, 30, 2, 4096, "ab" * 32, "cd" * 32)
+    index = DatasetIndex(
+        tokenizer={"name": "cl100k_base"},
+        eos_id=100257,
+        bos_id=None,
+        dtype="uint32",
+        mode="concat",
+        seq_len=9,
+        sample_tokens=10,
+        shards=(shard,),
+    )
+    assert DatasetIndex.from_json(index.to_json()) == index
+    with pytest.raises(ValueError, match="format version 99"):
+        DatasetIndex.from_json(
+            index.to_json().replace('"version": 1', '"version": 99'), "x/index.json"
+        )
