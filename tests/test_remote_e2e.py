@@ -5,6 +5,7 @@ with the same data packed and read locally."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -88,17 +89,28 @@ def test_pack_to_s3_matches_local_and_cli_reads_it(
     assert remote_stats.get("tokens") == local_stats.get("tokens")
 
 
-@pytest.mark.xfail(
-    reason="wdstream/packing.py lists the output (stale-shard cleanup) and plain HTTP cannot "
-    "list; pack must skip that cleanup when store.list() raises NotImplementedError",
-    raises=NotImplementedError,
-    strict=False,
-)
+def test_endpoint_url_option_without_env(
+    s3_bucket: str, corpus: Path, local_pack: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    url = f"s3://{s3_bucket}/opt/ds"
+    runner = CliRunner()
+    args = ["pack", str(corpus), "--output", url, "--endpoint-url", endpoint, *PACK_ARGS]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    for command in (["verify", url], ["stats", url, "--json"], ["inspect", url, "-n", "1"]):
+        result = runner.invoke(main, [*command, "--endpoint-url", endpoint, "--retries", "2"])
+        assert result.exit_code == 0, (command, result.output)
+    assert (
+        open_store(url, endpoint_url=endpoint).read("index.json")
+        == (local_pack / "index.json").read_bytes()
+    )
+
+
 def test_pack_to_http_with_put(http_server: FileServer, corpus: Path, local_pack: Path) -> None:
     url = f"{http_server.base_url}/ds"
     result = CliRunner().invoke(main, ["pack", str(corpus), "--output", url, *PACK_ARGS])
-    if "cannot list" in result.output:
-        raise NotImplementedError(result.output)
     assert result.exit_code == 0, result.output
     assert _objects(http_server.root / "ds") == _objects(local_pack)
     assert CliRunner().invoke(main, ["verify", url]).exit_code == 0

@@ -40,15 +40,20 @@ class SamplePreview:
     sample: Sample
 
 
-def _open_target(target: str) -> tuple[Store, DatasetIndex | None, str | None]:
+def _open_target(
+    target: str, store_options: dict[str, Any]
+) -> tuple[Store, DatasetIndex | None, str | None]:
     """A dataset root, or a single shard (``.tar``) given by path or URL."""
     if target.endswith(".tar"):
         root, name = split_url(target)
-        return open_store(root), None, name
-    return open_store(target), read_index(open_store(target)), None
+        return open_store(root, **store_options), None, name
+    store = open_store(target, **store_options)
+    return store, read_index(store), None
 
 
-def preview_samples(target: str, count: int = 3) -> tuple[DatasetIndex | None, list[SamplePreview]]:
+def preview_samples(
+    target: str, count: int = 3, store_options: dict[str, Any] | None = None
+) -> tuple[DatasetIndex | None, list[SamplePreview]]:
     """The first ``count`` samples of a dataset root or of one shard.
 
     A shard with a sidecar next to it is read through the sidecar; one without is scanned
@@ -58,7 +63,7 @@ def preview_samples(target: str, count: int = 3) -> tuple[DatasetIndex | None, l
         CorruptShardError: if a sample does not decode.
         FileNotFoundError: if there is no index.json / shard.
     """
-    store, index, shard = _open_target(target)
+    store, index, shard = _open_target(target, store_options or {})
     out: list[SamplePreview] = []
     if index is not None:
         it: Iterator[tuple[str, int, Sample]] = (

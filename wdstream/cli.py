@@ -24,6 +24,34 @@ def _fail(exc: Exception) -> None:
     raise click.ClickException(str(exc)) from exc
 
 
+def _storage_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add the remote-storage options shared by every command that opens a dataset."""
+    options = [
+        click.option(
+            "--endpoint-url",
+            default=None,
+            help="S3-compatible endpoint (MinIO, Ceph, R2...); default: AWS_ENDPOINT_URL.",
+        ),
+        click.option("--retries", type=int, default=None, help="Remote retry budget per request."),
+        click.option("--timeout", type=float, default=None, help="Remote read timeout, seconds."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _store_options(
+    target: str, endpoint_url: str | None, retries: int | None, timeout: float | None
+) -> dict[str, Any]:
+    """The ``open_store`` options given on the command line (none for a local target)."""
+    if "://" not in target:
+        return {}
+    given = {"endpoint_url": endpoint_url, "retries": retries, "timeout": timeout}
+    if not target.startswith("s3://"):
+        given.pop("endpoint_url")
+    return {k: v for k, v in given.items() if v is not None}
+
+
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--output", "-o", required=True, help="Dataset root: folder, s3://, http(s)://.")
@@ -66,13 +94,29 @@ def _fail(exc: Exception) -> None:
     "--overwrite", is_flag=True, help="Replace a dataset or interrupted pack at --output."
 )
 @click.option("--quiet", "-q", is_flag=True)
-def pack(inputs: tuple[str, ...], output: str, quiet: bool, **options: Any) -> None:
+@_storage_options
+def pack(
+    inputs: tuple[str, ...],
+    output: str,
+    quiet: bool,
+    endpoint_url: str | None,
+    retries: int | None,
+    timeout: float | None,
+    **options: Any,
+) -> None:
     """Tokenise INPUT... (JSONL[.gz|.zst], .txt, dirs, globs, {a..b}, -) into shards."""
     from wdstream.packing import describe
     from wdstream.packing import pack as do_pack
 
+    store_options = _store_options(output, endpoint_url, retries, timeout)
     try:
-        result = do_pack(list(inputs), output, progress=None if not quiet else False, **options)
+        result = do_pack(
+            list(inputs),
+            output,
+            progress=None if not quiet else False,
+            store_options=store_options,
+            **options,
+        )
     except (WdstreamError, ValueError, OSError) as exc:
         _fail(exc)
     if not quiet:
@@ -92,13 +136,14 @@ def _preview(text: str, width: int = 160) -> str:
 @click.argument("target")
 @click.option("--samples", "-n", type=int, default=3, show_default=True)
 @click.option("--tokenizer", default=None, help="For decoding (default: the index's).")
-def inspect(target: str, samples: int, tokenizer: str | None) -> None:
+@_storage_options
+def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> None:
     """Show the first samples of a dataset ROOT or a single .tar shard."""
     from wdstream.checks import preview_samples
     from wdstream.tokenizer import load_tokenizer
 
     try:
-        index, previews = preview_samples(target, samples)
+        index, previews = preview_samples(target, samples, _store_options(target, **remote))
     except (WdstreamError, ValueError, OSError) as exc:
         _fail(exc)
     spec = tokenizer or (index.tokenizer["name"] if index else "cl100k_base")
@@ -126,12 +171,14 @@ def inspect(target: str, samples: int, tokenizer: str | None) -> None:
 @main.command()
 @click.argument("root")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def stats(root: str, as_json: bool) -> None:
+@_storage_options
+def stats(root: str, as_json: bool, **remote: Any) -> None:
     """Shards, samples, documents, tokens, bytes and a document-length histogram."""
     from wdstream.checks import dataset_stats
+    from wdstream.storage import open_store
 
     try:
-        s = dataset_stats(root)
+        s = dataset_stats(open_store(root, **_store_options(root, **remote)))
     except (WdstreamError, ValueError, OSError) as exc:
         _fail(exc)
     if as_json:
@@ -156,11 +203,16 @@ def stats(root: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("root")
-def verify(root: str) -> None:
+@_storage_options
+def verify(root: str, **remote: Any) -> None:
     """Check every shard's sha256, every sample, and the index counts."""
     from wdstream.checks import verify_dataset
+    from wdstream.storage import open_store
 
-    report = verify_dataset(root)
+    try:
+        report = verify_dataset(open_store(root, **_store_options(root, **remote)))
+    except (WdstreamError, ValueError, OSError) as exc:
+        _fail(exc)
     if not report.ok:
         click.echo(f"FAILED: {report.problems[0]}", err=True)
         sys.exit(1)
