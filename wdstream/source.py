@@ -91,6 +91,8 @@ class ShardSource:
                 for (r, n), a, b in zip(self.urls, self.samples, self.tokens, strict=True)
             ]
         self.fingerprint = hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
+        # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
+        self.remote = any("://" in root and not root.startswith("file://") for root, _ in self.urls)
         st = self.sample_tokens or 0
         # A shard is "regular" when every sample but possibly its last has sample_tokens
         # tokens; then token prefixes are arithmetic and no sidecar is needed to plan.
