@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 import wdstream
+from wdstream.shardread import read_index
+from wdstream.storage import open_store
 
 
 class TinyLM(nn.Module):
@@ -54,7 +56,7 @@ def main() -> None:
         seed=0,
         num_workers=args.workers,
     )
-    vocab = int(loader.index.tokenizer["n_vocab"])
+    vocab = int(read_index(open_store(args.data)).tokenizer["n_vocab"])
     model = TinyLM(vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     step = 0
@@ -64,7 +66,7 @@ def main() -> None:
         optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["data"])
         step = ckpt["step"]
-        print(f"resumed at step {step} (epoch {ckpt['data']['streams'][0]['epoch']})")
+        print(f"resumed at step {step}")
 
     for batch in loader:
         if step >= args.steps:
