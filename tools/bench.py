@@ -1420,7 +1420,9 @@ def _resume_section(r: dict[str, Any], notes: list[str]) -> list[str]:
     rows = []
     for workers in (0, 2):
         for reader, label in RESUMERS:
-            x = runs.get(f"{reader}/{workers}", {})
+            x = runs.get(f"{reader}/{workers}")
+            if x is None:
+                continue  # not measured in this mode (quick mode skips 2-worker resume)
             if "error" in x:
                 rows.append([label, workers, None, None, None, None, None, x["error"]])
                 continue

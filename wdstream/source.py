@@ -209,7 +209,7 @@ class ShardSource:
         sidecar, _ = self._sidecar(shard)
         begin, end = sidecar.byte_range(a, b)
         root, name = self.urls[shard]
-        buf = memoryview(self._store(root).read_range(name, begin, end))
+        buf = self._store(root).read_range_view(name, begin, end)
         if len(buf) != end - begin:
             raise CorruptShardError(f"{self.where(shard)}: short read at byte {begin + len(buf)}")
         offs = sidecar.offsets[a:b].astype(np.int64) - begin

@@ -32,6 +32,13 @@ class Store(abc.ABC):
     def read_range(self, name: str, start: int, end: int) -> bytes:
         """Return bytes ``[start, end)`` of the object (fewer only if the object is shorter)."""
 
+    def read_range_view(self, name: str, start: int, end: int) -> memoryview:
+        """Like :meth:`read_range`, but may return a zero-copy view (local files: mmap).
+
+        The reader's hot path uses this; the view stays valid as long as it is referenced.
+        """
+        return memoryview(self.read_range(name, start, end))
+
     @abc.abstractmethod
     def size(self, name: str) -> int:
         """Size in bytes. Raises FileNotFoundError if it does not exist."""

@@ -1,7 +1,8 @@
-"""Local-filesystem store: atomic writes by ``rename``, ranged reads by ``pread``."""
+"""Local-filesystem store: atomic writes by ``rename``; ranged reads by ``pread`` or ``mmap``."""
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ class LocalStore(Store):
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
         self._fds: dict[str, int] = {}
+        self._maps: dict[str, mmap.mmap] = {}
 
     def _path(self, name: str) -> Path:
         return self.root / name
@@ -43,6 +45,16 @@ class LocalStore(Store):
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         return os.pread(self._fd(name), end - start, start)
+
+    def read_range_view(self, name: str, start: int, end: int) -> memoryview:
+        # Shards are immutable once visible, so a read-only map of the whole file serves
+        # every window without copying the bytes out of the page cache first.
+        mapped = self._maps.get(name)
+        if mapped is None:
+            if os.fstat(self._fd(name)).st_size == 0:
+                return memoryview(b"")
+            mapped = self._maps[name] = mmap.mmap(self._fd(name), 0, access=mmap.ACCESS_READ)
+        return memoryview(mapped)[start : min(end, len(mapped))]
 
     def size(self, name: str) -> int:
         return self._path(name).stat().st_size
@@ -84,10 +96,16 @@ class LocalStore(Store):
         return len(leftovers)
 
     def close(self) -> None:
+        for mapped in self._maps.values():
+            try:
+                mapped.close()
+            except BufferError:
+                pass  # token views still point into it; it is unmapped when they are freed
+        self._maps.clear()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
 
     def __getstate__(self) -> dict[str, object]:
         # Descriptors do not survive a fork/spawn into DataLoader workers; reopen there.
-        return {"root": self.root, "url": self.url, "_fds": {}}
+        return {"root": self.root, "url": self.url, "_fds": {}, "_maps": {}}
