@@ -94,6 +94,7 @@ def test_read_range(store: Store, start: int, end: int) -> None:
     data = _data(10_000)
     store.write_bytes("r.bin", data)
     assert store.read_range("r.bin", start, end) == data[start:end]
+    assert bytes(store.read_range_view("r.bin", start, end)) == data[start:end]
 
 
 def test_missing_object(store: Store) -> None:
