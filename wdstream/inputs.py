@@ -183,7 +183,8 @@ class DocumentReader:
         if len(self.bad_locations) < _MAX_LOCATIONS:
             self.bad_locations.append(f"{where}: {why}")
 
-    def _decode(self, data: bytes, path: str, offset: int) -> str:
+    def decode_bytes(self, data: bytes, path: str, offset: int) -> str:
+        """Decode UTF-8 per ``errors``; a failure names ``path`` and the byte offset."""
         try:
             return data.decode("utf-8", self.errors)
         except UnicodeDecodeError as exc:
@@ -192,7 +193,8 @@ class DocumentReader:
                 "--errors replace to substitute U+FFFD)"
             ) from exc
 
-    def _text_of(self, line: str, path: str, lineno: int) -> str | None:
+    def text_of(self, line: str, path: str, lineno: int) -> str | None:
+        """The text field of one JSON record, or None if it was bad and ``on_error`` skips."""
         try:
             obj: Any = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -232,7 +234,7 @@ class DocumentReader:
                 data = fh.read()
                 pos = Position(i, 0, 0, self.empty, self.bad, self.input_bytes)
                 self.input_bytes += len(data)
-                text = self._decode(data, name, 0)
+                text = self.decode_bytes(data, name, 0)
                 if text:
                     yield text, pos
                 else:
@@ -265,7 +267,7 @@ class DocumentReader:
             record += 1
             offset += len(raw)
             self.input_bytes += len(raw)
-            line = self._decode(raw, name, pos.offset)
+            line = self.decode_bytes(raw, name, pos.offset)
             if pos.offset == 0 and line.startswith("\ufeff"):
                 line = line[1:]  # a UTF-8 byte-order mark is not part of the first record
             if as_text:
@@ -273,7 +275,7 @@ class DocumentReader:
             elif not line.strip():
                 continue  # blank line between JSON records
             else:
-                text = self._text_of(line, name, record)
+                text = self.text_of(line, name, record)
                 if text is None:
                     continue
             if text:

@@ -222,7 +222,7 @@ class TextSource:
             elif kind == "tar":
                 yield from self._tar(fh, name, byte, record)
             elif byte == 0:
-                text = self._parser._decode(fh.read(), name, 0)
+                text = self._parser.decode_bytes(fh.read(), name, 0)
                 if text:
                     yield text, 0, 0
         except (OSError, EOFError, tarfile.TarError) as exc:
@@ -239,7 +239,7 @@ class TextSource:
             byte += len(raw)
             record += 1
             try:
-                line = p._decode(raw, name, at)
+                line = p.decode_bytes(raw, name, at)
             except InputError:
                 if self.on_error == "raise":
                     raise
@@ -247,7 +247,7 @@ class TextSource:
                 continue
             if not line.strip():
                 continue
-            text = p._text_of(line, name, record)
+            text = p.text_of(line, name, record)
             if text:
                 yield text, at, rec
 
@@ -285,7 +285,7 @@ class TextSource:
                 self._parser.bad += 1
                 return None
         if "json" in found:
-            return self._parser._text_of(found["json"].decode("utf-8", "replace"), where, 1)
+            return self._parser.text_of(found["json"].decode("utf-8", "replace"), where, 1)
         return None
 
     def _members(

@@ -191,7 +191,7 @@ class TextContext:
         """Tokenize a window in one batched call, shuffle it, flatten it."""
         tok, cfg = self.source.tokenizer, self.cfg
         # tiktoken's batch encoder runs its own threads (the Rust core releases the GIL).
-        ids = tok._enc.encode_ordinary_batch(texts, num_threads=self.threads)
+        ids = tok.encode_ordinary_batch(texts, num_threads=self.threads)
         n = len(ids)
         if cfg.shuffle:
             rng = np.random.default_rng([cfg.seed, epoch, cfg.rank, stream, window])

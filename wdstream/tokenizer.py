@@ -234,6 +234,10 @@ class Tokenizer:
         ids = self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
         return ids.astype(np.uint32, copy=False)
 
+    def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
+        """tiktoken's batch encoder on ``num_threads`` threads (its Rust core drops the GIL)."""
+        return list(self._enc.encode_ordinary_batch(list(texts), num_threads=num_threads))
+
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of every text (``uint32`` arrays), in order, on the calling thread."""
         return [self.encode(t) for t in texts]
