@@ -29,7 +29,14 @@ import numpy as np
 from wdstream.plan import EpochPlan, WindowGeometry
 from wdstream.source import ShardSource
 
-__all__ = ["CURSOR_KEYS", "ReaderConfig", "ReaderContext", "TokenStream", "start_cursor"]
+__all__ = [
+    "CURSOR_KEYS",
+    "ReaderConfig",
+    "ReaderContext",
+    "TokenStream",
+    "copy_window",
+    "start_cursor",
+]
 
 CURSOR_KEYS = ("epoch", "window", "emitted", "offset", "batches")
 
@@ -64,6 +71,25 @@ class _Window:
     tokens: np.ndarray  # flat, disk dtype, samples in shuffled order
     starts: np.ndarray  # int64[n + 1], token offset of each sample in ``tokens``
     doc_start: np.ndarray | None  # bool, True where a document piece begins
+
+
+def copy_window(
+    tokens: np.ndarray,
+    doc_start: np.ndarray | None,
+    pos: int,
+    flat: np.ndarray,
+    flat_ds: np.ndarray | None,
+    o: int,
+    stop: int,
+) -> int:
+    """Copy a window's tokens from ``pos`` into ``flat[o:stop]`` (and its doc starts into
+    ``flat_ds``) as far as the window reaches; returns how many (0: the window is used up)."""
+    take = max(0, min(stop - o, len(tokens) - pos))
+    flat[o : o + take] = tokens[pos : pos + take]
+    if flat_ds is not None:
+        assert doc_start is not None
+        flat_ds[o : o + take] = doc_start[pos : pos + take]
+    return take
 
 
 class ReaderContext:
@@ -254,14 +280,10 @@ class TokenStream:
             o, stop = j * per_batch, (j + 1) * per_batch
             while o < stop:
                 win = self._ensure_window()
-                take = min(stop - o, len(win.tokens) - self._pos)
-                if take <= 0:
+                take = copy_window(win.tokens, win.doc_start, self._pos, flat, flat_ds, o, stop)
+                if take == 0:
                     self._advance()
                     continue
-                flat[o : o + take] = win.tokens[self._pos : self._pos + take]
-                if flat_ds is not None:
-                    assert win.doc_start is not None
-                    flat_ds[o : o + take] = win.doc_start[self._pos : self._pos + take]
                 o += take
                 self._pos += take
             cursors.append(self._after_batch())

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.stream import ReaderConfig
+from wdstream.stream import ReaderConfig, copy_window
 from wdstream.textsource import TextSource
 
 __all__ = ["TEXT_CURSOR_KEYS", "TextContext", "TextStream"]
@@ -339,15 +339,11 @@ class TextStream:
             stop = o + per_batch
             while o < stop:
                 win = self._wins[0]
-                take = min(stop - o, len(win.tokens) - self._pos)
-                if take <= 0:
+                take = copy_window(win.tokens, win.doc_start, self._pos, flat, flat_ds, o, stop)
+                if take == 0:
                     self._wins.pop(0)
                     self._pos = 0
                     continue
-                flat[o : o + take] = win.tokens[self._pos : self._pos + take]
-                if flat_ds is not None:
-                    assert win.doc_start is not None
-                    flat_ds[o : o + take] = win.doc_start[self._pos : self._pos + take]
                 o += take
                 self._pos += take
             cursors.append(self._after_batch(per_batch))

@@ -25,7 +25,7 @@ import requests
 import urllib3
 
 from wdstream.errors import WdstreamError
-from wdstream.storage.base import Store
+from wdstream.storage.remote import RemoteStore
 from wdstream.storage.retry import (
     RemoteReadError,
     RemoteWriteError,
@@ -123,7 +123,7 @@ class _Response:
         self._resp.close()
 
 
-class HttpStore(Store):
+class HttpStore(RemoteStore):
     """Objects under an ``http(s)://host/path/`` prefix.
 
     Args:
@@ -240,20 +240,6 @@ class HttpStore(Store):
             stop = total if end is None else min(end, total)
             promised = max(0, stop - start)
         return promised, _Response(resp, iter_limited(chunks, start, limit))
-
-    def read(self, name: str) -> bytes:
-        return self._retrier.read(
-            lambda a, b: self._fetch(name, a, b), self.child_url(name), 0, None
-        )
-
-    def read_range(self, name: str, start: int, end: int) -> bytes:
-        if start < 0 or end < start:
-            raise ValueError(f"bad byte range [{start}, {end}) of {self.child_url(name)}")
-        if end == start:
-            return b""
-        return self._retrier.read(
-            lambda a, b: self._fetch(name, a, b), self.child_url(name), start, end
-        )
 
     def _head(self, name: str) -> requests.Response:
         url = self.child_url(name)

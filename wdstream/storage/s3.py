@@ -29,7 +29,7 @@ import botocore.exceptions as bce
 import urllib3
 from botocore.config import Config
 
-from wdstream.storage.base import Store
+from wdstream.storage.remote import RemoteStore
 from wdstream.storage.retry import (
     RemoteWriteError,
     Retrier,
@@ -110,7 +110,7 @@ class _Chunks:
         self._body.close()
 
 
-class S3Store(Store):
+class S3Store(RemoteStore):
     """Objects under ``s3://bucket/prefix/``.
 
     Args:
@@ -229,20 +229,6 @@ class S3Store(Store):
                 raise PermissionError(f"access denied: {self.child_url(name)}") from None
             raise
         return int(resp["ContentLength"]), _Chunks(resp["Body"], _CHUNK)
-
-    def read(self, name: str) -> bytes:
-        return self._retrier.read(
-            lambda a, b: self._fetch(name, a, b), self.child_url(name), 0, None
-        )
-
-    def read_range(self, name: str, start: int, end: int) -> bytes:
-        if start < 0 or end < start:
-            raise ValueError(f"bad byte range [{start}, {end}) of {self.child_url(name)}")
-        if end == start:
-            return b""
-        return self._retrier.read(
-            lambda a, b: self._fetch(name, a, b), self.child_url(name), start, end
-        )
 
     def _head(self, name: str) -> dict[str, Any] | None:
         def head() -> dict[str, Any] | None:
