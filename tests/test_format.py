@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from wdstream.index import DatasetIndex, ShardEntry
 from wdstream.sample import decode_sample, encode_sample, tokens_views
 from wdstream.shardindex import ShardSidecar, scan_tar
-from wdstream.tarfmt import END_OF_ARCHIVE, member_bytes
+from wdstream.tarfmt import END_OF_ARCHIVE, _fast_header, _tarfile_header, member_bytes
 
 
 def _pack_many(
@@ -112,3 +112,18 @@ def test_index_json_round_trip_and_version_check() -> None:
         DatasetIndex.from_json(
             index.to_json().replace('"version": 1', '"version": 99'), "x/index.json"
         )
+
+
+@given(
+    name=st.text(min_size=1, max_size=100).filter(
+        lambda n: "\0" not in n and len(n.encode()) <= 100
+    ),
+    size=st.integers(0, 8**11 - 1),
+)
+def test_patched_tar_header_equals_tarfile(name: str, size: int) -> None:
+    assert _fast_header(name.encode(), size) == _tarfile_header(name, size)
+
+
+def test_member_bytes_long_names_go_through_tarfile() -> None:
+    name = "d/" * 60 + "x.msgpack"
+    assert member_bytes(name, b"ab")[:512] == _tarfile_header(name, 2)

@@ -22,18 +22,43 @@ def padded_size(size: int) -> int:
     return (size + BLOCK - 1) // BLOCK * BLOCK
 
 
+def _tarfile_header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uname = info.gname = ""
+    return info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
+
+
+# Every header wdstream writes differs only in name, size and checksum, so the writer patches
+# a template made once by ``tarfile`` (~2 us per member instead of ~70 us through TarInfo,
+# which showed up as 10 % of a pack's main-process time). The result is byte-identical to
+# ``_tarfile_header`` (tested); long names still go through ``tarfile``.
+_TEMPLATE = _tarfile_header("", 0)
+_NAME, _SIZE, _CHKSUM = slice(0, 100), slice(124, 136), slice(148, 156)
+
+
+def _fast_header(name: bytes, size: int) -> bytes:
+    header = bytearray(_TEMPLATE)
+    header[_NAME] = name.ljust(100, b"\0")
+    header[_SIZE] = b"%011o\0" % size
+    header[_CHKSUM] = b" " * 8
+    header[_CHKSUM] = b"%06o\0 " % sum(header)
+    return bytes(header)
+
+
 def member_bytes(name: str, data: bytes) -> bytes:
     """Return one complete tar member (header, data, padding) for ``name``.
 
     Raises:
         ValueError: if ``name`` does not fit a ustar header.
     """
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mtime = 0
-    info.mode = 0o644
-    info.uname = info.gname = ""
-    header = info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
+    encoded = name.encode("utf-8")
+    if len(encoded) <= 100 and len(data) < 8**11:
+        header = _fast_header(encoded, len(data))
+    else:
+        header = _tarfile_header(name, len(data))
     return header + data + b"\0" * (padded_size(len(data)) - len(data))
 
 
