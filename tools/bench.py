@@ -1309,7 +1309,7 @@ def _pack_section(r: dict[str, Any], mb: float, notes: list[str]) -> list[str]:
     if cli and wt:
         notes.append(
             f"pack: the CLI's wall time ({mb / cli:.1f} MB/s) includes starting Python "
-            "and importing torch, which the in-process rows do not."
+            "and importing the packages, which the in-process rows do not."
         )
     return [
         "## Pack",
