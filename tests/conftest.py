@@ -14,6 +14,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI runs on a shared 2-core machine: a per-example deadline would turn a slow moment into a
+# failure, and derandomised examples make a failure reproducible from the log alone.
+settings.register_profile("wdstream", deadline=None, derandomize=True)
+settings.load_profile("wdstream")
 
 _WORDS = (
     "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
