@@ -25,7 +25,8 @@ import numpy as np
 from wdstream.errors import CorruptShardError
 from wdstream.index import INDEX_NAME, DatasetIndex
 from wdstream.sample import decode_sample, tokens_views
-from wdstream.shardindex import ShardSidecar, scan_tar
+from wdstream.shardindex import ShardSidecar
+from wdstream.shardread import sidecar_from_tar
 from wdstream.storage import Store, open_store, split_url
 
 __all__ = ["ShardSource", "expand_urls"]
@@ -155,6 +156,11 @@ class ShardSource:
             sidecar = self._scan(shard)
         except ValueError as exc:
             raise CorruptShardError(f"{store.child_url(self.sidecar_names[shard])}: {exc}") from exc
+        if self.index is not None and len(sidecar) != self.samples[shard]:
+            raise CorruptShardError(
+                f"{store.child_url(self.sidecar_names[shard])}: {len(sidecar)} samples, "
+                f"index.json says {self.samples[shard]}"
+            )
         entry = (sidecar, np.concatenate([[0], np.cumsum(sidecar.tokens, dtype=np.int64)]))
         with self._lock:
             self._cache[shard] = entry
@@ -166,16 +172,10 @@ class ShardSource:
         """Build a sidecar for a shard that has none by reading the whole tar once."""
         root, name = self.urls[shard]
         data = self._store(root).read(name)
-        try:
-            members = [m for m in scan_tar(data) if m[0].endswith(".msgpack")]
-        except ValueError as exc:
-            raise CorruptShardError(f"{self.where(shard)}: {exc}") from exc
-        ntok = [len(self._decode(shard, data[o : o + n], o).tokens) for _, o, n in members]
-        return ShardSidecar(
-            offsets=np.array([o for _, o, _ in members], dtype="<u8"),
-            sizes=np.array([n for _, _, n in members], dtype="<u4"),
-            tokens=np.array(ntok, dtype="<u4"),
-        )
+        found = sidecar_from_tar(data, self.where(shard))
+        spans = zip(found.offsets.tolist(), found.sizes.tolist(), strict=True)
+        ntok = [len(self._decode(shard, data[o : o + n], o).tokens) for o, n in spans]
+        return ShardSidecar(found.offsets, found.sizes, np.array(ntok, dtype="<u4"))
 
     def _decode(self, shard: int, data: bytes | memoryview, offset: int) -> Any:
         try:

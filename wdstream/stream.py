@@ -241,6 +241,10 @@ class TokenStream:
         return dict(self._cursor)
 
     def close(self) -> None:
+        """Drop the windows; a read-ahead still running is waited for, so nothing reads a
+        shard after its store was closed."""
+        if self._next is not None and not self._next[2].cancel():
+            self._next[2].exception()  # wait; a failed read-ahead does not matter any more
         self._next = None
         self._win = None
 

@@ -1,9 +1,11 @@
-"""Local-filesystem store: atomic writes by ``rename``; ranged reads by ``pread`` or ``mmap``."""
+"""Local-filesystem store: atomic writes by ``rename``, ranged reads from cached ``mmap``s."""
 
 from __future__ import annotations
 
 import mmap
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +18,17 @@ __all__ = ["LocalStore", "PARTIAL_SUFFIX"]
 # Half-written objects live under a hidden name with this suffix until renamed into place.
 PARTIAL_SUFFIX = ".partial"
 
+# Shards kept mapped at once: enough for every lane of a window and its read-ahead, far
+# below the usual limit of 1024 open files however many shards a dataset has.
+_MAPPED_FILES = 64
+
+
+def _unmap(mapped: mmap.mmap) -> None:
+    try:
+        mapped.close()
+    except BufferError:
+        pass  # token views still point into it; it is unmapped when they are freed
+
 
 class LocalStore(Store):
     """Objects are files directly under ``root``."""
@@ -25,35 +38,43 @@ class LocalStore(Store):
         self.url = str(self.root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
-        self._fds: dict[str, int] = {}
-        self._maps: dict[str, mmap.mmap] = {}
+        self._maps: OrderedDict[str, mmap.mmap | None] = OrderedDict()
+        self._lock = threading.Lock()
 
     def _path(self, name: str) -> Path:
         return self.root / name
 
-    def _fd(self, name: str) -> int:
-        # Shards are immutable once visible, so one cached descriptor per file serves every
-        # ranged read; reopening per sample is what makes some peers slow.
-        fd = self._fds.get(name)
-        if fd is None:
-            fd = os.open(self._path(name), os.O_RDONLY)
-            self._fds[name] = fd
-        return fd
+    def _map(self, name: str) -> mmap.mmap | None:
+        """A read-only map of the whole file (None if empty), from a small LRU cache.
+
+        Shards are immutable once visible, so one map serves every ranged read of a shard
+        without reopening it (reopening per sample is what makes some peers slow) and
+        without copying bytes out of the page cache first.
+        """
+        with self._lock:
+            if name in self._maps:
+                self._maps.move_to_end(name)
+                return self._maps[name]
+            with open(self._path(name), "rb") as f:  # the map keeps its own descriptor
+                size = os.fstat(f.fileno()).st_size
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            self._maps[name] = mapped
+            while len(self._maps) > _MAPPED_FILES:
+                old = self._maps.popitem(last=False)[1]
+                if old is not None:
+                    _unmap(old)
+            return mapped
 
     def read(self, name: str) -> bytes:
         return self._path(name).read_bytes()
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
-        return os.pread(self._fd(name), end - start, start)
+        return bytes(self.read_range_view(name, start, end))
 
     def read_range_view(self, name: str, start: int, end: int) -> memoryview:
-        # Shards are immutable once visible, so a read-only map of the whole file serves
-        # every window without copying the bytes out of the page cache first.
-        mapped = self._maps.get(name)
+        mapped = self._map(name)
         if mapped is None:
-            if os.fstat(self._fd(name)).st_size == 0:
-                return memoryview(b"")
-            mapped = self._maps[name] = mmap.mmap(self._fd(name), 0, access=mmap.ACCESS_READ)
+            return memoryview(b"")
         return memoryview(mapped)[start : min(end, len(mapped))]
 
     def size(self, name: str) -> int:
@@ -96,16 +117,17 @@ class LocalStore(Store):
         return len(leftovers)
 
     def close(self) -> None:
-        for mapped in self._maps.values():
-            try:
-                mapped.close()
-            except BufferError:
-                pass  # token views still point into it; it is unmapped when they are freed
-        self._maps.clear()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        with self._lock:
+            for mapped in self._maps.values():
+                if mapped is not None:
+                    _unmap(mapped)
+            self._maps.clear()
 
     def __getstate__(self) -> dict[str, object]:
-        # Descriptors do not survive a fork/spawn into DataLoader workers; reopen there.
-        return {"root": self.root, "url": self.url, "_fds": {}, "_maps": {}}
+        # Maps and locks do not survive a fork/spawn into DataLoader workers; remade there.
+        return {"root": self.root, "url": self.url}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._maps = OrderedDict()
+        self._lock = threading.Lock()
