@@ -27,6 +27,7 @@ from wdstream.storage import Store, open_store
 __all__ = [
     "documents",
     "iter_samples",
+    "parse_sidecar",
     "read_index",
     "read_samples",
     "read_sidecar",
@@ -45,20 +46,30 @@ def read_index(store: Store) -> DatasetIndex:
     return DatasetIndex.from_json(store.read(INDEX_NAME), where=store.child_url(INDEX_NAME))
 
 
+def parse_sidecar(store: Store, name: str, samples: int | None = None) -> ShardSidecar:
+    """Read and parse sidecar ``name``; with ``samples``, check it has that many entries.
+
+    Raises:
+        FileNotFoundError: if there is no such sidecar.
+        CorruptShardError: if it does not parse or disagrees with ``samples`` (names it).
+    """
+    where = store.child_url(name)
+    try:
+        sidecar = ShardSidecar.from_bytes(store.read(name))
+    except ValueError as exc:
+        raise CorruptShardError(f"{where}: {exc}") from exc
+    if samples is not None and len(sidecar) != samples:
+        raise CorruptShardError(f"{where}: {len(sidecar)} samples, index.json says {samples}")
+    return sidecar
+
+
 def read_sidecar(store: Store, shard: ShardEntry) -> ShardSidecar:
-    """Read and parse the sidecar of ``shard``.
+    """Read the sidecar of an indexed ``shard``, checked against its index entry.
 
     Raises:
         CorruptShardError: if the sidecar does not parse or disagrees with the index entry.
     """
-    where = store.child_url(shard.sidecar)
-    try:
-        sidecar = ShardSidecar.from_bytes(store.read(shard.sidecar))
-    except ValueError as exc:
-        raise CorruptShardError(f"{where}: {exc}") from exc
-    if len(sidecar) != shard.samples:
-        raise CorruptShardError(f"{where}: {len(sidecar)} samples, index.json says {shard.samples}")
-    return sidecar
+    return parse_sidecar(store, shard.sidecar, shard.samples)
 
 
 def sidecar_from_tar(data: bytes | memoryview, where: str = "shard") -> ShardSidecar:

@@ -26,7 +26,7 @@ from wdstream.errors import CorruptShardError
 from wdstream.index import INDEX_NAME, DatasetIndex
 from wdstream.sample import decode_sample, tokens_views
 from wdstream.shardindex import ShardSidecar
-from wdstream.shardread import sidecar_from_tar
+from wdstream.shardread import parse_sidecar, sidecar_from_tar
 from wdstream.storage import Store, open_store, split_url
 
 __all__ = ["ShardSource", "expand_urls"]
@@ -150,17 +150,11 @@ class ShardSource:
                 return hit
         root, name = self.urls[shard]
         store = self._store(root)
+        samples = int(self.samples[shard]) if self.index is not None else None
         try:
-            sidecar = ShardSidecar.from_bytes(store.read(self.sidecar_names[shard]))
+            sidecar = parse_sidecar(store, self.sidecar_names[shard], samples)
         except FileNotFoundError:
             sidecar = self._scan(shard)
-        except ValueError as exc:
-            raise CorruptShardError(f"{store.child_url(self.sidecar_names[shard])}: {exc}") from exc
-        if self.index is not None and len(sidecar) != self.samples[shard]:
-            raise CorruptShardError(
-                f"{store.child_url(self.sidecar_names[shard])}: {len(sidecar)} samples, "
-                f"index.json says {self.samples[shard]}"
-            )
         entry = (sidecar, np.concatenate([[0], np.cumsum(sidecar.tokens, dtype=np.int64)]))
         with self._lock:
             self._cache[shard] = entry
