@@ -25,6 +25,7 @@ from wdstream.shardindex import ShardSidecar, scan_tar
 from wdstream.storage import Store, open_store
 
 __all__ = [
+    "decode_span",
     "documents",
     "iter_samples",
     "parse_sidecar",
@@ -105,20 +106,30 @@ def read_samples(
         return
     begin, end = sidecar.byte_range(start, stop)
     data = memoryview(store.read_range(name, begin, end))
+    yield from decode_span(data, begin, sidecar, start, stop, store.child_url(name))
+
+
+def decode_span(
+    data: memoryview, begin: int, sidecar: ShardSidecar, start: int, stop: int, where: str
+) -> Iterator[Sample]:
+    """Decode samples ``[start, stop)`` from ``data``, the shard's bytes from offset ``begin``.
+
+    Raises:
+        CorruptShardError: naming ``where``, the sample and its byte offset, as
+            :func:`read_samples` does.
+    """
     for k in range(start, stop):
         off, size = int(sidecar.offsets[k]), int(sidecar.sizes[k])
-        where = f"{store.child_url(name)}: sample {k} at byte {off}"
+        at = f"{where}: sample {k} at byte {off}"
         if off + size - begin > len(data):
-            raise CorruptShardError(f"{where}: shard ends early (truncated?)")
+            raise CorruptShardError(f"{at}: shard ends early (truncated?)")
         try:
             sample = decode_sample(data[off - begin : off - begin + size])
         except ValueError as exc:
-            raise CorruptShardError(f"{where}: {exc}") from exc
+            raise CorruptShardError(f"{at}: {exc}") from exc
         expected = int(sidecar.tokens[k])
         if expected and len(sample.tokens) != expected:
-            raise CorruptShardError(
-                f"{where}: {len(sample.tokens)} tokens, sidecar says {expected}"
-            )
+            raise CorruptShardError(f"{at}: {len(sample.tokens)} tokens, sidecar says {expected}")
         yield sample
 
 

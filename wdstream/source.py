@@ -26,7 +26,7 @@ from wdstream.errors import CorruptShardError
 from wdstream.index import INDEX_NAME, DatasetIndex
 from wdstream.sample import decode_sample, tokens_views
 from wdstream.shardindex import ShardSidecar
-from wdstream.shardread import parse_sidecar, sidecar_from_tar
+from wdstream.shardread import decode_span, parse_sidecar, sidecar_from_tar
 from wdstream.storage import Store, open_store, split_url
 
 __all__ = ["ShardSource", "expand_urls"]
@@ -194,7 +194,7 @@ class ShardSource:
 
         Args:
             with_docs: also decode each sample's document pieces. Without them the token
-                arrays are found in place (``tokens_view``), with no msgpack unpacking.
+                arrays are found in place (``tokens_views``), with no msgpack unpacking.
 
         Returns:
             ``(tokens, doc_lens)``: per sample a read-only token array (a view into the read
@@ -207,18 +207,17 @@ class ShardSource:
         if len(buf) != end - begin:
             raise CorruptShardError(f"{self.where(shard)}: short read at byte {begin + len(buf)}")
         offs = sidecar.offsets[a:b].astype(np.int64) - begin
-        sizes = sidecar.sizes[a:b]
+        views = None if with_docs else tokens_views(buf, offs, sidecar.sizes[a:b])
+        toks: list[np.ndarray]
         docs: list[tuple[int, ...]] = []
-        views = None if with_docs else tokens_views(buf, offs, sizes)
         if views is not None:
             toks = views
         else:
-            toks = []
-            for o, n in zip(offs.tolist(), sizes.tolist(), strict=True):
-                s = self._decode(shard, buf[o : o + n], begin + o)
-                toks.append(s.tokens)
-                if with_docs:
-                    docs.append(s.doc_lens)
+            # Document pieces wanted, or a layout other than the writer's: unpack each sample.
+            samples = list(decode_span(buf, begin, sidecar, a, b, self.where(shard)))
+            toks = [s.tokens for s in samples]
+            if with_docs:
+                docs = [s.doc_lens for s in samples]
         want = sidecar.tokens[a:b]
         if any(len(t) != w for t, w in zip(toks, want.tolist(), strict=True)):
             raise CorruptShardError(f"{self.where(shard)}: token counts disagree with the sidecar")
