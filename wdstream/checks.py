@@ -6,6 +6,7 @@ return). All reads go through a :class:`~wdstream.storage.Store`.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from wdstream.errors import CorruptShardError
 from wdstream.index import INDEX_NAME, DatasetIndex
 from wdstream.sample import Sample
 from wdstream.shardread import (
+    decode_span,
     iter_samples,
     read_index,
     read_samples,
@@ -181,13 +183,15 @@ def _verify_shard(
     if store_sha256(store, shard.sidecar) != shard.sidecar_sha256:
         return f"{store.child_url(shard.sidecar)}: sha256 differs from index.json"
     sidecar = read_sidecar(store, shard)
+    # One read of the shard serves both the sample checks and the hash.
+    data = memoryview(store.read(shard.name))
     tokens = docs = 0
-    for k, smp in enumerate(read_samples(store, shard.name, sidecar, 0, len(sidecar))):
+    for k, smp in enumerate(decode_span(data, 0, sidecar, 0, len(sidecar), where)):
         if index.dtype and smp.tokens.dtype.name != index.dtype:
             return f"{where}: sample {k} at byte {int(sidecar.offsets[k])}: dtype {smp.tokens.dtype.name}, index says {index.dtype}"
         tokens += len(smp.tokens)
         docs += len(smp.doc_lens) - (1 if smp.cont else 0)
-    if store_sha256(store, shard.name) != shard.sha256:
+    if hashlib.sha256(data).hexdigest() != shard.sha256:
         return f"{where}: sha256 differs from index.json"
     if tokens != shard.tokens or docs != shard.documents:
         return f"{where}: holds {tokens} tokens / {docs} documents, index.json says {shard.tokens} / {shard.documents}"
