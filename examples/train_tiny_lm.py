@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import wdstream
-from wdstream.shardread import read_index
+from wdstream.read.shards import read_index
 from wdstream.storage import open_store
 
 

@@ -85,7 +85,7 @@ def test_verify_ok_and_corrupt(packed: Path) -> None:
 
 
 def test_verify_names_sample_and_offset(packed: Path) -> None:
-    from wdstream.shardindex import ShardSidecar
+    from wdstream.format.sidecar import ShardSidecar
 
     idx = wdstream.DatasetIndex.from_json((packed / "index.json").read_text())
     name = idx.shards[1].name

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wdstream.index import DatasetIndex, ShardEntry
-from wdstream.sample import decode_sample, encode_sample, tokens_views
-from wdstream.shardindex import ShardSidecar, scan_tar
-from wdstream.tarfmt import END_OF_ARCHIVE, _fast_header, _tarfile_header, member_bytes
+from wdstream.format.index import DatasetIndex, ShardEntry
+from wdstream.format.sample import decode_sample, encode_sample, tokens_views
+from wdstream.format.sidecar import ShardSidecar, scan_tar
+from wdstream.format.tar import END_OF_ARCHIVE, _fast_header, _tarfile_header, member_bytes
 
 
 def _pack_many(

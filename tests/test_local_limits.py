@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from wdstream import CorruptShardError, Loader
-from wdstream.index import DatasetIndex
-from wdstream.shardindex import ShardSidecar
+from wdstream.format.index import DatasetIndex
+from wdstream.format.sidecar import ShardSidecar
 from wdstream.storage import LocalStore
 from wdstream.testing import write_synthetic_dataset
 

@@ -15,10 +15,10 @@ import pytest
 import zstandard
 
 import wdstream
-from wdstream.index import DatasetIndex
-from wdstream.packer import ConcatPacker
-from wdstream.sample import decode_sample
+from wdstream.format.index import DatasetIndex
+from wdstream.format.sample import decode_sample
 from wdstream.tokenizer import load_tokenizer
+from wdstream.write.samples import ConcatPacker
 
 TOK = "cl100k_base"
 
@@ -91,7 +91,7 @@ def test_shard_limits(
         shard_samples=shard_samples,
         workers=0,
     ).index
-    limit = wdstream.packing.parse_size(shard_size)
+    limit = wdstream.write.pack.parse_size(shard_size)
     for s in idx.shards:
         assert (out / s.name).stat().st_size == s.bytes
         if shard_samples:
@@ -120,7 +120,7 @@ def test_determinism_across_workers(
     write_jsonl: Callable[..., Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from wdstream.tokenpool import TokenPool
+    from wdstream.write.tokenpool import TokenPool
 
     src = write_jsonl(tmp_path / "in.jsonl", corpus_docs)
     outs = []

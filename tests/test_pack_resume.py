@@ -15,7 +15,7 @@ import pytest
 
 import wdstream
 from tests.conftest import make_corpus
-from wdstream.packing import JOURNAL_NAME
+from wdstream.write.pack import JOURNAL_NAME
 
 OPTS = ["--seq-len", "31", "--shard-size", "8KB", "--quiet"]
 
@@ -133,7 +133,7 @@ def test_resume_in_process_after_interrupt(
 ) -> None:
     """An exception in the middle (e.g. Ctrl-C) also resumes exactly, in docs mode too,
     with skipped bad records and empty documents counted identically."""
-    import wdstream.shardwriter as sw
+    import wdstream.write.shards as sw
 
     lines = big_input.read_text().splitlines(keepends=True)
     for i in range(0, len(lines), 15):  # a bad record and an empty document every 15 lines

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wdstream.plan import EpochPlan, WindowGeometry
-from wdstream.source import ShardSource
-from wdstream.stream import ReaderConfig, ReaderContext, TokenStream, start_cursor
+from wdstream.read.plan import EpochPlan, WindowGeometry
+from wdstream.read.source import ShardSource
+from wdstream.read.stream import ReaderConfig, ReaderContext, TokenStream, start_cursor
 from wdstream.testing import assert_resumes_exactly, write_synthetic_dataset
 
 

@@ -562,7 +562,7 @@ def _batches(reader: str, loader: Any) -> Iterator[dict[str, Any]]:
 
 
 _MODULES = {
-    "wdstream": "wdstream.loader",  # the package imports its reader lazily
+    "wdstream": "wdstream.read.loader",  # the package imports its reader lazily
     "mosaicml": "streaming",
     "litdata": "litdata",
     "webdataset": "webdataset",

@@ -1,7 +1,7 @@
 """wdstream: pack text into WebDataset tar shards of tokens, stream them into PyTorch.
 
-Layers, bottom to top: format (``tarfmt``, ``sample``, ``shardindex``, ``index``) ->
-storage -> writer / reader stages -> ``Loader`` and ``pack`` -> CLI.
+Layers, bottom to top: ``format`` (tar members, samples, sidecars, ``index.json``) ->
+``storage`` -> ``write`` (``pack``) / ``read`` (``Loader``) -> ``cli``.
 """
 
 from __future__ import annotations
@@ -10,22 +10,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from wdstream.errors import CorruptShardError, InputError, StateMismatchError, WdstreamError
-from wdstream.index import DatasetIndex, ShardEntry
+from wdstream.format.index import DatasetIndex, ShardEntry
 
 if TYPE_CHECKING:
-    from wdstream.dataset import TokenDataset
-    from wdstream.loader import Loader
-    from wdstream.packing import PackResult, pack
-    from wdstream.shardread import documents
+    from wdstream.read.dataset import TokenDataset
+    from wdstream.read.loader import Loader
+    from wdstream.read.shards import documents
+    from wdstream.write.pack import PackResult, pack
 
 # The reader imports torch (~2 s); the writer's tokenizer processes import this package too
 # and must not pay for it, so these names are imported on first use (PEP 562).
 _LAZY = {
-    "Loader": "wdstream.loader",
-    "PackResult": "wdstream.packing",
-    "TokenDataset": "wdstream.dataset",
-    "documents": "wdstream.shardread",
-    "pack": "wdstream.packing",
+    "Loader": "wdstream.read.loader",
+    "PackResult": "wdstream.write.pack",
+    "TokenDataset": "wdstream.read.dataset",
+    "documents": "wdstream.read.shards",
+    "pack": "wdstream.write.pack",
 }
 
 

@@ -105,8 +105,8 @@ def pack(
     **options: Any,
 ) -> None:
     """Tokenise INPUT... (JSONL[.gz|.zst], .txt, dirs, globs, {a..b}, -) into shards."""
-    from wdstream.packing import describe
-    from wdstream.packing import pack as do_pack
+    from wdstream.write.pack import describe
+    from wdstream.write.pack import pack as do_pack
 
     store_options = _store_options(output, endpoint_url, retries, timeout)
     try:
@@ -139,7 +139,7 @@ def _preview(text: str, width: int = 160) -> str:
 @_storage_options
 def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> None:
     """Show the first samples of a dataset ROOT or a single .tar shard."""
-    from wdstream.checks import preview_samples
+    from wdstream.inspect import preview_samples
     from wdstream.tokenizer import load_tokenizer
 
     try:
@@ -174,7 +174,7 @@ def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> 
 @_storage_options
 def stats(root: str, as_json: bool, **remote: Any) -> None:
     """Shards, samples, documents, tokens, bytes and a document-length histogram."""
-    from wdstream.checks import dataset_stats
+    from wdstream.inspect import dataset_stats
     from wdstream.storage import open_store
 
     try:
@@ -206,7 +206,7 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
 @_storage_options
 def verify(root: str, **remote: Any) -> None:
     """Check every shard's sha256, every sample, and the index counts."""
-    from wdstream.checks import verify_dataset
+    from wdstream.inspect import verify_dataset
     from wdstream.storage import open_store
 
     try:

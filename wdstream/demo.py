@@ -52,8 +52,8 @@ def run_demo(
     import torch
 
     from wdstream import Loader, pack
-    from wdstream.packing import describe
     from wdstream.tokenizer import load_tokenizer
+    from wdstream.write.pack import describe
 
     tmp = None
     if workdir is None:

@@ -23,11 +23,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from wdstream.index import DatasetIndex, ShardEntry
-from wdstream.sample import encode_sample
-from wdstream.shardindex import ShardSidecar
+from wdstream.format.index import DatasetIndex, ShardEntry
+from wdstream.format.sample import encode_sample
+from wdstream.format.sidecar import ShardSidecar
+from wdstream.format.tar import BLOCK, END_OF_ARCHIVE, member_bytes
 from wdstream.storage import open_store
-from wdstream.tarfmt import BLOCK, END_OF_ARCHIVE, member_bytes
 
 __all__ = ["assert_resumes_exactly", "synthetic_doc_lengths", "write_synthetic_dataset"]
 

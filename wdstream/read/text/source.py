@@ -16,7 +16,7 @@ through :mod:`wdstream.storage`, so local paths, ``s3://`` and ``http(s)://`` wo
 (globs only for local paths; brace patterns everywhere).
 
 Bad JSON lines raise :class:`~wdstream.errors.InputError` naming file and line (the check is
-:mod:`wdstream.inputs`' own), or are skipped with ``on_error="skip"``.
+:mod:`wdstream.write.inputs`' own), or are skipped with ``on_error="skip"``.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import IO, Any
 import braceexpand
 
 from wdstream.errors import InputError
-from wdstream.inputs import DocumentReader, expand_inputs
+from wdstream.format.tar import BLOCK, padded_size
 from wdstream.storage import Store, open_store, split_url
-from wdstream.tarfmt import BLOCK, padded_size
 from wdstream.tokenizer import Tokenizer, load_tokenizer
+from wdstream.write.inputs import DocumentReader, expand_inputs
 
 __all__ = ["TextSource"]
 

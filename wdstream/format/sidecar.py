@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from wdstream.tarfmt import BLOCK, padded_size, parse_header
+from wdstream.format.tar import BLOCK, padded_size, parse_header
 
 __all__ = ["SIDECAR_VERSION", "ShardSidecar", "scan_tar"]
 

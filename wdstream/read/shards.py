@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from wdstream.errors import CorruptShardError
-from wdstream.index import INDEX_NAME, DatasetIndex, ShardEntry
-from wdstream.sample import Sample, decode_sample
-from wdstream.shardindex import ShardSidecar, scan_tar
+from wdstream.format.index import INDEX_NAME, DatasetIndex, ShardEntry
+from wdstream.format.sample import Sample, decode_sample
+from wdstream.format.sidecar import ShardSidecar, scan_tar
 from wdstream.storage import Store, open_store
 
 __all__ = [

@@ -1,6 +1,6 @@
 """``Loader``: batches for the training loop, with an exact resumable cursor.
 
-The loader runs :class:`~wdstream.dataset.TokenDataset` in chunk mode (``K`` batches per
+The loader runs :class:`~wdstream.read.dataset.TokenDataset` in chunk mode (``K`` batches per
 worker message, one int32 tensor), slices each chunk into ``[B, T]`` int64 ``input_ids`` /
 ``labels`` in the main process, and records a batch's stream cursor only when the batch is
 handed to the caller, so batches prefetched by workers but not consumed are never lost::
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from wdstream.dataset import STATE_VERSION, Chunk, TokenDataset, check_state, chunk_to_batches
+from wdstream.read.dataset import STATE_VERSION, Chunk, TokenDataset, check_state, chunk_to_batches
 from wdstream.tokenizer import Tokenizer
 
 __all__ = ["Loader"]

@@ -189,7 +189,7 @@ class TokenPool:
             if "forkserver" in methods:
                 # Import once in the fork server, so each worker forks with the modules loaded
                 # instead of importing the package (and whatever it imports) itself.
-                ctx.set_forkserver_preload(["wdstream.tokenpool"])
+                ctx.set_forkserver_preload(["wdstream.write.tokenpool"])
             initargs = (tok.spec, tok.name, tok.backend, bos_id, eos_id, dtype)
             self._executor = ProcessPoolExecutor(
                 workers, mp_context=ctx, initializer=_init_worker, initargs=initargs

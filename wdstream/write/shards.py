@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.index import ShardEntry
-from wdstream.sample import encode_sample
-from wdstream.shardindex import ShardSidecar
+from wdstream.format.index import ShardEntry
+from wdstream.format.sample import encode_sample
+from wdstream.format.sidecar import ShardSidecar
+from wdstream.format.tar import BLOCK, END_OF_ARCHIVE, member_bytes
 from wdstream.storage import Store
-from wdstream.tarfmt import BLOCK, END_OF_ARCHIVE, member_bytes
 
 __all__ = ["ShardWriter", "parse_size", "shard_names"]
 

@@ -7,7 +7,7 @@ Pipeline (one packing thread, tokenisation in a pool, writes in a background thr
 
 Resume: after every shard commit the journal ``.wdstream-pack.json`` records the command's
 fingerprint, the committed shards and the input position after the shard's last sample
-(:class:`~wdstream.inputs.Position` of the document holding its last token, plus how many of
+(:class:`~wdstream.write.inputs.Position` of the document holding its last token, plus how many of
 that document's tokens were packed). A rerun of the same command skips straight to that
 record, re-tokenises only that one document, drops its packed tokens, and continues; the
 shards it writes are byte-identical to an uninterrupted run's because packing depends only
@@ -26,16 +26,16 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.index import INDEX_NAME, DatasetIndex
-from wdstream.inputs import DocumentReader, InputFile, Position, expand_inputs
-from wdstream.journal import JOURNAL_NAME, Journal
-from wdstream.packer import ConcatPacker, DocsPacker
-from wdstream.progress import Progress
-from wdstream.sample import DTYPES, token_dtype_for_vocab
-from wdstream.shardwriter import ShardWriter, parse_size, shard_names
+from wdstream.format.index import INDEX_NAME, DatasetIndex
+from wdstream.format.sample import DTYPES, token_dtype_for_vocab
 from wdstream.storage import LocalStore, Store, open_store
 from wdstream.tokenizer import load_tokenizer
-from wdstream.tokenpool import TokenPool
+from wdstream.write.inputs import DocumentReader, InputFile, Position, expand_inputs
+from wdstream.write.journal import JOURNAL_NAME, Journal
+from wdstream.write.progress import Progress
+from wdstream.write.samples import ConcatPacker, DocsPacker
+from wdstream.write.shards import ShardWriter, parse_size, shard_names
+from wdstream.write.tokenpool import TokenPool
 
 __all__ = ["JOURNAL_NAME", "PackResult", "describe", "pack"]
 
@@ -168,7 +168,7 @@ def pack(
     pool, so a script calling ``pack`` needs the usual ``if __name__ == "__main__":`` guard.
 
     Returns:
-        PackResult with the written :class:`~wdstream.index.DatasetIndex`.
+        PackResult with the written :class:`~wdstream.format.index.DatasetIndex`.
 
     Raises:
         InputError: bad input (names file and line or byte offset); no index is written.

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wdstream.source import ShardSource
+from wdstream.read.source import ShardSource
 
 __all__ = ["EpochPlan", "WindowGeometry"]
 

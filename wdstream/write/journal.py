@@ -3,7 +3,7 @@
 Written atomically by the shard writer's thread after every shard commit (after the shard's
 sidecar and tar), deleted once ``index.json`` is written. It holds the command's fingerprint,
 the committed shards' index entries and the input position after the last committed sample
-(see :mod:`wdstream.packer` and :class:`~wdstream.inputs.Position`); see ``docs/FORMAT.md``.
+(see :mod:`wdstream.write.samples` and :class:`~wdstream.write.inputs.Position`); see ``docs/FORMAT.md``.
 The leading dot keeps it out of ``LocalStore.list()``.
 """
 
@@ -13,9 +13,9 @@ import json
 from typing import Any
 
 from wdstream.errors import WdstreamError
-from wdstream.index import ShardEntry
-from wdstream.inputs import Position
+from wdstream.format.index import ShardEntry
 from wdstream.storage import Store
+from wdstream.write.inputs import Position
 
 __all__ = ["JOURNAL_NAME", "JOURNAL_VERSION", "Journal"]
 

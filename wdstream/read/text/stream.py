@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.stream import ReaderConfig, copy_window
-from wdstream.textsource import TextSource
+from wdstream.read.stream import ReaderConfig, copy_window
+from wdstream.read.text.source import TextSource
 
 __all__ = ["TEXT_CURSOR_KEYS", "TextContext", "TextStream"]
 

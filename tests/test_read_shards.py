@@ -1,4 +1,4 @@
-"""shardread: ranged sample reads, and errors that name the shard and byte offset."""
+"""read.shards: ranged sample reads, and errors that name the shard and byte offset."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import wdstream
 from wdstream.errors import CorruptShardError
-from wdstream.shardread import iter_samples, read_index, read_samples, read_sidecar
+from wdstream.read.shards import iter_samples, read_index, read_samples, read_sidecar
 from wdstream.storage import open_store
 
 

@@ -1,6 +1,6 @@
 """``TokenDataset``: the resumable ``IterableDataset`` of token batches.
 
-A rank's data is ``streams`` independent :class:`~wdstream.stream.TokenStream` s served
+A rank's data is ``streams`` independent :class:`~wdstream.read.stream.TokenStream` s served
 round-robin in chunks of ``K`` batches (chunks are aligned to multiples of ``K`` inside
 each epoch, the last chunk of an epoch may be shorter)::
 
@@ -28,10 +28,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from wdstream.errors import StateMismatchError
-from wdstream.source import ShardSource
-from wdstream.stream import ReaderConfig, ReaderContext
-from wdstream.textsource import TextSource
-from wdstream.textstream import TextContext
+from wdstream.read.source import ShardSource
+from wdstream.read.stream import ReaderConfig, ReaderContext
+from wdstream.read.text.source import TextSource
+from wdstream.read.text.stream import TextContext
 from wdstream.tokenizer import Tokenizer
 
 __all__ = ["STATE_VERSION", "Chunk", "TokenDataset", "chunk_to_batches", "resolve_rank"]

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.plan import EpochPlan, WindowGeometry
-from wdstream.source import ShardSource
+from wdstream.read.plan import EpochPlan, WindowGeometry
+from wdstream.read.source import ShardSource
 
 __all__ = [
     "CURSOR_KEYS",

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import CorruptShardError
-from wdstream.index import INDEX_NAME, DatasetIndex
-from wdstream.sample import Sample
-from wdstream.shardread import (
+from wdstream.format.index import INDEX_NAME, DatasetIndex
+from wdstream.format.sample import Sample
+from wdstream.read.shards import (
     decode_span,
     iter_samples,
     read_index,
@@ -59,7 +59,7 @@ def preview_samples(
     """The first ``count`` samples of a dataset root or of one shard.
 
     A shard with a sidecar next to it is read through the sidecar; one without is scanned
-    with :func:`~wdstream.shardindex.scan_tar`.
+    with :func:`~wdstream.format.sidecar.scan_tar`.
 
     Raises:
         CorruptShardError: if a sample does not decode.
@@ -75,7 +75,7 @@ def preview_samples(
         assert shard is not None
         idx_name = shard[: -len(".tar")] + ".idx"
         if store.exists(idx_name):
-            from wdstream.shardindex import ShardSidecar
+            from wdstream.format.sidecar import ShardSidecar
 
             try:
                 sidecar = ShardSidecar.from_bytes(store.read(idx_name))

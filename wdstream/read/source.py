@@ -23,10 +23,10 @@ import braceexpand
 import numpy as np
 
 from wdstream.errors import CorruptShardError
-from wdstream.index import INDEX_NAME, DatasetIndex
-from wdstream.sample import decode_sample, tokens_views
-from wdstream.shardindex import ShardSidecar
-from wdstream.shardread import decode_span, parse_sidecar, sidecar_from_tar
+from wdstream.format.index import INDEX_NAME, DatasetIndex
+from wdstream.format.sample import decode_sample, tokens_views
+from wdstream.format.sidecar import ShardSidecar
+from wdstream.read.shards import decode_span, parse_sidecar, sidecar_from_tar
 from wdstream.storage import Store, open_store, split_url
 
 __all__ = ["ShardSource", "expand_urls"]

@@ -1,0 +1,1 @@
+"""The reader: ``index.json`` -> epoch plan -> ranged sample reads -> token streams -> batches."""

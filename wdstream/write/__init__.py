@@ -1,0 +1,1 @@
+"""The writer: input documents -> parallel tokenisation -> samples -> tar shards -> ``index.json``."""
