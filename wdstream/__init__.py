@@ -9,7 +9,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from wdstream.errors import CorruptShardError, InputError, StateMismatchError, WdstreamError
+from wdstream.errors import (
+    CorruptShardError,
+    IncompleteDatasetError,
+    IndexValidationError,
+    InputError,
+    ListingNotSupportedError,
+    PackLockedError,
+    RemoteReadError,
+    RemoteStoreError,
+    RemoteWriteError,
+    StateMismatchError,
+    TokenizerError,
+    WdstreamError,
+)
 from wdstream.format.index import DatasetIndex, ShardEntry
 
 if TYPE_CHECKING:
@@ -43,12 +56,20 @@ __version__ = "0.1.0"
 __all__ = [
     "CorruptShardError",
     "DatasetIndex",
+    "IncompleteDatasetError",
+    "IndexValidationError",
     "InputError",
+    "ListingNotSupportedError",
     "Loader",
+    "PackLockedError",
     "PackResult",
+    "RemoteReadError",
+    "RemoteStoreError",
+    "RemoteWriteError",
     "ShardEntry",
     "StateMismatchError",
     "TokenDataset",
+    "TokenizerError",
     "WdstreamError",
     "__version__",
     "documents",

@@ -1,12 +1,26 @@
-"""Exceptions that name the offending file, shard and position.
+"""Every public exception, each naming the offending file, shard and position.
 
-Every error a user can trigger with bad data derives from :class:`WdstreamError`, so a
-training script can catch one type; each subclass says *where* the problem is.
+Every error a user can trigger with bad data or a bad environment derives from
+:class:`WdstreamError`, so a training script can catch one type; each subclass says *where*
+the problem is.
 """
 
 from __future__ import annotations
 
-__all__ = ["CorruptShardError", "InputError", "StateMismatchError", "WdstreamError"]
+__all__ = [
+    "CorruptShardError",
+    "IncompleteDatasetError",
+    "IndexValidationError",
+    "InputError",
+    "ListingNotSupportedError",
+    "PackLockedError",
+    "RemoteReadError",
+    "RemoteStoreError",
+    "RemoteWriteError",
+    "StateMismatchError",
+    "TokenizerError",
+    "WdstreamError",
+]
 
 
 class WdstreamError(Exception):
@@ -21,5 +35,43 @@ class CorruptShardError(WdstreamError, ValueError):
     """A shard or its sidecar index does not decode: names the shard and the byte offset."""
 
 
+class IndexValidationError(WdstreamError, ValueError):
+    """``index.json`` is not a consistent wdstream index: names the file and the key."""
+
+
+class IncompleteDatasetError(WdstreamError, FileNotFoundError):
+    """A dataset root has no ``index.json``: says whether a pack was interrupted there."""
+
+
+class PackLockedError(WdstreamError):
+    """Another pack holds the output's lock: names the owner and since when."""
+
+
 class StateMismatchError(WdstreamError, ValueError):
-    """A saved cursor does not belong to this dataset/configuration."""
+    """A saved cursor does not belong to this dataset/configuration, or is malformed."""
+
+
+class TokenizerError(WdstreamError, ValueError):
+    """A tokenizer could not be loaded; the message lists every source that was tried."""
+
+
+class ListingNotSupportedError(WdstreamError, NotImplementedError):
+    """Plain HTTP cannot list a folder; use ``index.json`` or explicit shard URLs."""
+
+
+class RemoteStoreError(WdstreamError, OSError):
+    """A remote store operation failed after its retries; names the URL and the cause."""
+
+    def __init__(self, message: str, url: str, cause: str, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.cause = cause
+        self.offset = offset
+
+
+class RemoteReadError(RemoteStoreError):
+    """A remote read failed after its retry budget: names the URL, byte offset and cause."""
+
+
+class RemoteWriteError(RemoteStoreError):
+    """A remote write (PUT, multipart upload, DELETE) failed after its retry budget."""

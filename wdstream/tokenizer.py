@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.errors import WdstreamError
+from wdstream.errors import TokenizerError
 
 __all__ = ["BACKENDS", "CHECK_TEXT", "Tokenizer", "TokenizerError", "load_tokenizer"]
 
@@ -55,10 +55,6 @@ CHECK_TEXT = (
     "I'M SHOUTING, YOU'RE NOT. They've he'd she'll  \u00a0nbsp\u200bzero-width\n"
     + "".join(chr(c) for c in range(32, 0x250))
 )
-
-
-class TokenizerError(WdstreamError, ValueError):
-    """A tokenizer could not be loaded; the message lists every source that was tried."""
 
 
 def _canonical_ranks_sha256(ranks: dict[bytes, int]) -> str:

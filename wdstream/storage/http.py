@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import requests
 import urllib3
 
-from wdstream.errors import WdstreamError
+from wdstream.errors import ListingNotSupportedError
 from wdstream.storage.remote import RemoteStore
 from wdstream.storage.retry import (
     RemoteReadError,
@@ -42,10 +42,6 @@ __all__ = ["HttpStore", "ListingNotSupportedError"]
 _CHUNK = 1 << 20
 # Objects up to this size are PUT from memory; larger ones are streamed from the spool file.
 _SPOOL = 16 << 20
-
-
-class ListingNotSupportedError(WdstreamError, NotImplementedError):
-    """Plain HTTP cannot list a folder; use ``index.json`` or explicit shard URLs."""
 
 
 class _HttpStatusError(Exception):

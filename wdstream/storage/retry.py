@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from wdstream.errors import WdstreamError
+from wdstream.errors import RemoteReadError, RemoteStoreError, RemoteWriteError
 
 __all__ = [
     "Fetch",
@@ -49,24 +49,6 @@ T = TypeVar("T")
 
 # (bytes the response promises, chunks of the body). The iterator may have a close().
 Fetch = Callable[[int, "int | None"], "tuple[int, Iterable[bytes]]"]
-
-
-class RemoteStoreError(WdstreamError, OSError):
-    """A remote store operation failed after its retries; names the URL and the cause."""
-
-    def __init__(self, message: str, url: str, cause: str, offset: int | None = None) -> None:
-        super().__init__(message)
-        self.url = url
-        self.cause = cause
-        self.offset = offset
-
-
-class RemoteReadError(RemoteStoreError):
-    """A remote read failed after its retry budget: names the URL, byte offset and cause."""
-
-
-class RemoteWriteError(RemoteStoreError):
-    """A remote write (PUT, multipart upload, DELETE) failed after its retry budget."""
 
 
 class TransientError(Exception):
