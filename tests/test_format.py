@@ -110,7 +110,7 @@ def test_index_json_round_trip_and_version_check() -> None:
     assert DatasetIndex.from_json(index.to_json()) == index
     with pytest.raises(ValueError, match="format version 99"):
         DatasetIndex.from_json(
-            index.to_json().replace('"version": 1', '"version": 99'), "x/index.json"
+            index.to_json().replace('"version": 2', '"version": 99'), "x/index.json"
         )
 
 

@@ -66,7 +66,7 @@ def test_token_conservation_and_index(
     for shard in idx.shards:
         with tarfile.open(tmp_path / "out" / shard.name) as tf:
             for m in tf.getmembers():
-                assert m.name == f"{key:012d}.msgpack"
+                assert m.name == f"{key:012d}.mp"
                 key += 1
                 sizes.append(len(decode_sample(tf.extractfile(m).read()).tokens))  # type: ignore[union-attr]
     assert all(s == 64 for s in sizes[:-1]) and 0 < sizes[-1] <= 64
@@ -179,9 +179,9 @@ def test_webdataset_and_tarfile_read_shards(
     idx = wdstream.pack([str(src)], str(out), seq_len=127, shard_size="16KB", workers=0).index
     url = f"{out}/data-{{000000..{len(idx.shards) - 1:06d}}}.tar"
     keys, tokens = [], []
-    for s in wds.WebDataset(url, shardshuffle=False):
+    for s in wds.WebDataset(url, shardshuffle=False).decode(wdstream.wds_decoder):
         keys.append(s["__key__"])
-        tokens.append(decode_sample(s["msgpack"]).tokens)
+        tokens.append(s["mp"]["input_ids"])
     assert keys == [f"{k:012d}" for k in range(idx.total_samples)]
     assert int(sum(len(t) for t in tokens)) == idx.total_tokens
     with tarfile.open(out / idx.shards[0].name) as tf:

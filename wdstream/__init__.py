@@ -24,6 +24,7 @@ from wdstream.errors import (
     WdstreamError,
 )
 from wdstream.format.index import DatasetIndex, ShardEntry
+from wdstream.format.wds import wds_decoder
 
 if TYPE_CHECKING:
     from wdstream.read.dataset import TokenDataset
@@ -74,4 +75,5 @@ __all__ = [
     "__version__",
     "documents",
     "pack",
+    "wds_decoder",
 ]

@@ -1,7 +1,7 @@
-"""Test helpers: a tiny v1 dataset writer and the shared exact-resume harness.
+"""Test helpers: a tiny dataset writer and the shared exact-resume harness.
 
-``write_synthetic_dataset`` builds a dataset in the exact v1 format (tar members, sidecars,
-``index.json``) from synthetic documents whose tokens are *recognisable*: with the default
+``write_synthetic_dataset`` builds a dataset in the real format (through the packer's
+:class:`~wdstream.write.shards.ShardWriter`, v2 or v1) from synthetic documents whose tokens are *recognisable*: with the default
 ``uint32`` dtype, token ``t`` of the dataset is the integer ``t`` (its global position in the
 document stream), so a test can check no-missing / no-duplicate / order from the tokens
 alone, and ``token // sample_tokens`` is the sample key in concat mode::
@@ -16,18 +16,16 @@ alone, and ``token // sample_tokens`` is the sample key in concat mode::
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from wdstream.format.index import DatasetIndex, ShardEntry
-from wdstream.format.sample import encode_sample
-from wdstream.format.sidecar import ShardSidecar
-from wdstream.format.tar import BLOCK, END_OF_ARCHIVE, member_bytes
+from wdstream.format.checksum import CHECKSUM_NAME
+from wdstream.format.index import FORMAT_VERSION, DatasetIndex, ShardEntry
 from wdstream.storage import open_store
+from wdstream.write.shards import ShardWriter
 
 __all__ = ["assert_resumes_exactly", "synthetic_doc_lengths", "write_synthetic_dataset"]
 
@@ -69,8 +67,9 @@ def write_synthetic_dataset(
     seed: int = 0,
     sidecars: bool = True,
     write_index: bool = True,
+    version: int = FORMAT_VERSION,
 ) -> DatasetIndex:
-    """Write a synthetic v1 dataset under ``root`` and return its index.
+    """Write a synthetic dataset under ``root`` (through the real shard writer), return its index.
 
     Args:
         root: dataset folder or URL (anything ``open_store`` takes).
@@ -85,6 +84,7 @@ def write_synthetic_dataset(
         seed: seeds the document lengths.
         sidecars: write ``.idx`` sidecars (False to test the tar-scan fallback).
         write_index: write ``index.json``.
+        version: format version (1 to test that old datasets still read).
 
     Returns:
         The :class:`DatasetIndex` describing what was written.
@@ -100,46 +100,22 @@ def write_synthetic_dataset(
         samples = [(int(s), n, [n], False) for s, n in zip(starts, lens, strict=True)]
     store = open_store(root, create=True)
     shards: list[ShardEntry] = []
-    for shard_no, first in enumerate(range(0, len(samples), samples_per_shard)):
-        chunk = samples[first : first + samples_per_shard]
-        parts: list[bytes] = []
-        offsets, sizes, ntoks = [], [], []
-        pos = 0
-        documents = 0
-        for j, (start, n, pieces, cont) in enumerate(chunk):
-            tokens = (
-                np.arange(start, start + n, dtype=np.int64) % (1 << (8 * np_dtype.itemsize))
-            ).astype(np_dtype)
-            data = encode_sample(tokens, pieces, cont)
-            member = member_bytes(f"{first + j:012d}.msgpack", data)
-            offsets.append(pos + BLOCK)
-            sizes.append(len(data))
-            ntoks.append(n)
-            documents += len(pieces) - int(cont)
-            parts.append(member)
-            pos += len(member)
-        tar = b"".join(parts) + END_OF_ARCHIVE
-        sidecar = ShardSidecar(
-            offsets=np.asarray(offsets, dtype="<u8"),
-            sizes=np.asarray(sizes, dtype="<u4"),
-            tokens=np.asarray(ntoks, dtype="<u4"),
-        ).to_bytes()
-        tar_name, idx_name = f"{name}-{shard_no:06d}.tar", f"{name}-{shard_no:06d}.idx"
-        store.write_bytes(tar_name, tar)
-        if sidecars:
-            store.write_bytes(idx_name, sidecar)
-        shards.append(
-            ShardEntry(
-                name=tar_name,
-                sidecar=idx_name,
-                samples=len(chunk),
-                tokens=int(sum(ntoks)),
-                documents=documents,
-                bytes=len(tar),
-                sha256=hashlib.sha256(tar).hexdigest(),
-                sidecar_sha256=hashlib.sha256(sidecar).hexdigest(),
-            )
-        )
+    writer = ShardWriter(
+        store,
+        name,
+        shard_bytes=1 << 62,
+        shard_samples=samples_per_shard,
+        on_commit=lambda entry, _: shards.append(entry),
+        version=version,
+    )
+    wrap = 1 << (8 * np_dtype.itemsize)
+    for start, n, pieces, cont in samples:
+        tokens = (np.arange(start, start + n, dtype=np.int64) % wrap).astype(np_dtype)
+        writer.add(tokens, pieces, cont, new_docs=len(pieces) - int(cont), state=None)
+    writer.close()
+    if not sidecars:
+        for entry in shards:
+            store.delete(entry.sidecar)
     n_vocab = int(sum(lens)) + 1 if dtype == "uint32" else 1 << 16
     index = DatasetIndex(
         tokenizer={"name": "synthetic", "backend": "none", "ranks_sha256": "", "n_vocab": n_vocab},
@@ -151,6 +127,8 @@ def write_synthetic_dataset(
         sample_tokens=sample_tokens if mode == "concat" else None,
         shards=tuple(shards),
         stats={"documents": len(lens)},
+        checksum=CHECKSUM_NAME if version >= 2 else None,
+        version=version,
     )
     if write_index:
         store.write_bytes("index.json", index.to_json().encode())

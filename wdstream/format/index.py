@@ -13,11 +13,22 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "INDEX_NAME", "DatasetIndex", "ShardEntry"]
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INDEX_NAME",
+    "JOURNAL_NAME",
+    "READABLE_VERSIONS",
+    "DatasetIndex",
+    "ShardEntry",
+]
 
 FORMAT_NAME = "wdstream"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # v2: per-sample CRC32C in the sidecars, members named KEY.mp
+READABLE_VERSIONS = (1, 2)
 INDEX_NAME = "index.json"
+# Present at a dataset root only while a pack runs there or after one was interrupted.
+JOURNAL_NAME = ".wdstream-pack.json"
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,7 @@ class DatasetIndex:
     sample_tokens: int | None  # tokens in every sample but the dataset's last (concat mode)
     shards: tuple[ShardEntry, ...]
     stats: dict[str, Any] = field(default_factory=dict)  # skipped lines, empty docs, ...
+    checksum: str | None = None  # per-sample checksum in the sidecars ("crc32c"; None in v1)
     version: int = FORMAT_VERSION
     format: str = FORMAT_NAME
 
@@ -69,6 +81,8 @@ class DatasetIndex:
         """Serialise with sorted keys, so equal datasets give byte-identical indexes."""
         obj = asdict(self)
         obj["shards"] = [asdict(s) for s in self.shards]
+        if self.version < 2:
+            del obj["checksum"]  # v1 indexes have no such key
         return json.dumps(obj, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -84,9 +98,10 @@ class DatasetIndex:
             raise ValueError(f"{where}: not valid JSON ({exc})") from exc
         if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
             raise ValueError(f"{where}: not a wdstream index")
-        if obj.get("version") != FORMAT_VERSION:
+        if obj.get("version") not in READABLE_VERSIONS or isinstance(obj.get("version"), bool):
             raise ValueError(
-                f"{where}: format version {obj.get('version')!r}, this wdstream reads {FORMAT_VERSION}"
+                f"{where}: format version {obj.get('version')!r}, this wdstream reads "
+                f"versions {', '.join(map(str, READABLE_VERSIONS))}"
             )
         try:
             shards = tuple(ShardEntry(**s) for s in obj.pop("shards"))

@@ -1,6 +1,7 @@
 """One training sample: token ids plus the document pieces they are made of.
 
-A sample is the msgpack map stored as member ``KEY.msgpack`` of a shard::
+A sample is the msgpack map stored as member ``KEY.mp`` of a shard (``KEY.msgpack`` in
+format v1; webdataset's default decoders unpack ``.mp`` members as msgpack)::
 
     {"tokens": <bin: little-endian uint16|uint32>, "dtype": "uint16",
      "doc_lens": [700, 1349], "cont": true}
@@ -21,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "DTYPES",
+    "SAMPLE_SUFFIXES",
     "Sample",
     "decode_sample",
     "encode_sample",
@@ -29,6 +31,9 @@ __all__ = [
 ]
 
 DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+
+# Member name suffix of a sample, by format version.
+SAMPLE_SUFFIXES: dict[int, str] = {1: ".msgpack", 2: ".mp"}
 
 # A sample is at most a few MB (one document in docs mode); refuse anything wildly larger
 # so a corrupt or hostile shard cannot make msgpack allocate gigabytes.

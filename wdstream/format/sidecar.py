@@ -2,10 +2,12 @@
 
 For shard ``NAME.tar`` the writer stores ``NAME.idx``, a msgpack map::
 
-    {"version": 1, "offsets": <bin uint64[n]>, "sizes": <bin uint32[n]>, "tokens": <bin uint32[n]>}
+    {"version": 2, "offsets": <bin uint64[n]>, "sizes": <bin uint32[n]>,
+     "tokens": <bin uint32[n]>, "crc32c": <bin uint32[n]>}
 
 ``offsets[k]`` is the byte offset of sample k's *data* (just after its tar header),
-``sizes[k]`` its msgpack length and ``tokens[k]`` its token count. Reading samples
+``sizes[k]`` its msgpack length, ``tokens[k]`` its token count and ``crc32c[k]`` the checksum
+of its msgpack bytes (version 1 sidecars have no ``crc32c``: their samples read unchecked). Reading samples
 ``[a, b)`` is then one ranged read of ``offsets[a] .. offsets[b-1] + sizes[b-1]``: O(1) in the
 position, which is what makes the resumable cursor cheap. It is ~16 bytes per sample, kept
 out of ``index.json`` so the dataset index stays small with millions of samples.
@@ -22,7 +24,8 @@ from wdstream.format.tar import BLOCK, padded_size, parse_header
 
 __all__ = ["SIDECAR_VERSION", "ShardSidecar", "scan_tar"]
 
-SIDECAR_VERSION = 1
+SIDECAR_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class ShardSidecar:
     offsets: np.ndarray  # uint64, data start of each member
     sizes: np.ndarray  # uint32, msgpack bytes of each member
     tokens: np.ndarray  # uint32, token count of each sample
+    crc32c: np.ndarray | None = None  # uint32, checksum of each sample's bytes (None: v1)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -43,15 +47,46 @@ class ShardSidecar:
         return int(self.offsets[start]), int(self.offsets[stop - 1]) + int(self.sizes[stop - 1])
 
     def to_bytes(self) -> bytes:
-        """Serialise to the msgpack sidecar format."""
-        return msgpack.packb(
-            {
-                "version": SIDECAR_VERSION,
-                "offsets": self.offsets.astype("<u8").tobytes(),
-                "sizes": self.sizes.astype("<u4").tobytes(),
-                "tokens": self.tokens.astype("<u4").tobytes(),
-            }
-        )
+        """Serialise to the msgpack sidecar format (version 2 with checksums, else 1)."""
+        obj = {
+            "version": 1 if self.crc32c is None else SIDECAR_VERSION,
+            "offsets": self.offsets.astype("<u8").tobytes(),
+            "sizes": self.sizes.astype("<u4").tobytes(),
+            "tokens": self.tokens.astype("<u4").tobytes(),
+        }
+        if self.crc32c is not None:
+            obj["crc32c"] = self.crc32c.astype("<u4").tobytes()
+        return msgpack.packb(obj)
+
+    def check_layout(self, shard_bytes: int | None = None) -> None:
+        """Check that the entries describe samples a tar can hold, in order, without overlap.
+
+        Every sample's data must start after its own 512-byte header, after the end of the
+        previous sample's padded data, and end before the shard's end-of-archive marker. This
+        catches an offset pointing at another sample (which would silently duplicate data)
+        even where no sha256 is at hand to compare the sidecar with.
+
+        Raises:
+            ValueError: naming the first offending sample and its offset.
+        """
+        n = len(self)
+        if n == 0:
+            return
+        offs = self.offsets.astype(np.int64)
+        ends = offs + ((self.sizes.astype(np.int64) + BLOCK - 1) // BLOCK) * BLOCK
+        floor = np.concatenate([[BLOCK], ends[:-1] + BLOCK])
+        bad = np.flatnonzero(offs < floor)
+        if len(bad):
+            k = int(bad[0])
+            raise ValueError(
+                f"sidecar entry {k}: data offset {int(offs[k])} overlaps the previous sample "
+                f"or its header (must be >= {int(floor[k])})"
+            )
+        if shard_bytes is not None and int(ends[-1]) + 2 * BLOCK > shard_bytes:
+            raise ValueError(
+                f"sidecar entry {n - 1}: sample ends at byte {int(ends[-1])}, past the end of "
+                f"the {shard_bytes}-byte shard"
+            )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ShardSidecar:
@@ -62,16 +97,21 @@ class ShardSidecar:
         """
         try:
             obj = msgpack.unpackb(data, raw=False)
-            if obj["version"] != SIDECAR_VERSION:
-                raise ValueError(f"unsupported sidecar version {obj['version']!r}")
+            version = obj["version"]
+            if version not in _READABLE_VERSIONS or isinstance(version, bool):
+                raise ValueError(f"unsupported sidecar version {version!r}")
             offsets = np.frombuffer(obj["offsets"], dtype="<u8")
             sizes = np.frombuffer(obj["sizes"], dtype="<u4")
             tokens = np.frombuffer(obj["tokens"], dtype="<u4")
-        except (msgpack.UnpackException, KeyError, TypeError) as exc:
-            raise ValueError(f"not a wdstream sidecar index: {exc!r}") from exc
-        if not len(offsets) == len(sizes) == len(tokens):
+            crcs = np.frombuffer(obj["crc32c"], dtype="<u4") if version >= 2 else None
+        except (msgpack.UnpackException, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a wdstream sidecar index: {exc}") from exc
+        lengths = {len(offsets), len(sizes), len(tokens)} | (
+            {len(crcs)} if crcs is not None else set()
+        )
+        if len(lengths) != 1:
             raise ValueError("sidecar arrays have different lengths")
-        return cls(offsets=offsets, sizes=sizes, tokens=tokens)
+        return cls(offsets=offsets, sizes=sizes, tokens=tokens, crc32c=crcs)
 
 
 def scan_tar(data: bytes | memoryview) -> list[tuple[str, int, int]]:

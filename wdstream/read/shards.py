@@ -18,11 +18,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from wdstream.errors import CorruptShardError
-from wdstream.format.index import INDEX_NAME, DatasetIndex, ShardEntry
-from wdstream.format.sample import Sample, decode_sample
+from wdstream.errors import CorruptShardError, IncompleteDatasetError
+from wdstream.format.checksum import sample_checksum
+from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex, ShardEntry
+from wdstream.format.sample import SAMPLE_SUFFIXES, Sample, decode_sample
 from wdstream.format.sidecar import ShardSidecar, scan_tar
 from wdstream.storage import Store, open_store
+
+_SAMPLE_MEMBER_SUFFIXES = tuple(SAMPLE_SUFFIXES.values())
 
 __all__ = [
     "decode_span",
@@ -41,26 +44,62 @@ def read_index(store: Store) -> DatasetIndex:
     """Parse the store's ``index.json``.
 
     Raises:
-        FileNotFoundError: if there is none (the dataset is incomplete or not a dataset).
+        IncompleteDatasetError: if there is none; says whether a pack was interrupted there
+            (its resume journal is present) and how to finish it.
         ValueError: if it does not parse (the message names it).
     """
-    return DatasetIndex.from_json(store.read(INDEX_NAME), where=store.child_url(INDEX_NAME))
+    where = store.child_url(INDEX_NAME)
+    try:
+        text = store.read(INDEX_NAME)
+    except FileNotFoundError:
+        if store.exists(JOURNAL_NAME):
+            raise IncompleteDatasetError(
+                f"{where} does not exist: a pack into {store.child_url('')} was interrupted "
+                f"(its journal {JOURNAL_NAME} is there). Rerun the same `wdstream pack` "
+                "command to finish it; the dataset is readable once index.json is written."
+            ) from None
+        raise IncompleteDatasetError(
+            f"{where} does not exist: not a packed wdstream dataset (pack one with "
+            "`wdstream pack`, or pass shard URLs such as 'data-{000000..000009}.tar')"
+        ) from None
+    return DatasetIndex.from_json(text, where=where)
 
 
-def parse_sidecar(store: Store, name: str, samples: int | None = None) -> ShardSidecar:
-    """Read and parse sidecar ``name``; with ``samples``, check it has that many entries.
+def parse_sidecar(store: Store, name: str, entry: ShardEntry | None = None) -> ShardSidecar:
+    """Read, parse and check sidecar ``name``.
+
+    Every sidecar must describe samples in tar order without overlap. With the shard's
+    ``index.json`` entry it must also have the entry's sha256 (so any flipped bit is caught,
+    cheaply: sidecars are ~20 bytes per sample), sample and token counts, and fit in the
+    entry's byte size.
 
     Raises:
         FileNotFoundError: if there is no such sidecar.
-        CorruptShardError: if it does not parse or disagrees with ``samples`` (names it).
+        CorruptShardError: if it does not parse, is inconsistent, or disagrees with
+            ``entry`` (names the sidecar and what disagrees).
     """
     where = store.child_url(name)
+    data = store.read(name)
+    if entry is not None and entry.sidecar_sha256:
+        got = hashlib.sha256(data).hexdigest()
+        if got != entry.sidecar_sha256:
+            raise CorruptShardError(
+                f"{where}: sha256 {got[:16]}... differs from index.json's "
+                f"{entry.sidecar_sha256[:16]}... (sidecar corrupt or from another pack)"
+            )
     try:
-        sidecar = ShardSidecar.from_bytes(store.read(name))
+        sidecar = ShardSidecar.from_bytes(data)
+        sidecar.check_layout(entry.bytes if entry is not None else None)
     except ValueError as exc:
         raise CorruptShardError(f"{where}: {exc}") from exc
-    if samples is not None and len(sidecar) != samples:
-        raise CorruptShardError(f"{where}: {len(sidecar)} samples, index.json says {samples}")
+    if entry is not None:
+        if len(sidecar) != entry.samples:
+            raise CorruptShardError(
+                f"{where}: {len(sidecar)} samples, index.json says {entry.samples}"
+            )
+        tokens = int(sidecar.tokens.sum(dtype=np.int64))
+        if tokens != entry.tokens:
+            raise CorruptShardError(f"{where}: {tokens} tokens, index.json says {entry.tokens}")
     return sidecar
 
 
@@ -70,7 +109,7 @@ def read_sidecar(store: Store, shard: ShardEntry) -> ShardSidecar:
     Raises:
         CorruptShardError: if the sidecar does not parse or disagrees with the index entry.
     """
-    return parse_sidecar(store, shard.sidecar, shard.samples)
+    return parse_sidecar(store, shard.sidecar, shard)
 
 
 def sidecar_from_tar(data: bytes | memoryview, where: str = "shard") -> ShardSidecar:
@@ -85,7 +124,7 @@ def sidecar_from_tar(data: bytes | memoryview, where: str = "shard") -> ShardSid
         members = scan_tar(data)
     except ValueError as exc:
         raise CorruptShardError(f"{where}: {exc}") from exc
-    members = [m for m in members if m[0].endswith(".msgpack")]
+    members = [m for m in members if m[0].endswith(_SAMPLE_MEMBER_SUFFIXES)]
     return ShardSidecar(
         offsets=np.asarray([m[1] for m in members], dtype=np.uint64),
         sizes=np.asarray([m[2] for m in members], dtype=np.uint32),
@@ -123,8 +162,11 @@ def decode_span(
         at = f"{where}: sample {k} at byte {off}"
         if off + size - begin > len(data):
             raise CorruptShardError(f"{at}: shard ends early (truncated?)")
+        raw = data[off - begin : off - begin + size]
+        if sidecar.crc32c is not None and sample_checksum(raw) != int(sidecar.crc32c[k]):
+            raise CorruptShardError(f"{at}: checksum mismatch (corrupt bytes)")
         try:
-            sample = decode_sample(data[off - begin : off - begin + size])
+            sample = decode_sample(raw)
         except ValueError as exc:
             raise CorruptShardError(f"{at}: {exc}") from exc
         expected = int(sidecar.tokens[k])

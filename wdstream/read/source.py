@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -23,10 +24,11 @@ import braceexpand
 import numpy as np
 
 from wdstream.errors import CorruptShardError
-from wdstream.format.index import INDEX_NAME, DatasetIndex
+from wdstream.format.checksum import first_bad_sample
+from wdstream.format.index import DatasetIndex
 from wdstream.format.sample import decode_sample, tokens_views
 from wdstream.format.sidecar import ShardSidecar
-from wdstream.read.shards import decode_span, parse_sidecar, sidecar_from_tar
+from wdstream.read.shards import decode_span, parse_sidecar, read_index, sidecar_from_tar
 from wdstream.storage import Store, open_store, split_url
 
 __all__ = ["ShardSource", "expand_urls"]
@@ -43,16 +45,28 @@ def expand_urls(source: str | Sequence[str]) -> list[str]:
 class ShardSource:
     """Indexed token shards: counts for planning and one ranged read per sample span.
 
+    In concat mode the dataset's last sample is usually shorter than the others; it is left
+    out of the counts (and so never read), because once shuffled into the middle of a stream
+    every later row would straddle it and the next, unrelated sample: one row is one packed
+    sample, always.
+
     Args:
         source: dataset root with ``index.json``, brace pattern of shard URLs, or a list.
+        checksums: verify every sample's CRC32C as it is read (format v2). Off only for
+            storage that checksums its own reads; v1 datasets have no checksums to verify.
         store_options: passed to :func:`wdstream.storage.open_store`.
 
     Raises:
         FileNotFoundError: if a root has no ``index.json`` or a shard is missing.
-        CorruptShardError: if a sidecar or sample does not decode (names shard and offset).
+        CorruptShardError: if a sidecar or sample does not decode or fails its checksum
+            (names shard, sample and offset).
     """
 
-    def __init__(self, source: str | Sequence[str], **store_options: Any) -> None:
+    def __init__(
+        self, source: str | Sequence[str], checksums: bool = True, **store_options: Any
+    ) -> None:
+        self.checksums = checksums
+        self._unchecked_warned = False
         self._options = store_options
         self._stores: dict[str, Store] = {}
         self._cache: OrderedDict[int, tuple[ShardSidecar, np.ndarray]] = OrderedDict()
@@ -62,7 +76,7 @@ class ShardSource:
         if is_root:
             assert isinstance(source, str)
             store = self._store(source)
-            self.index = DatasetIndex.from_json(store.read(INDEX_NAME), store.child_url(INDEX_NAME))
+            self.index = read_index(store)
             self.urls = [(source, s.name) for s in self.index.shards]
             self.sidecar_names = [s.sidecar for s in self.index.shards]
             self.samples = np.array([s.samples for s in self.index.shards], dtype=np.int64)
@@ -92,6 +106,7 @@ class ShardSource:
                 for (r, n), a, b in zip(self.urls, self.samples, self.tokens, strict=True)
             ]
         self.fingerprint = hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
+        self._drop_short_last_sample()
         # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
         self.remote = any("://" in root and not root.startswith("file://") for root, _ in self.urls)
         st = self.sample_tokens or 0
@@ -104,6 +119,17 @@ class ShardSource:
             if self.mode == "concat" and st
             else np.zeros(len(self.samples), dtype=bool)
         )
+
+    def _drop_short_last_sample(self) -> None:
+        """Leave a short final concat sample out of the counts (see the class docstring)."""
+        st = self.sample_tokens
+        if self.mode != "concat" or not st or not len(self.samples):
+            return
+        last = len(self.samples) - 1
+        short = int(self.tokens[last]) - (int(self.samples[last]) - 1) * st
+        if 0 < short < st:
+            self.samples[last] -= 1
+            self.tokens[last] -= short
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -150,11 +176,19 @@ class ShardSource:
                 return hit
         root, name = self.urls[shard]
         store = self._store(root)
-        samples = int(self.samples[shard]) if self.index is not None else None
+        index_entry = self.index.shards[shard] if self.index is not None else None
         try:
-            sidecar = parse_sidecar(store, self.sidecar_names[shard], samples)
+            sidecar = parse_sidecar(store, self.sidecar_names[shard], index_entry)
         except FileNotFoundError:
             sidecar = self._scan(shard)
+        if sidecar.crc32c is None and self.checksums and not self._unchecked_warned:
+            self._unchecked_warned = True
+            warnings.warn(
+                f"{self.where(shard)}: format v1 shard (or no sidecar): samples carry no "
+                "checksum and are read unchecked; repack with this wdstream to get per-sample "
+                "CRC32C checks",
+                stacklevel=2,
+            )
         entry = (sidecar, np.concatenate([[0], np.cumsum(sidecar.tokens, dtype=np.int64)]))
         with self._lock:
             self._cache[shard] = entry
@@ -207,6 +241,13 @@ class ShardSource:
         if len(buf) != end - begin:
             raise CorruptShardError(f"{self.where(shard)}: short read at byte {begin + len(buf)}")
         offs = sidecar.offsets[a:b].astype(np.int64) - begin
+        if self.checksums and sidecar.crc32c is not None:
+            bad = first_bad_sample(buf, offs, sidecar.sizes[a:b], sidecar.crc32c[a:b])
+            if bad is not None:
+                raise CorruptShardError(
+                    f"{self.where(shard)}: sample {a + bad} at byte "
+                    f"{int(sidecar.offsets[a + bad])}: checksum mismatch (corrupt bytes)"
+                )
         views = None if with_docs else tokens_views(buf, offs, sidecar.sizes[a:b])
         toks: list[np.ndarray]
         docs: list[tuple[int, ...]] = []

@@ -13,13 +13,12 @@ import json
 from typing import Any
 
 from wdstream.errors import WdstreamError
-from wdstream.format.index import ShardEntry
+from wdstream.format.index import JOURNAL_NAME, ShardEntry
 from wdstream.storage import Store
 from wdstream.write.inputs import Position
 
 __all__ = ["JOURNAL_NAME", "JOURNAL_VERSION", "Journal"]
 
-JOURNAL_NAME = ".wdstream-pack.json"
 JOURNAL_VERSION = 1
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import InputError, WdstreamError
+from wdstream.format.checksum import CHECKSUM_NAME
 from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.sample import DTYPES, token_dtype_for_vocab
 from wdstream.storage import LocalStore, Store, open_store
@@ -301,6 +302,7 @@ def pack(
         sample_tokens=sample_tokens,
         shards=entries,
         stats=stats,
+        checksum=CHECKSUM_NAME,
     )
     store.write_bytes(INDEX_NAME, index.to_json().encode())
     store.delete(JOURNAL_NAME)

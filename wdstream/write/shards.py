@@ -3,7 +3,8 @@
 A shard is built in memory (it is bounded by ``--shard-size``), hashed, and handed to one
 background thread that writes the sidecar then the tar (each atomically, via
 ``store.writer``) and then calls ``on_commit`` -- all in shard order, so the resume journal
-only ever names shards that are completely written. At most ``max_in_flight`` finished shards
+only ever names shards that are completely written. Once one write fails, no later shard is
+written or committed: the journal never names a shard with a gap before it. At most ``max_in_flight`` finished shards
 wait for that thread; tokenisation keeps running while a shard uploads.
 """
 
@@ -17,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.format.index import ShardEntry
-from wdstream.format.sample import encode_sample
+from wdstream.format.checksum import sample_checksum
+from wdstream.format.index import FORMAT_VERSION, ShardEntry
+from wdstream.format.sample import SAMPLE_SUFFIXES, encode_sample
 from wdstream.format.sidecar import ShardSidecar
 from wdstream.format.tar import BLOCK, END_OF_ARCHIVE, member_bytes
 from wdstream.storage import Store
@@ -71,6 +73,7 @@ class ShardWriter:
             ``(entry, state)``: the index entry and the ``state`` passed to :meth:`add`
             with the shard's last sample.
         max_in_flight: finished shards allowed to wait for the background writer.
+        version: format version to write (1 only to produce test data for old readers).
     """
 
     def __init__(
@@ -83,7 +86,12 @@ class ShardWriter:
         first_sample: int = 0,
         on_commit: Callable[[ShardEntry, Any], None] | None = None,
         max_in_flight: int = 2,
+        version: int = FORMAT_VERSION,
     ) -> None:
+        if version not in SAMPLE_SUFFIXES:
+            raise ValueError(
+                f"format version must be one of {list(SAMPLE_SUFFIXES)}, got {version!r}"
+            )
         self.store, self.name = store, name
         self.shard_bytes, self.shard_samples = shard_bytes, shard_samples
         self.next_shard, self.next_sample = first_shard, first_sample
@@ -92,12 +100,15 @@ class ShardWriter:
         self._offsets: list[int] = []
         self._sizes: list[int] = []
         self._tokens: list[int] = []
+        self._crcs: list[int] | None = [] if version >= 2 else None
+        self._suffix = SAMPLE_SUFFIXES[version]
         self._size = 0
         self._docs = 0
         self._state: Any = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdstream-shard-writer")
         self._futures: list[Future[None]] = []
         self._slots = threading.Semaphore(max_in_flight)
+        self._failed: BaseException | None = None
         self.bytes_written = 0
 
     def add(
@@ -105,7 +116,7 @@ class ShardWriter:
     ) -> None:
         """Append one sample; ``state`` is what the journal needs if the shard ends here."""
         data = encode_sample(tokens, doc_lens, cont)
-        member = member_bytes(f"{self.next_sample:012d}.msgpack", data)
+        member = member_bytes(f"{self.next_sample:012d}{self._suffix}", data)
         if self._members and (
             self._size + len(member) + len(END_OF_ARCHIVE) > self.shard_bytes
             or (self.shard_samples is not None and len(self._members) >= self.shard_samples)
@@ -114,6 +125,8 @@ class ShardWriter:
         self._offsets.append(self._size + BLOCK)
         self._sizes.append(len(data))
         self._tokens.append(len(tokens))
+        if self._crcs is not None:
+            self._crcs.append(sample_checksum(data))
         self._members.append(member)
         self._size += len(member)
         self._docs += new_docs
@@ -128,6 +141,7 @@ class ShardWriter:
             offsets=np.asarray(self._offsets, dtype=np.uint64),
             sizes=np.asarray(self._sizes, dtype=np.uint32),
             tokens=np.asarray(self._tokens, dtype=np.uint32),
+            crc32c=None if self._crcs is None else np.asarray(self._crcs, dtype=np.uint32),
         ).to_bytes()
         entry = ShardEntry(
             name=tar_name,
@@ -141,6 +155,7 @@ class ShardWriter:
         )
         state = self._state
         self._members, self._offsets, self._sizes, self._tokens = [], [], [], []
+        self._crcs = None if self._crcs is None else []
         self._size = self._docs = 0
         self.next_shard += 1
         self._raise_failed()
@@ -149,6 +164,12 @@ class ShardWriter:
 
     def _write(self, members: list[bytes], sidecar: bytes, entry: ShardEntry, state: Any) -> None:
         try:
+            if self._failed is not None:
+                # An earlier shard is missing: writing and committing this one would let the
+                # journal skip past the gap (a rerun would then publish an index without it).
+                raise RuntimeError(f"{entry.name} not written: an earlier shard failed") from (
+                    self._failed
+                )
             # Stream the members (no joined copy of the shard) and hash them on the way, off
             # the packing thread.
             self.store.write_bytes(entry.sidecar, sidecar)
@@ -168,6 +189,10 @@ class ShardWriter:
             self.bytes_written += entry.bytes
             if self.on_commit is not None:
                 self.on_commit(entry, state)
+        except BaseException as exc:
+            if self._failed is None:
+                self._failed = exc
+            raise
         finally:
             self._slots.release()
 
