@@ -21,8 +21,10 @@ from __future__ import annotations
 import glob
 import gzip
 import io
+import itertools
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,6 +42,12 @@ INPUT_SUFFIXES = (
 )  # fmt: skip
 STDIN = "-"
 _MAX_LOCATIONS = 10
+_MAX_KEYS = 8  # keys an error lists when the text field is missing
+_ZSTD_CHUNK = 1 << 16  # compressed bytes per decompress call; bounds the memory of one call
+# A lone UTF-16 surrogate can only come from a \uD800-\uDFFF escape in the JSON (the line was
+# decoded from UTF-8, which never yields one); UTF-8 cannot encode it, so no tokenizer takes it.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
 
 
 @dataclass(frozen=True)
@@ -129,18 +137,105 @@ def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[InputFile]:
     return files
 
 
-def _open_binary(path: str) -> IO[bytes]:
-    if path == STDIN:
-        return sys.stdin.buffer
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
-    if path.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    if path.endswith(".zst"):
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of every frame of a zstd file; a file cut short raises EOFError.
+
+    zstandard's ``stream_reader`` reads a file cut inside a frame, even mid-block, as if it
+    ended there. A ``decompressobj`` says whether its frame ended (``eof``) and hands over
+    the bytes after it (``unused_data``), so one per frame reads concatenated frames
+    (``cat a.zst b.zst``) and notices a frame that never ends.
+    """
+
+    def __init__(self, source: IO[bytes]) -> None:
         import zstandard
 
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-        return io.BufferedReader(reader, buffer_size=1 << 20)
-    return raw
+        self._source = source
+        self._dctx = zstandard.ZstdDecompressor()
+        self._zstd_error = zstandard.ZstdError
+        self._frame = self._dctx.decompressobj()
+        self._in_frame = False  # bytes of a frame that has not ended were decompressed
+        self._out = memoryview(b"")  # decompressed, not yet read
+        self._produced = 0  # bytes decompressed so far
+        self._consumed = 0  # compressed bytes read so far
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._produced - len(self._out)
+
+    def readinto(self, buf: Any) -> int:
+        while not self._out:
+            chunk = self._source.read(_ZSTD_CHUNK)
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("zstd frame not finished")
+                return 0
+            self._consumed += len(chunk)
+            self._out = memoryview(self._decompress(chunk))
+        n = min(len(buf), len(self._out))
+        buf[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def _decompress(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            try:
+                out.append(self._frame.decompress(data))
+            except self._zstd_error as exc:
+                start = self._consumed - len(data)
+                raise OSError(
+                    f"corrupt zstd data in compressed bytes {start:,}-{self._consumed:,}: {exc}"
+                ) from exc
+            self._produced += len(out[-1])
+            if not self._frame.eof:
+                self._in_frame = True
+                break
+            data = self._frame.unused_data
+            self._frame = self._dctx.decompressobj()
+            self._in_frame = False
+        return b"".join(out)
+
+
+def _open_binary(path: str) -> tuple[IO[bytes], IO[bytes]]:
+    """The decompressed stream of ``path`` and the file itself (what progress counts)."""
+    if path == STDIN:
+        return sys.stdin.buffer, sys.stdin.buffer
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    if path.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw  # type: ignore[return-value]
+    if path.endswith(".zst"):
+        return io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20), raw
+    return raw, raw
+
+
+def _compression(path: str) -> str | None:
+    return "gzip" if path.endswith(".gz") else "zstd" if path.endswith(".zst") else None
+
+
+def _truncated(name: str, path: str, reached: int) -> str:
+    return (
+        f"{name}: truncated {_compression(path)} file: the compressed data stops before the end "
+        f"of the stream (at decompressed byte {reached:,}); the file is incomplete (an "
+        "interrupted download or copy?)"
+    )
+
+
+def _keys_found(obj: Any, owner: str) -> str:
+    """What ``owner`` holds instead of the text field, for the error message."""
+    if not isinstance(obj, dict):
+        return f"{owner} is a JSON {_JSON_TYPES.get(type(obj), 'number')}, not an object"
+    if not obj:
+        return f"{owner} is an empty object"
+    shown = ", ".join(_clip(repr(k)) for k in itertools.islice(obj, _MAX_KEYS))
+    if len(obj) <= _MAX_KEYS:
+        return f"{owner} has keys {shown}"
+    return f"{owner} has {len(obj)} keys: {shown} and {len(obj) - _MAX_KEYS} more"
+
+
+def _clip(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 @dataclass
@@ -156,6 +251,13 @@ class DocumentReader:
             ``"replace"``.
         start: resume at this position (its counters are taken over).
         bad_locations: the first skipped-record locations seen before ``start``.
+
+    Attributes:
+        empty, bad: empty documents and bad records skipped so far (``start``'s included).
+        input_bytes: decompressed bytes read so far (``start``'s included).
+        documents: documents this reader yielded.
+        source_total: bytes of all inputs as stored (compressed size for ``.gz``/``.zst``),
+            None when stdin is one of them; see :attr:`source_bytes`.
     """
 
     files: list[InputFile]
@@ -174,7 +276,22 @@ class DocumentReader:
         self._keys = self.text_key.split(".")
         start = self.start or Position(0, 0, 0, 0, 0, 0)
         self.empty, self.bad, self.input_bytes = start.empty, start.bad, start.input_bytes
-        self.records = 0
+        self.documents = 0  # yielded by this reader (not counting those before ``start``)
+        sizes = [f.size for f in self.files]
+        self.source_total = None if None in sizes else sum(s or 0 for s in sizes)
+        self._done_bytes = sum(s or 0 for s in sizes[: start.file])  # files finished
+        self._file: IO[bytes] | None = None  # the file being read, as stored on disk
+
+    @property
+    def source_bytes(self) -> int:
+        """Bytes of the inputs read so far as stored, the counterpart of :attr:`source_total`.
+
+        Compressed files count their compressed bytes, so progress against the total is
+        linear whatever the compression ratio.
+        """
+        if self.source_total is None:  # stdin has no size: count what was read instead
+            return self.input_bytes
+        return self._done_bytes + (self._file.tell() if self._file is not None else 0)
 
     def _bad(self, where: str, why: str) -> None:
         if self.on_error == "raise":
@@ -194,58 +311,118 @@ class DocumentReader:
             ) from exc
 
     def text_of(self, line: str, path: str, lineno: int) -> str | None:
-        """The text field of one JSON record, or None if it was bad and ``on_error`` skips."""
+        """The text field of one JSON record, or None if it was bad and ``on_error`` skips.
+
+        A record is bad when it is not JSON Python can load (malformed, nested deeper than
+        the recursion limit, an integer longer than Python's digit limit), has no text field,
+        or the field is not a string or holds a lone surrogate.
+        """
+        where = f"{path}:{lineno}"
         try:
             obj: Any = json.loads(line)
         except json.JSONDecodeError as exc:
-            self._bad(f"{path}:{lineno}", f"malformed JSON ({exc.msg} at column {exc.colno})")
+            # Some of json's messages end in "at" ("Invalid control character at").
+            self._bad(
+                where, f"malformed JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
+            )
             return None
-        for key in self._keys:
+        except RecursionError:
+            self._bad(where, "JSON nested too deeply to parse (Python's recursion limit)")
+            return None
+        except ValueError:  # the only other one json raises: an integer over the digit limit
+            limit = sys.get_int_max_str_digits()
+            self._bad(where, f"JSON integer longer than Python's limit of {limit:,} digits")
+            return None
+        for depth, key in enumerate(self._keys):
             if not isinstance(obj, dict) or key not in obj:
-                self._bad(f"{path}:{lineno}", f"no text field {self.text_key!r}")
+                owner = repr(".".join(self._keys[:depth])) if depth else "the record"
+                self._bad(where, f"no text field {self.text_key!r} ({_keys_found(obj, owner)})")
                 return None
             obj = obj[key]
         if not isinstance(obj, str):
-            self._bad(
-                f"{path}:{lineno}",
-                f"text field {self.text_key!r} is {type(obj).__name__}, not a string",
-            )
+            self._bad(where, f"text field {self.text_key!r} is {type(obj).__name__}, not a string")
             return None
+        if "\\ud" in line or "\\uD" in line:  # cheap test before the search
+            return self._without_surrogates(obj, where)
         return obj
+
+    def _without_surrogates(self, text: str, where: str) -> str | None:
+        """``text``, unless it holds a lone surrogate: then a bad record, or U+FFFD for it."""
+        found = _SURROGATE.search(text)
+        if found is None:
+            return text
+        if self.errors == "replace":
+            return _SURROGATE.sub("\ufffd", text)
+        self._bad(
+            where,
+            f"text field {self.text_key!r} holds a lone surrogate \\u{ord(found[0]):04x} at "
+            f"character {found.start()} (half of a UTF-16 pair, not text UTF-8 can encode; "
+            "use errors='replace' / --errors replace to substitute U+FFFD)",
+        )
+        return None
 
     def __iter__(self) -> Iterator[tuple[str, Position]]:
         start = self.start or Position(0, 0, 0, 0, 0, 0)
         for i in range(start.file, len(self.files)):
             resume = start if i == start.file else None
             yield from self._read_file(i, resume)
+        if not self.documents and self.bad and self.start is None:
+            raise InputError(self._nothing_left())
+
+    def _nothing_left(self) -> str:
+        """Why inputs whose every record was skipped give nothing to pack."""
+        bad = f"{self.bad} bad record{'s' if self.bad != 1 else ''}"
+        empty = f" and {self.empty} empty" if self.empty else ""
+        return (
+            f"nothing to pack: {bad} skipped (on_error='skip'){empty}, no good one; the first: "
+            + "; ".join(self.bad_locations[:3])
+        )
 
     def _read_file(self, i: int, resume: Position | None) -> Iterator[tuple[str, Position]]:
         info = self.files[i]
         path = info.path
         name = "<stdin>" if path == STDIN else path
+        if _compression(path) and info.size == 0:
+            # Python's gzip reads an empty file as no data; gzip -d and zstd -d refuse it.
+            raise InputError(
+                f"{name}: empty {_compression(path)} file (0 bytes, not even a header)"
+            )
         try:
-            fh = _open_binary(path)
+            fh, raw = _open_binary(path)
         except OSError as exc:
             raise InputError(f"{name}: cannot open ({exc.strerror})") from exc
+        self._file = raw
         try:
             if info.is_text and not self.lines:
-                if resume is not None and resume.record > 0:
-                    return
-                data = fh.read()
-                pos = Position(i, 0, 0, self.empty, self.bad, self.input_bytes)
-                self.input_bytes += len(data)
-                text = self.decode_bytes(data, name, 0)
-                if text:
-                    yield text, pos
-                else:
-                    self.empty += 1
-                return
-            yield from self._read_lines(i, fh, name, info, resume)
-        except (OSError, EOFError) as exc:  # truncated gzip/zstd, I/O errors
+                yield from self._read_whole(i, fh, name, resume)
+            else:
+                yield from self._read_lines(i, fh, name, info, resume)
+        except EOFError as exc:  # gzip and _ZstdFrames: the compressed data was cut short
+            raise InputError(_truncated(name, path, fh.tell())) from exc
+        except OSError as exc:  # corrupt compressed data, I/O errors
             raise InputError(f"{name}: read failed ({exc})") from exc
         finally:
+            self._file = None
+            self._done_bytes += info.size or 0
             if path != STDIN:
                 fh.close()
+                raw.close()
+
+    def _read_whole(
+        self, i: int, fh: IO[bytes], name: str, resume: Position | None
+    ) -> Iterator[tuple[str, Position]]:
+        """The file as one document (``.txt`` without ``lines``)."""
+        if resume is not None and resume.record > 0:
+            return
+        data = fh.read()
+        pos = Position(i, 0, 0, self.empty, self.bad, self.input_bytes)
+        self.input_bytes += len(data)
+        text = self.decode_bytes(data, name, 0)
+        if text:
+            self.documents += 1
+            yield text, pos
+        else:
+            self.empty += 1
 
     def _read_lines(
         self, i: int, fh: IO[bytes], name: str, info: InputFile, resume: Position | None
@@ -279,6 +456,7 @@ class DocumentReader:
                 if text is None:
                     continue
             if text:
+                self.documents += 1
                 yield text, pos
             else:
                 self.empty += 1
