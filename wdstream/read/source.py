@@ -13,6 +13,7 @@ are loaded lazily, only for the shards actually read), a brace pattern of shard 
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import threading
 import warnings
@@ -36,10 +37,33 @@ __all__ = ["ShardSource", "expand_urls"]
 _SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
 
 
-def expand_urls(source: str | Sequence[str]) -> list[str]:
-    """Expand brace patterns (``a-{000..009}.tar``) in one URL or a list of them."""
+def expand_urls(source: str | Sequence[str], **store_options: Any) -> list[str]:
+    """Expand brace patterns (``a-{000..009}.tar``) and wildcards in file names (``*.tar``).
+
+    Wildcards match the names a store lists in the pattern's folder (local, S3; plain HTTP
+    cannot list and says so), sorted; a wildcard that matches nothing is an error.
+
+    Raises:
+        FileNotFoundError: if a wildcard pattern matches no object.
+    """
     items = [source] if isinstance(source, str) else list(source)
-    return [u for item in items for u in braceexpand.braceexpand(item)]
+    urls: list[str] = []
+    for url in (u for item in items for u in braceexpand.braceexpand(item)):
+        root, name = split_url(url)
+        if not any(c in name for c in "*?["):
+            urls.append(url)
+            continue
+        store = open_store(root, **store_options)
+        try:
+            names = fnmatch.filter(store.list(), name)
+        finally:
+            store.close()
+        if not names:
+            raise FileNotFoundError(f"{url}: no shard matches this pattern")
+        urls += [
+            url[: len(url) - len(name)] + n if url.endswith(name) else f"{root}/{n}" for n in names
+        ]
+    return urls
 
 
 class ShardSource:
@@ -72,7 +96,11 @@ class ShardSource:
         self._cache: OrderedDict[int, tuple[ShardSidecar, np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()
         self.index: DatasetIndex | None = None
-        is_root = isinstance(source, str) and "{" not in source and not source.endswith(".tar")
+        is_root = (
+            isinstance(source, str)
+            and not any(c in source for c in "{*?[")
+            and not source.endswith(".tar")
+        )
         if is_root:
             assert isinstance(source, str)
             store = self._store(source)
@@ -85,7 +113,7 @@ class ShardSource:
             self.sample_tokens = self.index.sample_tokens
             ident: list[list[Any]] = [[s.name, s.sha256] for s in self.index.shards]
         else:
-            self.urls = [split_url(u) for u in expand_urls(source)]
+            self.urls = [split_url(u) for u in expand_urls(source, **store_options)]
             if not self.urls:
                 raise ValueError(f"no shard URLs in {source!r}")
             self.sidecar_names = [
