@@ -22,10 +22,15 @@ import numpy as np
 
 from wdstream.format.tar import BLOCK, padded_size, parse_header
 
-__all__ = ["SIDECAR_VERSION", "ShardSidecar", "scan_tar"]
+__all__ = ["SIDECAR_VERSION", "ShardSidecar", "scan_tar", "sidecar_name"]
 
 SIDECAR_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
+
+
+def sidecar_name(tar_name: str) -> str:
+    """The sidecar object name of shard ``tar_name``: ``x-000001.tar`` -> ``x-000001.idx``."""
+    return (tar_name[: -len(".tar")] if tar_name.endswith(".tar") else tar_name) + ".idx"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from wdstream.errors import CorruptShardError
 from wdstream.format.checksum import first_bad_sample
 from wdstream.format.index import DatasetIndex
 from wdstream.format.sample import decode_sample, tokens_views
-from wdstream.format.sidecar import ShardSidecar
+from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.shards import decode_span, parse_sidecar, read_index, sidecar_from_tar
 from wdstream.storage import Store, open_store, split_url
 
@@ -116,9 +116,7 @@ class ShardSource:
             self.urls = [split_url(u) for u in expand_urls(source, **store_options)]
             if not self.urls:
                 raise ValueError(f"no shard URLs in {source!r}")
-            self.sidecar_names = [
-                n[:-4] + ".idx" if n.endswith(".tar") else n + ".idx" for _, n in self.urls
-            ]
+            self.sidecar_names = [sidecar_name(n) for _, n in self.urls]
             counts = [self._sidecar(i)[0].tokens for i in range(len(self.urls))]
             self.samples = np.array([len(c) for c in counts], dtype=np.int64)
             self.tokens = np.array([int(c.sum(dtype=np.int64)) for c in counts], dtype=np.int64)

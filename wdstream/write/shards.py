@@ -21,7 +21,7 @@ import numpy as np
 from wdstream.format.checksum import sample_checksum
 from wdstream.format.index import FORMAT_VERSION, ShardEntry
 from wdstream.format.sample import SAMPLE_SUFFIXES, encode_sample
-from wdstream.format.sidecar import ShardSidecar
+from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.format.tar import BLOCK, END_OF_ARCHIVE, member_bytes
 from wdstream.storage import Store
 
@@ -56,7 +56,8 @@ def parse_size(text: str | int) -> int:
 
 def shard_names(name: str, i: int) -> tuple[str, str]:
     """``(tar, sidecar)`` object names of shard ``i``."""
-    return f"{name}-{i:06d}.tar", f"{name}-{i:06d}.idx"
+    tar = f"{name}-{i:06d}.tar"
+    return tar, sidecar_name(tar)
 
 
 class ShardWriter:
