@@ -45,6 +45,18 @@ def build_stdlib_corpus(path: str | os.PathLike[str], megabytes: float = 4.0) ->
     return docs, size
 
 
+def _documents_note(files: int, empty: int) -> str:
+    """Why the packed document count can be lower than the number of corpus files."""
+    if not empty:
+        return f"documents: one per file, all {files} packed"
+    were = "file was" if empty == 1 else "files were"
+    return (
+        f"documents: {files - empty} of {files} files packed: pack skips empty documents, and "
+        f"{empty} {were} empty (some stdlib packages have an empty __init__.py); the index "
+        "counts them in stats['empty_documents_skipped']"
+    )
+
+
 def run_demo(
     workdir: str | None = None, megabytes: float = 4.0, echo: Callable[[str], None] = print
 ) -> None:
@@ -64,10 +76,12 @@ def run_demo(
         corpus = os.path.join(workdir, "stdlib.jsonl")
         root = os.path.join(workdir, "dataset")
         docs, size = build_stdlib_corpus(corpus, megabytes)
-        echo(f"corpus: {docs} stdlib .py files, {size / 1e6:.1f} MB -> {corpus}")
+        files = "file" if docs == 1 else "files"
+        echo(f"corpus: {docs} stdlib .py {files}, {size / 1e6:.1f} MB -> {corpus}")
 
         result = pack([corpus], root, seq_len=256, shard_size="1MB", overwrite=True, progress=False)
         echo(describe(result))
+        echo(_documents_note(docs, result.index.stats["empty_documents_skipped"]))
 
         seq_len, batch_size = 128, 4
         loader = Loader(
@@ -88,8 +102,8 @@ def run_demo(
             f"{first['input_ids'].dtype}, labels {tuple(first['labels'].shape)}"
         )
         tok = load_tokenizer(result.index.tokenizer["name"], "tiktoken")
-        preview = tok.decode(first["input_ids"][0, :48].tolist()).replace("\n", "\\n")
-        echo(f"batch 0, row 0: {preview[:150]!r}")
+        preview = tok.decode(first["input_ids"][0, :48].tolist())
+        echo(f"batch 0, row 0: {preview[:150]!r}")  # repr escapes a newline once: \n
         assert torch.equal(first["input_ids"][:, 1:], first["labels"][:, :-1])
 
         assert state is not None

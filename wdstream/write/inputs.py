@@ -222,6 +222,17 @@ def _truncated(name: str, path: str, reached: int) -> str:
     )
 
 
+def _json_problem(exc: json.JSONDecodeError, line: str) -> str:
+    """json's complaint about a one-line record, placed by column or as the line's end."""
+    what = exc.msg.removesuffix(" at")  # "Invalid control character at" would read "at at"
+    if exc.pos < len(line.rstrip()):
+        return f"{what} at column {exc.pos + 1}"
+    if what == "Invalid control character":  # the newline, inside a string
+        return "a string is not closed before the end of the line"
+    # json counts the trailing newline as a line break, so its column would be on line 2.
+    return f"{what} at the end of the line"
+
+
 def _keys_found(obj: Any, owner: str) -> str:
     """What ``owner`` holds instead of the text field, for the error message."""
     if not isinstance(obj, dict):
@@ -321,10 +332,7 @@ class DocumentReader:
         try:
             obj: Any = json.loads(line)
         except json.JSONDecodeError as exc:
-            # Some of json's messages end in "at" ("Invalid control character at").
-            self._bad(
-                where, f"malformed JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
-            )
+            self._bad(where, f"malformed JSON ({_json_problem(exc, line)})")
             return None
         except RecursionError:
             self._bad(where, "JSON nested too deeply to parse (Python's recursion limit)")
