@@ -29,14 +29,20 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.source import ShardSource
+from wdstream.read.state import (
+    STATE_VERSION,
+    Position,
+    check_iter_stop,
+    check_turns,
+    mismatch,
+    parse_state,
+)
 from wdstream.read.stream import ReaderConfig, ReaderContext
 from wdstream.read.text.source import TextSource
 from wdstream.read.text.stream import TextContext
 from wdstream.tokenizer import Tokenizer
 
-__all__ = ["STATE_VERSION", "Chunk", "TokenDataset", "chunk_to_batches", "resolve_rank"]
-
-STATE_VERSION = 1
+__all__ = ["Chunk", "TokenDataset", "chunk_to_batches", "resolve_rank"]
 
 # (stream, tokens int32 [n*B, T+1], position_ids int32 [n*B, T] or None, cursors after each batch)
 # (with a shared ring, tokens is the slot ``(worker, slot, rows)`` and positions None)
@@ -139,7 +145,7 @@ class TokenDataset(IterableDataset):
 
     def __init__(
         self,
-        source: str | Sequence[str] | ShardSource,
+        source: str | Sequence[str] | ShardSource | TextSource,
         seq_len: int,
         batch_size: int,
         shuffle: bool = True,
@@ -160,35 +166,16 @@ class TokenDataset(IterableDataset):
         tokenize_threads: int | None = None,
         **store_options: Any,
     ) -> None:
-        for name, v in [("seq_len", seq_len), ("batch_size", batch_size), ("streams", streams),
-                        ("shuffle_window", shuffle_window), ("shuffle_lanes", shuffle_lanes),
-                        ("chunk_batches", chunk_batches)]:  # fmt: skip
-            if v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v!r}")
+        _check_sizes(seq_len=seq_len, batch_size=batch_size, streams=streams,
+                     shuffle_window=shuffle_window, shuffle_lanes=shuffle_lanes,
+                     chunk_batches=chunk_batches)  # fmt: skip
         if epochs is not None and epochs < 1:
             raise ValueError(f"epochs must be None or >= 1, got {epochs!r}")
         rank, world_size = resolve_rank(rank, world_size)
-        self.source: ShardSource | TextSource
-        if tokenizer is not None or isinstance(source, TextSource):
-            assert not isinstance(source, ShardSource), "tokenizer= reads raw text, not shards"
-            self.source = (
-                source
-                if isinstance(source, TextSource)
-                else TextSource(
-                    source, tokenizer or "cl100k_base", text_key=text_key, on_error=on_error,
-                    eos=eos, **store_options,
-                )
-            )  # fmt: skip
-        elif batches_per_epoch is not None:
-            raise ValueError(
-                "batches_per_epoch is for raw-text sources (tokenizer=...); packed shards get "
-                "equal per-rank counts from their index"
-            )
-        else:
-            assert not isinstance(source, TextSource)
-            self.source = (
-                source if isinstance(source, ShardSource) else ShardSource(source, **store_options)
-            )
+        self.source = _open_source(
+            source, tokenizer, batches_per_epoch, text_key=text_key, on_error=on_error, eos=eos,
+            **store_options,
+        )  # fmt: skip
         self.cfg = ReaderConfig(
             seq_len=seq_len, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank,
             world_size=world_size, streams=streams, shuffle_window=shuffle_window,
@@ -201,13 +188,10 @@ class TokenDataset(IterableDataset):
             self._ctx = TextContext(self.source, self.cfg, batches_per_epoch, tokenize_threads)
         else:
             self._ctx = ReaderContext(self.source, self.cfg)
-        self._cursors = [self._ctx.start_cursor() for _ in range(streams)]
-        self._next_stream = 0
-        # Epoch at which the iteration in progress stops; None when none is in progress.
-        self._iter_stop: int | None = None
-        self._worker: list[int] | None = None  # [id, num_workers] when the state is a worker's
-        # Set by ``Loader``: chunks instead of batches, and the start state in shared memory
-        # (workers, persistent or not, read it at every ``iter()``).
+        # Where this reader is: advanced by iteration, replaced by ``load_state_dict``.
+        self.position = self._start(0)
+        # Set by ``Loader``: chunks instead of batches, and the start position in shared
+        # memory (workers, persistent or not, read it at every ``iter()``).
         self._yield_chunks = False
         self._shared: torch.Tensor | None = None
         # Set by ``Loader`` with workers: per worker a ring of chunk slots in shared memory
@@ -229,35 +213,59 @@ class TokenDataset(IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         """Small JSON-serialisable position (see ``docs/READER.md``)."""
-        return {
-            "version": STATE_VERSION,
-            "config": self.config(),
-            "streams": [dict(c) for c in self._cursors],
-            "next_stream": self._next_stream,
-            "chunk_left": self._chunk_size(self._next_stream),
-            "iter_stop": self._iter_stop,
-            "worker": self._worker,
-        }
+        return self.state_of(self.position)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position taken by :meth:`state_dict` (or ``Loader.state_dict``).
 
         Raises:
-            StateMismatchError: if the state is from another dataset or configuration.
+            StateMismatchError: if the state is from another dataset or configuration, or
+                is malformed or inconsistent (the message names the field and its value).
         """
-        check_state(state, self.config())
-        keys = self._ctx.cursor_keys
-        self._cursors = [{k: int(c[k]) for k in keys} for c in state["streams"]]
-        self._next_stream = int(state["next_stream"])
-        self._iter_stop = state.get("iter_stop")
-        self._worker = state.get("worker")
+        self.position = self.position_of(state)
+
+    def state_of(self, position: Position) -> dict[str, Any]:
+        """The state of ``position`` of this reader: the one place the format is written."""
+        worker = list(position.worker) if position.worker is not None else None
+        return {
+            "version": STATE_VERSION,
+            "config": self.config(),
+            "streams": [dict(c) for c in position.cursors],
+            "next_stream": position.next_stream,
+            "chunk_left": self._ctx.chunk_size(position.cursors[position.next_stream]),
+            "iter_stop": position.iter_stop,
+            "worker": worker,
+        }
+
+    def position_of(self, state: dict[str, Any]) -> Position:
+        """Check ``state`` against this reader and its epoch plans; return its position.
+
+        Everything a state holds is checked (``wdstream.read.state``): shape and types,
+        the config, every cursor against the plan (one sidecar read or so per stream for
+        docs-mode shards), the round-robin turns, the iteration's stop and ``chunk_left``.
+
+        Raises:
+            StateMismatchError: naming the first bad field (``streams[1].offset``) and value.
+        """
+        position, chunk_left = parse_state(state, self.config(), self._ctx.cursor_keys)
+        for t, cursor in enumerate(position.cursors):
+            self._ctx.check_cursor(t, cursor)
+        if self._ctx.lockstep:
+            check_turns(position, self._ctx.batches_per_stream, self.cfg.chunk_batches)
+            check_iter_stop(position, self.epochs)
+        want = self._ctx.chunk_size(position.cursors[position.next_stream])
+        if chunk_left != want:
+            raise mismatch(
+                "chunk_left", chunk_left, f"streams[{position.next_stream}] has {want} left"
+            )
+        return position
 
     def set_epoch(self, epoch: int) -> None:
         """Put every stream at the start of ``epoch`` (for plain ``DataLoader`` workers)."""
-        self._cursors = [self._ctx.start_cursor(epoch) for _ in range(self.cfg.streams)]
-        self._next_stream = 0
-        self._iter_stop = None
-        self._worker = None
+        self.position = self._start(epoch)
+
+    def _start(self, epoch: int) -> Position:
+        return Position([self._ctx.start_cursor(epoch) for _ in range(self.cfg.streams)])
 
     def batches_per_epoch(self, epoch: int | None = None) -> int:
         """Batches this rank yields in ``epoch`` (default: the current one); equal on every rank.
@@ -266,14 +274,11 @@ class TokenDataset(IterableDataset):
             TypeError: for raw text without ``batches_per_epoch`` (no count before reading).
         """
         if epoch is None:
-            epoch = self._cursors[self._next_stream]["epoch"]
+            epoch = self.position.epoch
         return self.cfg.streams * self._ctx.batches_per_stream(epoch)
 
     def __len__(self) -> int:
         return self.batches_per_epoch()
-
-    def _chunk_size(self, s: int) -> int:
-        return self._ctx.chunk_size(self._cursors[s])
 
     # ---- iteration ---------------------------------------------------------------------
     def _schedule(self) -> tuple[list[int], int | None]:
@@ -283,61 +288,60 @@ class TokenDataset(IterableDataset):
         S = self.cfg.streams
         if S % nw:
             raise ValueError(f"streams={S} must be a multiple of the number of workers {nw}")
-        if self._worker is not None and list(self._worker) == [wid, nw]:
-            first = self._next_stream  # a worker's own saved state (StatefulDataLoader)
-        elif self._worker is not None and self._worker[1] != 1:
+        pos = self.position
+        if pos.worker is not None and list(pos.worker) == [wid, nw]:
+            first = pos.next_stream  # a worker's own saved state (StatefulDataLoader)
+        elif pos.worker is not None and pos.worker[1] != 1:
             raise StateMismatchError(
-                f"state was taken in worker {self._worker[0]} of {self._worker[1]}, "
+                f"state was taken in worker {pos.worker[0]} of {pos.worker[1]}, "
                 f"restored in worker {wid} of {nw}"
             )
         else:
-            first = (self._next_stream + wid) % S
+            first = (pos.next_stream + wid) % S
         order = [(first + j * nw) % S for j in range(S // nw)]
-        stop = self._iter_stop
-        if self.epochs is None:
-            stop = None
-        elif stop is None:  # a new iteration: the next ``epochs`` epochs from here
-            stop = self._cursors[first]["epoch"] + self.epochs
-        self._iter_stop = stop
-        self._worker = [wid, nw] if info is not None else None
-        self._next_stream = first
+        stop = pos.begin(self.epochs)
+        pos.worker = (wid, nw) if info is not None else None
+        pos.next_stream = first
         return order, stop
 
     def iter_chunks(self) -> Iterator[Chunk]:
-        """Yield this process's chunks in round-robin order, advancing the state."""
+        """Yield this process's chunks in round-robin order, advancing the position."""
         shared = get_worker_info() is not None
         if shared and self._shared is not None:
+            # The loader's position, checked by the loader before it started the workers.
             n = int.from_bytes(self._shared[:8].numpy().tobytes(), "little")
-            self.load_state_dict(json.loads(self._shared[8 : 8 + n].numpy().tobytes()))
+            self.position = Position.from_dict(
+                json.loads(self._shared[8 : 8 + n].numpy().tobytes())
+            )
         order, stop = self._schedule()
-        cfg = self.cfg
+        pos, cfg = self.position, self.cfg
         ring = self._ring if shared else None
-        wid = self._worker[0] if self._worker is not None else 0
-        streams = {s: self._ctx.stream(s, self._cursors[s]) for s in order}
+        wid = pos.worker[0] if pos.worker is not None else 0
+        streams = {s: self._ctx.stream(s, pos.cursors[s]) for s in order}
         try:
             for i in itertools.count():
                 s = order[i % len(order)]
-                if stop is not None and self._cursors[s]["epoch"] >= stop:
-                    if all(self._cursors[t]["epoch"] >= stop for t in order):
-                        self._iter_stop = None  # finished: the next iter() continues after it
+                if stop is not None and pos.cursors[s]["epoch"] >= stop:
+                    if all(pos.cursors[t]["epoch"] >= stop for t in order):
+                        pos.iter_stop = None  # finished: the next iter() continues after it
                         return
                     # Raw text: streams end their epochs at different batch counts. A
                     # finished stream still takes its turn, as an empty chunk, so the turn
                     # order (and a restored worker rotation) stays that of all streams.
-                    self._next_stream = order[(i + 1) % len(order)]
+                    pos.next_stream = order[(i + 1) % len(order)]
                     yield s, _empty_chunk(ring, wid, i, cfg.seq_len), None, []
                     continue
-                n = self._chunk_size(s)
+                n = self._ctx.chunk_size(pos.cursors[s])
                 rows = n * cfg.batch_size
                 ref: Any
                 if ring is not None:
                     slot = i % ring[0].shape[1]
                     tokens = ring[0][wid, slot, :rows]
-                    pos = ring[1][wid, slot, :rows] if ring[1] is not None else None
+                    positions = ring[1][wid, slot, :rows] if ring[1] is not None else None
                     ref = (wid, slot, rows)
                 else:
                     tokens = _new_buffer((rows, cfg.seq_len + 1), torch.int32, shared)
-                    pos = (
+                    positions = (
                         _new_buffer((rows, cfg.seq_len), torch.int32, shared)
                         if cfg.doc_boundaries
                         else None
@@ -348,18 +352,18 @@ class TokenDataset(IterableDataset):
                 if len(cursors) < n:  # raw text: the epoch ended early (a shorter chunk)
                     rows = len(cursors) * cfg.batch_size
                     tokens = tokens[:rows]
-                    pos = pos[:rows] if pos is not None else None
+                    positions = positions[:rows] if positions is not None else None
                     doc = doc[:rows] if doc is not None else None
                     ref = (wid, ref[1], rows) if ring is not None else tokens
                 if doc is not None:
-                    assert pos is not None
-                    pos.numpy()[:] = _position_ids(doc)
-                self._cursors[s] = dict(cursors[-1])
-                self._next_stream = order[(i + 1) % len(order)]
+                    assert positions is not None
+                    positions.numpy()[:] = _position_ids(doc)
+                pos.cursors[s] = dict(cursors[-1])
+                pos.next_stream = order[(i + 1) % len(order)]
                 if ring is not None:
                     yield s, ref, None, cursors
                 else:
-                    yield s, tokens, pos, cursors
+                    yield s, tokens, positions, cursors
         finally:
             for st in streams.values():
                 st.close()
@@ -368,8 +372,40 @@ class TokenDataset(IterableDataset):
         if self._yield_chunks:
             yield from self.iter_chunks()
             return
-        for _, tokens, pos, _ in self.iter_chunks():
-            yield from chunk_to_batches(tokens, pos, self.cfg.batch_size)
+        for _, tokens, positions, _ in self.iter_chunks():
+            yield from chunk_to_batches(tokens, positions, self.cfg.batch_size)
+
+
+def _check_sizes(**sizes: int) -> None:
+    for name, v in sizes.items():
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v!r}")
+
+
+def _open_source(
+    source: str | Sequence[str] | ShardSource | TextSource,
+    tokenizer: str | Tokenizer | None,
+    batches_per_epoch: int | None,
+    text_key: str,
+    on_error: str,
+    eos: bool,
+    **store_options: Any,
+) -> ShardSource | TextSource:
+    """Packed token shards, or raw text when a tokenizer is given (or a TextSource)."""
+    if isinstance(source, TextSource):
+        return source
+    if tokenizer is not None:
+        if isinstance(source, ShardSource):
+            raise TypeError("tokenizer= reads raw text files, not a ShardSource of token shards")
+        return TextSource(
+            source, tokenizer, text_key=text_key, on_error=on_error, eos=eos, **store_options
+        )
+    if batches_per_epoch is not None:
+        raise ValueError(
+            "batches_per_epoch is for raw-text sources (tokenizer=...); packed shards get "
+            "equal per-rank counts from their index"
+        )
+    return source if isinstance(source, ShardSource) else ShardSource(source, **store_options)
 
 
 def _empty_chunk(ring: Any, wid: int, i: int, seq_len: int) -> Any:
@@ -377,21 +413,3 @@ def _empty_chunk(ring: Any, wid: int, i: int, seq_len: int) -> Any:
     if ring is not None:
         return (wid, i % ring[0].shape[1], 0)
     return torch.empty((0, seq_len + 1), dtype=torch.int32)
-
-
-def check_state(state: dict[str, Any], config: dict[str, Any]) -> None:
-    """Raise :class:`StateMismatchError` unless ``state`` belongs to ``config``."""
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        got = state.get("version") if isinstance(state, dict) else type(state).__name__
-        raise StateMismatchError(
-            f"not a wdstream reader state of version {STATE_VERSION} (got {got!r})"
-        )
-    saved = state.get("config", {})
-    diff = {k: (saved.get(k), v) for k, v in config.items() if saved.get(k) != v}
-    if diff:
-        what = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in sorted(diff.items()))
-        raise StateMismatchError(f"state does not belong to this reader ({what})")
-    if len(state.get("streams", ())) != config["streams"]:
-        raise StateMismatchError(
-            f"state has {len(state.get('streams', ()))} streams, reader has {config['streams']}"
-        )

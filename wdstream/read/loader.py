@@ -28,12 +28,15 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from wdstream.read.dataset import STATE_VERSION, Chunk, TokenDataset, check_state, chunk_to_batches
+from wdstream.errors import StateMismatchError
+from wdstream.read.dataset import Chunk, TokenDataset, chunk_to_batches
 from wdstream.tokenizer import Tokenizer
 
 __all__ = ["Loader"]
 
-_SHARED_STATE_BYTES = 1 << 20
+# Bytes of the shared buffer that hands the start position to the workers: a cursor is at
+# most 8 int64 fields in JSON (< 300 bytes), the rest a few numbers.
+_SHARED_BASE_BYTES, _SHARED_CURSOR_BYTES = 1 << 12, 512
 
 
 def _identity(x: Any) -> Any:
@@ -181,10 +184,9 @@ class Loader:
             "multiprocessing_context": multiprocessing_context,
         }
         self._dl: DataLoader | None = None
-        ds = self.dataset
-        self._cursors = [dict(c) for c in ds._cursors]
-        self._next_stream = 0
-        self._iter_stop: int | None = None  # stop epoch of the iteration in progress
+        # The position after the last batch handed to the caller: the dataset runs ahead of
+        # it by the chunks prefetched or being sliced, so this is the loader's own.
+        self._handed = self.dataset.position.copy()
 
     @property
     def rank(self) -> int:
@@ -200,51 +202,39 @@ class Loader:
         Raises:
             TypeError: for raw text without ``batches_per_epoch`` (no count before reading).
         """
-        return self.dataset.batches_per_epoch(self._cursors[self._next_stream]["epoch"])
+        return self.dataset.batches_per_epoch(self._handed.epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Position after the last batch handed out: small and JSON-serialisable."""
-        ds = self.dataset
-        s = self._next_stream
-        return {
-            "version": STATE_VERSION,
-            "config": ds.config(),
-            "streams": [dict(c) for c in self._cursors],
-            "next_stream": s,
-            "chunk_left": ds._ctx.chunk_size(self._cursors[s]),
-            "iter_stop": self._iter_stop,
-            "worker": None,
-        }
+        return self.dataset.state_of(self._handed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly after the batch at which ``state`` was taken.
 
         Raises:
             StateMismatchError: for a state of another dataset, seed, world size, rank,
-                stream count or batch geometry.
+                stream count or batch geometry, or a malformed or inconsistent one (the
+                message names the field and its value); also for one torch worker's share
+                of a ``TokenDataset`` state, which lacks the other workers' streams.
         """
-        check_state(state, self.dataset.config())
-        keys = self.dataset._ctx.cursor_keys
-        self._cursors = [{k: int(c[k]) for k in keys} for c in state["streams"]]
-        self._next_stream = int(state["next_stream"])
-        stop = state.get("iter_stop")
-        self._iter_stop = None if stop is None else int(stop)
+        position = self.dataset.position_of(state)
+        if position.worker is not None and position.worker[1] > 1:
+            raise StateMismatchError(
+                f"worker: {list(position.worker)} is one worker's share of a TokenDataset "
+                "state (StatefulDataLoader); a Loader resumes from Loader.state_dict()"
+            )
+        position.worker = None
+        self._handed = position
 
     def _prepare(self) -> None:
-        ds = self.dataset
-        ds._cursors = [dict(c) for c in self._cursors]
-        ds._next_stream = self._next_stream
-        ds._worker = None
-        if self.epochs is None:
-            self._iter_stop = None
-        elif self._iter_stop is None:  # a new iteration: the next ``epochs`` epochs from here
-            self._iter_stop = self._cursors[self._next_stream]["epoch"] + self.epochs
-        ds._iter_stop = self._iter_stop
+        self._handed.begin(self.epochs)
+        self.dataset.position = self._handed.copy()
 
     def _torch_loader(self) -> DataLoader:
         if self._dl is None:
             ds = self.dataset
-            ds._shared = torch.zeros(_SHARED_STATE_BYTES, dtype=torch.uint8).share_memory_()
+            size = _SHARED_BASE_BYTES + _SHARED_CURSOR_BYTES * ds.cfg.streams
+            ds._shared = torch.zeros(size, dtype=torch.uint8).share_memory_()
             # A worker runs at most prefetch_factor chunks ahead of the one the main process
             # is slicing, so prefetch_factor + 2 slots per worker are never overwritten early.
             c = ds.cfg
@@ -270,7 +260,7 @@ class Loader:
         if self.num_workers == 0:
             return ds.iter_chunks()
         dl = self._torch_loader()
-        blob = json.dumps(ds.state_dict()).encode()
+        blob = json.dumps(ds.position.to_dict()).encode()
         assert ds._shared is not None and len(blob) + 8 <= ds._shared.numel()
         ds._shared[:8] = torch.frombuffer(
             bytearray(len(blob).to_bytes(8, "little")), dtype=torch.uint8
@@ -297,14 +287,15 @@ class Loader:
             chunks = _to_device(_pin(chunks), self.device)
         pin = self.pin_memory and not cuda and torch.cuda.is_available()
         B, S = self.dataset.cfg.batch_size, self.dataset.cfg.streams
+        handed = self._handed
         for s, tokens, pos, cursors in chunks:
             n = len(cursors)
             if n == 0:  # a raw-text stream that finished its epochs passes its turn
-                self._next_stream = (s + 1) % S
+                handed.next_stream = (s + 1) % S
                 continue
             for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin)):
                 # Record the position only now, as the batch is handed over.
-                self._cursors[s] = cursors[j]
-                self._next_stream = (s + 1) % S if j == n - 1 else s
+                handed.cursors[s] = cursors[j]
+                handed.next_stream = (s + 1) % S if j == n - 1 else s
                 yield batch
-        self._iter_stop = None  # finished: the next iter() runs the following epochs
+        handed.iter_stop = None  # finished: the next iter() runs the following epochs

@@ -22,6 +22,7 @@ yields the same number of batches per epoch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,17 +55,41 @@ class WindowGeometry:
         n = self.stop - self.start
         return 0 if n <= 0 else math.ceil(math.ceil(n / self._m) / self._per_lane)
 
+    def _lanes(self) -> list[tuple[int, int]]:
+        m, n = self._m, self.stop - self.start
+        return [(self.start + j * n // m, self.start + (j + 1) * n // m) for j in range(m)]
+
     def spans(self, w: int) -> list[tuple[int, int]]:
         """Epoch-sequence spans ``[p, q)`` of window ``w``, one per non-empty lane."""
-        m, c, n = self._m, self._per_lane, self.stop - self.start
+        c = self._per_lane
         out = []
-        for j in range(m):
-            lo = self.start + j * n // m
-            hi = self.start + (j + 1) * n // m
+        for lo, hi in self._lanes():
             p, q = lo + w * c, min(lo + (w + 1) * c, hi)
             if p < q:
                 out.append((p, q))
         return out
+
+    def tokens_before_window(self, w: int, tokens_before: Callable[[int], int]) -> int:
+        """Tokens of windows ``[0, w)``; ``tokens_before(p)``: tokens of epoch positions < p."""
+        c = self._per_lane
+        return sum(
+            tokens_before(min(lo + w * c, hi)) - tokens_before(lo) for lo, hi in self._lanes()
+        )
+
+    def window_at(self, token: int, tokens_before: Callable[[int], int]) -> int:
+        """The window holding the range's token ``token`` (the later one at a boundary).
+
+        A binary search (windows are in token order), so a cursor is checked with a few
+        dozen prefix lookups however long the range is.
+        """
+        lo, hi = 0, max(0, self.n_windows - 1)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.tokens_before_window(mid, tokens_before) <= token:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 class EpochPlan:

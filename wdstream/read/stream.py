@@ -28,6 +28,7 @@ import numpy as np
 
 from wdstream.read.plan import EpochPlan, WindowGeometry
 from wdstream.read.source import ShardSource
+from wdstream.read.state import mismatch
 
 __all__ = [
     "CURSOR_KEYS",
@@ -96,6 +97,9 @@ class ReaderContext:
     """Per-process shared pieces: the source, epoch plans, batch counts, the read-ahead thread."""
 
     cursor_keys = CURSOR_KEYS
+    # Every stream yields the same batches per epoch, so streams served in turn move in step
+    # (what ``state.check_turns`` relies on).
+    lockstep = True
 
     def __init__(self, source: ShardSource, cfg: ReaderConfig) -> None:
         self.source = source
@@ -164,8 +168,10 @@ class ReaderContext:
             )
             with self._lock:
                 self._plans[epoch] = plan
-                for old in sorted(self._plans)[:-4]:
-                    del self._plans[old]
+                # Keep the 4 plans made last (not the 4 highest epochs: a refused state's
+                # epoch must not evict the ones in use).
+                while len(self._plans) > 4:
+                    del self._plans[next(iter(self._plans))]
         return plan
 
     def batches_per_stream(self, epoch: int) -> int:
@@ -193,20 +199,73 @@ class ReaderContext:
         lanes = cfg.shuffle_lanes if cfg.shuffle else 1
         return WindowGeometry(start, stop, cfg.shuffle_window, lanes)
 
+    def _window_pieces(self, epoch: int, stream: int, w: int) -> list[tuple[int, int, int]]:
+        """``(shard, a, b)`` sample spans of window ``w``, in reading order."""
+        plan = self.plan(epoch)
+        spans = self.geometry(epoch, stream).spans(w)
+        return [pc for p, q in spans for pc in plan.pieces(p, q)]
+
+    def window_order(self, epoch: int, stream: int, w: int, n: int) -> np.ndarray:
+        """The order in which window ``w``'s ``n`` samples are emitted."""
+        cfg = self.cfg
+        if not cfg.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([cfg.seed, epoch, cfg.rank, stream, w]).permutation(n)
+
+    def cursor_at(self, stream: int, epoch: int, batches: int) -> dict[str, int]:
+        """The cursor a stream reports after ``batches`` batches of ``epoch``.
+
+        A stream reads its tokens contiguously, so after ``d`` batches it is at token
+        ``d * B * (T + 1)`` of its window sequence; from the window token counts (index and
+        sidecars, no sample data) follow the window, the sample in shuffled order and the
+        offset, exactly as :meth:`TokenStream._after_batch` records them.
+        """
+        cfg = self.cfg
+        token = batches * cfg.batch_size * (cfg.seq_len + 1)
+        geometry, plan = self.geometry(epoch, stream), self.plan(epoch)
+        w = geometry.window_at(token, plan.tokens_before)
+        token -= geometry.tokens_before_window(w, plan.tokens_before)
+        source = self.source
+        sizes = [
+            np.diff([source.tokens_before(shard, k) for k in range(a, b + 1)])
+            for shard, a, b in self._window_pieces(epoch, stream, w)
+        ]
+        lens = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+        lens = lens[self.window_order(epoch, stream, w, len(lens))]
+        starts = np.concatenate([[0], np.cumsum(lens)])
+        k = int(np.searchsorted(starts, token, side="right")) - 1
+        return {"epoch": epoch, "window": w, "emitted": k, "offset": token - int(starts[k]),
+                "batches": batches}  # fmt: skip
+
+    def check_cursor(self, stream: int, cursor: dict[str, int]) -> None:
+        """Refuse a cursor that is not where ``stream`` stands after its ``batches``.
+
+        Raises:
+            StateMismatchError: naming the field (``streams[1].offset``) and its value.
+        """
+        e, d = cursor["epoch"], cursor["batches"]
+        nb = self.batches_per_stream(e)
+        if d >= nb:
+            raise mismatch(f"streams[{stream}].batches", d, f"epoch {e} has {nb} per stream")
+        want = self.cursor_at(stream, e, d)
+        for k in ("window", "emitted", "offset"):
+            if cursor[k] != want[k]:
+                raise mismatch(
+                    f"streams[{stream}].{k}", cursor[k],
+                    f"batch {d} of epoch {e} ends at window {want['window']}, emitted "
+                    f"{want['emitted']}, offset {want['offset']}",
+                )  # fmt: skip
+
     def load_window(self, epoch: int, stream: int, w: int) -> _Window:
         """Read window ``w`` (one ranged read per lane and shard) and shuffle it."""
-        cfg, plan = self.cfg, self.plan(epoch)
+        cfg = self.cfg
         toks: list[np.ndarray] = []
         docs: list[tuple[int, ...]] = []
-        spans = self.geometry(epoch, stream).spans(w)
-        for t, d in self._read_pieces([pc for p, q in spans for pc in plan.pieces(p, q)]):
+        for t, d in self._read_pieces(self._window_pieces(epoch, stream, w)):
             toks += t
             docs += d
         n = len(toks)
-        if cfg.shuffle:
-            order = np.random.default_rng([cfg.seed, epoch, cfg.rank, stream, w]).permutation(n)
-        else:
-            order = np.arange(n)
+        order = self.window_order(epoch, stream, w, n)
         toks = [toks[i] for i in order]
         lens = np.fromiter((len(t) for t in toks), dtype=np.int64, count=n)
         starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from wdstream.errors import InputError, StateMismatchError
+from wdstream.read.state import check_in_window, mismatch
 from wdstream.read.stream import ReaderConfig, copy_window
 from wdstream.read.text.source import TextSource
 
@@ -175,6 +177,35 @@ class TextContext:
         n = k - d % k
         return n if self.cap is None else min(n, self.cap // self.cfg.streams - d)
 
+    @property
+    def lockstep(self) -> bool:
+        """Whether streams served in turn move in step: only with the per-epoch cap (without
+        it each stream's epoch ends when its own files run out)."""
+        return self.cap is not None
+
+    def check_cursor(self, stream: int, cursor: dict[str, int]) -> None:
+        """Refuse a cursor past the epoch's cap or the stream's files.
+
+        Where a window starts inside its file (``byte``), and the document and token in it,
+        are checked when the window is re-read (:meth:`TextStream.fill`); ``window`` and
+        ``record`` only seed the shuffle and name positions in messages, so nothing checks
+        them beyond their range.
+
+        Raises:
+            StateMismatchError: naming the field (``streams[1].file``) and its value.
+        """
+        e, d = cursor["epoch"], cursor["batches"]
+        if self.cap is not None and d >= self.cap // self.cfg.streams:
+            nb = self.cap // self.cfg.streams
+            raise mismatch(
+                f"streams[{stream}].batches", d, f"batches_per_epoch gives {nb} per stream"
+            )
+        n = len(self.files(e, stream))
+        if cursor["file"] >= n:
+            raise mismatch(
+                f"streams[{stream}].file", cursor["file"], f"epoch {e} gives it {n} files"
+            )
+
     def files(self, epoch: int, stream: int) -> list[int]:
         """The stream's files in epoch ``epoch``, in reading order."""
         cfg = self.cfg
@@ -281,15 +312,42 @@ class TextStream:
             return
         c = self._cursor
         self._files = self.ctx.files(c["epoch"], self.stream)
-        f = c["file"]
-        if f < len(self._files):
-            self._reader = _DocReader(self.ctx.source, self._files, f, c["byte"], c["record"])
+        if c["file"] < len(self._files):
+            self._reader = self._open(c)
         win = self._next_window()
         if win is None:
             self._done = True
             return
+        check_in_window(self.stream, c, win.starts)
         self._wins = [win]
         self._pos = int(win.starts[c["emitted"]]) + c["offset"]
+
+    def _open(self, c: dict[str, int]) -> _DocReader:
+        """A reader from the cursor's window start, which must be where a document starts.
+
+        A cursor inside an epoch names where its window's first document was read, so
+        reading from there must meet that document at once; anything else (a byte inside a
+        record, past the file's end) is a broken state, not bad data.
+
+        Raises:
+            StateMismatchError: naming ``byte`` (and the file) when no document starts there.
+        """
+        f, byte = c["file"], c["byte"]
+        try:
+            reader = _DocReader(self.ctx.source, self._files, f, byte, c["record"])
+        except InputError as exc:
+            if c["batches"] == 0:
+                raise  # an epoch's start: the data itself is bad
+            raise self._not_a_start(c, f"reading there fails: {exc}") from exc
+        at = reader.position()
+        if c["batches"] and (at is None or at[:2] != (f, byte)):
+            reader.close()
+            raise self._not_a_start(c, "no document starts there")
+        return reader
+
+    def _not_a_start(self, c: dict[str, int], why: str) -> StateMismatchError:
+        name = self.ctx.source.where(self._files[c["file"]])
+        return mismatch(f"streams[{self.stream}].byte", c["byte"], f"{name}: {why}")
 
     def _available(self, need: int) -> bool:
         """Whether ``need`` more tokens exist in this epoch (reading windows ahead as needed)."""
