@@ -4,15 +4,18 @@
   206 + Content-Range, 416 past the end), HEAD, PUT (temporary file + rename) and DELETE.
 * :class:`FaultProxy`: forwards every request to an upstream (moto's S3 server) and can
   inject the same faults, answering 503 with an S3 ``SlowDown`` error document.
+* :class:`SilentServer`: accepts TCP connections and never answers (a hung endpoint).
 * :class:`Faults`: the knobs, shared by both. Decisions come from request counters, never
   from randomness, so a failing test fails the same way every time.
 """
 
 from __future__ import annotations
 
+import http
 import http.client
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -35,8 +38,10 @@ class Faults:
     """Fault-injection knobs; counters are per server and count every request.
 
     Attributes:
-        fail_first: answer the first n requests (any method) with 503.
-        fail_every: answer every k-th request with 503 (0: never).
+        fail_first: answer the first n requests (any method) with ``fail_status``.
+        fail_every: answer every k-th request with ``fail_status`` (0: never).
+        fail_status: the status of those answers (503, with an S3 ``SlowDown`` body, by
+            default; another status gets an S3 error body naming its phrase).
         cut_first: cut the body of the first n GET responses after ``cut_at`` bytes.
         cut_every: cut every k-th GET response (0: never).
         cut_at: body bytes sent before closing a cut response (the header still promises
@@ -44,6 +49,8 @@ class Faults:
         ignore_range: answer ranged GETs with 200 and the whole object.
         sent: body bytes handed to the socket so far (a counter, not a knob).
         delay: seconds to sleep before answering each request.
+        trickle: send GET bodies one byte at a time, this many seconds apart (0: at once):
+            every byte restarts the client's read timeout, so only a deadline stops it.
         lose_nth: (proxy) forward the n-th counted request, then answer 503 instead of the
             upstream reply: the request took effect but its answer was lost (0: never).
         methods: only requests with these methods count for the fail_*/delay knobs.
@@ -51,11 +58,13 @@ class Faults:
 
     fail_first: int = 0
     fail_every: int = 0
+    fail_status: int = 503
     cut_first: int = 0
     cut_every: int = 0
     cut_at: int = 1000
     ignore_range: bool = False
     delay: float = 0.0
+    trickle: float = 0.0
     lose_nth: int = 0
     methods: tuple[str, ...] = ("GET", "HEAD", "PUT", "DELETE", "POST")
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
@@ -100,9 +109,22 @@ class Faults:
 
 
 _DEFAULT_KNOBS = {
-    "fail_first": 0, "fail_every": 0, "cut_first": 0, "cut_every": 0, "cut_at": 1000,
-    "ignore_range": False, "delay": 0.0, "lose_nth": 0, "methods": Faults.methods,
+    "fail_first": 0, "fail_every": 0, "fail_status": 503, "cut_first": 0, "cut_every": 0,
+    "cut_at": 1000, "ignore_range": False, "delay": 0.0, "trickle": 0.0, "lose_nth": 0,
+    "methods": Faults.methods,
 }  # fmt: skip
+
+
+def _error_body(status: int) -> bytes:
+    """An S3-style error document: botocore reads the code from it, so a 501 must not say
+    ``SlowDown`` (which is retried whatever the status)."""
+    if status == 503:
+        return SLOWDOWN_XML
+    code = http.HTTPStatus(status).phrase.replace(" ", "").replace("-", "")
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+        f"<Message>injected HTTP {status}</Message></Error>"
+    ).encode()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -122,12 +144,13 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(faults.delay)
         if fail:
             self._drain()
-            self.send_response(503)
+            body = _error_body(faults.fail_status)
+            self.send_response(faults.fail_status)
             self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(SLOWDOWN_XML)))
+            self.send_header("Content-Length", str(len(body)))
             self.send_header("Retry-After", "0")
             self.end_headers()
-            self.wfile.write(SLOWDOWN_XML)
+            self.wfile.write(body)
             return True
         return False
 
@@ -151,6 +174,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
+        if self.server.faults.trickle and self.command == "GET":
+            self._trickle(body)
+            return
         try:
             for i in range(0, len(body), 64 << 10):
                 self.wfile.write(body[i : i + (64 << 10)])
@@ -158,10 +184,24 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client had what it wanted and hung up
 
+    def _trickle(self, body: bytes) -> None:
+        """Send ``body`` a byte at a time until it is sent, the client hangs up or the
+        server stops (so no handler thread outlives its test)."""
+        self.close_connection = True
+        for i in range(len(body)):
+            if self.server.stopping.wait(self.server.faults.trickle):
+                return
+            try:
+                self.wfile.write(body[i : i + 1])
+            except (BrokenPipeError, ConnectionResetError):
+                return
+            self.server.faults.count_sent(1)
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     faults: Faults
+    stopping: threading.Event
 
     def handle_error(self, request: object, client_address: object) -> None:
         # A client that hangs up early (it had the bytes it wanted) is normal here.
@@ -281,6 +321,7 @@ class _Running:
 
     def __init__(self, server: _Server) -> None:
         self._server = server
+        server.stopping = threading.Event()
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
@@ -296,6 +337,7 @@ class _Running:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        self._server.stopping.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)
@@ -340,3 +382,50 @@ class FaultProxy(_Running):
         server.upstream = upstream
         server.faults = Faults()
         super().__init__(server)
+
+
+class SilentServer:
+    """Accept TCP connections on 127.0.0.1 and never answer: a hung endpoint (a stuck
+    proxy, a process stopped under SIGSTOP). The connection succeeds and small requests fit
+    in the socket buffers, so a client waits only on its read timeout. A context manager.
+
+    Attributes:
+        connections: how many connections were accepted (one per request attempt).
+    """
+
+    def __init__(self) -> None:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.05)  # the accept loop checks for stop() this often
+        self._stop = threading.Event()
+        self._held: list[socket.socket] = []
+        self.connections = 0
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed by stop()
+            self.connections += 1
+            self._held.append(conn)  # kept open, never written to
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._sock.close()
+        for conn in self._held:
+            conn.close()
+
+    def __enter__(self) -> SilentServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

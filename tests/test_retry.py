@@ -95,7 +95,7 @@ def test_permanent_errors_are_not_retried() -> None:
     def fetch(start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
         raise RuntimeError("400 bad request")
 
-    with pytest.raises(RemoteReadError, match="400 bad request"):
+    with pytest.raises(RemoteReadError, match=r"\(not retried\): RuntimeError: 400 bad request"):
         _retrier().read(fetch, "u", 0, 10)
 
     def missing(start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
@@ -156,9 +156,134 @@ def test_policy_from_options() -> None:
     p = RetryPolicy.from_options(retries=2, timeout=3.0, backoff=0.5)
     assert (p.retries, p.connect_timeout, p.read_timeout, p.backoff) == (2, 3.0, 3.0, 0.5)
     assert RetryPolicy.from_options(timeout=(1.0, 30.0)).read_timeout == 30.0
-    for bad in ({"retries": -1}, {"timeout": 0}, {"backoff": -1.0}):
-        with pytest.raises(ValueError):
-            RetryPolicy.from_options(**bad)
+    q = RetryPolicy.from_options(deadline=2, min_throughput=1000, budget=7)
+    assert (q.deadline, q.min_throughput, q.budget) == (2.0, 1000.0, 7.0)
+    assert q.request_time(5_000) == 2.0 + 5.0
+    bad_options: list[dict[str, float]] = [
+        {"retries": -1}, {"timeout": 0}, {"backoff": -1.0},
+        {"deadline": 0}, {"min_throughput": -1}, {"budget": 0},
+    ]  # fmt: skip
+    for bad in bad_options:
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            RetryPolicy.from_options(**bad)  # type: ignore[arg-type]
+
+
+class FakeClock:
+    """Monotonic time that moves only when told to (or when the retrier sleeps)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _timed_retrier(clock: FakeClock, **policy: float) -> Retrier:
+    return Retrier(
+        RetryPolicy(**{"retries": 3, "backoff": 0.1, **policy}),  # type: ignore[arg-type]
+        lambda exc: isinstance(exc, ConnectionResetError),
+        random.Random(0),
+        sleep=clock.sleep,
+        clock=clock,
+    )
+
+
+class PacedFetch:
+    """``fetch`` over DATA whose n-th response sends 100-byte chunks ``paces[n]`` seconds
+    apart on ``clock`` (the last pace repeats)."""
+
+    def __init__(self, clock: FakeClock, paces: list[float]) -> None:
+        self.clock, self.paces = clock, paces
+        self.calls: list[tuple[int, int | None]] = []
+
+    def __call__(self, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+        pace = self.paces[min(len(self.calls), len(self.paces) - 1)]
+        self.calls.append((start, end))
+        body = DATA[start:end]
+
+        def chunks() -> Iterator[bytes]:
+            for i in range(0, len(body), 100):
+                self.clock.sleep(pace)
+                yield body[i : i + 100]
+
+        return len(body), chunks()
+
+
+def test_deadline_cuts_a_slow_response_and_resumes_after_its_last_byte() -> None:
+    clock = FakeClock()
+    # 1,000 bytes may take 3 s + 1,000 B / (1,000 B/s) = 4 s. The first response sends a
+    # chunk per second and is cut at its 5th (500 bytes, 5 s); the second brings the rest.
+    fetch = PacedFetch(clock, [1.0, 0.0])
+    r = _timed_retrier(clock, deadline=3.0, min_throughput=1_000.0)
+    assert r.read(fetch, "u", 0, 1_000) == DATA[:1_000]
+    assert fetch.calls == [(0, 1_000), (500, 1_000)]
+
+
+def test_a_trickle_counts_as_no_progress_and_fails_naming_the_offset() -> None:
+    clock = FakeClock()
+    fetch = PacedFetch(clock, [1.0])  # every response trickles
+    r = _timed_retrier(clock, retries=2, deadline=1.5, min_throughput=1e9, budget=1e6)
+    with pytest.raises(RemoteReadError) as info:
+        r.read(fetch, "http://h/s.tar", 0, 10_000)
+    err = info.value
+    # 3 attempts (1 + 2 retries) of 2 chunks each, every one cut at its deadline.
+    assert len(fetch.calls) == 3 and err.offset == 600
+    assert [start for start, _ in fetch.calls] == [0, 200, 400]
+    assert "DeadlineExceeded" in err.cause and "without progress" in str(err)
+
+
+def test_deadline_grows_with_the_bytes_asked() -> None:
+    clock = FakeClock()
+    fetch = PacedFetch(clock, [0.05])  # 2,000 B/s: 5 s for DATA, within 1 s + 10,240 B / 1,000 B/s
+    r = _timed_retrier(clock, deadline=1.0, min_throughput=1_000.0)
+    assert r.read(fetch, "u", 0, None) == DATA
+    assert len(fetch.calls) == 1
+
+
+def test_budget_stops_retries_of_a_read_without_progress() -> None:
+    clock = FakeClock()
+
+    def hung(start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+        clock.sleep(10.0)  # a read timeout of 10 s, each time
+        raise ConnectionResetError("read timed out")
+
+    r = _timed_retrier(clock, retries=100, budget=25.0)
+    with pytest.raises(RemoteReadError, match=r"at byte 0 failed after 3 attempts .*25s budget"):
+        r.read(hung, "u", 0, 10)
+    assert 30.0 <= clock.now < 31.0  # no retry started after the 25 s budget
+
+
+def test_budget_stops_retries_of_a_call() -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+
+    def put() -> None:
+        calls.append(clock.now)
+        clock.sleep(4.0)
+        raise ConnectionResetError("reset")
+
+    r = _timed_retrier(clock, retries=100, budget=10.0)
+    with pytest.raises(RemoteWriteError, match=r"PUT u failed after 3 attempts .*10s budget"):
+        r.call(put, "PUT", "u", RemoteWriteError)
+    assert len(calls) == 3
+
+
+def test_progress_restarts_the_budget() -> None:
+    clock = FakeClock()
+    # Each response brings 200 bytes in 8 s, then the connection resets: 40 s in all, far
+    # past a 20 s budget, but never 20 s without a new byte.
+    fetch = FlakyFetch([200] * 5 + [None], error=ConnectionResetError("reset"))
+
+    def slow(start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+        clock.sleep(8.0)
+        return fetch(start, end)
+
+    r = _timed_retrier(clock, retries=1, budget=20.0)
+    assert r.read(slow, "u", 0, 2_000) == DATA[:2_000]
+    assert clock.now > 40.0
 
 
 def test_error_types() -> None:

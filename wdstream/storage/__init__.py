@@ -38,7 +38,12 @@ __all__ = [
 
 # Options that only mean something for remote stores; a local root accepts and ignores them
 # so one set of storage options can be passed for any dataset URL.
-_REMOTE_ONLY = frozenset({"retries", "timeout", "backoff", "max_backoff", "endpoint_url"})
+_REMOTE_ONLY = frozenset(
+    {
+        "retries", "timeout", "backoff", "max_backoff", "deadline", "min_throughput", "budget",
+        "endpoint_url",
+    }
+)  # fmt: skip
 
 
 def open_store(url: str, create: bool = False, **options: Any) -> Store:
@@ -48,8 +53,9 @@ def open_store(url: str, create: bool = False, **options: Any) -> Store:
         url: local folder, ``file://path``, ``s3://bucket/prefix``, or ``http(s)://host/path``.
         create: create the root if missing (local folders only; object stores need nothing).
         options: backend options: ``retries``, ``timeout`` (seconds, or a ``(connect, read)``
-            pair), ``backoff`` for remote stores; ``endpoint_url``, ``region``, ``profile``,
-            ``part_size`` for S3; ``headers``, ``verify`` for HTTP.
+            pair), ``backoff``, ``max_backoff``, ``deadline``, ``min_throughput``, ``budget``
+            for remote stores (see :class:`RetryPolicy`); ``endpoint_url``, ``region``,
+            ``profile``, ``part_size`` for S3; ``headers``, ``verify`` for HTTP.
 
     Raises:
         ValueError: for a scheme wdstream does not read, such as ``pipe:``.

@@ -35,6 +35,7 @@ from wdstream.storage.retry import (
     iter_limited,
     iter_stream,
     redact_url,
+    transient_status,
 )
 
 __all__ = ["HttpStore", "ListingNotSupportedError"]
@@ -45,7 +46,7 @@ _SPOOL = 16 << 20
 
 
 class _HttpStatusError(Exception):
-    """A status that retrying will not fix (400, 405, ...)."""
+    """A status that retrying will not fix (400, 405, 501, ...)."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -76,7 +77,7 @@ def _retry_after(resp: requests.Response) -> float | None:
 
 
 def _check(resp: requests.Response, url: str) -> None:
-    """Map a status to an exception (``url`` is already redacted)."""
+    """Map the status of a read to an exception (``url`` is already redacted)."""
     code = resp.status_code
     if 200 <= code < 300:
         return
@@ -85,7 +86,19 @@ def _check(resp: requests.Response, url: str) -> None:
         raise FileNotFoundError(f"no such object: {url} (HTTP {code})")
     if code in (401, 403):
         raise PermissionError(f"access denied: {url} (HTTP {code})")
-    if code == 429 or code >= 500:
+    _check_write(resp)
+
+
+def _check_write(resp: requests.Response) -> None:
+    """Map the status of a write to an exception: retryable, or a status that repeating the
+    request cannot change (405, 413, 501, ...), which the retrier reports at once as a
+    ``RemoteWriteError`` naming it. A 404 or 403 on PUT says the server will not take the
+    object there, not that an object is missing, so it is not a FileNotFoundError."""
+    code = resp.status_code
+    if 200 <= code < 300:
+        return
+    resp.close()
+    if transient_status(code):
         raise TransientError(f"HTTP {code} {resp.reason}", _retry_after(resp))
     raise _HttpStatusError(f"HTTP {code} {resp.reason}")
 
@@ -126,7 +139,8 @@ class HttpStore(RemoteStore):
         url: the root; ``user:pass@`` in it is used for basic auth and a query string
             (a signed token) is appended to every object URL. Neither appears in
             :attr:`url`, messages or logs.
-        retries, timeout, backoff, max_backoff: see :class:`RetryPolicy`.
+        retries, timeout, backoff, max_backoff, deadline, min_throughput, budget: see
+            :class:`RetryPolicy`.
         headers: extra request headers (e.g. ``Authorization``); never logged.
         chunk_size: bytes per socket read of a response.
         verify: TLS verification, as in ``requests``.
@@ -142,13 +156,18 @@ class HttpStore(RemoteStore):
         headers: dict[str, str] | None = None,
         chunk_size: int = _CHUNK,
         verify: bool | str = True,
+        deadline: float | None = None,
+        min_throughput: float | None = None,
+        budget: float | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"not an http(s) URL: {redact_url(url)!r}")
         self._parts = parts
         self.url = redact_url(url).rstrip("/")
-        self.policy = RetryPolicy.from_options(retries, timeout, backoff, max_backoff)
+        self.policy = RetryPolicy.from_options(
+            retries, timeout, backoff, max_backoff, deadline, min_throughput, budget
+        )
         self.headers = dict(headers or {})
         self.chunk_size = chunk_size
         self.verify = verify
@@ -314,7 +333,7 @@ class HttpStore(RemoteStore):
                 headers={"Content-Type": "application/octet-stream"},
             )  # fmt: skip
             resp.close()
-            _check(resp, url)
+            _check_write(resp)
 
         self._retrier.call(put, "PUT", url, RemoteWriteError)
 
@@ -324,8 +343,8 @@ class HttpStore(RemoteStore):
         def delete() -> None:
             resp = self._session().delete(self._object_url(name), timeout=self._timeout)
             resp.close()
-            if resp.status_code != 404:
-                _check(resp, url)
+            if resp.status_code != 404:  # already gone is what DELETE wants
+                _check_write(resp)
 
         self._retrier.call(delete, "DELETE", url, RemoteWriteError)
 

@@ -1,9 +1,15 @@
-"""Local-filesystem store: atomic writes by ``rename``, ranged reads from cached ``mmap``s."""
+"""Local-filesystem store: atomic writes by ``rename``, ranged reads from cached ``mmap``s.
+
+Only regular files are read: a FIFO in place of a shard would block ``open()`` forever
+(until some process opens its write end), and a device or a directory is never a shard.
+"""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -21,6 +27,44 @@ PARTIAL_SUFFIX = ".partial"
 # Shards kept mapped at once: enough for every lane of a window and its read-ahead, far
 # below the usual limit of 1024 open files however many shards a dataset has.
 _MAPPED_FILES = 64
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _require_regular(path: Path, mode: int) -> None:
+    """Raise an OSError naming ``path`` and what it is, unless it is a regular file."""
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), f"file type {stat.S_IFMT(mode):o}")
+    code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL  # EISDIR: IsADirectoryError
+    raise OSError(
+        code, f"not a regular file but {kind}; shards and indexes must be files", str(path)
+    )
+
+
+def _open_regular(path: Path) -> int:
+    """A read-only descriptor of ``path``, refusing anything but a regular file.
+
+    ``stat`` first, so a device is never even opened (opening some has side effects); then
+    ``O_NONBLOCK``, so a FIFO swapped in after the ``stat`` cannot block ``open()``, and
+    ``fstat`` of the opened descriptor to catch that swap. Regular files ignore
+    ``O_NONBLOCK``.
+    """
+    _require_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        _require_regular(path, os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _unmap(mapped: mmap.mmap) -> None:
@@ -55,7 +99,7 @@ class LocalStore(Store):
             if name in self._maps:
                 self._maps.move_to_end(name)
                 return self._maps[name]
-            with open(self._path(name), "rb") as f:  # the map keeps its own descriptor
+            with open(_open_regular(self._path(name)), "rb") as f:  # the map has its own fd
                 size = os.fstat(f.fileno()).st_size
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
             self._maps[name] = mapped
@@ -66,7 +110,8 @@ class LocalStore(Store):
             return mapped
 
     def read(self, name: str) -> bytes:
-        return self._path(name).read_bytes()
+        with open(_open_regular(self._path(name)), "rb") as f:
+            return f.read()
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         return bytes(self.read_range_view(name, start, end))
@@ -78,7 +123,10 @@ class LocalStore(Store):
         return memoryview(mapped)[start : min(end, len(mapped))]
 
     def size(self, name: str) -> int:
-        return self._path(name).stat().st_size
+        path = self._path(name)
+        info = path.stat()
+        _require_regular(path, info.st_mode)
+        return info.st_size
 
     def exists(self, name: str) -> bool:
         return self._path(name).is_file()

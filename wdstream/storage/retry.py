@@ -11,8 +11,12 @@ the response) the loop asks only for the bytes still missing::
 
 The retry budget counts consecutive failures *without progress*; a response that brought
 new bytes resets it, so a long read over a flaky link finishes while a dead endpoint fails
-after ``retries`` attempts with a :class:`RemoteReadError` naming the URL, the byte offset
-and the last cause. URLs and causes are redacted before they reach a message or a log.
+after ``retries`` attempts, or once ``budget`` seconds have passed without progress, with a
+:class:`RemoteReadError` naming the URL, the byte offset and the last cause. Socket timeouts
+alone cannot stop a server that trickles a byte at a time (every byte restarts the read
+timeout), so each GET also has a deadline that grows with the bytes it asks for; a GET that
+misses it is cut and resumed like a dropped connection, but counts as no progress. URLs and
+causes are redacted before they reach a message or a log.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ __all__ = [
     "iter_stream",
     "redact_text",
     "redact_url",
+    "transient_status",
 ]
 
 log = logging.getLogger("wdstream.storage")
@@ -59,9 +64,14 @@ class TransientError(Exception):
         self.retry_after = retry_after
 
 
+class _DeadlineExceeded(TransientError):
+    """A GET ran past its deadline; the bytes it brought are kept but count as no progress,
+    so a server that trickles still runs out of budget."""
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How hard a remote store tries.
+    """How hard a remote store tries, and for how long (docs/STORAGE.md says why these).
 
     Attributes:
         retries: attempts after the first one before giving up (per read: consecutive
@@ -70,13 +80,21 @@ class RetryPolicy:
         max_backoff: cap of one delay (also caps a server's ``Retry-After``).
         connect_timeout: seconds to open a connection.
         read_timeout: seconds to wait for the next bytes of a response.
+        deadline: seconds one GET may take from connecting to its last byte, plus
+            ``bytes / min_throughput``; a GET past it is cut and resumed.
+        min_throughput: bytes per second a GET is expected to sustain beyond ``deadline``.
+        budget: seconds an operation may go without progress, over all its attempts; no
+            retry starts after it (an attempt in flight still ends by its own timeouts).
     """
 
     retries: int = 5
     backoff: float = 0.25
     max_backoff: float = 10.0
-    connect_timeout: float = 10.0
-    read_timeout: float = 60.0
+    connect_timeout: float = 5.0
+    read_timeout: float = 15.0
+    deadline: float = 30.0
+    min_throughput: float = float(1 << 20)
+    budget: float = 60.0
 
     @classmethod
     def from_options(
@@ -85,9 +103,16 @@ class RetryPolicy:
         timeout: float | tuple[float, float] | None = None,
         backoff: float | None = None,
         max_backoff: float | None = None,
+        deadline: float | None = None,
+        min_throughput: float | None = None,
+        budget: float | None = None,
     ) -> RetryPolicy:
         """Build a policy from ``open_store`` options; ``timeout`` is one number or a
-        ``(connect, read)`` pair."""
+        ``(connect, read)`` pair; options left as None keep their defaults.
+
+        Raises:
+            ValueError: for a negative count or delay, or a time limit that is not > 0.
+        """
         kw: dict[str, float | int] = {}
         if retries is not None:
             if retries < 0:
@@ -104,7 +129,30 @@ class RetryPolicy:
             if connect <= 0 or read <= 0:
                 raise ValueError(f"timeout must be > 0, got {timeout!r}")
             kw["connect_timeout"], kw["read_timeout"] = float(connect), float(read)
+        limits = {"deadline": deadline, "min_throughput": min_throughput, "budget": budget}
+        for key, value in limits.items():
+            if value is not None:
+                if value <= 0:
+                    raise ValueError(f"{key} must be > 0, got {value!r}")
+                kw[key] = float(value)
         return cls(**kw)  # type: ignore[arg-type]
+
+    def request_time(self, nbytes: int) -> float:
+        """Seconds one GET of ``nbytes`` may take, connect to last byte."""
+        return self.deadline + nbytes / self.min_throughput
+
+
+# Statuses that repeating the same request cannot fix although they are 5xx: the server does
+# not implement the method or HTTP version (501, 505), is misconfigured (506, 508, 510),
+# wants a captive-portal login (511), or is out of space (507, which outlasts any backoff).
+_PERMANENT_5XX = frozenset({501, 505, 506, 507, 508, 510, 511})
+# 4xx that do heal: the server timed out waiting for us (408), too early (425), throttling.
+_TRANSIENT_4XX = frozenset({408, 425, 429})
+
+
+def transient_status(status: int) -> bool:
+    """Whether an HTTP status is worth another attempt of the same request."""
+    return status in _TRANSIENT_4XX or (status >= 500 and status not in _PERMANENT_5XX)
 
 
 _USERINFO = re.compile(r"(?<=//)[^/@\s'\"]+@")
@@ -146,17 +194,25 @@ def redact_text(text: str) -> str:
 def describe(exc: BaseException) -> str:
     """One-line, redacted description of an exception, for messages and logs."""
     text = str(exc) or exc.__class__.__name__
-    return f"{exc.__class__.__name__}: {redact_text(text)}"[:500]
+    # botocore's ClientError text names the S3 error code but not the HTTP status.
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status:
+            text = f"HTTP {status}: {text}"
+    name = exc.__class__.__name__.lstrip("_")  # a private class still reads as a name
+    return f"{name}: {redact_text(text)}"[:500]
 
 
 class Retrier:
     """Runs backend calls under a :class:`RetryPolicy`.
 
     Args:
-        policy: retry counts, backoff and timeouts.
+        policy: retry counts, backoff, timeouts, deadline and budget.
         is_transient: tells which exceptions are worth another attempt.
         rng: source of jitter; jitter never affects data, only when attempts happen.
         sleep: injectable for tests.
+        clock: monotonic seconds, injectable for tests (deadline and budget).
     """
 
     def __init__(
@@ -165,11 +221,13 @@ class Retrier:
         is_transient: Callable[[BaseException], bool],
         rng: random.Random | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
         self.is_transient = is_transient
         self.rng = rng or random.Random()
         self.sleep = sleep
+        self.clock = clock
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based): "equal jitter", so
@@ -181,11 +239,35 @@ class Retrier:
             wait = max(wait, min(retry_after, p.max_backoff))
         return wait
 
-    def _wait(self, attempt: int, exc: BaseException, what: str, url: str) -> None:
-        wait = self.delay(attempt, getattr(exc, "retry_after", None))
+    def _retryable(self, exc: Exception) -> bool:
+        return isinstance(exc, TransientError) or self.is_transient(exc)
+
+    def _pause(
+        self,
+        exc: Exception,
+        failures: int,
+        since: float,
+        what: str,
+        error: type[RemoteStoreError],
+        url: str,
+        offset: int | None = None,
+        counted: str = "attempts",
+    ) -> None:
+        """Sleep before the next attempt, or raise ``error`` when the retries or the time
+        budget are spent (a retry that would start after the budget is not made)."""
+        p = self.policy
+        wait = self.delay(failures, getattr(exc, "retry_after", None))
+        elapsed = self.clock() - since
+        if failures > p.retries or elapsed + wait > p.budget:
+            raise error(
+                f"{what} failed after {failures} {counted} in {elapsed:.1f}s "
+                f"(limits: {p.retries} retries, {p.budget:g}s budget); "
+                f"last cause: {describe(exc)}",
+                url, describe(exc), offset,
+            ) from None  # fmt: skip
         log.warning(
-            "%s %s failed (%s); retry %d/%d in %.2fs",
-            what, url, describe(exc), attempt, self.policy.retries, wait,
+            "%s failed (%s); retry %d/%d in %.2fs",
+            what, describe(exc), failures, p.retries, wait,
         )  # fmt: skip
         self.sleep(wait)
 
@@ -199,43 +281,41 @@ class Retrier:
         """Run ``fn`` until it succeeds, retrying transient failures.
 
         Raises:
-            RemoteStoreError: ``error`` after the budget, or at once for a permanent failure
-                that is not a FileNotFoundError/PermissionError/ValueError.
+            RemoteStoreError: ``error`` after the retries or the time budget, or at once for
+                a permanent failure that is not a FileNotFoundError/PermissionError/ValueError.
         """
-        attempt = 0
+        failures = 0
+        since = self.clock()
         while True:
             try:
                 return fn()
             except (FileNotFoundError, PermissionError, RemoteStoreError, ValueError):
                 raise
             except Exception as exc:
-                if not (isinstance(exc, TransientError) or self.is_transient(exc)):
+                if not self._retryable(exc):
                     raise error(
-                        f"{what} {url} failed: {describe(exc)}", url, describe(exc)
-                    ) from None
-                attempt += 1
-                if attempt > self.policy.retries:
-                    raise error(
-                        f"{what} {url} failed after {attempt} attempts; "
-                        f"last cause: {describe(exc)}",
-                        url,
-                        describe(exc),
-                    ) from None
-                self._wait(attempt, exc, what, url)
+                        f"{what} {url} failed (not retried): {describe(exc)}",
+                        url, describe(exc),
+                    ) from None  # fmt: skip
+                failures += 1
+                self._pause(exc, failures, since, f"{what} {url}", error, url)
 
     def read(self, fetch: Fetch, url: str, start: int, end: int | None) -> bytes:
         """Read ``[start, end)`` (``end=None``: to the end) through ``fetch``, resuming
         from the last byte received after every failure.
 
         Raises:
-            RemoteReadError: after ``retries`` consecutive attempts without progress, naming
-                ``url``, the offset of the first missing byte and the last cause.
+            RemoteReadError: after ``retries`` consecutive attempts without progress, or
+                ``budget`` seconds without progress, naming ``url``, the offset of the first
+                missing byte and the last cause.
         """
         parts: list[bytes] = []
         pos = start
         failures = 0
+        since = self.clock()  # when the current run of attempts without progress began
         while end is None or pos < end:
             before = pos
+            began = self.clock()
             try:
                 promised, chunks = fetch(pos, end)
                 got = 0
@@ -244,6 +324,8 @@ class Retrier:
                         parts.append(chunk)
                         got += len(chunk)
                         pos += len(chunk)
+                        if got != promised:
+                            self._check_deadline(began, promised, got)
                 finally:
                     close = getattr(chunks, "close", None)
                     if close is not None:
@@ -254,20 +336,30 @@ class Retrier:
             except (FileNotFoundError, PermissionError, RemoteStoreError, ValueError):
                 raise
             except Exception as exc:
-                if not (isinstance(exc, TransientError) or self.is_transient(exc)):
+                if not self._retryable(exc):
                     raise RemoteReadError(
-                        f"read of {url} at byte {pos} failed: {describe(exc)}",
+                        f"read of {url} at byte {pos} failed (not retried): {describe(exc)}",
                         url, describe(exc), pos,
                     ) from None  # fmt: skip
-                failures = 1 if pos > before else failures + 1
-                if failures > self.policy.retries:
-                    raise RemoteReadError(
-                        f"read of {url} at byte {pos} failed after {failures} attempts "
-                        f"without progress; last cause: {describe(exc)}",
-                        url, describe(exc), pos,
-                    ) from None  # fmt: skip
-                self._wait(failures, exc, f"read at byte {pos} of", url)
+                if pos > before and not isinstance(exc, _DeadlineExceeded):
+                    failures, since = 1, self.clock()
+                else:
+                    failures += 1
+                what = f"read of {url} at byte {pos}"
+                counted = "attempts without progress"
+                self._pause(exc, failures, since, what, RemoteReadError, url, pos, counted)
         return b"".join(parts)
+
+    def _check_deadline(self, began: float, promised: int, got: int) -> None:
+        """Cut a GET that has run past its deadline. The allowance grows with the bytes
+        promised (or received, when the length is unknown), so a large healthy read is
+        never cut while a trickle of bytes is."""
+        allowed = self.policy.request_time(max(promised, got))
+        took = self.clock() - began
+        if took > allowed:
+            raise _DeadlineExceeded(
+                f"{got} of {promised or 'unknown'} bytes in {took:.2f}s (allowed {allowed:.2f}s)"
+            )
 
 
 def iter_limited(chunks: Iterator[bytes], skip: int, limit: int | None) -> Iterator[bytes]:

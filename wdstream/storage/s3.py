@@ -8,8 +8,10 @@ boto3's own ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` variables or the
 Atomicity: an object appears under its key only through one ``PutObject`` (small objects) or
 one ``CompleteMultipartUpload`` (large ones), both sent only when the ``with`` block exits
 cleanly. An exception aborts the multipart upload; a killed process leaves an *incomplete
-multipart upload*, which is invisible to readers and listing, costs storage until it is
-aborted, and is removed by :meth:`S3Store.remove_partials` (or a bucket lifecycle rule).
+multipart upload*, which is invisible to readers and listing but costs storage until it is
+aborted. The next complete write of the same key aborts those leftovers (a rerun of a killed
+pack rewrites the shard it was writing); :meth:`S3Store.remove_partials` clears a whole
+prefix, and a bucket lifecycle rule clears what no rerun rewrites.
 
 botocore's own retries are switched off so that one policy (:mod:`wdstream.storage.retry`)
 governs every call, and so a retried read asks only for the bytes it is missing.
@@ -17,6 +19,7 @@ governs every call, and so a retried read asks only for the bytes it is missing.
 
 from __future__ import annotations
 
+import builtins
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -38,6 +41,7 @@ from wdstream.storage.retry import (
     describe,
     iter_stream,
     log,
+    transient_status,
 )
 
 __all__ = ["MIN_PART_SIZE", "S3Store"]
@@ -56,10 +60,6 @@ _RETRYABLE_CODES = frozenset(
         "RequestThrottled",
         "RequestLimitExceeded",
         "BandwidthLimitExceeded",
-        "500",
-        "502",
-        "503",
-        "504",
     }
 )
 _MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound", "NoSuchBucket"})
@@ -77,7 +77,8 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, bce.ClientError):
         code, status = _code(exc)
-        return code in _RETRYABLE_CODES or status == 429 or status >= 500
+        # 501 NotImplemented (an unsupported header or feature) will not heal: not retried.
+        return code in _RETRYABLE_CODES or transient_status(status)
     return isinstance(
         exc,
         (
@@ -118,7 +119,8 @@ class S3Store(RemoteStore):
         endpoint_url: S3-compatible endpoint; default from boto3 (``AWS_ENDPOINT_URL``).
         region: region name; default from boto3's chain.
         profile: a named profile of the shared config files.
-        retries, timeout, backoff, max_backoff: see :class:`RetryPolicy`.
+        retries, timeout, backoff, max_backoff, deadline, min_throughput, budget: see
+            :class:`RetryPolicy`.
         part_size: bytes per multipart part (at least 5 MiB); objects up to this size are
             written with one PutObject.
         max_pool_connections: connections the client keeps (threads reading at once).
@@ -138,6 +140,9 @@ class S3Store(RemoteStore):
         max_backoff: float | None = None,
         part_size: int = 8 << 20,
         max_pool_connections: int = 16,
+        deadline: float | None = None,
+        min_throughput: float | None = None,
+        budget: float | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "s3" or not parts.netloc:
@@ -151,7 +156,9 @@ class S3Store(RemoteStore):
         self.endpoint_url = endpoint_url
         self.region = region
         self.profile = profile
-        self.policy = RetryPolicy.from_options(retries, timeout, backoff, max_backoff)
+        self.policy = RetryPolicy.from_options(
+            retries, timeout, backoff, max_backoff, deadline, min_throughput, budget
+        )
         self.part_size = part_size
         self.max_pool_connections = max_pool_connections
         self._setup()
@@ -164,11 +171,12 @@ class S3Store(RemoteStore):
         self._lock = threading.Lock()
         self._client: Any = None
         self._client_pid: int | None = None
+        self._leftovers_unlistable = False
 
     def __getstate__(self) -> dict[str, Any]:
         # The client (sockets, credentials) is rebuilt in each DataLoader worker.
         state = self.__dict__.copy()
-        for key in ("_retrier", "_lock", "_client", "_client_pid"):
+        for key in ("_retrier", "_lock", "_client", "_client_pid", "_leftovers_unlistable"):
             state.pop(key, None)
         return state
 
@@ -296,17 +304,61 @@ class S3Store(RemoteStore):
     def remove_partials(self) -> int:
         """Abort incomplete multipart uploads under the prefix (leftovers of killed writers);
         returns how many were aborted. Do not run it while another writer is active."""
-        count = 0
+        uploads = self._retrier.call(
+            lambda: self._incomplete_uploads(self.prefix), "ListMultipartUploads", self.url,
+            RemoteWriteError,
+        )  # fmt: skip
+        for key, upload_id in uploads:
+            self._abort_upload(key, upload_id)
+        return len(uploads)
+
+    # builtins.list: inside this class ``list`` names the method S3Store.list.
+    def _incomplete_uploads(self, prefix: str) -> builtins.list[tuple[str, str]]:
+        """(key, upload id) of every incomplete multipart upload whose key starts with
+        ``prefix``."""
         pages = self.client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=self.prefix
+            Bucket=self.bucket, Prefix=prefix
         )
-        for page in pages:
-            for upload in page.get("Uploads", ()):
-                self.client.abort_multipart_upload(
-                    Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                )
-                count += 1
-        return count
+        return [(u["Key"], u["UploadId"]) for page in pages for u in page.get("Uploads", ())]
+
+    def _abort_upload(self, key: str, upload_id: str) -> None:
+        def abort() -> None:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            except bce.ClientError as exc:
+                if _code(exc)[0] != "NoSuchUpload":  # gone already is what we want
+                    raise
+
+        url = f"s3://{self.bucket}/{key}"
+        self._retrier.call(abort, "AbortMultipartUpload", url, RemoteWriteError)
+
+    def _abort_leftovers(self, name: str) -> None:
+        """Abort earlier incomplete multipart uploads of ``name``'s key (a killed writer's).
+
+        Called after a complete write of the key, so it never races this writer's own
+        upload; assumes one writer per key at a time (``pack`` holds a lock on its output).
+        A failure here (for instance no ``s3:ListBucketMultipartUploads`` permission) does
+        not fail the write, whose object is complete: it is logged once per store.
+        """
+        if self._leftovers_unlistable:
+            return
+        key, url = self._key(name), self.child_url(name)
+        try:
+            uploads = self._retrier.call(
+                lambda: self._incomplete_uploads(key), "ListMultipartUploads", url,
+                RemoteWriteError,
+            )  # fmt: skip
+            for other_key, upload_id in uploads:
+                if other_key == key:  # the prefix also matches longer keys
+                    self._abort_upload(key, upload_id)
+        except RemoteWriteError as exc:
+            self._leftovers_unlistable = True
+            log.warning(
+                "%s is written, but earlier incomplete multipart uploads of it could not be "
+                "aborted (%s); not trying again for %s. Use remove_partials() or a bucket "
+                "lifecycle rule AbortIncompleteMultipartUpload",
+                url, exc.cause, self.url,
+            )  # fmt: skip
 
     def close(self) -> None:
         with self._lock:
@@ -389,6 +441,7 @@ class _S3Writer:
                 lambda: client.put_object(Bucket=s.bucket, Key=self._key, Body=body),
                 "PutObject",
             )
+            s._abort_leftovers(self._name)
             return
         if self._buf:
             self._upload_part(bytes(self._buf))
@@ -414,6 +467,7 @@ class _S3Writer:
 
         self._call(complete, "CompleteMultipartUpload")
         self._upload_id = None
+        s._abort_leftovers(self._name)
 
     def abort(self) -> None:
         """Drop everything written; nothing appears under the name."""
@@ -427,7 +481,7 @@ class _S3Writer:
             s.client.abort_multipart_upload(Bucket=s.bucket, Key=self._key, UploadId=upload_id)
         except Exception as exc:  # the original exception matters more than this one
             log.warning(
-                "could not abort the multipart upload of %s (%s); "
-                "S3Store.remove_partials() or a lifecycle rule will clear it",
+                "could not abort the multipart upload of %s (%s); the next complete write "
+                "of it, S3Store.remove_partials() or a lifecycle rule will clear it",
                 self._url, describe(exc),
             )  # fmt: skip
