@@ -86,14 +86,14 @@ def _check(resp: requests.Response, url: str) -> None:
         raise FileNotFoundError(f"no such object: {url} (HTTP {code})")
     if code in (401, 403):
         raise PermissionError(f"access denied: {url} (HTTP {code})")
-    _check_write(resp)
+    _check_status(resp)
 
 
-def _check_write(resp: requests.Response) -> None:
-    """Map the status of a write to an exception: retryable, or a status that repeating the
-    request cannot change (405, 413, 501, ...), which the retrier reports at once as a
-    ``RemoteWriteError`` naming it. A 404 or 403 on PUT says the server will not take the
-    object there, not that an object is missing, so it is not a FileNotFoundError."""
+def _check_status(resp: requests.Response) -> None:
+    """Map a status to an exception: retryable, or one that repeating the request cannot
+    change (405, 413, 501, ...), which the retrier reports at once, naming it. Writes use
+    this alone: a 404 or 403 on PUT says the server will not take the object there, not
+    that an object is missing, so it is a ``RemoteWriteError``, not a FileNotFoundError."""
     code = resp.status_code
     if 200 <= code < 300:
         return
@@ -333,7 +333,7 @@ class HttpStore(RemoteStore):
                 headers={"Content-Type": "application/octet-stream"},
             )  # fmt: skip
             resp.close()
-            _check_write(resp)
+            _check_status(resp)
 
         self._retrier.call(put, "PUT", url, RemoteWriteError)
 
@@ -344,7 +344,7 @@ class HttpStore(RemoteStore):
             resp = self._session().delete(self._object_url(name), timeout=self._timeout)
             resp.close()
             if resp.status_code != 404:  # already gone is what DELETE wants
-                _check_write(resp)
+                _check_status(resp)
 
         self._retrier.call(delete, "DELETE", url, RemoteWriteError)
 
