@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -45,9 +47,15 @@ def test_sidecar_shorter_than_the_index_names_the_file(tmp_path: Path) -> None:
     write_synthetic_dataset(str(tmp_path), n_docs=40, sample_tokens=17, samples_per_shard=7)
     side_path = tmp_path / "data-000000.idx"
     side = ShardSidecar.from_bytes(side_path.read_bytes())
-    side_path.write_bytes(
-        ShardSidecar(side.offsets[:3], side.sizes[:3], side.tokens[:3]).to_bytes()
-    )
+    short = ShardSidecar(side.offsets[:3], side.sizes[:3], side.tokens[:3], side.crc32c[:3])
+    side_path.write_bytes(short.to_bytes())
+    loader = Loader(str(tmp_path), seq_len=16, batch_size=2, shuffle=False, num_workers=0)
+    with pytest.raises(CorruptShardError, match=r"data-000000\.idx: sha256 .* differs"):
+        next(iter(loader))
+    # Even with index.json edited to carry the short sidecar's hash, the counts disagree.
+    index = json.loads((tmp_path / "index.json").read_text())
+    index["shards"][0]["sidecar_sha256"] = hashlib.sha256(short.to_bytes()).hexdigest()
+    (tmp_path / "index.json").write_text(json.dumps(index))
     loader = Loader(str(tmp_path), seq_len=16, batch_size=2, shuffle=False, num_workers=0)
     with pytest.raises(CorruptShardError, match=r"data-000000\.idx: 3 samples, index.json says 7"):
         next(iter(loader))
