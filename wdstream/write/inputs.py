@@ -44,8 +44,8 @@ STDIN = "-"
 _MAX_LOCATIONS = 10
 _MAX_KEYS = 8  # keys an error lists when the text field is missing
 _ZSTD_CHUNK = 1 << 16  # compressed bytes per decompress call; bounds the memory of one call
-# A lone UTF-16 surrogate can only come from a \uD800-\uDFFF escape in the JSON (the line was
-# decoded from UTF-8, which never yields one); UTF-8 cannot encode it, so no tokenizer takes it.
+# A lone UTF-16 surrogate comes from a \uD800-\uDFFF escape in the JSON (UTF-8 decoding never
+# yields one); UTF-8 cannot encode it, so no tokenizer takes it.
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
 
@@ -328,46 +328,57 @@ class DocumentReader:
         the recursion limit, an integer longer than Python's digit limit), has no text field,
         or the field is not a string or holds a lone surrogate.
         """
-        where = f"{path}:{lineno}"
         try:
             obj: Any = json.loads(line)
         except json.JSONDecodeError as exc:
-            self._bad(where, f"malformed JSON ({_json_problem(exc, line)})")
+            self._bad(f"{path}:{lineno}", f"malformed JSON ({_json_problem(exc, line)})")
             return None
         except RecursionError:
-            self._bad(where, "JSON nested too deeply to parse (Python's recursion limit)")
+            self._bad(
+                f"{path}:{lineno}", "JSON nested too deeply to parse (Python's recursion limit)"
+            )
             return None
         except ValueError:  # the only other one json raises: an integer over the digit limit
             limit = sys.get_int_max_str_digits()
-            self._bad(where, f"JSON integer longer than Python's limit of {limit:,} digits")
+            self._bad(
+                f"{path}:{lineno}", f"JSON integer longer than Python's limit of {limit:,} digits"
+            )
             return None
         for depth, key in enumerate(self._keys):
             if not isinstance(obj, dict) or key not in obj:
                 owner = repr(".".join(self._keys[:depth])) if depth else "the record"
-                self._bad(where, f"no text field {self.text_key!r} ({_keys_found(obj, owner)})")
+                self._bad(
+                    f"{path}:{lineno}",
+                    f"no text field {self.text_key!r} ({_keys_found(obj, owner)})",
+                )
                 return None
             obj = obj[key]
         if not isinstance(obj, str):
-            self._bad(where, f"text field {self.text_key!r} is {type(obj).__name__}, not a string")
+            self._bad(
+                f"{path}:{lineno}",
+                f"text field {self.text_key!r} is {type(obj).__name__}, not a string",
+            )
             return None
-        if "\\ud" in line or "\\uD" in line:  # cheap test before the search
-            return self._without_surrogates(obj, where)
+        if not obj.isascii():  # O(1), and ASCII text cannot hold a surrogate
+            return self._without_surrogates(obj, path, lineno)
         return obj
 
-    def _without_surrogates(self, text: str, where: str) -> str | None:
+    def _without_surrogates(self, text: str, path: str, lineno: int) -> str | None:
         """``text``, unless it holds a lone surrogate: then a bad record, or U+FFFD for it."""
-        found = _SURROGATE.search(text)
-        if found is None:
-            return text
-        if self.errors == "replace":
-            return _SURROGATE.sub("\ufffd", text)
-        self._bad(
-            where,
-            f"text field {self.text_key!r} holds a lone surrogate \\u{ord(found[0]):04x} at "
-            f"character {found.start()} (half of a UTF-16 pair, not text UTF-8 can encode; "
-            "use errors='replace' / --errors replace to substitute U+FFFD)",
-        )
-        return None
+        try:
+            text.encode("utf-8")  # several times faster than a regex search for one
+        except UnicodeEncodeError as exc:
+            if self.errors == "replace":
+                return _SURROGATE.sub("\ufffd", text)
+            self._bad(
+                f"{path}:{lineno}",
+                f"text field {self.text_key!r} holds a lone surrogate "
+                f"\\u{ord(text[exc.start]):04x} at character {exc.start} (half of a UTF-16 pair, "
+                "not text UTF-8 can encode; use errors='replace' / --errors replace to "
+                "substitute U+FFFD)",
+            )
+            return None
+        return text
 
     def __iter__(self) -> Iterator[tuple[str, Position]]:
         start = self.start or Position(0, 0, 0, 0, 0, 0)
