@@ -23,7 +23,7 @@ import wdstream
 from wdstream.cli import main
 from wdstream.errors import InputError
 from wdstream.tokenizer import load_tokenizer
-from wdstream.write.inputs import DocumentReader, expand_inputs
+from wdstream.write.inputs import DocumentReader, decompressed, expand_inputs
 from wdstream.write.progress import Progress
 
 N_DOCS = 3000
@@ -154,6 +154,20 @@ def test_corrupt_zstd_names_the_file(tmp_path: Path) -> None:
         f"{src}: read failed (corrupt zstd data in compressed bytes 0-{len(comp):,}: "
         "zstd decompressor error: Data corruption detected)"
     )
+
+
+@pytest.mark.parametrize("name", ["a.jsonl.zst", "a.jsonl.gz"])
+def test_decompressed_raises_eof_where_the_data_stops(name: str) -> None:
+    data = _jsonl()
+    if name.endswith(".zst"):
+        comp = zstandard.ZstdCompressor(write_checksum=True).compress(data)
+    else:
+        comp = gzip.compress(data)
+    assert decompressed(io.BytesIO(comp), name).read() == data
+    stream = decompressed(io.BytesIO(comp[:-2]), name)  # all the data, the end marker cut
+    with pytest.raises(EOFError):
+        stream.read()
+    assert stream.tell() == len(data)
 
 
 # ---- truncated gzip -------------------------------------------------------------------------

@@ -34,7 +34,14 @@ from braceexpand import braceexpand
 
 from wdstream.errors import InputError
 
-__all__ = ["INPUT_SUFFIXES", "DocumentReader", "InputFile", "Position", "expand_inputs"]
+__all__ = [
+    "INPUT_SUFFIXES",
+    "DocumentReader",
+    "InputFile",
+    "Position",
+    "decompressed",
+    "expand_inputs",
+]
 
 INPUT_SUFFIXES = (
     ".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst",
@@ -198,16 +205,25 @@ class _ZstdFrames(io.RawIOBase):
         return b"".join(out)
 
 
+def decompressed(raw: IO[bytes], name: str) -> IO[bytes]:
+    """``raw`` decompressed as its ``name`` says (``.gz``, ``.zst``), else ``raw`` itself.
+
+    Data cut short raises EOFError where it ends (gzip's own check; for zstd a frame that
+    never ends) and corrupt data an OSError, rather than the stream ending early in silence.
+    """
+    if name.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if name.endswith(".zst"):
+        return io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20)
+    return raw
+
+
 def _open_binary(path: str) -> tuple[IO[bytes], IO[bytes]]:
     """The decompressed stream of ``path`` and the file itself (what progress counts)."""
     if path == STDIN:
         return sys.stdin.buffer, sys.stdin.buffer
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
-    if path.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb"), raw  # type: ignore[return-value]
-    if path.endswith(".zst"):
-        return io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20), raw
-    return raw, raw
+    return decompressed(raw, path), raw
 
 
 def _compression(path: str) -> str | None:
