@@ -98,7 +98,12 @@ def test_sidecar_round_trip_and_byte_range() -> None:
 def test_index_json_round_trip_and_version_check() -> None:
     shard = ShardEntry("d-000000.tar", "d-000000.idx", 3, 30, 2, 4096, "ab" * 32, "cd" * 32)
     index = DatasetIndex(
-        tokenizer={"name": "cl100k_base"},
+        tokenizer={
+            "name": "cl100k_base",
+            "backend": "tiktoken",
+            "ranks_sha256": "ef" * 32,
+            "n_vocab": 100277,
+        },
         eos_id=100257,
         bos_id=None,
         dtype="uint32",
@@ -106,6 +111,7 @@ def test_index_json_round_trip_and_version_check() -> None:
         seq_len=9,
         sample_tokens=10,
         shards=(shard,),
+        checksum="crc32c",
     )
     assert DatasetIndex.from_json(index.to_json()) == index
     with pytest.raises(ValueError, match="format version 99"):

@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.errors import CorruptShardError
-from wdstream.format.index import INDEX_NAME, DatasetIndex
-from wdstream.format.sample import Sample
+from wdstream.errors import CorruptShardError, IncompleteDatasetError, IndexValidationError
+from wdstream.format.index import DatasetIndex, ShardEntry
+from wdstream.format.sample import SAMPLE_SUFFIXES, Sample
+from wdstream.format.sidecar import ShardSidecar
+from wdstream.format.tar import BLOCK, END_OF_ARCHIVE
 from wdstream.read.shards import (
     decode_span,
     iter_samples,
@@ -146,17 +148,31 @@ class VerifyReport:
 
 
 def verify_dataset(root: str | Store) -> VerifyReport:
-    """Check every shard's and sidecar's sha256, that every sample decodes, and the counts.
+    """Check every byte of a dataset against its ``index.json``.
 
-    Stops at the first bad shard; ``problems[0]`` names it (and the sample and byte offset
-    when a sample is at fault).
+    The index itself is validated when it is opened (:meth:`DatasetIndex.from_json`). Then,
+    for every shard in order: its size and its sidecar's sha256; that its tar members are
+    exactly the samples the sidecar lists, back to back, each named with its dataset-wide
+    sample number (``000000000012.mp``, ``.msgpack`` in v1); that every sample decodes
+    (checksum included) and fits the index (dtype, ids below the vocabulary, concat:
+    ``sample_tokens`` tokens but in the dataset's last sample, docs: one whole document);
+    the shard's sha256; its token and document counts.
+
+    Member names are part of the format, so a shard whose members are named otherwise
+    fails even though readers (which go by the sidecars) read it: the names are the only
+    record inside the shards of where each sample belongs (a shard moved to another
+    position with its index entry is caught by nothing else), and they are the keys
+    webdataset users get. Shards written by other tools are not wdstream datasets.
+
+    Stops at the first problem; ``problems[0]`` names the index or the shard (and the
+    sample and byte offset when a sample is at fault).
     """
     store = root if isinstance(root, Store) else open_store(root)
     report = VerifyReport(ok=True)
     try:
         index = read_index(store)
-    except (FileNotFoundError, ValueError) as exc:
-        return VerifyReport(ok=False, problems=[f"{store.child_url(INDEX_NAME)}: {exc}"])
+    except (IncompleteDatasetError, IndexValidationError) as exc:  # each names index.json
+        return VerifyReport(ok=False, problems=[str(exc)])
     for shard in index.shards:
         where = store.child_url(shard.name)
         try:
@@ -174,8 +190,9 @@ def verify_dataset(root: str | Store) -> VerifyReport:
 
 
 def _verify_shard(
-    store: Store, index: DatasetIndex, shard: Any, report: VerifyReport
+    store: Store, index: DatasetIndex, shard: ShardEntry, report: VerifyReport
 ) -> str | None:
+    """First problem of one shard, or None after adding its counts to ``report``."""
     where = store.child_url(shard.name)
     size = store.size(shard.name)
     if size != shard.bytes:
@@ -183,19 +200,82 @@ def _verify_shard(
     if store_sha256(store, shard.sidecar) != shard.sidecar_sha256:
         return f"{store.child_url(shard.sidecar)}: sha256 differs from index.json"
     sidecar = read_sidecar(store, shard)
-    # One read of the shard serves both the sample checks and the hash.
+    # One read of the shard serves the sample, hash and member checks.
     data = memoryview(store.read(shard.name))
+    first = report.samples  # the dataset-wide number of this shard's first sample
     tokens = docs = 0
+    last = index.total_samples - 1
     for k, smp in enumerate(decode_span(data, 0, sidecar, 0, len(sidecar), where)):
-        if index.dtype and smp.tokens.dtype.name != index.dtype:
-            return f"{where}: sample {k} at byte {int(sidecar.offsets[k])}: dtype {smp.tokens.dtype.name}, index says {index.dtype}"
+        problem = _sample_problem(index, smp, first + k, last)
+        if problem:
+            return f"{where}: sample {k} at byte {int(sidecar.offsets[k])}: {problem}"
         tokens += len(smp.tokens)
         docs += len(smp.doc_lens) - (1 if smp.cont else 0)
     if hashlib.sha256(data).hexdigest() != shard.sha256:
         return f"{where}: sha256 differs from index.json"
+    # After the hash: a damaged header is reported as such; a shard that hashes right but
+    # is misnamed was moved, renamed or written by another tool.
+    problem = _members_problem(data, sidecar, first, SAMPLE_SUFFIXES[index.version])
+    if problem:
+        return f"{where}: {problem}"
     if tokens != shard.tokens or docs != shard.documents:
         return f"{where}: holds {tokens} tokens / {docs} documents, index.json says {shard.tokens} / {shard.documents}"
     report.samples += len(sidecar)
     report.tokens += tokens
     report.documents += docs
+    return None
+
+
+def _members_problem(
+    data: memoryview, sidecar: ShardSidecar, first: int, suffix: str
+) -> str | None:
+    """Whether the tar holds exactly the sidecar's samples, back to back, named in order.
+
+    Reads the name and size fields of each header in place (a full header parse costs
+    more than the rest of the verification of a sample).
+    """
+    offsets = sidecar.offsets.astype(np.int64)
+    ends = offsets + (sidecar.sizes.astype(np.int64) + BLOCK - 1) // BLOCK * BLOCK
+    follows = np.concatenate([[0], ends[:-1]])
+    stray = np.flatnonzero(offsets - BLOCK != follows)
+    if len(stray):
+        k = int(stray[0])
+        return (
+            f"sample {k} at byte {int(offsets[k])}: other bytes between byte {int(follows[k])} "
+            "and its header (a shard holds its samples and nothing else)"
+        )
+    if bytes(data[int(ends[-1]) :]) != END_OF_ARCHIVE:
+        return f"bytes after sample {len(sidecar) - 1} other than the end-of-archive marker"
+    for k, (offset, size) in enumerate(zip(offsets.tolist(), sidecar.sizes.tolist(), strict=True)):
+        header = data[offset - BLOCK : offset]
+        name = bytes(header[:100]).rstrip(b"\0").decode("utf-8", "replace")
+        want = f"{first + k:012d}{suffix}"
+        if name != want:
+            return (
+                f"sample {k} at byte {offset}: member {name!r}, expected {want!r} (its "
+                "dataset-wide number: shards out of order or renamed, or not packed by wdstream)"
+            )
+        if bytes(header[124:136]) != b"%011o\0" % size:
+            return f"sample {k} at byte {offset}: tar header size differs from the sidecar's {size}"
+    return None
+
+
+def _sample_problem(index: DatasetIndex, smp: Sample, number: int, last: int) -> str | None:
+    """What in the dataset's sample ``number`` (of ``0..last``) disagrees with the index."""
+    n = len(smp.tokens)
+    if smp.tokens.dtype.name != index.dtype:
+        return f"dtype {smp.tokens.dtype.name}, index says {index.dtype}"
+    limit = max(index.tokenizer["n_vocab"], -1 if index.bos_id is None else index.bos_id + 1)
+    if n and int(smp.tokens.max()) >= limit:
+        return f"token id {int(smp.tokens.max())} outside the vocabulary (ids < {limit})"
+    if number == 0 and smp.cont:
+        return "continues a document, but it is the dataset's first sample"
+    if index.mode == "docs" and (smp.cont or smp.doc_lens != (n,)):
+        return (
+            f"pieces {list(smp.doc_lens)}, cont {smp.cont}: mode 'docs' has one whole "
+            "document per sample"
+        )
+    st = index.sample_tokens
+    if index.mode == "concat" and st and not (0 < n <= st if number == last else n == st):
+        return f"{n} tokens, sample_tokens is {st} (only the dataset's last sample may be shorter)"
     return None

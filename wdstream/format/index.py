@@ -10,8 +10,11 @@ workers is here, so planning needs no communication and no shard reads.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from wdstream.format.index_checks import index_error, join_path, show_value, validate_index
 
 __all__ = [
     "FORMAT_NAME",
@@ -29,6 +32,8 @@ READABLE_VERSIONS = (1, 2)
 INDEX_NAME = "index.json"
 # Present at a dataset root only while a pack runs there or after one was interrupted.
 JOURNAL_NAME = ".wdstream-pack.json"
+_MAX_NUMBER_CHARS = 40  # a count has at most 20 digits; json alone would take 4300
+_MAX_DEPTH = 16  # index.json nests 4 levels deep; the limit keeps recursion bounded
 
 
 @dataclass(frozen=True)
@@ -87,24 +92,123 @@ class DatasetIndex:
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str = "index.json") -> DatasetIndex:
-        """Parse ``index.json`` text.
+        """Parse and validate ``index.json`` text.
+
+        Every reader and tool opens a dataset through here, so an index that is not
+        well-formed and internally consistent is refused before anything is read through
+        it (rules: :mod:`wdstream.format.index_checks`, ``docs/FORMAT.md``). Keys this
+        version does not know are ignored, so optional keys can be added.
 
         Raises:
-            ValueError: naming ``where`` if it is not a wdstream index of a known version.
+            IndexValidationError: naming ``where`` and the offending key, e.g.
+                ``data/index.json: shards[3].tokens: expected ..., got -1``.
         """
+        obj = _parse_strict(text, where)
+        _check_format_version(obj, where)
+        validate_index(obj, where)
+        shards = tuple(ShardEntry(**{k: s[k] for k in _SHARD_KEYS}) for s in obj["shards"])
+        known = {k: obj[k] for k in _INDEX_KEYS if k in obj}
+        return cls(**{**known, "shards": shards})
+
+
+_SHARD_KEYS = tuple(f.name for f in fields(ShardEntry))
+_INDEX_KEYS = tuple(f.name for f in fields(DatasetIndex))
+
+
+def _check_format_version(obj: Any, where: str) -> None:
+    """Refuse what is not a wdstream index, or one of a version this code cannot read."""
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
+        got = obj.get("format") if isinstance(obj, dict) else obj
+        raise index_error(
+            where,
+            "",
+            f"not a wdstream index (format: expected {FORMAT_NAME!r}, got {show_value(got)})",
+        )
+    version = obj.get("version")
+    if type(version) is not int or version not in READABLE_VERSIONS:  # type(): not True
+        raise index_error(
+            where,
+            "version",
+            f"format version {show_value(version)}, this wdstream reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}",
+        )
+
+
+# -- strict JSON: what json.loads accepts but an index must not hold -------------------------
+
+
+@dataclass(frozen=True)
+class _BadNumber:
+    """A number JSON allows but an index must not hold: NaN, infinite, absurdly long."""
+
+    text: str
+
+
+class _DuplicateKeys(dict[str, Any]):
+    """An object in which ``key`` appears more than once (json.loads keeps the last)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]], key: str) -> None:
+        super().__init__(pairs)
+        self.key = key
+
+
+def _parse_int(text: str) -> int | _BadNumber:
+    return _BadNumber(text) if len(text) > _MAX_NUMBER_CHARS else int(text)
+
+
+def _parse_float(text: str) -> float | _BadNumber:
+    value = float(text)
+    return value if len(text) <= _MAX_NUMBER_CHARS and math.isfinite(value) else _BadNumber(text)
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) == len(keys):
+        return dict(pairs)
+    return _DuplicateKeys(pairs, next(k for i, k in enumerate(keys) if k in keys[:i]))
+
+
+def _parse_strict(text: str | bytes, where: str) -> Any:
+    """``json.loads``, refusing NaN/Infinity, numbers of more than 40 characters, duplicate
+    keys, lone surrogates and nesting deeper than 16 levels, each with its key path."""
+    try:
+        obj = json.loads(
+            text,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+            parse_constant=_BadNumber,
+            object_pairs_hook=_object,
+        )
+    except RecursionError:
+        raise index_error(where, "", "not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8/16/32
+        raise index_error(where, "", f"not valid JSON ({exc})") from exc
+    _refuse_marked(obj, "", where, 0)
+    return obj
+
+
+def _refuse_marked(value: Any, path: str, where: str, depth: int) -> None:
+    """Raise, naming its key path, on the first value the parse hooks marked."""
+    if depth > _MAX_DEPTH:
+        raise index_error(where, path, f"nested more than {_MAX_DEPTH} levels deep")
+    if isinstance(value, _BadNumber):
+        raise index_error(
+            where,
+            path,
+            f"expected a finite number of at most {_MAX_NUMBER_CHARS} characters, "
+            f"got {show_value(value.text)}",
+        )
+    if isinstance(value, str):
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc})") from exc
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
-            raise ValueError(f"{where}: not a wdstream index")
-        if obj.get("version") not in READABLE_VERSIONS or isinstance(obj.get("version"), bool):
-            raise ValueError(
-                f"{where}: format version {obj.get('version')!r}, this wdstream reads "
-                f"versions {', '.join(map(str, READABLE_VERSIONS))}"
-            )
-        try:
-            shards = tuple(ShardEntry(**s) for s in obj.pop("shards"))
-            return cls(shards=shards, **obj)
-        except TypeError as exc:
-            raise ValueError(f"{where}: malformed index ({exc})") from exc
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise index_error(where, path, f"not valid Unicode: {show_value(value)}") from None
+    elif isinstance(value, _DuplicateKeys):
+        raise index_error(where, join_path(path, value.key), "key appears more than once")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_marked(key, path, where, depth + 1)
+            _refuse_marked(item, join_path(path, key), where, depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_marked(item, join_path(path, i), where, depth + 1)
