@@ -100,6 +100,25 @@ def test_resume_with_workers(concat_root: str, workers, streams, persistent, pre
         assert all(np.array_equal(rows(a), b) for a, b in zip(fresh, ref[stop:], strict=True))
 
 
+def test_loader_and_dataset_share_one_state(concat_root: str) -> None:
+    """The loader's state is the dataset's format: a mid-chunk loader state resumes a
+    TokenDataset of the same configuration exactly, and reads back unchanged."""
+    opts = dict(streams=2, chunk_batches=3, epochs=1, seed=5, **KW)
+    loader = Loader(concat_root, seq_len=30, batch_size=4, num_workers=0, **opts)
+    it = iter(loader)
+    for _ in range(7):  # stream 0 has done 4 batches: one into its second chunk of 3
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["streams"][0]["batches"] == 4 and state["chunk_left"] == 2
+    want = [rows(b) for b in it]
+    ds = TokenDataset(concat_root, 30, 4, **opts)
+    ds.load_state_dict(state)
+    assert ds.state_dict() == state
+    got = [rows(b) for b in ds]
+    assert len(got) == len(want) > 0
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def test_dataset_resumes_exactly(docs_root: str) -> None:
     def make() -> TokenDataset:
         return TokenDataset(docs_root, 25, 2, streams=3, epochs=2, seed=9,
