@@ -254,6 +254,7 @@ def _mid_state(roots: dict[str, str], **opts: Any) -> tuple[dict, Callable[[], L
         (("version",), True, r"version: not a wdstream reader state of version 1 \(got True\)"),
         (("config", "seed"), 5.0, r"seed: saved 5\.0, now 5"),
         (("config", "shuffle"), 1, r"shuffle: saved 1, now True"),
+        (("config", "streams"), 2**63 - 1, r"streams: saved 9223372036854775807, now 2\)"),
         (("streams",), {}, r"streams: a list of 2 cursors expected"),
         (("streams", 1), None, r"streams\[1\]: a dict expected \(got None\)"),
     ],

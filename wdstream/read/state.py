@@ -57,6 +57,7 @@ STATE_KEYS = ("version", "config", "streams", "next_stream", "chunk_left", "iter
 # number is no position a reader could have reached.
 _INT_LIMIT = 1 << 63
 _SHOW = 60  # characters of a bad value quoted in a message (a hostile value may be huge)
+_HINT_WORKERS = 64  # worker counts listed when a state's stream count differs
 
 
 @dataclass
@@ -168,7 +169,9 @@ def _streams_hint(saved: Any, now: int) -> str:
     """How to resume a state saved with another stream count (``num_workers``)."""
     if _kind(saved) != "int" or saved < 1:
         return ""
-    workers = ", ".join(str(w) for w in range(saved + 1) if w == 0 or saved % w == 0)
+    # The worker counts that divide it, up to a bound (a hostile count must not be factored).
+    small = [str(w) for w in range(1, min(saved, _HINT_WORKERS) + 1) if saved % w == 0]
+    workers = ", ".join(["0", *small]) + (", ..." if saved > _HINT_WORKERS else "")
     return (
         f". It was saved with streams={saved} (the default for num_workers={saved}); this "
         f"reader has streams={now}. To resume it, pass streams={saved} to Loader (then any "
