@@ -156,7 +156,7 @@ def test_corrupt_zstd_names_the_file(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("name", ["a.jsonl.zst", "a.jsonl.gz"])
+@pytest.mark.parametrize("name", ["a.jsonl.zst", "a.jsonl.gz", "a.tgz"])
 def test_decompressed_raises_eof_where_the_data_stops(name: str) -> None:
     data = _jsonl()
     if name.endswith(".zst"):

@@ -206,12 +206,12 @@ class _ZstdFrames(io.RawIOBase):
 
 
 def decompressed(raw: IO[bytes], name: str) -> IO[bytes]:
-    """``raw`` decompressed as its ``name`` says (``.gz``, ``.zst``), else ``raw`` itself.
+    """``raw`` decompressed as its ``name`` says (``.gz``/``.tgz``, ``.zst``), else ``raw``.
 
     Data cut short raises EOFError where it ends (gzip's own check; for zstd a frame that
     never ends) and corrupt data an OSError, rather than the stream ending early in silence.
     """
-    if name.endswith(".gz"):
+    if name.endswith((".gz", ".tgz")):
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if name.endswith(".zst"):
         return io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20)
