@@ -162,9 +162,10 @@ def test_every_record_skipped_is_an_error_saying_why(tmp_path: Path) -> None:
     src = _write(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out"
     expected = (
-        "nothing to pack: 4 bad records skipped (on_error='skip') and 1 empty, no good one; "
-        f"the first: {src}:1: malformed JSON (Expecting property name enclosed in double "
-        f"quotes at column 2); {src}:2: no text field 'text' (the record has keys 'body'); "
+        "nothing to pack: every record was bad or empty (4 bad records skipped with "
+        f"on_error='skip', 1 empty); the first: {src}:1: malformed JSON (Expecting property "
+        f"name enclosed in double quotes at column 2); {src}:2: no text field 'text' (the "
+        "record has keys 'body'); "
         f"{src}:4: malformed JSON (Expecting ',' delimiter at the end of the line)"
     )
     with pytest.raises(InputError) as info:
@@ -184,8 +185,14 @@ def test_every_record_skipped_is_an_error_saying_why(tmp_path: Path) -> None:
 
 def test_one_bad_record_is_not_a_plural(tmp_path: Path) -> None:
     src = _write(tmp_path / "in.jsonl", ["{oops"])
-    with pytest.raises(InputError, match=r"^nothing to pack: 1 bad record skipped \(on_error"):
+    expected = (
+        f"nothing to pack: every record was bad (1 bad record skipped with on_error='skip'); "
+        f"the first: {src}:1: malformed JSON (Expecting property name enclosed in double quotes "
+        "at column 2)"
+    )
+    with pytest.raises(InputError) as info:
         wdstream.pack([str(src)], str(tmp_path / "out"), on_error="skip", workers=0)
+    assert str(info.value) == expected
 
 
 def test_demo_output_escapes_once_and_explains_the_counts(tmp_path: Path) -> None:

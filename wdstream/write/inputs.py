@@ -210,6 +210,7 @@ def decompressed(raw: IO[bytes], name: str) -> IO[bytes]:
 
     Data cut short raises EOFError where it ends (gzip's own check; for zstd a frame that
     never ends) and corrupt data an OSError, rather than the stream ending early in silence.
+    Closing the result leaves ``raw`` open, as :class:`gzip.GzipFile` does: close both.
     """
     if name.endswith((".gz", ".tgz")):
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
@@ -406,11 +407,11 @@ class DocumentReader:
 
     def _nothing_left(self) -> str:
         """Why inputs whose every record was skipped give nothing to pack."""
-        bad = f"{self.bad} bad record{'s' if self.bad != 1 else ''}"
-        empty = f" and {self.empty} empty" if self.empty else ""
+        bad = f"{self.bad} bad record{'s' if self.bad != 1 else ''} skipped with on_error='skip'"
+        empty = f", {self.empty} empty" if self.empty else ""
         return (
-            f"nothing to pack: {bad} skipped (on_error='skip'){empty}, no good one; the first: "
-            + "; ".join(self.bad_locations[:3])
+            f"nothing to pack: every record was {'bad or empty' if empty else 'bad'} ({bad}"
+            f"{empty}); the first: " + "; ".join(self.bad_locations[:3])
         )
 
     def _read_file(self, i: int, resume: Position | None) -> Iterator[tuple[str, Position]]:
