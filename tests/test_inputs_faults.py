@@ -323,3 +323,21 @@ def test_progress_bar_shows_percentage_and_eta(capsys: pytest.CaptureFixture[str
     assert "50%|" in err and "| 2.00M/4.00M [00:00<00:00," in err  # [elapsed<remaining ETA
     Progress(False, total=10).update(5, 1, 1)  # disabled: nothing at all
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("compress", ["zstd", "gzip"])
+def test_raw_text_loader_refuses_a_truncated_file(tmp_path: Path, compress: str) -> None:
+    # The on-the-fly reader shares ``decompressed``: a file cut at a block boundary is an
+    # error naming it, not an epoch that silently ends early.
+    data = _jsonl(600)
+    if compress == "zstd":
+        comp, ends = _zstd_blocks(data)
+        src, cut = tmp_path / "in.jsonl.zst", ends[0]
+    else:
+        comp = gzip.compress(data)
+        src, cut = tmp_path / "in.jsonl.gz", len(comp) - 8
+    src.write_bytes(comp[:cut])
+    loader = wdstream.Loader(str(src), tokenizer="cl100k_base", seq_len=16, batch_size=2,
+                             num_workers=0, shuffle=False, epochs=1)  # fmt: skip
+    with pytest.raises(InputError, match=rf"{src.name}: read failed"):
+        list(loader)

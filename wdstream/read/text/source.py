@@ -21,7 +21,6 @@ Bad JSON lines raise :class:`~wdstream.errors.InputError` naming file and line (
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import posixpath
@@ -35,7 +34,7 @@ from wdstream.errors import InputError
 from wdstream.format.tar import BLOCK, padded_size
 from wdstream.storage import Store, open_store, split_url
 from wdstream.tokenizer import Tokenizer, load_tokenizer
-from wdstream.write.inputs import DocumentReader, expand_inputs
+from wdstream.write.inputs import DocumentReader, decompressed, expand_inputs
 
 __all__ = ["TextSource"]
 
@@ -178,22 +177,18 @@ class TextSource:
         root, name = self.urls[f]
         return self._store(root).child_url(name)
 
-    def _open(self, f: int, byte: int) -> IO[bytes]:
-        """The decompressed bytes of file ``f`` from offset ``byte``."""
+    def _open(self, f: int, byte: int) -> tuple[IO[bytes], IO[bytes]]:
+        """``(decompressed bytes of file f from offset byte, the raw stream)``: close both.
+
+        Compressed data cut short raises EOFError where it ends (a zstd frame that never
+        finishes included), so a truncated file is an error, never a silently short file.
+        """
         root, name = self.urls[f]
         raw: IO[bytes] = io.BufferedReader(_StoreRaw(self._store(root), name), _BUFFER)
-        comp = _compression(name)
-        if comp is None:
+        if _compression(name) is None:
             raw.seek(byte)
-            return raw
-        if comp == "gz":
-            dec: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
-        else:
-            import zstandard
-
-            dec = io.BufferedReader(
-                zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), _BUFFER
-            )
+            return raw, raw
+        dec = decompressed(raw, name)
         # No index into compressed data: reaching ``byte`` means decompressing up to it.
         left = byte
         while left:
@@ -201,7 +196,7 @@ class TextSource:
             if not got:
                 raise InputError(f"{self.where(f)}: shorter than the saved offset {byte}")
             left -= got
-        return dec
+        return dec, raw
 
     def docs(self, f: int, byte: int = 0, record: int = 0) -> Iterator[tuple[str, int, int]]:
         """Yield ``(text, byte, record)`` for every non-empty document of file ``f`` from there.
@@ -212,8 +207,8 @@ class TextSource:
         """
         name = self.where(f)
         try:
-            fh = self._open(f, byte)
-        except OSError as exc:
+            fh, raw = self._open(f, byte)
+        except (OSError, EOFError) as exc:
             raise InputError(f"{name}: cannot open ({exc})") from exc
         try:
             kind = self.kinds[f]
@@ -229,6 +224,7 @@ class TextSource:
             raise InputError(f"{name}: read failed ({exc})") from exc
         finally:
             fh.close()
+            raw.close()
 
     def _jsonl(
         self, fh: IO[bytes], name: str, byte: int, record: int
