@@ -8,13 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
 import wdstream
 from tests.conftest import make_corpus
+from wdstream.storage import LocalStore
 from wdstream.write.pack import JOURNAL_NAME
 
 OPTS = ["--seq-len", "31", "--shard-size", "8KB", "--quiet"]
@@ -132,9 +135,12 @@ def test_resume_in_process_after_interrupt(
     tmp_path: Path, big_input: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An exception in the middle (e.g. Ctrl-C) also resumes exactly, in docs mode too,
-    with skipped bad records and empty documents counted identically."""
-    import wdstream.write.shards as sw
+    with skipped bad records and empty documents counted identically.
 
+    The interrupt is raised by the store while it writes the 7th shard, i.e. inside the
+    shard writer's real write path, so the writer sees it as the failed write it is and
+    commits nothing after it: exactly 6 shards are committed however the threads interleave.
+    """
     lines = big_input.read_text().splitlines(keepends=True)
     for i in range(0, len(lines), 15):  # a bad record and an empty document every 15 lines
         lines[i] = "{broken\n" if i % 30 else json.dumps({"text": ""}) + "\n"
@@ -145,28 +151,30 @@ def test_resume_in_process_after_interrupt(
         kw = dict(seq_len=31, shard_size="8KB", workers=0, mode=mode, on_error="skip")
         stats = wdstream.pack([str(messy)], str(ref), **kw).index.stats  # type: ignore[arg-type]
         assert stats["records_skipped"] == 5 and stats["empty_documents_skipped"] == 6
-        real: Callable[..., None] = sw.ShardWriter._write
-        calls = {"n": 0}
-
-        def flaky(
-            self: sw.ShardWriter,
-            *args: object,
-            real: Callable[..., None] = real,
-            calls: dict[str, int] = calls,
-        ) -> None:
-            calls["n"] += 1
-            if calls["n"] == 7:
-                raise KeyboardInterrupt
-            real(self, *args)
-
-        monkeypatch.setattr(sw.ShardWriter, "_write", flaky)
-        with pytest.raises(KeyboardInterrupt):
-            wdstream.pack([str(messy)], str(out), **kw)  # type: ignore[arg-type]
-        monkeypatch.setattr(sw.ShardWriter, "_write", real)
+        with monkeypatch.context() as patch:
+            patch.setattr(LocalStore, "writer", _interrupted_writer("data-000006.tar"))
+            with pytest.raises(KeyboardInterrupt):
+                wdstream.pack([str(messy)], str(out), **kw)  # type: ignore[arg-type]
         assert _committed(out) == 6 and not (out / "index.json").exists()
+        assert not (out / "data-000006.tar").exists() and not (out / "data-000007.tar").exists()
         res = wdstream.pack([str(messy)], str(out), **kw)  # type: ignore[arg-type]
         assert res.resumed_shards == 6
         assert _files(out) == _files(ref)
+
+
+def _interrupted_writer(victim: str) -> Callable[..., AbstractContextManager[BinaryIO]]:
+    """``LocalStore.writer`` that raises KeyboardInterrupt once ``victim``'s bytes are written
+    (before the rename that would publish it), as a Ctrl-C in the middle of a write would."""
+    real = LocalStore.writer
+
+    @contextmanager
+    def writer(self: LocalStore, name: str) -> Iterator[BinaryIO]:
+        with real(self, name) as out:
+            yield out
+            if name == victim:
+                raise KeyboardInterrupt
+
+    return writer
 
 
 def test_different_command_is_refused(tmp_path: Path, big_input: Path) -> None:
