@@ -219,7 +219,10 @@ def _verify_shard(
     if problem:
         return f"{where}: {problem}"
     if tokens != shard.tokens or docs != shard.documents:
-        return f"{where}: holds {tokens} tokens / {docs} documents, index.json says {shard.tokens} / {shard.documents}"
+        return (
+            f"{where}: holds {tokens} tokens / {docs} documents, index.json says "
+            f"{shard.tokens} / {shard.documents}"
+        )
     report.samples += len(sidecar)
     report.tokens += tokens
     report.documents += docs

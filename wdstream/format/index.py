@@ -33,7 +33,6 @@ INDEX_NAME = "index.json"
 # Present at a dataset root only while a pack runs there or after one was interrupted.
 JOURNAL_NAME = ".wdstream-pack.json"
 _MAX_NUMBER_CHARS = 40  # a count has at most 20 digits; json alone would take 4300
-_MAX_DEPTH = 16  # index.json nests 4 levels deep; the limit keeps recursion bounded
 
 
 @dataclass(frozen=True)
@@ -152,63 +151,78 @@ class _DuplicateKeys(dict[str, Any]):
         self.key = key
 
 
-def _parse_int(text: str) -> int | _BadNumber:
-    return _BadNumber(text) if len(text) > _MAX_NUMBER_CHARS else int(text)
+class _StrictHooks:
+    """``json.loads`` hooks that put a marker where a value must be refused.
 
+    The hooks cannot know the key path, so they only mark; ``marked`` says whether a walk
+    to find (and name) the first marker is needed, which keeps a clean index at ``json``
+    speed.
+    """
 
-def _parse_float(text: str) -> float | _BadNumber:
-    value = float(text)
-    return value if len(text) <= _MAX_NUMBER_CHARS and math.isfinite(value) else _BadNumber(text)
+    def __init__(self) -> None:
+        self.marked = False
 
+    def number(self, text: str) -> _BadNumber:
+        self.marked = True
+        return _BadNumber(text)
 
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) == len(keys):
-        return dict(pairs)
-    return _DuplicateKeys(pairs, next(k for i, k in enumerate(keys) if k in keys[:i]))
+    def integer(self, text: str) -> int | _BadNumber:
+        return self.number(text) if len(text) > _MAX_NUMBER_CHARS else int(text)
+
+    def real(self, text: str) -> float | _BadNumber:
+        value = float(text)
+        ok = len(text) <= _MAX_NUMBER_CHARS and math.isfinite(value)
+        return value if ok else self.number(text)
+
+    def object(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) == len(pairs):
+            return obj
+        self.marked = True
+        keys = [k for k, _ in pairs]
+        return _DuplicateKeys(pairs, next(k for i, k in enumerate(keys) if k in keys[:i]))
 
 
 def _parse_strict(text: str | bytes, where: str) -> Any:
-    """``json.loads``, refusing NaN/Infinity, numbers of more than 40 characters, duplicate
-    keys, lone surrogates and nesting deeper than 16 levels, each with its key path."""
+    """``json.loads``, refusing NaN/Infinity, numbers of more than 40 characters and
+    duplicate keys, each with its key path."""
+    hooks = _StrictHooks()
     try:
         obj = json.loads(
             text,
-            parse_int=_parse_int,
-            parse_float=_parse_float,
-            parse_constant=_BadNumber,
-            object_pairs_hook=_object,
+            parse_int=hooks.integer,
+            parse_float=hooks.real,
+            parse_constant=hooks.number,
+            object_pairs_hook=hooks.object,
         )
     except RecursionError:
         raise index_error(where, "", "not valid JSON (nested too deeply)") from None
     except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8/16/32
         raise index_error(where, "", f"not valid JSON ({exc})") from exc
-    _refuse_marked(obj, "", where, 0)
+    if hooks.marked:
+        _refuse_first_marker(obj, where)
     return obj
 
 
-def _refuse_marked(value: Any, path: str, where: str, depth: int) -> None:
-    """Raise, naming its key path, on the first value the parse hooks marked."""
-    if depth > _MAX_DEPTH:
-        raise index_error(where, path, f"nested more than {_MAX_DEPTH} levels deep")
-    if isinstance(value, _BadNumber):
-        raise index_error(
-            where,
-            path,
-            f"expected a finite number of at most {_MAX_NUMBER_CHARS} characters, "
-            f"got {show_value(value.text)}",
+def _refuse_first_marker(obj: Any, where: str) -> None:
+    """Raise naming the key path of the first value the hooks marked (in document order)."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _BadNumber):
+            raise index_error(
+                where,
+                path,
+                f"expected a finite number of at most {_MAX_NUMBER_CHARS} characters, "
+                f"got {show_value(value.text)}",
+            )
+        if isinstance(value, _DuplicateKeys):
+            raise index_error(where, join_path(path, value.key), "key appears more than once")
+        items = (
+            value.items()
+            if isinstance(value, dict)
+            else enumerate(value)
+            if isinstance(value, list)
+            else ()
         )
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise index_error(where, path, f"not valid Unicode: {show_value(value)}") from None
-    elif isinstance(value, _DuplicateKeys):
-        raise index_error(where, join_path(path, value.key), "key appears more than once")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _refuse_marked(key, path, where, depth + 1)
-            _refuse_marked(item, join_path(path, key), where, depth + 1)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _refuse_marked(item, join_path(path, i), where, depth + 1)
+        stack += reversed([(join_path(path, key), item) for key, item in items])

@@ -45,6 +45,11 @@ MAX_COUNT = 2**48  # samples, tokens, documents, bytes: per shard and over the d
 MAX_NAME_BYTES = 255  # one file name on common filesystems; S3 keys allow 1024
 _MAX_SAMPLE_TOKENS = 2**31
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# At most 255 ASCII letters, digits and ``_.+=-`` in ``/``-separated parts, none ``.``/``..``.
+_PLAIN_NAME = re.compile(
+    r"(?=[\w.+=/-]{1,255}$)(?:(?!\.\.?/)[\w.+=-]+/)*(?!\.\.?$)[\w.+=-]+", re.ASCII
+)
 _PACKED_NAME = re.compile(r"(.+)-([0-9]{6,})\.tar")  # NAME-NNNNNN.tar, as the packer writes
 
 
@@ -83,9 +88,8 @@ class _Kind:
     accepts: Callable[[Any], bool]
     why: Callable[[Any], str | None] = lambda value: None
 
-    def problem(self, value: Any) -> str | None:
-        if self.accepts(value):
-            return None
+    def problem(self, value: Any) -> str:
+        """The message for a value ``accepts`` refused."""
         why = self.why(value)
         return f"expected {self.expected}, got {show_value(value)}" + (f" ({why})" if why else "")
 
@@ -108,10 +112,19 @@ def _or_null(kind: _Kind) -> _Kind:
     return _Kind(f"null or {kind.expected}", lambda v: v is None or kind.accepts(v), kind.why)
 
 
+def _is_unicode(text: str) -> bool:
+    """False for a string holding a lone surrogate (JSON can spell one: ``"\\ud800"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _text(max_chars: int) -> _Kind:
     return _Kind(
-        f"a string of 1 to {max_chars} characters",
-        lambda v: type(v) is str and 0 < len(v) <= max_chars,
+        f"a Unicode string of 1 to {max_chars} characters",
+        lambda v: type(v) is str and 0 < len(v) <= max_chars and _is_unicode(v),
     )
 
 
@@ -135,8 +148,9 @@ _TAR_SIZE = _Kind(
 # Why a name could leave the dataset root or alias another object, in the order checked.
 _NAME_FAULTS: tuple[tuple[Callable[[str], bool], str], ...] = (
     (lambda n: n == "", "empty"),
+    (lambda n: not _is_unicode(n), "a lone surrogate, not Unicode"),
     (lambda n: len(n.encode("utf-8")) > MAX_NAME_BYTES, f"longer than {MAX_NAME_BYTES} bytes"),
-    (lambda n: any(ord(c) < 32 or c == "\x7f" for c in n), "a control character"),
+    (lambda n: _CONTROL.search(n) is not None, "a control character"),
     (lambda n: "\\" in n, "a backslash"),
     (lambda n: ":" in n, "':' (a URL scheme or a drive)"),
     (lambda n: n.startswith("/"), "an absolute path"),
@@ -153,9 +167,14 @@ def _name_fault(name: Any) -> str | None:
 
 
 def _name(suffix: str) -> _Kind:
+    # The regular expression passes the usual names fast; the rest go through the faults.
     return _Kind(
         f"a plain relative name inside the dataset root ending in {suffix!r}",
-        lambda v: type(v) is str and v.endswith(suffix) and _name_fault(v) is None,
+        lambda v: (
+            type(v) is str
+            and v.endswith(suffix)
+            and (bool(_PLAIN_NAME.fullmatch(v)) or _name_fault(v) is None)
+        ),
         _name_fault,
     )
 
@@ -211,22 +230,21 @@ _STATS = tuple(
 
 
 def _check_keys(obj: dict[str, Any], rules: tuple[_Rule, ...], path: str, where: str) -> None:
+    # Key paths are built only for a message: this runs for every shard.
     for rule in rules:
-        at = join_path(path, rule.key)
         if rule.key not in obj:
             if rule.required:
+                at = join_path(path, rule.key)
                 raise index_error(where, at, f"missing (expected {rule.kind.expected})")
             continue
-        _check_value(obj[rule.key], rule.kind, at, where)
+        value = obj[rule.key]
+        if not rule.kind.accepts(value):
+            raise index_error(where, join_path(path, rule.key), rule.kind.problem(value))
         if rule.each is not None:
-            for i, item in enumerate(obj[rule.key]):
-                _check_value(item, rule.each, join_path(at, i), where)
-
-
-def _check_value(value: Any, kind: _Kind, at: str, where: str) -> None:
-    problem = kind.problem(value)
-    if problem:
-        raise index_error(where, at, problem)
+            for i, item in enumerate(value):
+                if not rule.each.accepts(item):
+                    at = join_path(join_path(path, rule.key), i)
+                    raise index_error(where, at, rule.each.problem(item))
 
 
 # -- 2. rules across keys ------------------------------------------------------------------
@@ -254,7 +272,8 @@ def _lengths_fit_mode(obj: dict[str, Any]) -> _Problem:
         return "seq_len", "expected an integer when mode is 'concat', got null"
     if sample_tokens != seq_len + 1:
         return "sample_tokens", (
-            f"expected seq_len + 1 = {seq_len + 1} when mode is 'concat', got {show_value(sample_tokens)}"
+            f"expected seq_len + 1 = {seq_len + 1} when mode is 'concat', "
+            f"got {show_value(sample_tokens)}"
         )
     return None
 
@@ -280,60 +299,63 @@ def _shard_counts(obj: dict[str, Any]) -> _Problem:
     shards, mode, sample_tokens = obj["shards"], obj["mode"], obj["sample_tokens"]
     totals = dict.fromkeys(("samples", "tokens", "documents"), 0)
     for i, shard in enumerate(shards):
-        at = f"shards[{i}]"
-        problem = _shard_size(shard, at, obj["dtype"]) or _shard_documents(shard, at, mode)
+        problem = _shard_size(shard, i, obj["dtype"]) or _shard_documents(shard, i, mode)
         if problem is None and mode == "concat":
-            problem = _concat_tokens(shard, at, sample_tokens, last=i == len(shards) - 1)
+            problem = _concat_tokens(shard, i, sample_tokens, last=i == len(shards) - 1)
         if problem:
             return problem
         for key in totals:
             totals[key] += shard[key]
             if totals[key] >= MAX_COUNT:
-                return (
-                    f"{at}.{key}",
-                    f"brings the dataset's {key} to {totals[key]}, expected < 2**48",
+                return f"shards[{i}].{key}", (
+                    f"brings the dataset's {key} to {totals[key]}, expected < 2**48"
                 )
     return None
 
 
-def _shard_size(shard: dict[str, Any], at: str, dtype: str) -> _Problem:
+# The three rules below run for every shard: key paths are formatted only for a message.
+
+
+def _shard_size(shard: dict[str, Any], i: int, dtype: str) -> _Problem:
     # Each sample is a 512-byte header and at least one data block holding its tokens.
     samples, tokens = shard["samples"], shard["tokens"]
     least = 2 * BLOCK + BLOCK * samples + max(BLOCK * samples, DTYPES[dtype].itemsize * tokens)
-    if shard["bytes"] < least:
-        return f"{at}.bytes", (
-            f"expected >= {least} for {at}.samples = {samples} samples holding {at}.tokens = "
-            f"{tokens} tokens of dtype {dtype!r} (headers, data, end marker), got {shard['bytes']}"
-        )
-    return None
+    if shard["bytes"] >= least:
+        return None
+    at = f"shards[{i}]"
+    return f"{at}.bytes", (
+        f"expected >= {least} for {at}.samples = {samples} samples holding {at}.tokens = "
+        f"{tokens} tokens of dtype {dtype!r} (headers, data, end marker), got {shard['bytes']}"
+    )
 
 
-def _shard_documents(shard: dict[str, Any], at: str, mode: str) -> _Problem:
+def _shard_documents(shard: dict[str, Any], i: int, mode: str) -> _Problem:
     samples, tokens, documents = shard["samples"], shard["tokens"], shard["documents"]
     if documents > tokens:
-        return f"{at}.documents", (
-            f"expected <= {at}.tokens = {tokens} (every document has a token), got {documents}"
-        )
-    if mode == "docs" and documents != samples:
-        return f"{at}.documents", (
-            f"expected {at}.samples = {samples} (one document per sample when mode is 'docs'), "
+        return f"shards[{i}].documents", (
+            f"expected <= shards[{i}].tokens = {tokens} (every document has a token), "
             f"got {documents}"
         )
-    return None
-
-
-def _concat_tokens(shard: dict[str, Any], at: str, sample_tokens: int, last: bool) -> _Problem:
-    samples, tokens = shard["samples"], shard["tokens"]
-    full = samples * sample_tokens
-    product = f"{at}.samples x sample_tokens = {samples} x {sample_tokens}"
-    if not last and tokens != full:
-        return f"{at}.tokens", f"expected {product} = {full}, got {tokens}"
-    if last and not full - sample_tokens < tokens <= full:
-        return f"{at}.tokens", (
-            f"expected {full - sample_tokens + 1}..{full} in the last shard ({product}, its "
-            f"last sample possibly short), got {tokens}"
+    if mode == "docs" and documents != samples:
+        return f"shards[{i}].documents", (
+            f"expected shards[{i}].samples = {samples} (one document per sample when mode is "
+            f"'docs'), got {documents}"
         )
     return None
+
+
+def _concat_tokens(shard: dict[str, Any], i: int, sample_tokens: int, last: bool) -> _Problem:
+    samples, tokens = shard["samples"], shard["tokens"]
+    full = samples * sample_tokens
+    if tokens == full or (last and full - sample_tokens < tokens < full):
+        return None
+    product = f"shards[{i}].samples x sample_tokens = {samples} x {sample_tokens}"
+    if not last:
+        return f"shards[{i}].tokens", f"expected {product} = {full}, got {tokens}"
+    return f"shards[{i}].tokens", (
+        f"expected {full - sample_tokens + 1}..{full} in the last shard ({product}, its "
+        f"last sample possibly short), got {tokens}"
+    )
 
 
 def _names_unique(obj: dict[str, Any]) -> _Problem:
@@ -365,7 +387,8 @@ def _names_in_pack_order(obj: dict[str, Any]) -> _Problem:
             )
         if shard["sidecar"] != idx:
             return f"shards[{i}].sidecar", (
-                f"expected {idx!r} (the sidecar of shards[{i}].name), got {show_value(shard['sidecar'])}"
+                f"expected {idx!r} (the sidecar of shards[{i}].name), "
+                f"got {show_value(shard['sidecar'])}"
             )
     return None
 
