@@ -15,7 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from tests.servers import FileServer
+from tests.servers import FaultProxy, FileServer
 from wdstream import Loader
 from wdstream.cli import main
 from wdstream.storage import open_store
@@ -141,17 +141,111 @@ def test_resume_from_s3_is_exact(s3_bucket: str, local_pack: Path) -> None:
     assert len(items) >= 7
 
 
-def test_loader_over_faulty_http_equals_local(local_pack: Path) -> None:
+Request = tuple[str, str, "str | None"]
+
+
+def _scheduled_faults(
+    log: list[Request], fail_every: int, cut_every: int
+) -> tuple[list[int], list[int]]:
+    """Which logged requests the server failed (503) and which GET bodies it cut.
+
+    The servers decide from counters only (``tests/servers.py``, ``Faults.decide``): the n-th
+    counted request fails when ``n % fail_every == 0``; among the GETs that did not fail, the
+    g-th is cut when ``g % cut_every == 0``. Every method counts by default, and the log is
+    appended under the same lock as the counters, so log position i is request n = i + 1.
+    """
+    failed, cut, gets = [], [], 0
+    for i, (method, _path, _rng) in enumerate(log):
+        if fail_every and (i + 1) % fail_every == 0:
+            failed.append(i)
+        elif method == "GET":
+            gets += 1
+            if cut_every and gets % cut_every == 0:
+                cut.append(i)
+    return failed, cut
+
+
+def _resumed_range(rng: str | None, cut_at: int) -> str:
+    """The Range a client that received ``cut_at`` bytes of a ``rng`` answer asks next."""
+    if rng is None:
+        return f"bytes={cut_at}-"
+    first, _, last = rng.removeprefix("bytes=").partition("-")
+    return f"bytes={int(first) + cut_at}-{last}"
+
+
+def _requested_bytes(rng: str | None, size: int) -> int:
+    if rng is None:
+        return size
+    first, _, last = rng.removeprefix("bytes=").partition("-")
+    return (min(int(last), size - 1) if last else size - 1) - int(first) + 1
+
+
+def _assert_faults_recovered(
+    log: list[Request], local: Path, fail_every: int, cut_every: int, cut_at: int
+) -> tuple[int, int]:
+    """Every injected 503 was retried with the same request, and every body cut short of
+    what was asked was resumed from the first byte not received. Returns how many 503s
+    and how many effective cuts (a body longer than ``cut_at``) there were."""
+    failed, cut = _scheduled_faults(log, fail_every, cut_every)
+    for i in failed:
+        assert log[i] in log[i + 1 :], f"503 on {log[i]} was not retried"
+    sizes = {p.name: p.stat().st_size for p in local.iterdir() if p.is_file()}
+    effective = 0
+    for i in cut:
+        method, path, rng = log[i]
+        name = path.split("?", 1)[0].rsplit("/", 1)[-1]
+        if name not in sizes or _requested_bytes(rng, sizes[name]) <= cut_at:
+            continue  # nothing was missing: the answer was whole before the cut
+        effective += 1
+        resumed = (method, path, _resumed_range(rng, cut_at))
+        assert resumed in log[i + 1 :], f"cut {log[i]} was not resumed at byte {cut_at}"
+    return len(failed), effective
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_over_faulty_http_equals_local(local_pack: Path, workers: int) -> None:
+    """503s and bodies cut mid-way by the real HTTP server (in the worker processes too):
+    the batches equal the local ones, and each fault was really injected and recovered."""
+    want = _batches(Loader(str(local_pack), num_workers=workers, **LOADER_KW))
+    assert len(want) >= 5
+    knobs = {"fail_every": 4, "cut_every": 3, "cut_at": 700}
+    with FileServer(local_pack) as server:
+        server.faults.reset(**knobs)
+        opts: dict[str, Any] = {"retries": 8, "backoff": 0.001, "timeout": 5.0}
+        got = _batches(Loader(server.base_url, num_workers=workers, **LOADER_KW, **opts))
+        log = list(server.faults.requests)
+    assert got == want
+    failed, cuts = _assert_faults_recovered(log, local_pack, **knobs)
+    assert failed >= 5 and cuts >= 3, (failed, cuts)
+
+
+def test_loader_over_http_ignoring_range_equals_local(local_pack: Path) -> None:
+    """A server that answers every ranged GET with the whole object (200): the client cuts
+    the slice it asked for out of it."""
     want = _batches(Loader(str(local_pack), num_workers=0, **LOADER_KW))
     with FileServer(local_pack) as server:
-        server.faults.reset(cut_every=3, cut_at=700, fail_every=4)
-        opts: dict[str, Any] = {"retries": 8, "backoff": 0.001, "timeout": 5.0}
-        got = _batches(Loader(server.base_url, num_workers=0, **LOADER_KW, **opts))
-        faults = list(server.faults.requests)
-    assert got == want
-    assert len(faults) > 10  # the faults were exercised
-    server_ignoring_range = FileServer(local_pack)
-    with server_ignoring_range as server:
         server.faults.reset(ignore_range=True)
         got = _batches(Loader(server.base_url, num_workers=0, **LOADER_KW))
+        ranged = [r for r in server.faults.ranges() if r is not None]
     assert got == want
+    assert len(ranged) >= 5, "the reader sent ranged GETs, which the server ignored"
+
+
+def test_loader_over_faulty_s3_equals_local(
+    s3_bucket: str, local_pack: Path, s3_proxy: FaultProxy
+) -> None:
+    """S3 through a proxy in front of moto that answers SlowDown 503s and cuts bodies: same
+    batches as the local copy, each fault injected and recovered, and a resume is exact."""
+    url = f"s3://{s3_bucket}/ds"
+    _upload(local_pack, url)
+    want = _batches(Loader(str(local_pack), num_workers=0, **LOADER_KW))
+    knobs = {"fail_every": 5, "cut_every": 3, "cut_at": 700}
+    s3_proxy.faults.reset(**knobs)
+    opts: dict[str, Any] = {"endpoint_url": s3_proxy.base_url, "retries": 8, "backoff": 0.001}
+    assert _batches(Loader(url, num_workers=0, **LOADER_KW, **opts)) == want
+    failed, cuts = _assert_faults_recovered(list(s3_proxy.faults.requests), local_pack, **knobs)
+    assert failed >= 3 and cuts >= 3, (failed, cuts)
+    items = assert_resumes_exactly(
+        lambda: Loader(url, num_workers=0, **LOADER_KW, **opts), check_at=[0, 3, len(want)]
+    )
+    assert [(x["input_ids"], x["labels"]) for x in items] == want
