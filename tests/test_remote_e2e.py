@@ -1,6 +1,9 @@
 """End to end over real servers: pack to S3 (moto) and HTTP, inspect/stats/verify remote
-roots, and stream with ``Loader`` from S3 and from a faulty HTTP server, always comparing
-with the same data packed and read locally."""
+roots, and stream with ``Loader`` from S3 and HTTP, always comparing with the same data packed
+and read locally. The fault tests make the servers of ``tests/servers.py`` really fail
+(503 / SlowDown answers, bodies cut mid-way, ranges ignored) and check from the servers'
+request logs that each fault happened and was recovered (retried, resumed at the first byte
+not received), not only that requests were made."""
 
 from __future__ import annotations
 
