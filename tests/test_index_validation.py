@@ -336,6 +336,37 @@ def test_names_that_leave_the_root_are_refused(concat_root: Path, name: str, key
     )
 
 
+def _safe_name(name: str) -> bool:
+    """The name rule of docs/FORMAT.md, written out independently of the implementation."""
+    parts = name.split("/")
+    return (
+        name.endswith(".tar")
+        and len(name.encode("utf-8", "surrogatepass")) <= 255
+        and not any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) < 0xE000 for c in name)
+        and not any(c in name for c in "\\:")
+        and not name.startswith(("/", "~"))
+        and all(part not in ("", ".", "..") for part in parts)
+    )
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    stem=st.text(alphabet="./\\:~ab_ \x00\x7f\u00e9\ud800", max_size=12)
+    | st.integers(245, 256).map(lambda n: "a" * n)  # around 255 bytes
+    | st.integers(123, 128).map(lambda n: "\u00e9" * n)  # 2 bytes a character
+)
+def test_a_name_is_accepted_exactly_when_it_is_safe(concat_root: Path, stem: str) -> None:
+    obj = _index(concat_root)
+    obj["shards"][0]["name"] = name = stem + ".tar"
+    try:
+        DatasetIndex.from_json(json.dumps(obj), WHERE)
+    except IndexValidationError as exc:
+        assert str(exc).startswith(f"{WHERE}: shards[0].name: expected a plain relative name")
+        assert not _safe_name(name), str(exc)
+    else:
+        assert _safe_name(name)
+
+
 def test_names_in_subfolders_and_other_tools_names_are_accepted(concat_root: Path) -> None:
     obj = _index(concat_root)
     for i, shard in enumerate(obj["shards"]):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -179,8 +180,8 @@ class _StrictHooks:
         if len(obj) == len(pairs):
             return obj
         self.marked = True
-        keys = [k for k, _ in pairs]
-        return _DuplicateKeys(pairs, next(k for i, k in enumerate(keys) if k in keys[:i]))
+        counts = Counter(key for key, _ in pairs)
+        return _DuplicateKeys(pairs, next(key for key, n in counts.items() if n > 1))
 
 
 def _parse_strict(text: str | bytes, where: str) -> Any:

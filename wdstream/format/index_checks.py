@@ -48,7 +48,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # At most 255 ASCII letters, digits and ``_.+=-`` in ``/``-separated parts, none ``.``/``..``.
 _PLAIN_NAME = re.compile(
-    r"(?=[\w.+=/-]{1,255}$)(?:(?!\.\.?/)[\w.+=-]+/)*(?!\.\.?$)[\w.+=-]+", re.ASCII
+    r"(?=[\w.+=/-]{1,255}\Z)(?:(?!\.\.?/)[\w.+=-]+/)*(?!\.\.?\Z)[\w.+=-]+", re.ASCII
 )
 _PACKED_NAME = re.compile(r"(.+)-([0-9]{6,})\.tar")  # NAME-NNNNNN.tar, as the packer writes
 
