@@ -93,6 +93,11 @@ def _store_options(
 @click.option(
     "--overwrite", is_flag=True, help="Replace a dataset or interrupted pack at --output."
 )
+@click.option(
+    "--force-unlock",
+    is_flag=True,
+    help="Take over the output's lock left by a pack that is dead (S3/HTTP, or another host).",
+)
 @click.option("--quiet", "-q", is_flag=True)
 @_storage_options
 def pack(

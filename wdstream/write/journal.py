@@ -16,6 +16,7 @@ from wdstream.errors import WdstreamError
 from wdstream.format.index import JOURNAL_NAME, ShardEntry
 from wdstream.storage import Store
 from wdstream.write.inputs import Position
+from wdstream.write.shards import shard_names
 
 __all__ = ["JOURNAL_NAME", "JOURNAL_VERSION", "Journal"]
 
@@ -23,10 +24,20 @@ JOURNAL_VERSION = 1
 
 
 class Journal:
-    """The resume journal: written atomically after every shard commit."""
+    """The resume journal: written atomically after every shard commit.
 
-    def __init__(self, store: Store, fingerprint: dict[str, Any]) -> None:
-        self.store, self.fingerprint = store, fingerprint
+    It only ever names shards ``0, 1, ... n-1`` of ``name``, without gaps: a shard is
+    committed only as the next one, so a rerun (and the final ``index.json``, built from
+    :attr:`entries`) never skips or repeats a shard, whatever order a writer reports them in.
+
+    Args:
+        store: the output.
+        fingerprint: everything that decides the output; a journal with another one is refused.
+        name: the shard name prefix (``{name}-000000.tar``).
+    """
+
+    def __init__(self, store: Store, fingerprint: dict[str, Any], name: str) -> None:
+        self.store, self.fingerprint, self.name = store, fingerprint, name
         self.entries: list[ShardEntry] = []
         self.position: dict[str, Any] | None = None
 
@@ -62,7 +73,12 @@ class Journal:
                 f"{self.store.url} holds an interrupted pack of a different command "
                 f"(differs in: {', '.join(changed)}); pack into a fresh output or pass --overwrite"
             )
-        for e in entries:
+        for i, e in enumerate(entries):
+            if (e.name, e.sidecar) != shard_names(self.name, i):
+                raise WdstreamError(
+                    f"{where}: shard {i} is recorded as {e.name!r}, expected "
+                    f"{shard_names(self.name, i)[0]!r}; use --overwrite"
+                )
             if not (self.store.exists(e.name) and self.store.size(e.name) == e.bytes):
                 raise WdstreamError(
                     f"{self.store.child_url(e.name)}: committed shard missing or wrong size; use --overwrite"
@@ -73,18 +89,40 @@ class Journal:
     def commit(
         self, entry: ShardEntry, end: tuple[Position, int], bad_locations: list[str]
     ) -> None:
+        """Record ``entry`` as the next committed shard and ``end`` as the resume position.
+
+        The journal file is replaced first; :attr:`entries` and :attr:`position` change only
+        once it is written, so they always describe what a rerun would find.
+
+        Args:
+            entry: the index entry of the shard just written (sidecar and tar).
+            end: the input position of the document holding the shard's last token, and
+                how many of that document's tokens are in committed shards.
+            bad_locations: the skipped-record locations seen so far (the first
+                ``end[0].bad`` of them are before the position).
+
+        Raises:
+            WdstreamError: ``entry`` is not the next shard (a gap or a repeat).
+        """
+        expected = shard_names(self.name, len(self.entries))
+        if (entry.name, entry.sidecar) != expected:
+            raise WdstreamError(
+                f"{self.store.child_url(entry.name)}: committed out of order, the next "
+                f"shard to commit is {expected[0]}"
+            )
         pos, emitted = end
-        self.entries.append(entry)
-        self.position = {
+        entries = [*self.entries, entry]
+        position = {
             "position": list(pos),
             "emitted": emitted,
             "bad_locations": bad_locations[: min(pos.bad, len(bad_locations))],
-            "next_sample": sum(e.samples for e in self.entries),
+            "next_sample": sum(e.samples for e in entries),
         }
         body = {
             "version": JOURNAL_VERSION,
             "fingerprint": self.fingerprint,
-            "shards": [e.__dict__ for e in self.entries],
-            "position": self.position,
+            "shards": [e.__dict__ for e in entries],
+            "position": position,
         }
         self.store.write_bytes(JOURNAL_NAME, json.dumps(body, sort_keys=True).encode())
+        self.entries, self.position = entries, position

@@ -11,17 +11,23 @@ fingerprint, the committed shards and the input position after the shard's last 
 that document's tokens were packed). A rerun of the same command skips straight to that
 record, re-tokenises only that one document, drops its packed tokens, and continues; the
 shards it writes are byte-identical to an uninterrupted run's because packing depends only
-on the token stream, never on batch or worker boundaries.
+on the token stream, never on batch or worker boundaries. A write that fails (a full disk
+included: the error names the object) is an interruption like any other.
+
+One pack per output: the whole run holds the output's writer lock ``.wdstream-pack.lock``
+(:mod:`wdstream.write.lock`), taken before anything there is read or removed.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -30,9 +36,10 @@ from wdstream.format.checksum import CHECKSUM_NAME
 from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.sample import DTYPES, token_dtype_for_vocab
 from wdstream.storage import LocalStore, Store, open_store
-from wdstream.tokenizer import load_tokenizer
+from wdstream.tokenizer import Tokenizer, load_tokenizer
 from wdstream.write.inputs import DocumentReader, InputFile, Position, expand_inputs
 from wdstream.write.journal import JOURNAL_NAME, Journal
+from wdstream.write.lock import LOCK_NAME, acquire
 from wdstream.write.progress import Progress
 from wdstream.write.samples import ConcatPacker, DocsPacker
 from wdstream.write.shards import ShardWriter, parse_size, shard_names
@@ -114,6 +121,68 @@ def _clear_output(store: Store, name: str) -> None:
     _delete_shards_from(store, name, 0)
 
 
+_FULL_DISK = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+@contextmanager
+def _naming_full_disk(url: str) -> Iterator[None]:
+    """Turn a write's ``[Errno 28]`` (which names no file) into an error naming ``url``.
+
+    A pack that ran out of space is resumable like any interrupted one: the journal names
+    only complete shards and no object appears half-written, so the advice is to rerun.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _FULL_DISK:
+            raise
+        raise WdstreamError(
+            f"{_FULL_DISK[exc.errno]} while writing {url}: free space and rerun the same "
+            "command: it resumes from the last complete shard"
+        ) from exc
+
+
+class _NamingFullDisk(Store):
+    """The output store, with writes that run out of space reported by object name.
+
+    Every write of ``pack`` (shards and sidecars in the writer thread, the journal, the
+    index) goes through this, so each names the object it was writing.
+    """
+
+    def __init__(self, inner: Store) -> None:
+        self.inner, self.url = inner, inner.url
+
+    def read(self, name: str) -> bytes:
+        return self.inner.read(name)
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        return self.inner.read_range(name, start, end)
+
+    def size(self, name: str) -> int:
+        return self.inner.size(name)
+
+    def exists(self, name: str) -> bool:
+        return self.inner.exists(name)
+
+    def list(self) -> list[str]:
+        return self.inner.list()
+
+    @contextmanager
+    def writer(self, name: str) -> Iterator[BinaryIO]:
+        with _naming_full_disk(self.inner.child_url(name)), self.inner.writer(name) as out:
+            yield out
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        with _naming_full_disk(self.inner.child_url(name)):
+            self.inner.write_bytes(name, data)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+    def child_url(self, name: str) -> str:
+        return self.inner.child_url(name)
+
+
 def pack(
     inputs: list[str] | tuple[str, ...] | str,
     output: str,
@@ -135,6 +204,7 @@ def pack(
     workers: int | None = None,
     pool: str = "auto",
     overwrite: bool = False,
+    force_unlock: bool = False,
     progress: bool | None = None,
     batch_bytes: int = 1 << 20,
     store_options: dict[str, Any] | None = None,
@@ -161,6 +231,9 @@ def pack(
         workers: parallel tokenisers (default: all cores; 0 = in this thread).
         pool: ``auto``, ``threads`` or ``processes``.
         overwrite: replace a complete or interrupted dataset at ``output``.
+        force_unlock: take over the output's lock (``.wdstream-pack.lock``) left by a pack
+            whose death could not be checked: on an object store, or a local folder locked
+            from another host (see :mod:`wdstream.write.lock`).
         progress: show a progress bar (default: when stderr is a terminal).
         batch_bytes: characters of text per tokenisation batch.
         store_options: passed to :func:`~wdstream.storage.open_store`.
@@ -173,7 +246,9 @@ def pack(
 
     Raises:
         InputError: bad input (names file and line or byte offset); no index is written.
-        WdstreamError: output holds a dataset or a different interrupted pack.
+        PackLockedError: another pack is writing to ``output`` (names it and since when).
+        WdstreamError: output holds a dataset or a different interrupted pack, or its
+            filesystem is full (names the object being written).
         TokenizerError: the tokenizer cannot be loaded.
     """
     t0 = time.perf_counter()
@@ -194,72 +269,146 @@ def pack(
         )
     files = expand_inputs(list(inputs))
 
-    store = open_store(output, create=True, **(store_options or {}))
-    if isinstance(store, LocalStore):
-        store.remove_partials()
-    if store.exists(INDEX_NAME) and not overwrite:
-        raise WdstreamError(
-            f"{store.child_url(INDEX_NAME)} exists: {output} already holds a complete dataset; "
-            "pack into a fresh output or pass --overwrite"
-        )
+    output_store = open_store(output, create=True, **(store_options or {}))
+    with _naming_full_disk(output_store.child_url(LOCK_NAME)):
+        lock = acquire(output_store, force_unlock)
+    try:
+        if isinstance(output_store, LocalStore):
+            output_store.remove_partials()
+        store = _NamingFullDisk(output_store)
+        if store.exists(INDEX_NAME) and not overwrite:
+            raise WdstreamError(
+                f"{store.child_url(INDEX_NAME)} exists: {output} already holds a complete dataset; "
+                "pack into a fresh output or pass --overwrite"
+            )
 
-    tok = load_tokenizer(tokenizer, backend, _peek_texts(files, text_key, lines))
+        tok = load_tokenizer(tokenizer, backend, _peek_texts(files, text_key, lines))
+        eos_id, bos_id = _special_ids(tok, eos, bos, bos_id)
+        dtype = token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))
+        sample_tokens = seq_len + 1 if mode == "concat" else None
+        fingerprint = {
+            "inputs": [f.fingerprint() for f in files],
+            "text_key": text_key,
+            "lines": lines,
+            "on_error": on_error,
+            "errors": errors,
+            "tokenizer": tok.info(),
+            "eos_id": eos_id,
+            "bos_id": bos_id,
+            "mode": mode,
+            "seq_len": seq_len,
+            "shard_bytes": shard_bytes,
+            "shard_samples": shard_samples,
+            "name": name,
+        }
+        journal = Journal(store, fingerprint, name)
+        if overwrite:
+            _clear_output(store, name)
+        start, emitted, bad_locations = _resume_point(journal)
+        resumed_shards = len(journal.entries)
+
+        reader = DocumentReader(files, text_key, lines, on_error, errors, start, bad_locations)
+        packer = (
+            ConcatPacker(seq_len + 1, DTYPES[dtype])
+            if mode == "concat"
+            else DocsPacker(DTYPES[dtype])
+        )
+        writer = ShardWriter(
+            store,
+            name,
+            shard_bytes,
+            shard_samples,
+            first_shard=len(journal.entries),
+            first_sample=sum(e.samples for e in journal.entries),
+            on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
+        )
+        show = sys.stderr.isatty() if progress is None else progress
+        tpool = TokenPool(tok, workers, pool, bos_id, eos_id, dtype)
+        _write_shards(tpool, reader, packer, writer, Progress(show), batch_bytes, start, emitted)
+
+        entries = tuple(journal.entries)
+        if not entries:
+            raise InputError(f"no non-empty documents in {', '.join(f.path for f in files)}")
+        stats = {
+            "documents": sum(e.documents for e in entries),
+            "empty_documents_skipped": reader.empty,
+            "records_skipped": reader.bad,
+            "skipped_locations": list(reader.bad_locations),
+            "input_bytes": reader.input_bytes,
+            "input_files": len(files),
+        }
+        index = DatasetIndex(
+            tokenizer=tok.info(),
+            eos_id=eos_id,
+            bos_id=bos_id,
+            dtype=dtype,
+            mode=mode,
+            seq_len=seq_len,
+            sample_tokens=sample_tokens,
+            shards=entries,
+            stats=stats,
+            checksum=CHECKSUM_NAME,
+        )
+        lock.verify()  # publish nothing if another pack has taken the output meanwhile
+        store.write_bytes(INDEX_NAME, index.to_json().encode())
+        store.delete(JOURNAL_NAME)
+        # A crashed run may have written shards past what this run produced (only if its
+        # output was longer, e.g. after --overwrite with other options): remove them.
+        _delete_shards_from(store, name, len(entries))
+        return PackResult(index, time.perf_counter() - t0, resumed_shards, workers, tpool.kind)
+    finally:
+        lock.release()
+
+
+def _special_ids(
+    tok: Tokenizer, eos: bool, bos: bool, bos_id: int | None
+) -> tuple[int | None, int | None]:
+    """``(eos_id, bos_id)`` added to every document (None: not added); giving ``bos_id``
+    implies ``bos``, whose default is the tokenizer's ``<|endoftext|>``.
+
+    Raises:
+        ValueError: an id is asked for and the tokenizer has no ``<|endoftext|>``.
+    """
     eos_id = tok.eos_id if eos else None
     if eos and eos_id is None:
         raise ValueError(f"tokenizer {tok.name!r} has no <|endoftext|> token; pass eos=False")
-    if bos or bos_id is not None:
-        bos_id = bos_id if bos_id is not None else tok.eos_id
-        if bos_id is None:
-            raise ValueError(f"tokenizer {tok.name!r} has no <|endoftext|> token; give bos_id")
-    else:
-        bos_id = None
-    dtype = token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))
-    sample_tokens = seq_len + 1 if mode == "concat" else None
-    fingerprint = {
-        "inputs": [f.fingerprint() for f in files],
-        "text_key": text_key,
-        "lines": lines,
-        "on_error": on_error,
-        "errors": errors,
-        "tokenizer": tok.info(),
-        "eos_id": eos_id,
-        "bos_id": bos_id,
-        "mode": mode,
-        "seq_len": seq_len,
-        "shard_bytes": shard_bytes,
-        "shard_samples": shard_samples,
-        "name": name,
-    }
-    journal = Journal(store, fingerprint)
-    if overwrite:
-        _clear_output(store, name)
-    resumed = journal.load()
-    start = None
-    emitted = 0
-    bad_locations: list[str] = []
-    if resumed:
-        assert journal.position is not None
-        start = Position(*journal.position["position"])
-        emitted = journal.position["emitted"]
-        bad_locations = list(journal.position["bad_locations"])
-    resumed_shards = len(journal.entries)
+    if not (bos or bos_id is not None):
+        return eos_id, None
+    bos_id = bos_id if bos_id is not None else tok.eos_id
+    if bos_id is None:
+        raise ValueError(f"tokenizer {tok.name!r} has no <|endoftext|> token; give bos_id")
+    return eos_id, bos_id
 
-    reader = DocumentReader(files, text_key, lines, on_error, errors, start, bad_locations)
-    packer = (
-        ConcatPacker(seq_len + 1, DTYPES[dtype]) if mode == "concat" else DocsPacker(DTYPES[dtype])
+
+def _resume_point(journal: Journal) -> tuple[Position | None, int, list[str]]:
+    """Load the journal; ``(record to restart from, its tokens already packed, skipped
+    locations before it)``, or ``(None, 0, [])`` for a fresh pack."""
+    if not journal.load():
+        return None, 0, []
+    assert journal.position is not None
+    return (
+        Position(*journal.position["position"]),
+        journal.position["emitted"],
+        list(journal.position["bad_locations"]),
     )
-    writer = ShardWriter(
-        store,
-        name,
-        shard_bytes,
-        shard_samples,
-        first_shard=len(journal.entries),
-        first_sample=sum(e.samples for e in journal.entries),
-        on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
-    )
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = Progress(show)
-    tpool = TokenPool(tok, workers, pool, bos_id, eos_id, dtype)
+
+
+def _write_shards(
+    tpool: TokenPool,
+    reader: DocumentReader,
+    packer: ConcatPacker | DocsPacker,
+    writer: ShardWriter,
+    bar: Progress,
+    batch_bytes: int,
+    start: Position | None,
+    emitted: int,
+) -> None:
+    """Run the pipeline: read, tokenise, pack into samples, write shards; wait for the last.
+
+    On resume (``start`` given) the first document's ``emitted`` tokens, already in committed
+    shards, are dropped. On any error the shards already queued still finish and commit, the
+    partial one is dropped.
+    """
     try:
         first = True
         for positions, flat, lens in tpool.map(_batches(reader, batch_bytes)):
@@ -280,36 +429,6 @@ def pack(
     finally:
         tpool.close()
         bar.close()
-
-    entries = tuple(journal.entries)
-    if not entries:
-        raise InputError(f"no non-empty documents in {', '.join(f.path for f in files)}")
-    stats = {
-        "documents": sum(e.documents for e in entries),
-        "empty_documents_skipped": reader.empty,
-        "records_skipped": reader.bad,
-        "skipped_locations": list(reader.bad_locations),
-        "input_bytes": reader.input_bytes,
-        "input_files": len(files),
-    }
-    index = DatasetIndex(
-        tokenizer=tok.info(),
-        eos_id=eos_id,
-        bos_id=bos_id,
-        dtype=dtype,
-        mode=mode,
-        seq_len=seq_len,
-        sample_tokens=sample_tokens,
-        shards=entries,
-        stats=stats,
-        checksum=CHECKSUM_NAME,
-    )
-    store.write_bytes(INDEX_NAME, index.to_json().encode())
-    store.delete(JOURNAL_NAME)
-    # A crashed run may have written shards past what this run produced (only if its
-    # output was longer, e.g. after --overwrite with other options): remove them.
-    _delete_shards_from(store, name, len(entries))
-    return PackResult(index, time.perf_counter() - t0, resumed_shards, workers, tpool.kind)
 
 
 def _drop_packed(

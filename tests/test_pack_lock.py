@@ -1,0 +1,309 @@
+"""The writer lock: two packs into one output never both run; a killed pack's lock is handled.
+
+Real processes throughout: packs are ``python -m wdstream.cli pack`` subprocesses, S3 is
+moto's server on 127.0.0.1, HTTP is the test file server. A pack reading its input from a
+pipe the test holds stays alive, holding its lock, for exactly as long as the test wants.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from threading import Barrier
+
+import boto3
+import pytest
+
+import wdstream
+from tests.conftest import make_corpus
+from tests.fixtures_remote import aws_env, moto_endpoint, s3_bucket  # noqa: F401
+from tests.servers import FileServer
+from tests.test_pack_resume import _files, _kill_after
+from wdstream.errors import PackLockedError
+from wdstream.storage import LocalStore, Store, open_store
+from wdstream.write.lock import LOCK_NAME, LockOwner, OutputLock, acquire
+from wdstream.write.pack import JOURNAL_NAME
+
+OPTS = ["--seq-len", "31", "--shard-size", "8KB", "--workers", "0", "--quiet"]
+KW: dict[str, object] = {"seq_len": 31, "shard_size": "8KB", "workers": 0}
+_DEADLINE = 30  # seconds any one wait may take on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """~12 KB of JSONL: 9 shards of 8 KB (few, so the S3 packs stay quick)."""
+    path = tmp_path_factory.mktemp("lock") / "in.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for t in make_corpus(n_docs=20, seed=3, stdlib_files=0):
+            f.write(json.dumps({"text": t}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def expected(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """The files of a solo pack of ``corpus``."""
+    ref = tmp_path_factory.mktemp("lock-ref") / "ref"
+    wdstream.pack([str(corpus)], str(ref), **KW)  # type: ignore[arg-type]
+    return _files(ref)
+
+
+def _pack_cmd(inp: str, out: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "wdstream.cli", "pack", inp, "-o", out, *OPTS, *extra]
+
+
+def _wait_for(what: str, ready: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + _DEADLINE
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@functools.cache
+def _store(url: str) -> Store:
+    return open_store(url)  # one per URL: polling must not build an S3 client per call
+
+
+def _owner(url: str) -> LockOwner | None:
+    try:
+        return LockOwner.parse(_store(url).read(LOCK_NAME))
+    except FileNotFoundError:
+        return None
+
+
+def _race(out: str, data: bytes, at_once: bool) -> str:
+    """Start two identical packs of stdin into ``out``; neither gets input until one has
+    given up, then the other gets ``data``. Checks that the one that gave up failed on the
+    lock naming the other, and that the other finished; returns the failed one's stderr.
+
+    ``at_once``: start both together; else the second once the first holds the lock (moto
+    checks ``If-None-Match`` and stores the object in two steps, so only a real S3 makes
+    simultaneous conditional puts safe).
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(2):
+            if procs and not at_once:
+                _wait_for("the first pack's lock", lambda: _owner(out) is not None)
+            procs.append(
+                subprocess.Popen(_pack_cmd("-", out), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+            )
+        _wait_for("one pack to give up", lambda: any(p.poll() is not None for p in procs))
+        loser = next(p for p in procs if p.poll() is not None)
+        winner = next(p for p in procs if p is not loser)
+        assert loser.stderr is not None
+        err = loser.stderr.read().decode()
+        assert loser.returncode != 0, err
+        assert winner.poll() is None, "the lock holder died"
+        owner = _owner(out)
+        assert owner is not None and owner.pid == winner.pid
+        assert f"another pack has been writing to {out} since {owner.started} " in err
+        assert f"(pid {winner.pid} on host {socket.gethostname()})" in err
+        assert winner.stdin is not None
+        winner.stdin.write(data)
+        winner.stdin.close()
+        assert winner.wait(_DEADLINE) == 0
+        return err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_two_concurrent_local_packs_one_wins(
+    tmp_path: Path, corpus: Path, expected: dict[str, bytes]
+) -> None:
+    out = tmp_path / "out"
+    err = _race(str(out), corpus.read_bytes(), at_once=True)
+    assert "wait for it, or stop it" in err
+    assert _files(out) == expected  # a pack of stdin equals a pack of the file
+    assert not (out / LOCK_NAME).exists() and not (out / JOURNAL_NAME).exists()
+
+
+def test_two_concurrent_s3_packs_one_wins(
+    corpus: Path,
+    expected: dict[str, bytes],
+    s3_bucket: str,  # noqa: F811
+) -> None:
+    url = f"s3://{s3_bucket}/ds"
+    err = _race(url, corpus.read_bytes(), at_once=False)
+    assert "if it is dead run with --force-unlock" in err
+    assert _s3_files(s3_bucket, "ds/") == expected
+
+
+def _s3_files(bucket: str, prefix: str) -> dict[str, bytes]:
+    """Every object under ``prefix``, dotted names included (lock, journal)."""
+    client = boto3.client("s3")
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
+    return {k[len(prefix) :]: client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+
+
+def _take_at_once(store: LocalStore, takers: int) -> list[OutputLock | PackLockedError]:
+    """``takers`` threads call :func:`acquire` together, each with its own descriptor, as
+    separate processes would."""
+    barrier = Barrier(takers)
+
+    def take(_: int) -> OutputLock | PackLockedError:
+        barrier.wait()
+        try:
+            return acquire(store)
+        except PackLockedError as exc:
+            return exc
+
+    with ThreadPoolExecutor(takers) as ex:
+        return list(ex.map(take, range(takers)))
+
+
+def test_local_lock_contention_in_threads(tmp_path: Path) -> None:
+    """Exactly one of many simultaneous takers holds the lock; once it releases, the next
+    round again has exactly one (a released file is never locked by two)."""
+    store = LocalStore(tmp_path, create=True)
+    for _ in range(5):
+        results = _take_at_once(store, 8)
+        held = [r for r in results if isinstance(r, OutputLock)]
+        assert len(held) == 1, results
+        held[0].release()
+        assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_sigkilled_local_pack_is_taken_over(
+    tmp_path: Path, corpus: Path, expected: dict[str, bytes]
+) -> None:
+    """The kernel dropped the dead pack's lock; its record names a pid that is gone on this
+    host, so the rerun takes over (saying so) and finishes byte-identical."""
+    out = tmp_path / "out"
+    cmd = _pack_cmd(str(corpus), str(out))
+    assert _kill_after(cmd, out, 2), "pack finished before it could be killed"
+    dead = LockOwner.parse((out / LOCK_NAME).read_bytes())
+    assert dead is not None and dead.is_gone()
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"taking over the lock of a pack that is gone: {dead.describe()}" in rerun.stderr
+    assert _files(out) == expected
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_sigkilled_s3_pack_needs_force_unlock(
+    tmp_path: Path,
+    corpus: Path,
+    expected: dict[str, bytes],
+    s3_bucket: str,  # noqa: F811
+) -> None:
+    url = f"s3://{s3_bucket}/ds"
+    store = _store(url)
+
+    def committed() -> int:
+        try:
+            return len(json.loads(store.read(JOURNAL_NAME))["shards"])
+        except FileNotFoundError:
+            return 0
+
+    cmd = _pack_cmd(str(corpus), url)
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for("2 committed shards", lambda: committed() >= 2 or proc.poll() is not None)
+        assert proc.poll() is None, "pack finished before it could be killed"
+    finally:
+        proc.kill()
+        proc.wait()
+    dead = _owner(url)
+    assert dead is not None and dead.pid == proc.pid
+
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0
+    assert (
+        f"another pack has been writing to {url} {dead.describe()}; wait for it, or if it is "
+        "dead run with --force-unlock"
+    ) in refused.stderr
+    assert _owner(url) == dead  # refused without touching anything
+
+    forced = subprocess.run([*cmd, "--force-unlock"], capture_output=True, text=True, timeout=60)
+    assert forced.returncode == 0, forced.stderr
+    assert f"--force-unlock: removing the lock of {dead.describe()}" in forced.stderr
+    assert _s3_files(s3_bucket, "ds/") == expected  # no lock, no journal left
+
+
+def test_force_unlock_never_takes_a_running_packs_lock(tmp_path: Path, corpus: Path) -> None:
+    holder = acquire(LocalStore(tmp_path / "out", create=True))
+    try:
+        with pytest.raises(PackLockedError, match="still running.*--force-unlock cannot"):
+            wdstream.pack([str(corpus)], str(tmp_path / "out"), force_unlock=True, **KW)  # type: ignore[arg-type]
+        assert _owner(str(tmp_path / "out")) == holder.owner
+    finally:
+        holder.release()
+
+
+def _left_behind(root: Path, **changes: object) -> LockOwner:
+    """Write a lock record for this process with ``changes``, as a dead owner leaves it."""
+    root.mkdir(parents=True, exist_ok=True)
+    owner = LockOwner(**{**LockOwner.this_process().__dict__, **changes})
+    (root / LOCK_NAME).write_bytes(owner.to_bytes())
+    return owner
+
+
+@pytest.mark.parametrize(
+    ("changes", "taken"),
+    [
+        ({"host": "another-host"}, False),  # cannot be checked from here
+        ({}, False),  # a live process of this host (this one) named, though its lock is free
+        ({"pid_started": -1}, True),  # the pid now belongs to another process
+    ],
+)
+def test_left_behind_local_lock(
+    tmp_path: Path,
+    corpus: Path,
+    expected: dict[str, bytes],
+    changes: dict[str, object],
+    taken: bool,
+) -> None:
+    out = tmp_path / "out"
+    owner = _left_behind(out, **changes)
+    if not taken:
+        with pytest.raises(PackLockedError, match=r"if it is dead run with --force-unlock"):
+            wdstream.pack([str(corpus)], str(out), **KW)  # type: ignore[arg-type]
+        assert LockOwner.parse((out / LOCK_NAME).read_bytes()) == owner
+    wdstream.pack([str(corpus)], str(out), force_unlock=not taken, **KW)  # type: ignore[arg-type]
+    assert _files(out) == expected and not (out / LOCK_NAME).exists()
+
+
+def test_http_lock(tmp_path: Path, corpus: Path, expected: dict[str, bytes]) -> None:
+    root = tmp_path / "served"
+    root.mkdir()
+    with FileServer(root) as server:
+        url = server.base_url + "/ds"
+        holder = acquire(open_store(url))
+        with pytest.raises(PackLockedError, match=rf"writing to {url} since .*--force-unlock"):
+            wdstream.pack([str(corpus)], url, **KW)  # type: ignore[arg-type]
+        wdstream.pack([str(corpus)], url, force_unlock=True, **KW)  # type: ignore[arg-type]
+        with pytest.raises(PackLockedError, match="taken away while this pack ran;"):
+            holder.verify()
+        holder.release()  # not its lock any more: must not remove anything
+    assert {p.name: p.read_bytes() for p in (root / "ds").iterdir()} == expected
+
+
+def test_lock_released_when_pack_fails(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{broken\n')
+    with pytest.raises(wdstream.InputError):
+        wdstream.pack([str(bad)], str(tmp_path / "out"), **KW)  # type: ignore[arg-type]
+    assert not (tmp_path / "out" / LOCK_NAME).exists()
+
+
+def test_s3_lock_taken_over_midway_stops_publishing(s3_bucket: str) -> None:  # noqa: F811
+    """A pack whose lock was forced away by another publishes no index.json."""
+    store = open_store(f"s3://{s3_bucket}/ds")
+    first = acquire(store)
+    second = acquire(store, force_unlock=True)
+    with pytest.raises(PackLockedError, match=rf"taken away .* by {second.owner.who} \(--force"):
+        first.verify()
+    first.release()
+    second.verify()  # still the second's
+    second.release()
+    assert not store.exists(LOCK_NAME)
