@@ -27,6 +27,9 @@ PIP="$VENV/bin/pip"
     "numpy<2.2" "xxhash<4" "transformers<5" Brotli python-snappy zstd catalogue tqdm \
     lightning-utilities filelock tifffile obstore boto3 requests pillow \
     "psutil>=5.9" "moto[server]>=5.0" "bpe-openai>=0.1.4" "torch==2.14.1" "torchvision==0.29.1"
+# so that tests/test_bench_smoke.py runs here with psutil and the peers (its PSS and
+# mosaicml/litdata tests skip in the dev venv, which has neither)
+"$PIP" install -q "pytest>=8" "pytest-timeout>=2.2" "hypothesis>=6.100"
 "$VENV/bin/python" - <<'PY'
 import importlib
 for name in ("torch", "torchvision", "numpy", "streaming", "litdata", "webdataset", "tiktoken",
@@ -34,4 +37,5 @@ for name in ("torch", "torchvision", "numpy", "streaming", "litdata", "webdatase
     mod = importlib.import_module(name)
     print(f"{name:12s} {getattr(mod, '__version__', '?')}")
 PY
-echo "bench venv ready: $VENV/bin/python tools/bench.py"
+echo "bench venv ready: $VENV/bin/python tools/bench.py --quick   (or --output docs/BENCHMARKS.md for the full run)"
+echo "its smoke tests:  $VENV/bin/python -m pytest -q tests/test_bench_smoke.py"
