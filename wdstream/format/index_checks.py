@@ -17,7 +17,7 @@ bytes themselves (sha256, sidecar counts, sample keys) are the readers' and
 
 Every failure is one :class:`~wdstream.errors.IndexValidationError` reading
 ``WHERE: KEY.PATH: expected ..., got VALUE``; a rule across keys names every key involved.
-Unknown keys are kept, not refused, so optional keys can be added without a version bump.
+Unknown keys are not refused, so optional keys can be added without a version bump.
 """
 
 from __future__ import annotations
