@@ -28,6 +28,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from wdstream.errors import StateMismatchError
+from wdstream.read.order import OrderConfig
+from wdstream.read.sequence import GlobalPosition, GlobalReader
 from wdstream.read.source import ShardSource
 from wdstream.read.state import (
     STATE_VERSION,
@@ -140,6 +142,10 @@ class TokenDataset(IterableDataset):
         on_error: raw text: ``"raise"`` on a bad record (naming file and line) or ``"skip"``.
         eos: raw text: append ``<|endoftext|>`` to every document.
         tokenize_threads: raw text: threads of one batched tokenizer call.
+        order: ``"streams"``: per-rank streams (``streams`` per rank, the order depends on
+            the world size); ``"global"``: one global batch sequence, the same batches for
+            any world size and worker count with the same global batch, resumable on another
+            world size, with ``batch_at`` (packed datasets only; ``docs/READER.md``).
         store_options: passed to the storage backend.
     """
 
@@ -164,8 +170,13 @@ class TokenDataset(IterableDataset):
         on_error: str = "raise",
         eos: bool = True,
         tokenize_threads: int | None = None,
+        order: str = "streams",
         **store_options: Any,
     ) -> None:
+        if order not in ("streams", "global"):
+            raise ValueError(f"order must be 'streams' or 'global', got {order!r}")
+        if order == "global" and (tokenizer is not None or isinstance(source, TextSource)):
+            raise ValueError(_GLOBAL_NEEDS_INDEX)
         _check_sizes(seq_len=seq_len, batch_size=batch_size, streams=streams,
                      shuffle_window=shuffle_window, shuffle_lanes=shuffle_lanes,
                      chunk_batches=chunk_batches)  # fmt: skip
@@ -188,8 +199,11 @@ class TokenDataset(IterableDataset):
             self._ctx = TextContext(self.source, self.cfg, batches_per_epoch, tokenize_threads)
         else:
             self._ctx = ReaderContext(self.source, self.cfg)
+        self.sequence: GlobalReader | None = None
+        if order == "global":
+            self.sequence = _global_reader(self.source, self.cfg)
         # Where this reader is: advanced by iteration, replaced by ``load_state_dict``.
-        self.position = self._start(0)
+        self.position: Position | GlobalPosition = self._start(0)
         # Set by ``Loader``: chunks instead of batches, and the start position in shared
         # memory (workers, persistent or not, read it at every ``iter()``).
         self._yield_chunks = False
@@ -215,6 +229,26 @@ class TokenDataset(IterableDataset):
         """Small JSON-serialisable position (see ``docs/READER.md``)."""
         return self.state_of(self.position)
 
+    def batch_at(self, step: int) -> dict[str, torch.Tensor]:
+        """This rank's batch at global step ``step``: exactly what iteration yields there.
+
+        Costs the same for any step (no replay). Steps are counted as this reader counts
+        them (from its loaded state's origin when the global batch size changed).
+
+        Raises:
+            TypeError: for the per-rank stream order (``order="streams"``), which has no
+                random access.
+        """
+        if self.sequence is None:
+            raise TypeError("batch_at needs order='global' on a packed dataset")
+        assert isinstance(self.position, GlobalPosition)
+        c = self.cfg
+        tokens = torch.empty((c.batch_size, c.seq_len + 1), dtype=torch.int32)
+        doc = np.empty(tuple(tokens.shape), dtype=bool) if c.doc_boundaries else None
+        self.sequence.fill(step, self.position.origin, tokens.numpy(), doc)
+        positions = torch.from_numpy(_position_ids(doc)) if doc is not None else None
+        return next(chunk_to_batches(tokens, positions, c.batch_size))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position taken by :meth:`state_dict` (or ``Loader.state_dict``).
 
@@ -224,8 +258,11 @@ class TokenDataset(IterableDataset):
         """
         self.position = self.position_of(state)
 
-    def state_of(self, position: Position) -> dict[str, Any]:
+    def state_of(self, position: Position | GlobalPosition) -> dict[str, Any]:
         """The state of ``position`` of this reader: the one place the format is written."""
+        if isinstance(position, GlobalPosition):
+            assert self.sequence is not None
+            return self.sequence.state_of(position)
         worker = list(position.worker) if position.worker is not None else None
         return {
             "version": STATE_VERSION,
@@ -237,7 +274,7 @@ class TokenDataset(IterableDataset):
             "worker": worker,
         }
 
-    def position_of(self, state: dict[str, Any]) -> Position:
+    def position_of(self, state: dict[str, Any]) -> Position | GlobalPosition:
         """Check ``state`` against this reader and its epoch plans; return its position.
 
         Everything a state holds is checked (``wdstream.read.state``): shape and types,
@@ -247,6 +284,8 @@ class TokenDataset(IterableDataset):
         Raises:
             StateMismatchError: naming the first bad field (``streams[1].offset``) and value.
         """
+        if self.sequence is not None:
+            return self.sequence.position_of(state)
         position, chunk_left = parse_state(state, self.config(), self._ctx.cursor_keys)
         for t, cursor in enumerate(position.cursors):
             self._ctx.check_cursor(t, cursor)
@@ -264,8 +303,25 @@ class TokenDataset(IterableDataset):
         """Put every stream at the start of ``epoch`` (for plain ``DataLoader`` workers)."""
         self.position = self._start(epoch)
 
-    def _start(self, epoch: int) -> Position:
+    def _start(self, epoch: int) -> Position | GlobalPosition:
+        if self.sequence is not None:
+            order = self.sequence.order
+            return GlobalPosition(order.epoch_end_step(epoch - 1) if epoch else 0)
         return Position([self._ctx.start_cursor(epoch) for _ in range(self.cfg.streams)])
+
+    def epoch_of(self, position: Position | GlobalPosition) -> int:
+        """The epoch ``position`` is in."""
+        if isinstance(position, GlobalPosition):
+            assert self.sequence is not None
+            return self.sequence.epoch_of(position)
+        return position.epoch
+
+    def begin(self, position: Position | GlobalPosition) -> int | None:
+        """Set and return the stop epoch of the iteration starting at ``position``."""
+        if isinstance(position, GlobalPosition):
+            assert self.sequence is not None
+            return self.sequence.begin(position, self.epochs)
+        return position.begin(self.epochs)
 
     def batches_per_epoch(self, epoch: int | None = None) -> int:
         """Batches this rank yields in ``epoch`` (default: the current one); equal on every rank.
@@ -274,7 +330,9 @@ class TokenDataset(IterableDataset):
             TypeError: for raw text without ``batches_per_epoch`` (no count before reading).
         """
         if epoch is None:
-            epoch = self.position.epoch
+            epoch = self.epoch_of(self.position)
+        if self.sequence is not None:
+            return self.sequence.batches_per_epoch(epoch)
         return self.cfg.streams * self._ctx.batches_per_stream(epoch)
 
     def __len__(self) -> int:
@@ -289,6 +347,7 @@ class TokenDataset(IterableDataset):
         if S % nw:
             raise ValueError(f"streams={S} must be a multiple of the number of workers {nw}")
         pos = self.position
+        assert isinstance(pos, Position)
         if pos.worker is not None and list(pos.worker) == [wid, nw]:
             first = pos.next_stream  # a worker's own saved state (StatefulDataLoader)
         elif pos.worker is not None and pos.worker[1] != 1:
@@ -306,16 +365,23 @@ class TokenDataset(IterableDataset):
 
     def iter_chunks(self) -> Iterator[Chunk]:
         """Yield this process's chunks in round-robin order, advancing the position."""
-        shared = get_worker_info() is not None
+        info = get_worker_info()
+        shared = info is not None
         if shared and self._shared is not None:
             # The loader's position, checked by the loader before it started the workers.
             n = int.from_bytes(self._shared[:8].numpy().tobytes(), "little")
-            self.position = Position.from_dict(
-                json.loads(self._shared[8 : 8 + n].numpy().tobytes())
+            blob = json.loads(self._shared[8 : 8 + n].numpy().tobytes())
+            kind = GlobalPosition if self.sequence is not None else Position
+            self.position = kind.from_dict(blob)
+        ring = self._ring if shared else None
+        if isinstance(self.position, GlobalPosition):
+            yield from self._global_chunks(
+                info.id if info else 0, info.num_workers if info else 1, ring, shared
             )
+            return
         order, stop = self._schedule()
         pos, cfg = self.position, self.cfg
-        ring = self._ring if shared else None
+        assert isinstance(pos, Position)
         wid = pos.worker[0] if pos.worker is not None else 0
         streams = {s: self._ctx.stream(s, pos.cursors[s]) for s in order}
         try:
@@ -368,6 +434,38 @@ class TokenDataset(IterableDataset):
             for st in streams.values():
                 st.close()
 
+    def _buffer(
+        self, ring: Any, wid: int, i: int, rows: int, shared: bool
+    ) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+        """Where this process's ``i``-th chunk of ``rows`` rows is written, and its reference:
+        a slot of the shared ring (workers of a Loader) or fresh tensors."""
+        cfg = self.cfg
+        if ring is not None:
+            slot = i % ring[0].shape[1]
+            positions = ring[1][wid, slot, :rows] if ring[1] is not None else None
+            return (wid, slot, rows), ring[0][wid, slot, :rows], positions
+        tokens = _new_buffer((rows, cfg.seq_len + 1), torch.int32, shared)
+        positions = (
+            _new_buffer((rows, cfg.seq_len), torch.int32, shared) if cfg.doc_boundaries else None
+        )
+        return tokens, tokens, positions
+
+    def _global_chunks(self, wid: int, nw: int, ring: Any, shared: bool) -> Iterator[Chunk]:
+        """This process's chunks of the global sequence (chunk ``j`` by worker ``j % nw``)."""
+        assert self.sequence is not None and isinstance(self.position, GlobalPosition)
+        self.sequence.begin(self.position, self.epochs)
+
+        def buffer(i: int, rows: int) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+            return self._buffer(ring, wid, i, rows, shared)
+
+        chunks = self.sequence.chunks(self.position, wid, nw, buffer, _position_ids)
+        for ref, tokens, positions, cursors in chunks:
+            if ring is not None:
+                yield -1, ref, None, cursors
+            else:
+                yield -1, tokens, positions, cursors
+        self.position.iter_stop = None  # finished: the next iter() continues after it
+
     def __iter__(self) -> Iterator[Any]:
         if self._yield_chunks:
             yield from self.iter_chunks()
@@ -413,3 +511,23 @@ def _empty_chunk(ring: Any, wid: int, i: int, seq_len: int) -> Any:
     if ring is not None:
         return (wid, i % ring[0].shape[1], 0)
     return torch.empty((0, seq_len + 1), dtype=torch.int32)
+
+
+_GLOBAL_NEEDS_INDEX = (
+    "order='global' (and with it batch_at, explain and resuming on another world size) needs "
+    "a packed dataset: its index gives every sample's place. Raw text is read in per-rank "
+    "streams (order='streams'); pack it with `wdstream pack` for the global order"
+)
+
+
+def _global_reader(source: ShardSource | TextSource, cfg: ReaderConfig) -> GlobalReader:
+    """The global batch sequence of a packed dataset, for ``order="global"``."""
+    if not isinstance(source, ShardSource):
+        raise ValueError(_GLOBAL_NEEDS_INDEX)
+    order = OrderConfig(
+        seq_len=cfg.seq_len, global_batch=cfg.world_size * cfg.batch_size, shuffle=cfg.shuffle,
+        seed=cfg.seed, shuffle_window=cfg.shuffle_window, shuffle_lanes=cfg.shuffle_lanes,
+    )  # fmt: skip
+    return GlobalReader(
+        source, order, cfg.rank, cfg.batch_size, cfg.chunk_batches, cfg.doc_boundaries
+    )

@@ -30,6 +30,8 @@ from torch.utils.data import DataLoader
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.dataset import Chunk, TokenDataset, chunk_to_batches
+from wdstream.read.sequence import GlobalPosition
+from wdstream.read.state import Position
 from wdstream.tokenizer import Tokenizer
 
 __all__ = ["Loader"]
@@ -116,6 +118,10 @@ class Loader:
         eos: raw text: append ``<|endoftext|>`` to every document.
         tokenize_threads: raw text: threads of one batched tokenizer call (default: CPU
             cores divided by the worker count).
+        order: ``"streams"`` (per-rank streams) or ``"global"`` (one global batch sequence:
+            the same batches on any number of ranks and workers with the same global batch
+            ``world_size * batch_size``, elastic resume, :meth:`batch_at`); see
+            ``docs/READER.md``.
         store_options: passed to the storage backend.
     """
 
@@ -148,6 +154,7 @@ class Loader:
         on_error: str = "raise",
         eos: bool = True,
         tokenize_threads: int | None = None,
+        order: str = "streams",
         **store_options: Any,
     ) -> None:
         if not drop_last:
@@ -171,7 +178,7 @@ class Loader:
             source, seq_len, batch_size, shuffle=shuffle, seed=seed, rank=rank,
             world_size=world_size, streams=streams, epochs=epochs, shuffle_window=shuffle_window,
             shuffle_lanes=shuffle_lanes, chunk_batches=chunk_batches,
-            return_doc_boundaries=return_doc_boundaries, **text, **store_options,
+            return_doc_boundaries=return_doc_boundaries, order=order, **text, **store_options,
         )  # fmt: skip
         self.dataset._yield_chunks = True
         self.epochs = epochs
@@ -202,7 +209,7 @@ class Loader:
         Raises:
             TypeError: for raw text without ``batches_per_epoch`` (no count before reading).
         """
-        return self.dataset.batches_per_epoch(self._handed.epoch)
+        return self.dataset.batches_per_epoch(self.dataset.epoch_of(self._handed))
 
     def state_dict(self) -> dict[str, Any]:
         """Position after the last batch handed out: small and JSON-serialisable."""
@@ -218,16 +225,23 @@ class Loader:
                 of a ``TokenDataset`` state, which lacks the other workers' streams.
         """
         position = self.dataset.position_of(state)
-        if position.worker is not None and position.worker[1] > 1:
-            raise StateMismatchError(
-                f"worker: {list(position.worker)} is one worker's share of a TokenDataset "
-                "state (StatefulDataLoader); a Loader resumes from Loader.state_dict()"
-            )
-        position.worker = None
+        if isinstance(position, Position):
+            if position.worker is not None and position.worker[1] > 1:
+                raise StateMismatchError(
+                    f"worker: {list(position.worker)} is one worker's share of a TokenDataset "
+                    "state (StatefulDataLoader); a Loader resumes from Loader.state_dict()"
+                )
+            position.worker = None
         self._handed = position
 
+    def batch_at(self, step: int) -> dict[str, torch.Tensor]:
+        """This rank's batch at global step ``step``, exactly as iteration yields it, in the
+        same time for any step (``order="global"`` only; see ``TokenDataset.batch_at``)."""
+        batch = self.dataset.batch_at(step)
+        return batch if self.device is None else {k: v.to(self.device) for k, v in batch.items()}
+
     def _prepare(self) -> None:
-        self._handed.begin(self.epochs)
+        self.dataset.begin(self._handed)
         self.dataset.position = self._handed.copy()
 
     def _torch_loader(self) -> DataLoader:
@@ -290,6 +304,11 @@ class Loader:
         handed = self._handed
         for s, tokens, pos, cursors in chunks:
             n = len(cursors)
+            if isinstance(handed, GlobalPosition):
+                for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin)):
+                    handed.step = cursors[j]["step"]  # recorded as the batch is handed over
+                    yield batch
+                continue
             if n == 0:  # a raw-text stream that finished its epochs passes its turn
                 handed.next_stream = (s + 1) % S
                 continue

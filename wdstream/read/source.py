@@ -247,6 +247,12 @@ class ShardSource:
             return k * int(self.sample_tokens or 0)
         return int(self._sidecar(shard)[1][k])
 
+    def token_counts(self, shard: int, a: int, b: int) -> np.ndarray:
+        """Token count of each sample ``[a, b)`` of ``shard`` (no read for regular shards)."""
+        if self._regular[shard]:
+            return np.full(b - a, int(self.sample_tokens or 0), dtype=np.int64)
+        return self._sidecar(shard)[0].tokens[a:b].astype(np.int64)
+
     def read(
         self, shard: int, a: int, b: int, with_docs: bool = True
     ) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:

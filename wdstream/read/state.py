@@ -46,8 +46,11 @@ __all__ = [
     "check_in_window",
     "check_iter_stop",
     "check_turns",
+    "dict_field",
+    "int_field",
     "mismatch",
     "parse_state",
+    "same_value",
 ]
 
 STATE_VERSION = 1
@@ -128,7 +131,7 @@ def mismatch(path: str, value: Any, why: str) -> StateMismatchError:
     return StateMismatchError(f"{path}: {why} (got {_show(value)})")
 
 
-def _int(path: str, value: Any, lo: int = 0, hi: int = _INT_LIMIT) -> int:
+def int_field(path: str, value: Any, lo: int = 0, hi: int = _INT_LIMIT) -> int:
     """``value`` as an int in ``[lo, hi)``; a bool, float or string is refused."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise mismatch(path, value, "an integer expected")
@@ -139,7 +142,7 @@ def _int(path: str, value: Any, lo: int = 0, hi: int = _INT_LIMIT) -> int:
     return number
 
 
-def _dict(path: str, value: Any, keys: Sequence[str]) -> dict[str, Any]:
+def dict_field(path: str, value: Any, keys: Sequence[str]) -> dict[str, Any]:
     """``value`` as a dict with exactly ``keys``."""
     if not isinstance(value, dict):
         raise mismatch(path, value, "a dict expected")
@@ -161,7 +164,7 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     return _kind(a) == _kind(b) and a == b
 
 
@@ -180,8 +183,8 @@ def _streams_hint(saved: Any, now: int) -> str:
 
 
 def _check_config(saved: Any, config: dict[str, Any]) -> None:
-    saved = _dict("config", saved, list(config))
-    diff = {k: (saved[k], v) for k, v in config.items() if not _same(saved[k], v)}
+    saved = dict_field("config", saved, list(config))
+    diff = {k: (saved[k], v) for k, v in config.items() if not same_value(saved[k], v)}
     if diff:
         what = ", ".join(f"{k}: saved {_show(a)}, now {b!r}" for k, (a, b) in sorted(diff.items()))
         hint = _streams_hint(diff["streams"][0], config["streams"]) if "streams" in diff else ""
@@ -189,7 +192,7 @@ def _check_config(saved: Any, config: dict[str, Any]) -> None:
 
 
 def _cursor(path: str, value: Any, keys: Sequence[str]) -> dict[str, int]:
-    c = {k: _int(f"{path}.{k}", v) for k, v in _dict(path, value, keys).items()}
+    c = {k: int_field(f"{path}.{k}", v) for k, v in dict_field(path, value, keys).items()}
     if c["batches"] == 0:
         # No batch of this epoch done: the cursor is the epoch's start, all zeros.
         for k in keys:
@@ -203,10 +206,10 @@ def _worker(value: Any, n_streams: int) -> tuple[int, int] | None:
         return None
     if not isinstance(value, list) or len(value) != 2:
         raise mismatch("worker", value, "None or [worker id, num_workers] expected")
-    n = _int("worker[1]", value[1], lo=1, hi=n_streams + 1)
+    n = int_field("worker[1]", value[1], lo=1, hi=n_streams + 1)
     if n_streams % n:
         raise mismatch("worker[1]", n, f"num_workers must divide streams={n_streams}")
-    return _int("worker[0]", value[0], hi=n), n
+    return int_field("worker[0]", value[0], hi=n), n
 
 
 def parse_state(
@@ -228,21 +231,21 @@ def parse_state(
     if not isinstance(state, dict):
         raise mismatch("state", state, "a dict expected")
     version = state.get("version")
-    if not _same(version, STATE_VERSION):
+    if not same_value(version, STATE_VERSION):
         raise mismatch(
             "version", version, f"not a wdstream reader state of version {STATE_VERSION}"
         )
-    state = _dict("", state, STATE_KEYS)
+    state = dict_field("", state, STATE_KEYS)
     _check_config(state["config"], config)
     n = config["streams"]
     streams = state["streams"]
     if not isinstance(streams, list) or len(streams) != n:
         raise mismatch("streams", streams, f"a list of {n} cursors expected")
     cursors = [_cursor(f"streams[{t}]", c, cursor_keys) for t, c in enumerate(streams)]
-    next_stream = _int("next_stream", state["next_stream"], hi=n)
-    chunk_left = _int("chunk_left", state["chunk_left"], lo=1, hi=config["chunk_batches"] + 1)
+    next_stream = int_field("next_stream", state["next_stream"], hi=n)
+    chunk_left = int_field("chunk_left", state["chunk_left"], lo=1, hi=config["chunk_batches"] + 1)
     stop = state["iter_stop"]
-    iter_stop = None if stop is None else _int("iter_stop", stop)
+    iter_stop = None if stop is None else int_field("iter_stop", stop)
     worker = _worker(state["worker"], n)
     return Position(cursors, next_stream, iter_stop, worker), chunk_left
 

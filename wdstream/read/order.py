@@ -1,0 +1,231 @@
+"""The global batch sequence: the rows of global step k, a pure function of the dataset, seed,
+``seq_len``, the global batch size G and k -- the same on any number of ranks and workers.
+
+Epoch ``e`` (all from ``index.json``, no communication)::
+
+    shards in default_rng([seed, e]) order, samples concatenated     positions 0 .. N-1
+    m lanes = m contiguous parts; window w = the next ceil(W/m) samples of every lane,
+        emitted in default_rng([seed, e, w]).permutation             the epoch's token stream
+    rows of T + 1 tokens cut from that stream                        rows 0 .. R-1
+    global step s of the epoch = rows [s*G, (s+1)*G)                 S = R // G steps
+    rank r of a world of W (G = W * B) takes rows [s*G + r*B, s*G + (r+1)*B)
+
+So a window still mixes m distant parts of the data and every lane is read sequentially, as
+with the per-rank streams, but there is one stream per epoch, not one per rank. Rows never
+cross an epoch; the R - S*G rows at an epoch's end are left out (fewer than G). In concat
+mode with the packed ``seq_len`` every row is exactly one packed sample.
+
+Random access: the token offset of a row is ``row * (T + 1)``; the window holding it is found
+by binary search over window token offsets (arithmetic for concat shards, a few sidecar
+lookups otherwise), the sample inside it by ``searchsorted`` over the window's token counts.
+No sample data is read but the rows' own, so ``batch_at(k)`` costs the same for any k.
+
+Steps are counted from an *origin* ``(step, epoch, row)``: ``(0, 0, 0)`` for a fresh run. When
+a run continues with another global batch size, the origin moves to where the saved step
+ended, and steps of the new size run from there to the epoch end (the rest of that epoch
+exactly once), then whole epochs again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from wdstream.read.plan import EpochPlan, WindowGeometry
+from wdstream.read.source import ShardSource
+
+__all__ = ["GlobalOrder", "OrderConfig", "Origin"]
+
+_WINDOW_CACHE = 4  # windows' metadata kept per process (a few KB each)
+
+
+@dataclass(frozen=True)
+class OrderConfig:
+    """Everything that fixes the global sequence (world size and workers do not)."""
+
+    seq_len: int
+    global_batch: int
+    shuffle: bool
+    seed: int
+    shuffle_window: int
+    shuffle_lanes: int
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Step ``step`` began at row ``row`` of epoch ``epoch`` (see the module docstring)."""
+
+    step: int = 0
+    epoch: int = 0
+    row: int = 0
+
+
+@dataclass(frozen=True)
+class _Window:
+    positions: np.ndarray  # int64[n]: epoch positions of the window's samples, emitted order
+    starts: np.ndarray  # int64[n + 1]: token offsets of those samples inside the window
+    begin: int  # token offset of the window in the epoch's stream
+
+
+class GlobalOrder:
+    """Locate and read the rows of any global step.
+
+    Args:
+        source: the packed dataset.
+        cfg: the sequence's parameters.
+
+    Raises:
+        ValueError: if an epoch holds less than one global batch.
+    """
+
+    def __init__(self, source: ShardSource, cfg: OrderConfig) -> None:
+        self.source = source
+        self.cfg = cfg
+        self.row_tokens = cfg.seq_len + 1
+        self.n_samples = int(source.samples.sum())
+        self.rows_per_epoch = int(source.tokens.sum()) // self.row_tokens
+        self.steps_per_epoch = self.rows_per_epoch // cfg.global_batch
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"dataset too small: {self.rows_per_epoch} rows of {self.row_tokens} tokens "
+                f"per epoch, less than one global batch of {cfg.global_batch} rows"
+            )
+        lanes = cfg.shuffle_lanes if cfg.shuffle else 1
+        self.geometry = WindowGeometry(0, self.n_samples, cfg.shuffle_window, lanes)
+        self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
+        self._windows: OrderedDict[tuple[int, int], _Window] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"source": self.source, "cfg": self.cfg}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["source"], state["cfg"])  # type: ignore[misc]
+
+    # ---- where a step is ---------------------------------------------------------------
+    def locate(self, step: int, origin: Origin = Origin()) -> tuple[int, int]:
+        """``(epoch, first row)`` of global step ``step`` (``step >= origin.step``)."""
+        if step < origin.step:
+            raise ValueError(f"step {step} is before the origin step {origin.step}")
+        g, spe = self.cfg.global_batch, self.steps_per_epoch
+        first = (self.rows_per_epoch - origin.row) // g  # steps left in the origin's epoch
+        k = step - origin.step
+        if k < first:
+            return origin.epoch, origin.row + k * g
+        k -= first
+        return origin.epoch + 1 + k // spe, (k % spe) * g
+
+    def epoch_end_step(self, epoch: int, origin: Origin = Origin()) -> int:
+        """The first step of epoch ``epoch + 1`` (``epoch >= origin.epoch``)."""
+        first = (self.rows_per_epoch - origin.row) // self.cfg.global_batch
+        return origin.step + first + (epoch - origin.epoch) * self.steps_per_epoch
+
+    # ---- the epoch's token stream ------------------------------------------------------
+    def plan(self, epoch: int) -> EpochPlan:
+        with self._lock:
+            plan = self._plans.get(epoch)
+            if plan is not None:
+                self._plans.move_to_end(epoch)
+                return plan
+        plan = EpochPlan(self.source, epoch, self.cfg.seed, self.cfg.shuffle, 1)
+        with self._lock:
+            self._plans[epoch] = plan
+            while len(self._plans) > 2:
+                self._plans.popitem(last=False)
+        return plan
+
+    def window(self, epoch: int, w: int) -> _Window:
+        """Window ``w`` of ``epoch``: its samples in emitted order and their token offsets."""
+        key = (epoch, w)
+        with self._lock:
+            hit = self._windows.get(key)
+            if hit is not None:
+                self._windows.move_to_end(key)
+                return hit
+        plan, cfg = self.plan(epoch), self.cfg
+        positions, counts = [], []
+        for p, q in self.geometry.spans(w):
+            positions.append(np.arange(p, q, dtype=np.int64))
+            counts += [self.source.token_counts(s, a, b) for s, a, b in plan.pieces(p, q)]
+        pos = np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)
+        cnt = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
+        if cfg.shuffle:
+            order = np.random.default_rng([cfg.seed, epoch, w]).permutation(len(pos))
+            pos, cnt = pos[order], cnt[order]
+        starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
+        begin = self.geometry.tokens_before_window(w, plan.tokens_before)
+        win = _Window(pos, starts, begin)
+        with self._lock:
+            self._windows[key] = win
+            while len(self._windows) > _WINDOW_CACHE:
+                self._windows.popitem(last=False)
+        return win
+
+    def _segments(self, epoch: int, t0: int, t1: int) -> list[tuple[int, int, int]]:
+        """``(epoch position, first token, tokens)`` pieces of samples covering ``[t0, t1)``."""
+        plan = self.plan(epoch)
+        w = self.geometry.window_at(t0, plan.tokens_before)
+        out: list[tuple[int, int, int]] = []
+        t = t0
+        while t < t1:
+            win = self.window(epoch, w)
+            local = t - win.begin
+            i = int(np.searchsorted(win.starts, local, side="right")) - 1
+            while t < t1 and i < len(win.positions):
+                off = local - int(win.starts[i])
+                take = min(int(win.starts[i + 1]) - int(win.starts[i]) - off, t1 - t)
+                if take > 0:
+                    out.append((int(win.positions[i]), off, take))
+                t += take
+                local += take
+                i += 1
+            w += 1
+        return out
+
+    def fill(self, epoch: int, row: int, tokens: np.ndarray, doc_start: np.ndarray | None) -> None:
+        """Write rows ``[row, row + len(tokens))`` of ``epoch`` into ``tokens`` ([n, T + 1]).
+
+        ``doc_start`` (bool, same shape), when given, is True where a document piece begins:
+        at every sample start (the next sample of a shuffled stream is unrelated) and at
+        every document start inside a sample.
+        """
+        t0 = row * self.row_tokens
+        segments = self._segments(epoch, t0, t0 + tokens.size)
+        samples = self._read(epoch, sorted({p for p, _, _ in segments}), doc_start is not None)
+        flat = tokens.reshape(-1)
+        flat_ds = doc_start.reshape(-1) if doc_start is not None else None
+        if flat_ds is not None:
+            flat_ds[:] = False
+        o = 0
+        for p, off, take in segments:
+            toks, pieces = samples[p]
+            flat[o : o + take] = toks[off : off + take]
+            if flat_ds is not None:
+                starts = np.concatenate([[0], np.cumsum(pieces)[:-1]]) - off
+                starts = starts[(starts >= 0) & (starts < take)]
+                flat_ds[o + starts] = True
+                flat_ds[o] = True  # a sample boundary, or a row start inside a sample
+            o += take
+
+    def _read(
+        self, epoch: int, positions: list[int], with_docs: bool
+    ) -> dict[int, tuple[np.ndarray, tuple[int, ...]]]:
+        """Token views (and piece lengths) of the samples at ``positions`` (sorted)."""
+        plan = self.plan(epoch)
+        out: dict[int, tuple[np.ndarray, tuple[int, ...]]] = {}
+        i = 0
+        while i < len(positions):
+            j = i + 1  # a run of consecutive positions is one ranged read per shard
+            while j < len(positions) and positions[j] == positions[j - 1] + 1:
+                j += 1
+            p = positions[i]
+            for shard, a, b in plan.pieces(p, positions[j - 1] + 1):
+                toks, docs = self.source.read(shard, a, b, with_docs=with_docs)
+                for k, t in enumerate(toks):
+                    out[p + k] = (t, docs[k] if with_docs else ())
+                p += b - a
+            i = j
+        return out

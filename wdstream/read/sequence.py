@@ -1,0 +1,227 @@
+"""A rank's share of the global batch sequence, its resume state, and random access.
+
+The order itself is :mod:`wdstream.read.order`; this module serves it to one rank: chunks of
+``K`` consecutive steps (aligned to multiples of ``K`` inside an epoch, so the next chunk's
+size follows from the step alone), chunk ``j`` of an iteration made by torch worker
+``j % num_workers`` -- torch hands chunks over in worker order, so every worker count gives
+the same batches. The state is the global step and where counting began::
+
+    {"version": 2, "order": "global",
+     "config": {"dataset": ..., "seed": 0, "seq_len": 2048, "shuffle": true,
+                "shuffle_window": 1024, "shuffle_lanes": 8, "global_batch": 64},
+     "step": 41210, "origin": {"step": 0, "epoch": 0, "row": 0}, "iter_stop": null}
+
+Nothing in it depends on the rank, the world size or the workers: every rank saves the same
+state, and any rank of any world size with the same global batch loads rank 0's. With another
+global batch the run continues from the same row of the same epoch (``origin``).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from wdstream.errors import StateMismatchError
+from wdstream.read.order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.source import ShardSource
+from wdstream.read.state import dict_field, int_field, mismatch, same_value
+
+__all__ = ["GLOBAL_STATE_VERSION", "GlobalPosition", "GlobalReader"]
+
+GLOBAL_STATE_VERSION = 2
+_STATE_KEYS = ("version", "order", "config", "step", "origin", "iter_stop")
+
+
+@dataclass
+class GlobalPosition:
+    """The next global step, the origin steps are counted from, the iteration's stop epoch."""
+
+    step: int = 0
+    origin: Origin = field(default_factory=Origin)
+    iter_stop: int | None = None
+
+    def copy(self) -> GlobalPosition:
+        return copy.copy(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        o = self.origin
+        return {"step": self.step, "origin": [o.step, o.epoch, o.row], "iter_stop": self.iter_stop}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GlobalPosition:
+        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"])
+
+
+class GlobalReader:
+    """One rank's view of the global sequence.
+
+    Args:
+        source: the packed dataset.
+        order: the sequence (its ``global_batch`` is ``world_size * batch_size``).
+        rank: this rank.
+        batch_size: rows per rank and step (B).
+        chunk_batches: steps per chunk (K).
+        doc_boundaries: also return where document pieces start.
+    """
+
+    def __init__(
+        self,
+        source: ShardSource,
+        order: OrderConfig,
+        rank: int,
+        batch_size: int,
+        chunk_batches: int,
+        doc_boundaries: bool,
+    ) -> None:
+        self.order = GlobalOrder(source, order)
+        self.rank, self.batch_size = rank, batch_size
+        self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
+
+    # ---- counts ------------------------------------------------------------------------
+    def epoch_of(self, position: GlobalPosition) -> int:
+        return self.order.locate(position.step, position.origin)[0]
+
+    def batches_per_epoch(self, epoch: int) -> int:
+        """Steps (batches of every rank) in ``epoch``."""
+        return self.order.steps_per_epoch
+
+    def begin(self, position: GlobalPosition, epochs: int | None) -> int | None:
+        """Set the stop epoch of the iteration starting at ``position`` (kept mid-iteration)."""
+        if epochs is None:
+            position.iter_stop = None
+        elif position.iter_stop is None:
+            position.iter_stop = self.epoch_of(position) + epochs
+        return position.iter_stop
+
+    # ---- state -------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        c = self.order.cfg
+        return {
+            "dataset": self.order.source.fingerprint, "seed": c.seed, "seq_len": c.seq_len,
+            "shuffle": c.shuffle, "shuffle_window": c.shuffle_window,
+            "shuffle_lanes": c.shuffle_lanes, "global_batch": c.global_batch,
+        }  # fmt: skip
+
+    def state_of(self, position: GlobalPosition) -> dict[str, Any]:
+        o = position.origin
+        return {
+            "version": GLOBAL_STATE_VERSION,
+            "order": "global",
+            "config": self.config(),
+            "step": position.step,
+            "origin": {"step": o.step, "epoch": o.epoch, "row": o.row},
+            "iter_stop": position.iter_stop,
+        }
+
+    def position_of(self, state: Any) -> GlobalPosition:
+        """Check ``state`` and return the position it continues from here.
+
+        Raises:
+            StateMismatchError: naming the field for a malformed state or one of another
+                dataset, seed, ``seq_len`` or shuffle; a per-rank (version 1) state.
+        """
+        if isinstance(state, dict) and state.get("version") == 1:
+            raise StateMismatchError(
+                "version: a version-1 state holds per-rank stream cursors, which the global "
+                "order cannot continue exactly; resume it with order='streams' and the same "
+                "world size, batch size and streams it was saved with, or start a new run"
+            )
+        state = dict_field("", state, _STATE_KEYS)
+        if not same_value(state["version"], GLOBAL_STATE_VERSION) or state["order"] != "global":
+            raise mismatch("version", state["version"], "a global-order state (version 2)")
+        saved = dict_field("config", state["config"], list(self.config()))
+        mine = self.config()
+        diff = [k for k in mine if k != "global_batch" and not same_value(saved[k], mine[k])]
+        if diff:
+            what = ", ".join(f"{k}: saved {saved[k]!r}, now {mine[k]!r}" for k in diff)
+            raise StateMismatchError(f"state does not belong to this reader ({what})")
+        old_g = int_field("config.global_batch", saved["global_batch"], lo=1)
+        raw = dict_field("origin", state["origin"], ("step", "epoch", "row"))
+        origin = Origin(
+            int_field("origin.step", raw["step"]),
+            int_field("origin.epoch", raw["epoch"]),
+            int_field("origin.row", raw["row"], hi=self.order.rows_per_epoch),
+        )
+        step = int_field("step", state["step"], lo=origin.step)
+        stop = state["iter_stop"]
+        if stop is not None:
+            stop = int_field("iter_stop", stop)
+        if old_g != self.order.cfg.global_batch:
+            origin = self._rebase(step, origin, old_g)
+        position = GlobalPosition(step, origin, stop)
+        if stop is not None and self.epoch_of(position) > stop:
+            raise mismatch(
+                "iter_stop", stop, f"is before the state's epoch {self.epoch_of(position)}"
+            )
+        return position
+
+    def _rebase(self, step: int, origin: Origin, old_g: int) -> Origin:
+        """Where ``step`` stands under the old global batch: the new run's origin."""
+        old = GlobalOrder(
+            self.order.source,
+            OrderConfig(**{**self.order.cfg.__dict__, "global_batch": old_g}),
+        )
+        if origin.row >= old.rows_per_epoch:
+            raise mismatch("origin.row", origin.row, "past the epoch's rows")
+        epoch, row = old.locate(step, origin)
+        return Origin(step, epoch, row)
+
+    # ---- batches -----------------------------------------------------------------------
+    def chunk_size(self, position: GlobalPosition) -> int:
+        """Steps in the chunk starting at ``position``: to the next multiple of K in its
+        epoch, or the epoch's end."""
+        epoch = self.epoch_of(position)
+        end = self.order.epoch_end_step(epoch, position.origin)
+        start = end - self.order.steps_per_epoch  # may be before the origin: fine for K
+        k = self.chunk_batches
+        return min(k - (position.step - start) % k, end - position.step)
+
+    def fill(
+        self, step: int, origin: Origin, tokens: np.ndarray, doc_start: np.ndarray | None
+    ) -> None:
+        """This rank's rows of global step ``step`` into ``tokens`` ([B, T + 1])."""
+        epoch, row = self.order.locate(step, origin)
+        self.order.fill(epoch, row + self.rank * self.batch_size, tokens, doc_start)
+
+    def chunks(
+        self,
+        position: GlobalPosition,
+        worker: int,
+        workers: int,
+        buffer: Callable[[int, int], tuple[Any, torch.Tensor, torch.Tensor | None]],
+        position_ids: Callable[[np.ndarray], np.ndarray],
+    ) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor | None, list[dict[str, int]]]]:
+        """This worker's chunks from ``position`` on: ``(ref, tokens, positions, cursors)``.
+
+        ``buffer(i, rows)`` gives where this worker's ``i``-th chunk is written (a shared-
+        memory ring slot or a fresh tensor) and its reference; ``cursors`` holds
+        ``{"step": k + 1}`` after each step ``k``. The position is advanced past every chunk
+        of the iteration, made here or by another worker, so it ends where the iteration
+        ends.
+        """
+        B, T1 = self.batch_size, self.order.row_tokens
+        mine = 0
+        for j in itertools.count():
+            if position.iter_stop is not None and self.epoch_of(position) >= position.iter_stop:
+                return
+            n = self.chunk_size(position)
+            first = position.step
+            position.step += n
+            if j % workers != worker:
+                continue
+            ref, tokens, positions = buffer(mine, n * B)
+            mine += 1
+            arr = tokens.numpy()
+            doc = np.empty((n * B, T1), dtype=bool) if self.doc_boundaries else None
+            for i in range(n):
+                rows = slice(i * B, (i + 1) * B)
+                self.fill(first + i, position.origin, arr[rows], None if doc is None else doc[rows])
+            if doc is not None and positions is not None:
+                positions.numpy()[:] = position_ids(doc)
+            yield ref, tokens, positions, [{"step": first + i + 1} for i in range(n)]
