@@ -1,4 +1,13 @@
-"""Real 2-rank gloo run: 2 ranks x 2 workers, an all_reduce per step, a kill and a resume."""
+"""Real 2-rank gloo run: 2 ranks x 2 workers, an all_reduce per step, a kill and a resume.
+
+The dataset is built so that nothing may be left out: with ``seq_len + 1 == sample_tokens``
+one row is one whole sample, and the sample count is a multiple of ``2 * world * streams``, so
+every one of the 4 streams gets the same even number of samples (whole batches). Token ``t``
+is the integer ``t`` (``write_synthetic_dataset``), so the rows themselves say which samples
+were read. The run is killed after ``KILL_AT`` steps and resumed from the saved cursors;
+what the ranks saw before the kill plus after the resume is checked separately for
+equal step counts, no duplicate, no missing sample and exact order.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,13 +25,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from wdstream import Loader
-from wdstream.testing import write_synthetic_dataset
+from wdstream.testing import synthetic_doc_lengths, write_synthetic_dataset
 
 WORLD = 2
-OPTS = dict(
-    seq_len=24,
+WORKERS = 2
+SAMPLE_TOKENS = 25
+OPTS: dict[str, Any] = dict(
+    seq_len=SAMPLE_TOKENS - 1,
     batch_size=2,
-    num_workers=2,
+    num_workers=WORKERS,
     epochs=1,
     chunk_batches=3,
     shuffle_window=8,
@@ -29,6 +41,11 @@ OPTS = dict(
     seed=7,
 )
 KILL_AT = 11
+
+
+def _rows(batch: dict[str, torch.Tensor]) -> np.ndarray:
+    """The batch's rows of ``seq_len + 1`` tokens (inputs plus the last label)."""
+    return torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1).numpy()
 
 
 def _rank_main(rank: int, root: str, out: str, phase: str) -> None:
@@ -41,11 +58,11 @@ def _rank_main(rank: int, root: str, out: str, phase: str) -> None:
         loader.load_state_dict(json.loads(Path(f"{out}/state-{rank}.json").read_text()))
     got = []
     for step, batch in enumerate(loader):
-        x = batch["input_ids"]
-        total = torch.tensor([float(x.sum())])
+        total = torch.tensor([float(batch["input_ids"].sum())])
         dist.all_reduce(total)  # as DDP does every step: a rank with fewer batches would hang
-        got.append(torch.cat([x, batch["labels"][:, -1:]], dim=1).numpy())
+        got.append(_rows(batch))
         if phase == "killed" and step + 1 == KILL_AT:
+            np.save(f"{out}/killed-{rank}.npy", np.stack(got))
             Path(f"{out}/state-{rank}.json.tmp").write_text(json.dumps(loader.state_dict()))
             os.replace(f"{out}/state-{rank}.json.tmp", f"{out}/state-{rank}.json")
             time.sleep(600)  # the parent kills us here
@@ -54,17 +71,23 @@ def _rank_main(rank: int, root: str, out: str, phase: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.timeout(300)
+def _doc_lens() -> list[int]:
+    """60 synthetic documents, the last lengthened so the token count is a multiple of
+    ``SAMPLE_TOKENS * 2 * WORLD * WORKERS``: whole samples, whole batches in every stream."""
+    lens = synthetic_doc_lengths(60)
+    unit = SAMPLE_TOKENS * OPTS["batch_size"] * WORLD * WORKERS
+    lens[-1] += -sum(lens) % unit
+    return lens
+
+
+@pytest.mark.timeout(180)
 def test_two_ranks_two_workers_kill_and_resume(tmp_path: Path) -> None:
     root, out = str(tmp_path / "ds"), str(tmp_path)
-    index = write_synthetic_dataset(root, n_docs=60, sample_tokens=25, samples_per_shard=5)
-    mp.spawn(_rank_main, args=(root, out, "full"), nprocs=WORLD, join=True)
-    full = [np.load(f"{out}/full-{r}.npy") for r in range(WORLD)]
-    assert len(full[0]) == len(full[1]) > KILL_AT  # equal batch counts: nobody hung
-    toks = np.concatenate([f.ravel() for f in full])
-    assert len(np.unique(toks)) == len(toks)  # no duplicate across ranks and workers
-    missing = index.total_tokens - len(toks)
-    assert 0 <= missing < WORLD * 2 * (OPTS["batch_size"] * 25 + 2 * 25)  # bounded remainder
+    index = write_synthetic_dataset(
+        root, doc_lens=_doc_lens(), sample_tokens=SAMPLE_TOKENS, samples_per_shard=5
+    )
+    n_samples = index.total_tokens // SAMPLE_TOKENS
+    assert n_samples * SAMPLE_TOKENS == index.total_tokens and n_samples % 8 == 0
 
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank_main, args=(r, root, out, "killed")) for r in range(WORLD)]
@@ -77,9 +100,29 @@ def test_two_ranks_two_workers_kill_and_resume(tmp_path: Path) -> None:
     for p in procs:
         os.kill(p.pid, signal.SIGKILL)
         p.join()
-
     mp.spawn(_rank_main, args=(root, out, "resume"), nprocs=WORLD, join=True)
+
+    before = [np.load(f"{out}/killed-{r}.npy") for r in range(WORLD)]
+    after = [np.load(f"{out}/resume-{r}.npy") for r in range(WORLD)]
+    seen = [np.concatenate([before[r], after[r]]) for r in range(WORLD)]  # [batches, B, T+1]
+
+    # Equal step counts (nobody hung): every rank ran the epoch's share of whole batches.
+    steps = n_samples // (WORLD * OPTS["batch_size"])
+    assert [len(s) for s in seen] == [steps] * WORLD
+    assert [len(b) for b in before] == [KILL_AT] * WORLD
+
+    rows = np.concatenate([s.reshape(-1, SAMPLE_TOKENS) for s in seen])
+    # Every row is one whole sample: tokens k*25 .. k*25+24.
+    keys = rows[:, 0] // SAMPLE_TOKENS
+    assert np.array_equal(rows, keys[:, None] * SAMPLE_TOKENS + np.arange(SAMPLE_TOKENS))
+    # No duplicate: no sample twice, across ranks, workers and the kill.
+    assert len(np.unique(keys)) == len(keys)
+    # No missing: with these counts the plan leaves nothing out, so every sample was read.
+    assert sorted(keys.tolist()) == list(range(n_samples))
+
+    # Exact order: each rank's batches, across the kill, are the order that (seed, rank,
+    # streams) defines, as one process without workers or process group computes it.
     for r in range(WORLD):
-        rest = np.load(f"{out}/resume-{r}.npy")
-        # exact order: the resumed run delivers exactly the uninterrupted run's remaining batches
-        assert np.array_equal(rest, full[r][KILL_AT:])
+        ref = Loader(root, **{**OPTS, "num_workers": 0}, streams=WORKERS, rank=r, world_size=WORLD)
+        want = np.stack([_rows(b) for b in ref])
+        assert np.array_equal(seen[r], want), f"rank {r} order"
