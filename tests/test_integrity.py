@@ -8,6 +8,8 @@ CorruptShardError naming the shard -- never different data.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import warnings
 from pathlib import Path
@@ -192,3 +194,22 @@ def test_interrupted_pack_is_named_on_read(tmp_path: Path) -> None:
     (root / JOURNAL_NAME).write_text("{}")
     with pytest.raises(IncompleteDatasetError, match="was interrupted .* Rerun the same"):
         Loader(str(root), seq_len=8, batch_size=1)
+
+
+def test_v1_sidecar_in_a_v2_dataset_is_refused(
+    clean: tuple[str, np.ndarray], tmp_path: Path
+) -> None:
+    # A downgraded sidecar would silently turn the per-sample checks off: refused, even when
+    # index.json is edited to carry its hash.
+    root, _ = clean
+    copy = tmp_path / "c"
+    shutil.copytree(root, copy)
+    shard = read_index(open_store(str(copy))).shards[0]
+    sc = ShardSidecar.from_bytes((copy / shard.sidecar).read_bytes())
+    old = ShardSidecar(sc.offsets, sc.sizes, sc.tokens).to_bytes()
+    (copy / shard.sidecar).write_bytes(old)
+    index = json.loads((copy / "index.json").read_text())
+    index["shards"][0]["sidecar_sha256"] = hashlib.sha256(old).hexdigest()
+    (copy / "index.json").write_text(json.dumps(index))
+    with pytest.raises(CorruptShardError, match="version-1 sidecar .* in a version-2 dataset"):
+        read_epoch(str(copy))

@@ -199,7 +199,7 @@ def _verify_shard(
         return f"{where}: {size} bytes, index.json says {shard.bytes}"
     if store_sha256(store, shard.sidecar) != shard.sidecar_sha256:
         return f"{store.child_url(shard.sidecar)}: sha256 differs from index.json"
-    sidecar = read_sidecar(store, shard)
+    sidecar = read_sidecar(store, shard, index.version)
     # One read of the shard serves the sample, hash and member checks.
     data = memoryview(store.read(shard.name))
     first = report.samples  # the dataset-wide number of this shard's first sample

@@ -46,7 +46,7 @@ def read_index(store: Store) -> DatasetIndex:
     Raises:
         IncompleteDatasetError: if there is none; says whether a pack was interrupted there
             (its resume journal is present) and how to finish it.
-        ValueError: if it does not parse (the message names it).
+        IndexValidationError: if it is not a valid, consistent index (names file and key).
     """
     where = store.child_url(INDEX_NAME)
     try:
@@ -65,13 +65,16 @@ def read_index(store: Store) -> DatasetIndex:
     return DatasetIndex.from_json(text, where=where)
 
 
-def parse_sidecar(store: Store, name: str, entry: ShardEntry | None = None) -> ShardSidecar:
+def parse_sidecar(
+    store: Store, name: str, entry: ShardEntry | None = None, version: int | None = None
+) -> ShardSidecar:
     """Read, parse and check sidecar ``name``.
 
     Every sidecar must describe samples in tar order without overlap. With the shard's
     ``index.json`` entry it must also have the entry's sha256 (so any flipped bit is caught,
     cheaply: sidecars are ~20 bytes per sample), sample and token counts, and fit in the
-    entry's byte size.
+    entry's byte size. In a dataset of format ``version`` 2 it must carry checksums (a v1
+    sidecar there would silently turn the per-sample checks off).
 
     Raises:
         FileNotFoundError: if there is no such sidecar.
@@ -92,6 +95,11 @@ def parse_sidecar(store: Store, name: str, entry: ShardEntry | None = None) -> S
         sidecar.check_layout(entry.bytes if entry is not None else None)
     except ValueError as exc:
         raise CorruptShardError(f"{where}: {exc}") from exc
+    if version is not None and version >= 2 and sidecar.crc32c is None:
+        raise CorruptShardError(
+            f"{where}: a version-1 sidecar (no per-sample checksums) in a version-{version} "
+            "dataset"
+        )
     if entry is not None:
         if len(sidecar) != entry.samples:
             raise CorruptShardError(
@@ -103,13 +111,13 @@ def parse_sidecar(store: Store, name: str, entry: ShardEntry | None = None) -> S
     return sidecar
 
 
-def read_sidecar(store: Store, shard: ShardEntry) -> ShardSidecar:
+def read_sidecar(store: Store, shard: ShardEntry, version: int | None = None) -> ShardSidecar:
     """Read the sidecar of an indexed ``shard``, checked against its index entry.
 
     Raises:
         CorruptShardError: if the sidecar does not parse or disagrees with the index entry.
     """
-    return parse_sidecar(store, shard.sidecar, shard)
+    return parse_sidecar(store, shard.sidecar, shard, version)
 
 
 def sidecar_from_tar(data: bytes | memoryview, where: str = "shard") -> ShardSidecar:
@@ -180,7 +188,7 @@ def iter_samples(
 ) -> Iterator[tuple[ShardEntry, int, Sample]]:
     """Every sample of the dataset in order, as ``(shard, index in shard, sample)``."""
     for shard in index.shards:
-        sidecar = read_sidecar(store, shard)
+        sidecar = read_sidecar(store, shard, index.version)
         for a in range(0, len(sidecar), chunk):
             b = min(a + chunk, len(sidecar))
             for k, sample in enumerate(read_samples(store, shard.name, sidecar, a, b), start=a):

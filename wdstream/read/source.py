@@ -81,7 +81,9 @@ class ShardSource:
         store_options: passed to :func:`wdstream.storage.open_store`.
 
     Raises:
-        FileNotFoundError: if a root has no ``index.json`` or a shard is missing.
+        IncompleteDatasetError: if a root has no ``index.json`` (says if a pack was cut short).
+        IndexValidationError: if ``index.json`` is not a valid, consistent index.
+        FileNotFoundError: if a shard is missing.
         CorruptShardError: if a sidecar or sample does not decode or fails its checksum
             (names shard, sample and offset).
     """
@@ -204,7 +206,8 @@ class ShardSource:
         store = self._store(root)
         index_entry = self.index.shards[shard] if self.index is not None else None
         try:
-            sidecar = parse_sidecar(store, self.sidecar_names[shard], index_entry)
+            version = self.index.version if self.index is not None else None
+            sidecar = parse_sidecar(store, self.sidecar_names[shard], index_entry, version)
         except FileNotFoundError:
             sidecar = self._scan(shard)
         if sidecar.crc32c is None and self.checksums and not self._unchecked_warned:

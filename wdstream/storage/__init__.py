@@ -8,6 +8,7 @@ See docs/STORAGE.md for the atomicity guarantees and the retry policy.
 
 from __future__ import annotations
 
+import importlib
 import posixpath
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -80,13 +81,9 @@ def open_store(url: str, create: bool = False, **options: Any) -> Store:
             raise TypeError(f"options not understood by a local store: {sorted(unknown)}")
         return LocalStore(path, create=create)
     if scheme == "s3":
-        from wdstream.storage.s3 import S3Store
-
-        return S3Store(url, **options)
+        return _backend("s3")(url, **options)
     if scheme in ("http", "https"):
-        from wdstream.storage.http import HttpStore
-
-        return HttpStore(url, **options)
+        return _backend("http")(url, **options)
     raise ValueError(
         f"unsupported storage URL {redact_url(url)!r}: use a local path, s3:// or http(s)://"
     )
@@ -107,14 +104,32 @@ def split_url(url: str) -> tuple[str, str]:
     return (root or "."), name
 
 
+# scheme -> (module, class, the packages it needs, the extra that installs them)
+_BACKENDS = {
+    "s3": ("wdstream.storage.s3", "S3Store", "boto3, botocore and urllib3", "s3"),
+    "http": ("wdstream.storage.http", "HttpStore", "requests and urllib3", "http"),
+}
+
+
+def _backend(scheme: str) -> Any:
+    """The store class for ``scheme``, imported on first use (boto3 alone takes ~0.3 s).
+
+    Raises:
+        ImportError: naming the extra to install when the backend's packages are missing.
+    """
+    module, cls, needs, extra = _BACKENDS[scheme]
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError as exc:
+        raise ImportError(
+            f"{scheme}:// storage needs {needs} ({exc.name} is missing): "
+            f"pip install 'wdstream[{extra}]'"
+        ) from exc
+
+
 def __getattr__(name: str) -> Any:
     # Backends import boto3/requests; load them only when asked for.
-    if name == "S3Store":
-        from wdstream.storage.s3 import S3Store
-
-        return S3Store
-    if name == "HttpStore":
-        from wdstream.storage.http import HttpStore
-
-        return HttpStore
+    for scheme, (_, cls, _, _) in _BACKENDS.items():
+        if name == cls:
+            return _backend(scheme)
     raise AttributeError(f"module 'wdstream.storage' has no attribute {name!r}")
