@@ -1,14 +1,16 @@
 """The writer lock: two packs into one output never both run; a killed pack's lock is handled.
 
-Real processes throughout: packs are ``python -m wdstream.cli pack`` subprocesses, S3 is
-moto's server on 127.0.0.1, HTTP is the test file server. A pack reading its input from a
-pipe the test holds stays alive, holding its lock, for exactly as long as the test wants.
+Real components: the concurrent and the killed packs are ``python -m wdstream.cli pack``
+subprocesses (reruns and refused packs may run in this process), S3 is moto's server on
+127.0.0.1, HTTP is the test file server. A pack reading its input from a pipe the test holds
+stays alive, holding its lock, for exactly as long as the test wants.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -20,12 +22,14 @@ from threading import Barrier
 
 import boto3
 import pytest
+from click.testing import CliRunner
 
 import wdstream
 from tests.conftest import make_corpus
 from tests.fixtures_remote import aws_env, moto_endpoint, s3_bucket  # noqa: F401
 from tests.servers import FileServer
 from tests.test_pack_resume import _files, _kill_after
+from wdstream.cli import main
 from wdstream.errors import PackLockedError
 from wdstream.storage import LocalStore, Store, open_store
 from wdstream.write.lock import LOCK_NAME, LockOwner, OutputLock, acquire
@@ -54,8 +58,8 @@ def expected(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     return _files(ref)
 
 
-def _pack_cmd(inp: str, out: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "wdstream.cli", "pack", inp, "-o", out, *OPTS, *extra]
+def _pack_cmd(inp: str, out: str) -> list[str]:
+    return [sys.executable, "-m", "wdstream.cli", "pack", inp, "-o", out, *OPTS]
 
 
 def _wait_for(what: str, ready: Callable[[], bool]) -> None:
@@ -77,23 +81,16 @@ def _owner(url: str) -> LockOwner | None:
         return None
 
 
-def _race(out: str, data: bytes, at_once: bool) -> str:
-    """Start two identical packs of stdin into ``out``; neither gets input until one has
-    given up, then the other gets ``data``. Checks that the one that gave up failed on the
-    lock naming the other, and that the other finished; returns the failed one's stderr.
-
-    ``at_once``: start both together; else the second once the first holds the lock (moto
-    checks ``If-None-Match`` and stores the object in two steps, so only a real S3 makes
-    simultaneous conditional puts safe).
+def _race(out: str, data: bytes) -> str:
+    """Start two identical packs of stdin into ``out`` at once; neither gets input until one
+    has given up, then the other gets ``data``. Checks that the one that gave up failed on
+    the lock naming the other, and that the other finished; returns the failed one's stderr.
     """
-    procs: list[subprocess.Popen[bytes]] = []
+    procs = [
+        subprocess.Popen(_pack_cmd("-", out), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
     try:
-        for _ in range(2):
-            if procs and not at_once:
-                _wait_for("the first pack's lock", lambda: _owner(out) is not None)
-            procs.append(
-                subprocess.Popen(_pack_cmd("-", out), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-            )
         _wait_for("one pack to give up", lambda: any(p.poll() is not None for p in procs))
         loser = next(p for p in procs if p.poll() is not None)
         winner = next(p for p in procs if p is not loser)
@@ -105,37 +102,67 @@ def _race(out: str, data: bytes, at_once: bool) -> str:
         assert owner is not None and owner.pid == winner.pid
         assert f"another pack has been writing to {out} since {owner.started} " in err
         assert f"(pid {winner.pid} on host {socket.gethostname()})" in err
-        assert winner.stdin is not None
-        winner.stdin.write(data)
-        winner.stdin.close()
-        assert winner.wait(_DEADLINE) == 0
+        _finish(winner, data)
         return err
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            _stop(p)
+
+
+def _finish(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    """Give a pack waiting on stdin its input; it must succeed."""
+    assert proc.stdin is not None
+    proc.stdin.write(data)
+    proc.stdin.close()
+    assert proc.wait(_DEADLINE) == 0
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def test_two_concurrent_local_packs_one_wins(
     tmp_path: Path, corpus: Path, expected: dict[str, bytes]
 ) -> None:
     out = tmp_path / "out"
-    err = _race(str(out), corpus.read_bytes(), at_once=True)
+    err = _race(str(out), corpus.read_bytes())
     assert "wait for it, or stop it" in err
     assert _files(out) == expected  # a pack of stdin equals a pack of the file
     assert not (out / LOCK_NAME).exists() and not (out / JOURNAL_NAME).exists()
 
 
-def test_two_concurrent_s3_packs_one_wins(
+def test_concurrent_s3_pack_is_refused(
     corpus: Path,
     expected: dict[str, bytes],
     s3_bucket: str,  # noqa: F811
 ) -> None:
+    """A pack process holds the S3 lock; a second pack (in this process) is refused naming
+    it, and the first finishes complete. The second starts once the first holds the lock:
+    moto checks ``If-None-Match`` and stores the object in two steps, so only a real S3
+    makes simultaneous conditional puts atomic."""
     url = f"s3://{s3_bucket}/ds"
-    err = _race(url, corpus.read_bytes(), at_once=False)
-    assert "if it is dead run with --force-unlock" in err
-    assert _s3_files(s3_bucket, "ds/") == expected
+    first = subprocess.Popen(_pack_cmd("-", url), stdin=subprocess.PIPE)
+    try:
+        _wait_for("the first pack's lock", lambda: _owner(url) is not None or _ended(first))
+        owner = _owner(url)
+        assert owner is not None and owner.pid == first.pid
+        with pytest.raises(PackLockedError) as info:
+            wdstream.pack([str(corpus)], url, **KW)  # type: ignore[arg-type]
+        assert str(info.value) == (
+            f"another pack has been writing to {url} {owner.describe()}; wait for it, or if "
+            "it is dead run with --force-unlock"
+        )
+        assert first.poll() is None, "the lock holder died"
+        _finish(first, corpus.read_bytes())
+    finally:
+        _stop(first)
+    assert _s3_files(s3_bucket, "ds/") == expected  # complete; no lock, no journal left
+
+
+def _ended(proc: subprocess.Popen[bytes]) -> bool:
+    return proc.poll() is not None
 
 
 def _s3_files(bucket: str, prefix: str) -> dict[str, bytes]:
@@ -174,7 +201,7 @@ def test_local_lock_contention_in_threads(tmp_path: Path) -> None:
 
 
 def test_sigkilled_local_pack_is_taken_over(
-    tmp_path: Path, corpus: Path, expected: dict[str, bytes]
+    tmp_path: Path, corpus: Path, expected: dict[str, bytes], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The kernel dropped the dead pack's lock; its record names a pid that is gone on this
     host, so the rerun takes over (saying so) and finishes byte-identical."""
@@ -183,19 +210,21 @@ def test_sigkilled_local_pack_is_taken_over(
     assert _kill_after(cmd, out, 2), "pack finished before it could be killed"
     dead = LockOwner.parse((out / LOCK_NAME).read_bytes())
     assert dead is not None and dead.is_gone()
-    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert rerun.returncode == 0, rerun.stderr
-    assert f"taking over the lock of a pack that is gone: {dead.describe()}" in rerun.stderr
+    with caplog.at_level(logging.WARNING, "wdstream.write"):
+        wdstream.pack([str(corpus)], str(out), **KW)  # type: ignore[arg-type]
+    assert f"taking over the lock of a pack that is gone: {dead.describe()}" in caplog.messages
     assert _files(out) == expected
     assert not (out / LOCK_NAME).exists()
 
 
 def test_sigkilled_s3_pack_needs_force_unlock(
-    tmp_path: Path,
     corpus: Path,
     expected: dict[str, bytes],
     s3_bucket: str,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A killed pack's lock object stays: the rerun is refused naming it, and takes over
+    with --force-unlock, resuming to the uninterrupted result."""
     url = f"s3://{s3_bucket}/ds"
     store = _store(url)
 
@@ -208,7 +237,7 @@ def test_sigkilled_s3_pack_needs_force_unlock(
     cmd = _pack_cmd(str(corpus), url)
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     try:
-        _wait_for("2 committed shards", lambda: committed() >= 2 or proc.poll() is not None)
+        _wait_for("2 committed shards", lambda: committed() >= 2 or _ended(proc))
         assert proc.poll() is None, "pack finished before it could be killed"
     finally:
         proc.kill()
@@ -216,17 +245,17 @@ def test_sigkilled_s3_pack_needs_force_unlock(
     dead = _owner(url)
     assert dead is not None and dead.pid == proc.pid
 
-    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert refused.returncode != 0
-    assert (
+    with pytest.raises(PackLockedError) as info:
+        wdstream.pack([str(corpus)], url, **KW)  # type: ignore[arg-type]
+    assert str(info.value) == (
         f"another pack has been writing to {url} {dead.describe()}; wait for it, or if it is "
         "dead run with --force-unlock"
-    ) in refused.stderr
+    )
     assert _owner(url) == dead  # refused without touching anything
 
-    forced = subprocess.run([*cmd, "--force-unlock"], capture_output=True, text=True, timeout=60)
-    assert forced.returncode == 0, forced.stderr
-    assert f"--force-unlock: removing the lock of {dead.describe()}" in forced.stderr
+    with caplog.at_level(logging.WARNING, "wdstream.write"):
+        wdstream.pack([str(corpus)], url, force_unlock=True, **KW)  # type: ignore[arg-type]
+    assert f"--force-unlock: removing the lock of {dead.describe()}" in caplog.messages
     assert _s3_files(s3_bucket, "ds/") == expected  # no lock, no journal left
 
 
@@ -263,13 +292,20 @@ def test_left_behind_local_lock(
     changes: dict[str, object],
     taken: bool,
 ) -> None:
+    """Through the command line, so ``--force-unlock`` is exercised as users pass it."""
     out = tmp_path / "out"
     owner = _left_behind(out, **changes)
+    cmd = ["pack", str(corpus), "-o", str(out), *OPTS]
     if not taken:
-        with pytest.raises(PackLockedError, match=r"if it is dead run with --force-unlock"):
-            wdstream.pack([str(corpus)], str(out), **KW)  # type: ignore[arg-type]
+        refused = CliRunner().invoke(main, cmd)
+        assert refused.exit_code == 1
+        assert f"{owner.describe()}; wait for it, or if it is dead run with --force-unlock" in (
+            refused.stderr
+        )
         assert LockOwner.parse((out / LOCK_NAME).read_bytes()) == owner
-    wdstream.pack([str(corpus)], str(out), force_unlock=not taken, **KW)  # type: ignore[arg-type]
+        cmd.append("--force-unlock")
+    done = CliRunner().invoke(main, cmd)
+    assert done.exit_code == 0, done.output
     assert _files(out) == expected and not (out / LOCK_NAME).exists()
 
 
@@ -284,7 +320,10 @@ def test_http_lock(tmp_path: Path, corpus: Path, expected: dict[str, bytes]) -> 
         wdstream.pack([str(corpus)], url, force_unlock=True, **KW)  # type: ignore[arg-type]
         with pytest.raises(PackLockedError, match="taken away while this pack ran;"):
             holder.verify()
-        holder.release()  # not its lock any more: must not remove anything
+        newer = acquire(open_store(url))
+        holder.release()  # no longer its lock: leaves the newer owner's alone
+        newer.verify()
+        newer.release()
     assert {p.name: p.read_bytes() for p in (root / "ds").iterdir()} == expected
 
 

@@ -75,7 +75,7 @@ class LockOwner:
             host=socket.gethostname(),
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             token=secrets.token_hex(16),
-            pid_started=_process_start(os.getpid()),
+            pid_started=_proc_stat(os.getpid())[1],
         )
 
     def to_bytes(self) -> bytes:
@@ -83,8 +83,8 @@ class LockOwner:
 
     @classmethod
     def parse(cls, raw: bytes) -> LockOwner | None:
-        """The owner in a lock's bytes; None if it is empty or not a lock record (an owner
-        killed between creating the file and writing it)."""
+        """The owner in a lock's bytes; None if they are not a lock record (a file made by
+        hand, say)."""
         try:
             obj = json.loads(raw)
             return cls(**{k: obj[k] for k in cls.__dataclass_fields__})
@@ -95,7 +95,8 @@ class LockOwner:
         """True only if this owner ran on this host and its process no longer runs.
 
         A pid that is alive but started at another time than the owner's belongs to a new
-        process (pids are reused), so the owner is gone too. Another host cannot be checked.
+        process (pids are reused), so the owner is gone too, as it is if its process is a
+        zombie (exited, not yet reaped). Another host cannot be checked.
         """
         if self.host != socket.gethostname():
             return False
@@ -105,8 +106,12 @@ class LockOwner:
             return True
         except PermissionError:
             pass  # alive, under another user
-        started = _process_start(self.pid)
-        return started is not None and self.pid_started is not None and started != self.pid_started
+        state, started = _proc_stat(self.pid)
+        if state == "Z":
+            return True
+        if started is None or self.pid_started is None:
+            return False  # cannot tell: a live pid is taken to be the owner
+        return started != self.pid_started
 
     @property
     def who(self) -> str:
@@ -116,14 +121,14 @@ class LockOwner:
         return f"since {self.started} ({self.who})"
 
 
-def _process_start(pid: int) -> int | None:
-    """Start time of process ``pid`` in clock ticks after boot; None where unknown (no
-    /proc) or for a zombie (it has exited, only its exit status is left)."""
+def _proc_stat(pid: int) -> tuple[str | None, int | None]:
+    """``(state, start time in clock ticks after boot)`` of process ``pid`` from /proc;
+    ``(None, None)`` where that is unknown (no /proc, or no such process)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
+        return fields[0], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None, None
 
 
 def _locked(url: str, owner: LockOwner | None, advice: str) -> PackLockedError:
@@ -319,9 +324,16 @@ class _ObjectLock(OutputLock):
         if not self._held:
             return
         self._held = False
-        current = _read_owner(self.store)
-        if current is not None and current.token == self.owner.token:
-            self.store.delete(LOCK_NAME)
+        try:
+            current = _read_owner(self.store)
+            if current is not None and current.token == self.owner.token:
+                self.store.delete(LOCK_NAME)
+        except OSError as exc:  # RemoteStoreError too; must not hide the pack's own error
+            log.warning(
+                "could not remove the lock %s (%s): the next pack there will need --force-unlock",
+                self.store.child_url(LOCK_NAME),
+                exc,
+            )
 
 
 def _read_owner(store: Store) -> LockOwner | None:
