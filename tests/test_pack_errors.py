@@ -125,7 +125,7 @@ def test_cli_bad_input_exit_code(tmp_path: Path) -> None:
         ["pack", str(src), "-o", str(tmp_path / "out"), "--workers", "0", "--on-error", "skip"],
     )
     assert res.exit_code == 0, res.output
-    assert "1 bad records skipped" in res.output and "in.jsonl:2" in res.output
+    assert "1 bad record skipped" in res.output and "in.jsonl:2" in res.output
 
 
 def _first_error(tmp_path: Path, record: object, text_key: str = "text") -> str:

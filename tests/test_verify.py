@@ -283,4 +283,4 @@ def test_a_well_made_shard_verifies(tmp_path: Path) -> None:
     root = _write(
         tmp_path / "ds", [(_key(0), _sample(NINE, [4, 5])), (_key(1), _sample([7, 8], [2], True))]
     )
-    assert _verify(root) == (0, "OK: 1 shards, 2 samples, 2 documents, 11 tokens verified\n")
+    assert _verify(root) == (0, "OK: 1 shard, 2 samples, 2 documents, 11 tokens verified\n")

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from wdstream.errors import WdstreamError
+from wdstream.words import count
 
 __all__ = ["main"]
 
@@ -33,7 +34,12 @@ def _storage_options(command: Callable[..., None]) -> Callable[..., None]:
             help="S3-compatible endpoint (MinIO, Ceph, R2...); default: AWS_ENDPOINT_URL.",
         ),
         click.option("--retries", type=int, default=None, help="Remote retry budget per request."),
-        click.option("--timeout", type=float, default=None, help="Remote read timeout, seconds."),
+        click.option(
+            "--timeout",
+            type=float,
+            default=None,
+            help="Remote connect and read timeout, seconds (default: 5 connect, 15 read).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -159,18 +165,20 @@ def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> 
         decode = str
     if index is not None:
         click.echo(
-            f"{target}: {len(index.shards)} shards, {index.total_samples:,} samples, "
-            f"{index.total_documents:,} documents, {index.total_tokens:,} tokens; "
+            f"{target}: {count(len(index.shards), 'shard')}, {count(index.total_samples, 'sample')}, "
+            f"{count(index.total_documents, 'document')}, {count(index.total_tokens, 'token')}; "
             f"{index.tokenizer['name']} ({index.dtype}), mode {index.mode}, seq_len {index.seq_len}"
         )
     for p in previews:
-        click.echo(f"{p.key}: {p.tokens} tokens, doc_lens {list(p.doc_lens)}, cont {p.cont}")
+        click.echo(
+            f"{p.key}: {count(p.tokens, 'token')}, doc_lens {list(p.doc_lens)}, cont {p.cont}"
+        )
         pos = 0
         for j, n in enumerate(p.doc_lens):
             piece = p.sample.tokens[pos : pos + n]
             pos += n
             head = "  ...cont " if j == 0 and p.cont else "  doc      "
-            click.echo(f"{head}[{n} tokens] {_preview(decode(piece[:64]))}")
+            click.echo(f"{head}[{count(n, 'token')}] {_preview(decode(piece[:64]))}")
 
 
 @main.command()
@@ -190,19 +198,20 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
         click.echo(json.dumps(s, indent=1, sort_keys=True))
         return
     click.echo(
-        f"{root}: {s['shards']} shards, {s['samples']:,} samples, {s['documents']:,} documents, "
-        f"{s['tokens']:,} tokens, {s['bytes'] / 1e6:,.1f} MB ({s['tokenizer']['name']}, mode {s['mode']})"
+        f"{root}: {count(s['shards'], 'shard')}, {count(s['samples'], 'sample')}, "
+        f"{count(s['documents'], 'document')}, {count(s['tokens'], 'token')}, "
+        f"{s['bytes'] / 1e6:,.1f} MB ({s['tokenizer']['name']}, mode {s['mode']})"
     )
     click.echo(f"document length (tokens), mean {s['doc_len_mean']:.1f}:")
     top = max(s["doc_len_histogram"].values(), default=1)
-    for bucket, count in s["doc_len_histogram"].items():
-        click.echo(f"  {bucket:>17} {count:>9,} {'#' * max(1, round(40 * count / top))}")
+    for bucket, n in s["doc_len_histogram"].items():
+        click.echo(f"  {bucket:>17} {n:>9,} {'#' * max(1, round(40 * n / top))}")
     input_stats = s["input_stats"]
     if input_stats:
         click.echo(
             f"input: {input_stats.get('input_bytes', 0) / 1e6:,.1f} MB, "
-            f"{input_stats.get('empty_documents_skipped', 0)} empty documents skipped, "
-            f"{input_stats.get('records_skipped', 0)} bad records skipped"
+            f"{count(input_stats.get('empty_documents_skipped', 0), 'empty document')} skipped, "
+            f"{count(input_stats.get('records_skipped', 0), 'bad record')} skipped"
         )
 
 
@@ -222,8 +231,8 @@ def verify(root: str, **remote: Any) -> None:
         click.echo(f"FAILED: {report.problems[0]}", err=True)
         sys.exit(1)
     click.echo(
-        f"OK: {report.shards} shards, {report.samples:,} samples, {report.documents:,} documents, "
-        f"{report.tokens:,} tokens verified"
+        f"OK: {count(report.shards, 'shard')}, {count(report.samples, 'sample')}, "
+        f"{count(report.documents, 'document')}, {count(report.tokens, 'token')} verified"
     )
 
 

@@ -78,5 +78,11 @@ class Store(abc.ABC):
         """Full URL of ``name``, for messages."""
         return self.url.rstrip("/") + "/" + name
 
+    def remove_partials(self) -> int:
+        """Remove what killed writers left unfinished (local ``.partial`` files, S3 multipart
+        uploads); returns how many. Only safe while no other writer is active (the pack lock).
+        Stores that leave nothing behind (HTTP PUT is whole or nothing) have nothing to do."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
         """Release cached handles or connections."""

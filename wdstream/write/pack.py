@@ -35,8 +35,9 @@ from wdstream.errors import InputError, WdstreamError
 from wdstream.format.checksum import CHECKSUM_NAME
 from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.sample import DTYPES, token_dtype_for_vocab
-from wdstream.storage import LocalStore, Store, open_store
+from wdstream.storage import Store, open_store
 from wdstream.tokenizer import Tokenizer, load_tokenizer
+from wdstream.words import count
 from wdstream.write.inputs import DocumentReader, InputFile, Position, expand_inputs
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.lock import LOCK_NAME, acquire
@@ -273,8 +274,7 @@ def pack(
     with _naming_full_disk(output_store.child_url(LOCK_NAME)):
         lock = acquire(output_store, force_unlock)
     try:
-        if isinstance(output_store, LocalStore):
-            output_store.remove_partials()
+        output_store.remove_partials()  # under the lock: leftovers of a killed run only
         store = _NamingFullDisk(output_store)
         if store.exists(INDEX_NAME) and not overwrite:
             raise WdstreamError(
@@ -324,7 +324,8 @@ def pack(
         )
         show = sys.stderr.isatty() if progress is None else progress
         tpool = TokenPool(tok, workers, pool, bos_id, eos_id, dtype)
-        _write_shards(tpool, reader, packer, writer, Progress(show), batch_bytes, start, emitted)
+        bar = Progress(show, total=reader.source_total)
+        _write_shards(tpool, reader, packer, writer, bar, batch_bytes, start, emitted)
 
         entries = tuple(journal.entries)
         if not entries:
@@ -417,7 +418,7 @@ def _write_shards(
             first = False
             for s in packer.add(flat, lens, positions):
                 writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end)
-            bar.update(reader.input_bytes, len(lens), len(flat))
+            bar.update(reader.source_bytes, len(lens), len(flat))
         if first and start is not None:
             raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
         for s in packer.flush():
@@ -461,11 +462,14 @@ def describe(result: PackResult) -> str:
     idx = result.index
     total_bytes = sum(s.bytes for s in idx.shards)
     skipped = idx.stats.get("records_skipped", 0)
+    resumed = result.resumed_shards
     return (
-        f"packed {idx.total_documents:,} documents, {idx.total_tokens:,} tokens into "
-        f"{len(idx.shards)} shards ({total_bytes / 1e6:,.1f} MB) in {result.seconds:.1f}s: "
-        f"{result.input_mb_per_s:.1f} MB/s input, {idx.total_tokens / max(result.seconds, 1e-9):,.0f} tokens/s "
-        f"[{idx.tokenizer['name']}/{idx.tokenizer['backend']}, {result.workers} workers, {result.pool}]"
-        + (f"; {skipped} bad records skipped" if skipped else "")
-        + (f"; resumed after {result.resumed_shards} shards" if result.resumed_shards else "")
+        f"packed {count(idx.total_documents, 'document')}, {count(idx.total_tokens, 'token')} "
+        f"into {count(len(idx.shards), 'shard')} ({total_bytes / 1e6:,.1f} MB) in "
+        f"{result.seconds:.1f}s: {result.input_mb_per_s:.1f} MB/s input, "
+        f"{idx.total_tokens / max(result.seconds, 1e-9):,.0f} tokens/s "
+        f"[{idx.tokenizer['name']}/{idx.tokenizer['backend']}, "
+        f"{count(result.workers, 'worker')}, {result.pool}]"
+        + (f"; {count(skipped, 'bad record')} skipped" if skipped else "")
+        + (f"; resumed after {count(resumed, 'shard')}" if resumed else "")
     )
