@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from wdstream import Loader, StateMismatchError, TokenDataset
 from wdstream.testing import write_synthetic_dataset
 
-KW = {"shuffle_window": 8, "shuffle_lanes": 3, "seed": 5}
+# The per-rank stream cursor (order="streams"); the global order's state: test_global_order.py.
+KW = {"shuffle_window": 8, "shuffle_lanes": 3, "seed": 5, "order": "streams"}
 
 # name: (dataset, reader, options, steps at which a state is taken)
 CONFIGS: dict[str, tuple[str, str, dict[str, Any], tuple[int, ...]]] = {

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ OPTS: dict[str, Any] = dict(
     shuffle_window=8,
     shuffle_lanes=3,
     seed=7,
+    order="streams",  # per-rank streams; the global order: tests/test_elastic_distributed.py
 )
 KILL_AT = 11
 
@@ -98,7 +98,7 @@ def test_two_ranks_two_workers_kill_and_resume(tmp_path: Path) -> None:
         assert time.time() < deadline and all(p.is_alive() for p in procs)
         time.sleep(0.1)
     for p in procs:
-        os.kill(p.pid, signal.SIGKILL)
+        p.kill()  # SIGKILL: no clean-up, as a crashed node
         p.join()
     mp.spawn(_rank_main, args=(root, out, "resume"), nprocs=WORLD, join=True)
 

@@ -150,7 +150,7 @@ def test_states_of_another_dataset_or_seed_are_refused(concat_root: str, docs_ro
         loader(docs_root, seed=8).load_state_dict(state)
     with pytest.raises(StateMismatchError, match=r"seq_len: saved 16, now 20"):
         loader(concat_root, seq_len=20).load_state_dict(state)
-    v1 = Loader(concat_root, seq_len=16, batch_size=6, num_workers=0, **WIN)
+    v1 = Loader(concat_root, seq_len=16, batch_size=6, num_workers=0, order="streams", **WIN)
     with pytest.raises(StateMismatchError, match="version-1 state holds per-rank stream"):
         ld.load_state_dict(v1.state_dict())
     for field, value in [("step", -1), ("step", True), ("origin", {"step": 0}), ("iter_stop", "x")]:

@@ -66,7 +66,7 @@ def test_epochs_iter_continues_and_reshuffles(root: str) -> None:
     e0, e1 = list(loader), list(loader)
     assert len(e0) == len(e1) > 0
     assert not np.array_equal(epoch_tokens(e0), epoch_tokens(e1))
-    assert loader.state_dict()["streams"][0]["epoch"] == 2
+    assert loader.state_dict()["step"] == 2 * len(loader)  # the start of epoch 2
     two = Loader(root, seq_len=32, batch_size=4, num_workers=0, epochs=2, **KW)
     assert np.array_equal(epoch_tokens(list(two)), epoch_tokens(e0 + e1))
 
@@ -172,20 +172,19 @@ def test_dataset_with_stateful_dataloader(root: str) -> None:
 
 
 def test_state_mismatch_is_refused(root: str, tmp_path) -> None:
-    loader = Loader(root, seq_len=32, batch_size=4, num_workers=0, seed=1, **KW)
+    # Per-rank streams: their state belongs to one world size, stream count and batch size.
+    # (The global order's state loads on any of these: tests/test_global_order.py.)
+    opts = dict(seq_len=32, batch_size=4, num_workers=0, seed=1, order="streams", **KW)
+    loader = Loader(root, **opts)
     state = loader.state_dict()
     assert len(json.dumps(state)) < 2000
     for kw in [dict(seed=2), dict(world_size=2, rank=0), dict(streams=2), dict(batch_size=2)]:
-        other = Loader(
-            root, **{**dict(seq_len=32, batch_size=4, num_workers=0, seed=1, **KW), **kw}
-        )
+        other = Loader(root, **{**opts, **kw})
         with pytest.raises(StateMismatchError):
             other.load_state_dict(state)
     write_synthetic_dataset(str(tmp_path), n_docs=151, sample_tokens=33, samples_per_shard=9)
     with pytest.raises(StateMismatchError, match="dataset"):
-        Loader(
-            str(tmp_path), seq_len=32, batch_size=4, num_workers=0, seed=1, **KW
-        ).load_state_dict(state)
+        Loader(str(tmp_path), **opts).load_state_dict(state)
     with pytest.raises(StateMismatchError):
         loader.load_state_dict({"version": 99})
 
@@ -197,10 +196,10 @@ def test_rank_from_env(root: str, monkeypatch) -> None:
     assert (loader.rank, loader.world_size) == (1, 3)
 
 
-def test_too_small_dataset_raises(root: str) -> None:
-    loader = Loader(root, seq_len=32, batch_size=1000, num_workers=0)
+@pytest.mark.parametrize("order", ["global", "streams"])
+def test_too_small_dataset_raises(root: str, order: str) -> None:
     with pytest.raises(ValueError, match="too small"):
-        next(iter(loader))
+        next(iter(Loader(root, seq_len=32, batch_size=1000, num_workers=0, order=order)))
 
 
 def test_exports() -> None:

@@ -44,7 +44,7 @@ from wdstream.read.text.source import TextSource
 from wdstream.read.text.stream import TextContext
 from wdstream.tokenizer import Tokenizer
 
-__all__ = ["Chunk", "TokenDataset", "chunk_to_batches", "resolve_rank"]
+__all__ = ["Chunk", "TokenDataset", "chunk_to_batches", "resolve_order", "resolve_rank"]
 
 # (stream, tokens int32 [n*B, T+1], position_ids int32 [n*B, T] or None, cursors after each batch)
 # (with a shared ring, tokens is the slot ``(worker, slot, rows)`` and positions None)
@@ -125,7 +125,8 @@ class TokenDataset(IterableDataset):
         seed: the one seed of all randomness.
         rank: this rank (default: ``torch.distributed``, else ``RANK``, else 0).
         world_size: number of ranks (default: ``torch.distributed``, else ``WORLD_SIZE``, else 1).
-        streams: independent streams of this rank (a multiple of the worker count).
+        streams: ``order="streams"``: independent streams of this rank (a multiple of the
+            worker count; default 1). Giving it with ``order=None`` selects that order.
         epochs: epochs per ``iter()`` (None: forever); each ``iter()`` continues where the last
             one stopped, so ``for e in range(E): for b in ds`` with ``epochs=1`` walks E epochs.
         shuffle_window: samples per shuffle window.
@@ -142,10 +143,12 @@ class TokenDataset(IterableDataset):
         on_error: raw text: ``"raise"`` on a bad record (naming file and line) or ``"skip"``.
         eos: raw text: append ``<|endoftext|>`` to every document.
         tokenize_threads: raw text: threads of one batched tokenizer call.
-        order: ``"streams"``: per-rank streams (``streams`` per rank, the order depends on
-            the world size); ``"global"``: one global batch sequence, the same batches for
-            any world size and worker count with the same global batch, resumable on another
-            world size, with ``batch_at`` (packed datasets only; ``docs/READER.md``).
+        order: ``"global"``: one global batch sequence, the same batches for any world size
+            and worker count with the same global batch, resumable on another world size,
+            with ``batch_at`` (packed datasets only; ``docs/READER.md``). ``"streams"``:
+            per-rank streams (the order depends on the world size and ``streams``; the only
+            order for raw text). None (default): global for packed datasets, streams for raw
+            text or when ``streams`` is given.
         store_options: passed to the storage backend.
     """
 
@@ -158,7 +161,7 @@ class TokenDataset(IterableDataset):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
-        streams: int = 1,
+        streams: int | None = None,
         epochs: int | None = None,
         shuffle_window: int = 1024,
         shuffle_lanes: int = 8,
@@ -170,13 +173,12 @@ class TokenDataset(IterableDataset):
         on_error: str = "raise",
         eos: bool = True,
         tokenize_threads: int | None = None,
-        order: str = "streams",
+        order: str | None = None,
         **store_options: Any,
     ) -> None:
-        if order not in ("streams", "global"):
-            raise ValueError(f"order must be 'streams' or 'global', got {order!r}")
-        if order == "global" and (tokenizer is not None or isinstance(source, TextSource)):
-            raise ValueError(_GLOBAL_NEEDS_INDEX)
+        text = tokenizer is not None or isinstance(source, TextSource)
+        order = resolve_order(order, text, streams)
+        streams = 1 if streams is None else streams
         _check_sizes(seq_len=seq_len, batch_size=batch_size, streams=streams,
                      shuffle_window=shuffle_window, shuffle_lanes=shuffle_lanes,
                      chunk_batches=chunk_batches)  # fmt: skip
@@ -511,6 +513,27 @@ def _empty_chunk(ring: Any, wid: int, i: int, seq_len: int) -> Any:
     if ring is not None:
         return (wid, i % ring[0].shape[1], 0)
     return torch.empty((0, seq_len + 1), dtype=torch.int32)
+
+
+def resolve_order(order: str | None, raw_text: bool, streams: int | None) -> str:
+    """The batch order: as given, else global for packed data unless ``streams`` was given.
+
+    Raises:
+        ValueError: for an unknown order, the global order on raw text, or ``streams`` with
+            the global order (it has no per-rank streams).
+    """
+    if order is None:
+        order = "streams" if raw_text or streams is not None else "global"
+    if order not in ("streams", "global"):
+        raise ValueError(f"order must be 'streams' or 'global', got {order!r}")
+    if order == "global" and raw_text:
+        raise ValueError(_GLOBAL_NEEDS_INDEX)
+    if order == "global" and streams is not None:
+        raise ValueError(
+            f"streams={streams} is a setting of order='streams'; the global order's batches "
+            "do not depend on streams or workers"
+        )
+    return order
 
 
 _GLOBAL_NEEDS_INDEX = (

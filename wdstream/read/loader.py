@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.dataset import Chunk, TokenDataset, chunk_to_batches
+from wdstream.read.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.sequence import GlobalPosition
 from wdstream.read.state import Position
 from wdstream.tokenizer import Tokenizer
@@ -82,6 +82,14 @@ def _to_device(chunks: Iterator[Chunk], device: torch.device) -> Iterator[Chunk]
         yield ready(pending)
 
 
+def _usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 class Loader:
     """Shuffled ``[batch_size, seq_len]`` token batches, equal per rank, exactly resumable.
 
@@ -91,12 +99,14 @@ class Loader:
         batch_size: rows per batch B.
         shuffle: shuffle shards per epoch and samples in windows.
         seed: the one seed of all randomness.
-        num_workers: torch worker processes (0: everything in this process).
+        num_workers: torch worker processes (0: everything in this process); default: the
+            CPU cores this process may use, at most 4.
         rank: default ``torch.distributed`` rank, else ``RANK``, else 0.
         world_size: default ``torch.distributed`` world size, else ``WORLD_SIZE``, else 1.
         epochs: epochs per ``iter()``; None repeats forever with a fresh shuffle each epoch.
-        streams: independent streams per rank (default ``max(1, num_workers)``); a multiple
-            of ``num_workers``. The batch order depends on ``streams``, not on the workers.
+        streams: ``order="streams"``: independent streams per rank (default
+            ``max(1, num_workers)``); a multiple of ``num_workers``. That order depends on
+            ``streams``, not on the workers. Giving it with ``order=None`` selects that order.
         chunk_batches: batches per worker message (K).
         shuffle_window: samples per shuffle window.
         shuffle_lanes: lanes (distant places of the data) a window is drawn from.
@@ -118,10 +128,11 @@ class Loader:
         eos: raw text: append ``<|endoftext|>`` to every document.
         tokenize_threads: raw text: threads of one batched tokenizer call (default: CPU
             cores divided by the worker count).
-        order: ``"streams"`` (per-rank streams) or ``"global"`` (one global batch sequence:
-            the same batches on any number of ranks and workers with the same global batch
-            ``world_size * batch_size``, elastic resume, :meth:`batch_at`); see
-            ``docs/READER.md``.
+        order: ``"global"`` (one global batch sequence: the same batches on any number of
+            ranks and workers with the same global batch ``world_size * batch_size``,
+            elastic resume, :meth:`batch_at`) or ``"streams"`` (per-rank streams, the only
+            order for raw text). None (default): global for packed datasets, streams for raw
+            text or when ``streams`` is given. See ``docs/READER.md``.
         store_options: passed to the storage backend.
     """
 
@@ -132,7 +143,7 @@ class Loader:
         batch_size: int = 8,
         shuffle: bool = True,
         seed: int = 0,
-        num_workers: int = 4,
+        num_workers: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         epochs: int | None = None,
@@ -154,17 +165,21 @@ class Loader:
         on_error: str = "raise",
         eos: bool = True,
         tokenize_threads: int | None = None,
-        order: str = "streams",
+        order: str | None = None,
         **store_options: Any,
     ) -> None:
+        if num_workers is None:
+            num_workers = min(4, _usable_cores())
+        order = resolve_order(order, tokenizer is not None, streams)
         if not drop_last:
             raise ValueError(
                 "drop_last=False is not supported: ranks must yield equal batch counts"
             )
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        streams = max(1, num_workers) if streams is None else streams
-        if num_workers and streams % num_workers:
+        if order == "streams":
+            streams = max(1, num_workers) if streams is None else streams
+        if streams is not None and num_workers and streams % num_workers:
             raise ValueError(f"streams={streams} must be a multiple of num_workers={num_workers}")
         if tokenizer is not None and tokenize_threads is None:
             tokenize_threads = max(1, (os.cpu_count() or 1) // max(1, num_workers))
