@@ -179,18 +179,18 @@ def test_shard_limits(
     # The expected partition, simulated from the member sizes alone.
     want: list[int] = []
     size = 0
-    for s in samples:
-        if want and (size + s.member_bytes + END_OF_ARCHIVE > limit or want[-1] == shard_samples):
+    for x in samples:
+        if want and (size + x.member_bytes + END_OF_ARCHIVE > limit or want[-1] == shard_samples):
             want.append(0)
             size = 0
         if not want:
             want.append(0)
         want[-1] += 1
-        size += s.member_bytes
+        size += x.member_bytes
     assert [s.samples for s in idx.shards] == want
-    for i, s in enumerate(idx.shards):
+    for i, shard in enumerate(idx.shards):
         members = sum(x.member_bytes for x in samples if x.shard == i)
-        assert (out / s.name).stat().st_size == s.bytes == members + END_OF_ARCHIVE
+        assert (out / shard.name).stat().st_size == shard.bytes == members + END_OF_ARCHIVE
     if shard_size == "3KB":
         # One full 256-token uint32 sample makes a 2048-byte member, so 3072 bytes with the
         # end marker: over the limit, and such a sample gets a shard of its own (only the
@@ -387,6 +387,7 @@ def test_refuses_complete_dataset_without_overwrite(
     wdstream.pack([str(src)], str(tmp_path / "out"), workers=0, overwrite=True, mode="docs")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "data-000000.idx",
+        "data-000000.prov",
         "data-000000.tar",
         "index.json",
     ]
