@@ -18,13 +18,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib import memory, pack, read, remote, report, resume
+from benchlib import memory, pack, read, remote, report, resume, sequence
 from benchlib.common import COMMITTED_REPORT, DEFAULT_OUTPUT, DEFAULT_RESULTS, ROOT, WORKERS
 from benchlib.corpus import build_corpus
 from benchlib.env import machine
 from benchlib.runner import run_child
 
-PARTS = {"pack": pack, "read": read, "resume": resume, "memory": memory, "remote": remote}
+PARTS = {
+    "pack": pack,
+    "read": read,
+    "resume": resume,
+    "sequence": sequence,
+    "memory": memory,
+    "remote": remote,
+}
 QUICK_SKIPS = ("memory",)
 
 

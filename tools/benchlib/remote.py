@@ -70,16 +70,20 @@ def child_remote(
         proxy = {"endpoint_url": f"http://127.0.0.1:{ports['proxy']}"}
         kw = {"batches": batches, "warmup": warmup, "min_seconds": min_seconds}
         out: dict[str, list[dict[str, Any]]] = {}
-        sources: list[float | None] = [None, *delays]  # None: local disk
-        contenders = [(w, d) for w in workers for d in sources]
-        for rnd, (w, delay) in interleave(contenders, repeats):
+        # None: local disk; the delayed S3 read also in the per-rank stream order, to compare
+        # the global order's reads (only the rows' own samples) with the streams' windows.
+        sources: list[tuple[float | None, str]] = [(None, "global")]
+        sources += [(d, "global") for d in delays] + [(max(delays), "streams")]
+        contenders = [(w, d, order) for w in workers for d, order in sources]
+        for rnd, (w, delay, order) in interleave(contenders, repeats):
             if delay is None:
                 res, key = child_read("wdstream", root, w, **kw), f"local/{w}"
             else:
                 set_delay(delay)
-                res = child_read("wdstream", "s3://bench/ds", w, **kw, options=proxy)
+                opts = {**proxy, "order": order}
+                res = child_read("wdstream", "s3://bench/ds", w, **kw, options=opts)
                 res["requests"] = set_delay(0.0)
-                key = f"s3/{w}/{delay}"
+                key = f"s3/{w}/{delay}" + ("/streams" if order == "streams" else "")
             res["round"] = rnd
             out.setdefault(key, []).append(res)
         return out
@@ -189,6 +193,23 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
                     f"to {vs_plain.fmt()} of its no-delay S3 rate: its read-ahead does not hide "
                     "that latency here."
                 )
+            if d == delay:
+                old = x.get(f"s3/{workers}/{d}/streams")
+                if old:
+                    o = value_spread(old, "tokens_per_s")
+                    o_gets = value_spread(old, "requests")
+                    rows.append(
+                        [
+                            workers,
+                            f"same, per-rank streams order (global vs streams: "
+                            f"{ratio_spread(runs, old, 'tokens_per_s')})",
+                            millions(o.mid) if o else None,
+                            ratio_spread(old, local, "tokens_per_s"),
+                            ratio_spread(old, plain, "tokens_per_s"),
+                            f"{o_gets.mid:.0f}" if o_gets else None,
+                            first_error(old) or "ok",
+                        ]
+                    )
             if d == 0 and vs_local and vs_local.mid < 0.5:
                 notes.append(
                     f"remote, {workers} workers: from loopback S3 wdstream reaches "
@@ -199,7 +220,9 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         "wdstream `Loader` reading `s3://` from moto's `ThreadedMotoServer` on 127.0.0.1 (in its "
         "own process), through the storage tests' `FaultProxy` (tests/servers.py) with no delay "
         "and with a per-GET delay; same warm-up and minimum timing as the read table, all in one "
-        "process, interleaved. Ratios: per round, median (min–max) over "
+        "process, interleaved. The delayed read is also made in the per-rank streams order "
+        '(`order="streams"`; the default is the global order). Ratios: per round, median '
+        "(min–max) over "
         f"{r['args']['repeats']} round(s). GETs: requests the proxy forwarded during one run.",
         "",
         table(

@@ -31,6 +31,7 @@ CHILDREN = {
     "pack": "benchlib.pack:child_pack",
     "read": "benchlib.read:child_read",
     "resume": "benchlib.resume:child_resume",
+    "sequence": "benchlib.sequence:child_sequence",
     "epoch_memory": "benchlib.memory:child_epoch_memory",
     "remote": "benchlib.remote:child_remote",
     "versions": "benchlib.env:versions",
