@@ -1,9 +1,10 @@
-"""Pinned batch order for one small dataset and seed: catches accidental shuffle changes.
+"""Pinned batch order of the per-rank streams order for one small dataset and seed: catches
+accidental shuffle changes (the global order has its own pin: ``tests/test_golden_global.py``).
 
-The order is pinned for 0, 1 and 2 workers with ``streams=2`` fixed: the batch order is a
-function of the streams, not of the worker processes serving them (README, "Workers"), so
-all three must give the very same batches. With 2 workers the first 6 batches already come
-from both workers (chunks of K=2 batches, streams served round-robin).
+The order is pinned for 0, 1 and 2 workers with ``order="streams"`` and ``streams=2`` fixed:
+that order is a function of the streams, not of the worker processes serving them (README,
+"Per-rank streams"), so all three must give the very same batches. With 2 workers the first
+6 batches already come from both workers (chunks of K=2 batches, streams served round-robin).
 
 If this fails after an intended change of the plan or shuffle, the order of every saved
 cursor changes too: bump the state version and re-pin these values.
@@ -36,8 +37,8 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_golden_order(dataset: str, workers: int) -> None:
-    loader = Loader(dataset, seq_len=8, batch_size=2, num_workers=workers, streams=2,
-                    chunk_batches=2, seed=1234, shuffle_window=6, shuffle_lanes=2,
+    loader = Loader(dataset, seq_len=8, batch_size=2, num_workers=workers, order="streams",
+                    streams=2, chunk_batches=2, seed=1234, shuffle_window=6, shuffle_lanes=2,
                     world_size=2, rank=1, epochs=1)  # fmt: skip
     assert len(loader) == BATCHES_PER_EPOCH
     batches = [b["input_ids"].numpy() for b in loader]
