@@ -23,10 +23,9 @@ packed tokens; its loss, over 4096 classes, starts at ln 4096 = 8.3 and falls.
 Measured with the defaults on a shared 2-core CPU (load average 3-5 from other jobs), a
 dataset packed from 120 stdlib sources with ``--seq-len 256``: 200 steps in 60-76 s wall
 over two runs (about 6 s of it start-up, 40-44 s CPU), loss 8.3 -> 5.7-5.9;
-``--vocab-buckets 2048``: 36 s. On CUDA
-the full vocabulary (``--vocab-buckets 0``) and all threads are the defaults. With one
-thread the CPU run is deterministic: a resumed run reproduces the uninterrupted run's
-losses and weights bit for bit.
+``--vocab-buckets 2048``: 36 s. On CUDA the full vocabulary (``--vocab-buckets 0``) and all
+threads are the defaults. With one thread the CPU run is deterministic: a resumed run
+reproduces the uninterrupted run's losses and weights bit for bit.
 """
 
 from __future__ import annotations
