@@ -28,8 +28,10 @@ exactly once), then whole epochs again.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +42,8 @@ from wdstream.read.source import ShardSource
 __all__ = ["GlobalOrder", "OrderConfig", "Origin"]
 
 _WINDOW_CACHE = 4  # windows' metadata kept per process (a few KB each)
+_DATA_CACHE = 2  # windows' sample views kept per process (the current one and the next)
+_REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,19 @@ class _Window:
     positions: np.ndarray  # int64[n]: epoch positions of the window's samples, emitted order
     starts: np.ndarray  # int64[n + 1]: token offsets of those samples inside the window
     begin: int  # token offset of the window in the epoch's stream
+    order: np.ndarray  # int64[n]: emitted sample i is the order[i]-th in lane order
+    bounds: list[int]  # ``starts`` as Python ints, for bisect (no numpy call per lookup)
+
+    @property
+    def end(self) -> int:
+        """Token offset of the window's end in the epoch's stream."""
+        return self.begin + self.bounds[-1]
+
+
+@dataclass(frozen=True)
+class _WindowData:
+    tokens: list[np.ndarray]  # token views of the window's samples, emitted order
+    pieces: list[tuple[int, ...]]  # their document piece lengths (empty unless asked for)
 
 
 class GlobalOrder:
@@ -95,9 +112,14 @@ class GlobalOrder:
             )
         lanes = cfg.shuffle_lanes if cfg.shuffle else 1
         self.geometry = WindowGeometry(0, self.n_samples, cfg.shuffle_window, lanes)
+        self.n_windows = self.geometry.n_windows
         self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
         self._windows: OrderedDict[tuple[int, int], _Window] = OrderedDict()
+        self._data: OrderedDict[tuple[int, int, bool], Future[_WindowData]] = OrderedDict()
         self._lock = threading.Lock()
+        self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
+        self._readahead: ThreadPoolExecutor | None = None
+        self._fetch: ThreadPoolExecutor | None = None
 
     def __getstate__(self) -> dict[str, object]:
         return {"source": self.source, "cfg": self.cfg}
@@ -154,36 +176,105 @@ class GlobalOrder:
         cnt = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
         if cfg.shuffle:
             order = np.random.default_rng([cfg.seed, epoch, w]).permutation(len(pos))
-            pos, cnt = pos[order], cnt[order]
+        else:
+            order = np.arange(len(pos))
+        pos, cnt = pos[order], cnt[order]
         starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
         begin = self.geometry.tokens_before_window(w, plan.tokens_before)
-        win = _Window(pos, starts, begin)
+        win = _Window(pos, starts, begin, order, starts.tolist())
         with self._lock:
             self._windows[key] = win
             while len(self._windows) > _WINDOW_CACHE:
                 self._windows.popitem(last=False)
         return win
 
-    def _segments(self, epoch: int, t0: int, t1: int) -> list[tuple[int, int, int]]:
-        """``(epoch position, first token, tokens)`` pieces of samples covering ``[t0, t1)``."""
-        plan = self.plan(epoch)
-        w = self.geometry.window_at(t0, plan.tokens_before)
-        out: list[tuple[int, int, int]] = []
+    def _segments(self, epoch: int, t0: int, t1: int) -> list[tuple[int, int, int, int]]:
+        """``(window, emitted index, first token, tokens)`` of the samples covering
+        tokens ``[t0, t1)`` of the epoch's stream, in stream order."""
+        w = self._window_of(epoch, t0)
+        out: list[tuple[int, int, int, int]] = []
         t = t0
         while t < t1:
             win = self.window(epoch, w)
             local = t - win.begin
-            i = int(np.searchsorted(win.starts, local, side="right")) - 1
+            b = win.bounds
+            i = bisect.bisect_right(b, local) - 1
             while t < t1 and i < len(win.positions):
-                off = local - int(win.starts[i])
-                take = min(int(win.starts[i + 1]) - int(win.starts[i]) - off, t1 - t)
+                off = local - b[i]
+                take = min(b[i + 1] - b[i] - off, t1 - t)
                 if take > 0:
-                    out.append((int(win.positions[i]), off, take))
+                    out.append((w, i, off, take))
                 t += take
                 local += take
                 i += 1
             w += 1
+        self._last = (epoch, w - 1)
         return out
+
+    def _window_of(self, epoch: int, token: int) -> int:
+        """The window holding ``token``: the last one used or its successor when it is there
+        (reading in order), else a binary search over window offsets."""
+        last = self._last
+        if last is not None and last[0] == epoch:
+            for w in (last[1], last[1] + 1):
+                if w < self.n_windows:
+                    win = self.window(epoch, w)
+                    if win.begin <= token < win.end:
+                        return w
+        return self.geometry.window_at(token, self.plan(epoch).tokens_before)
+
+    def _window_data(self, epoch: int, w: int, with_docs: bool) -> _WindowData:
+        """The sample views of window ``w``, read with one ranged read per lane and shard
+        (concurrently from remote stores) and kept while rows are cut from it; the next
+        window is read ahead in a background thread."""
+        key = (epoch, w, with_docs)
+        with self._lock:
+            fut = self._data.get(key)
+            if fut is None:
+                fut = self._submit(key)
+            self._data.move_to_end(key)
+            nxt = (epoch, w + 1, with_docs) if w + 1 < self.n_windows else None
+            if nxt is None:
+                nxt = (epoch + 1, 0, with_docs)
+            if nxt not in self._data:
+                self._submit(nxt)
+            while len(self._data) > _DATA_CACHE + 1:
+                self._data.popitem(last=False)
+        return fut.result()
+
+    def _submit(self, key: tuple[int, int, bool]) -> Future[_WindowData]:
+        if self._readahead is None:
+            self._readahead = ThreadPoolExecutor(1, thread_name_prefix="wdstream-readahead")
+        fut = self._readahead.submit(self._load_data, *key)
+        self._data[key] = fut
+        return fut
+
+    def _load_data(self, epoch: int, w: int, with_docs: bool) -> _WindowData:
+        plan, win = self.plan(epoch), self.window(epoch, w)
+        pieces = [pc for p, q in self.geometry.spans(w) for pc in plan.pieces(p, q)]
+
+        def read(piece: tuple[int, int, int]) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
+            return self.source.read(*piece, with_docs=with_docs)
+
+        if self.source.remote and len(pieces) > 1:
+            if self._fetch is None:
+                self._fetch = ThreadPoolExecutor(_REMOTE_READS, thread_name_prefix="wdstream-fetch")
+            parts = list(self._fetch.map(read, pieces))
+        else:
+            parts = [read(pc) for pc in pieces]
+        toks = [t for ts, _ in parts for t in ts]
+        docs = [d for _, ds in parts for d in ds]
+        order = win.order.tolist()
+        return _WindowData([toks[k] for k in order], [docs[k] for k in order] if with_docs else [])
+
+    def row_segments(self, epoch: int, row: int) -> list[tuple[int, int, int]]:
+        """``(epoch position, first token in the sample, tokens)`` of the sample pieces that
+        make row ``row`` of ``epoch``, in row order (map positions with ``plan(epoch).pieces``)."""
+        t0 = row * self.row_tokens
+        return [
+            (int(self.window(epoch, w).positions[i]), off, take)
+            for w, i, off, take in self._segments(epoch, t0, t0 + self.row_tokens)
+        ]
 
     def fill(self, epoch: int, row: int, tokens: np.ndarray, doc_start: np.ndarray | None) -> None:
         """Write rows ``[row, row + len(tokens))`` of ``epoch`` into ``tokens`` ([n, T + 1]).
@@ -193,15 +284,19 @@ class GlobalOrder:
         every document start inside a sample.
         """
         t0 = row * self.row_tokens
-        segments = self._segments(epoch, t0, t0 + tokens.size)
-        samples = self._read(epoch, sorted({p for p, _, _ in segments}), doc_start is not None)
+        with_docs = doc_start is not None
         flat = tokens.reshape(-1)
         flat_ds = doc_start.reshape(-1) if doc_start is not None else None
         if flat_ds is not None:
             flat_ds[:] = False
         o = 0
-        for p, off, take in segments:
-            toks, pieces = samples[p]
+        windows: dict[int, _WindowData] = {}
+        for w, i, off, take in self._segments(epoch, t0, t0 + tokens.size):
+            data = windows.get(w)
+            if data is None:
+                data = windows[w] = self._window_data(epoch, w, with_docs)
+            toks = data.tokens[i]
+            pieces = data.pieces[i] if with_docs else ()
             flat[o : o + take] = toks[off : off + take]
             if flat_ds is not None:
                 starts = np.concatenate([[0], np.cumsum(pieces)[:-1]]) - off
@@ -209,23 +304,3 @@ class GlobalOrder:
                 flat_ds[o + starts] = True
                 flat_ds[o] = True  # a sample boundary, or a row start inside a sample
             o += take
-
-    def _read(
-        self, epoch: int, positions: list[int], with_docs: bool
-    ) -> dict[int, tuple[np.ndarray, tuple[int, ...]]]:
-        """Token views (and piece lengths) of the samples at ``positions`` (sorted)."""
-        plan = self.plan(epoch)
-        out: dict[int, tuple[np.ndarray, tuple[int, ...]]] = {}
-        i = 0
-        while i < len(positions):
-            j = i + 1  # a run of consecutive positions is one ranged read per shard
-            while j < len(positions) and positions[j] == positions[j - 1] + 1:
-                j += 1
-            p = positions[i]
-            for shard, a, b in plan.pieces(p, positions[j - 1] + 1):
-                toks, docs = self.source.read(shard, a, b, with_docs=with_docs)
-                for k, t in enumerate(toks):
-                    out[p + k] = (t, docs[k] if with_docs else ())
-                p += b - a
-            i = j
-        return out
