@@ -1,4 +1,4 @@
-"""``wdstream`` command line: pack, inspect, stats, verify, demo. Thin: parse, call, print."""
+"""``wdstream`` command line: pack, inspect, stats, verify, explain, demo. Thin: parse, call, print."""
 
 from __future__ import annotations
 
@@ -234,6 +234,59 @@ def verify(root: str, **remote: Any) -> None:
         f"OK: {count(report.shards, 'shard')}, {count(report.samples, 'sample')}, "
         f"{count(report.documents, 'document')}, {count(report.tokens, 'token')} verified"
     )
+
+
+@main.command()
+@click.argument("dataset")
+@click.option("--step", type=int, required=True, help="Global step to explain.")
+@click.option("--seq-len", type=int, default=None, help="Loader's seq_len (default: packed).")
+@click.option("--batch-size", type=int, default=None, help="Rows per rank (B).")
+@click.option("--world-size", type=int, default=1, show_default=True, help="Ranks (W).")
+@click.option("--seed", type=int, default=None, help="Loader's seed (default 0).")
+@click.option("--shuffle-window", type=int, default=1024, show_default=True)
+@click.option("--shuffle-lanes", type=int, default=8, show_default=True)
+@click.option("--no-shuffle", is_flag=True, help="The Loader ran with shuffle=False.")
+@click.option(
+    "--state",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A saved Loader state (JSON): seed, seq_len, global batch and step origin from it.",
+)
+@click.option("--text", is_flag=True, help="Show each piece's decoded text (cut to 200 chars).")
+@_storage_options
+def explain(
+    dataset: str,
+    step: int,
+    seq_len: int | None,
+    batch_size: int | None,
+    world_size: int,
+    seed: int | None,
+    shuffle_window: int,
+    shuffle_lanes: int,
+    no_shuffle: bool,
+    state: str | None,
+    text: bool,
+    **remote: Any,
+) -> None:
+    """Where every row of global step STEP came from: rank, shard, sample, file:line."""
+    from wdstream.read.provenance import explain as run_explain
+    from wdstream.read.provenance import explanation_lines
+
+    try:
+        saved = None
+        if state is not None:
+            with open(state, encoding="utf-8") as f:
+                saved = json.load(f)
+        result = run_explain(
+            dataset, step, batch_size=batch_size, world_size=world_size, seq_len=seq_len,
+            seed=seed, shuffle=not no_shuffle, shuffle_window=shuffle_window,
+            shuffle_lanes=shuffle_lanes, state=saved, text=text,
+            **_store_options(dataset, **remote),
+        )  # fmt: skip
+    except (WdstreamError, ValueError, OSError) as exc:
+        _fail(exc)
+    for line in explanation_lines(result):
+        click.echo(line)
 
 
 @main.command()

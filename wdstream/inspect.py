@@ -16,6 +16,7 @@ import numpy as np
 
 from wdstream.errors import CorruptShardError, IncompleteDatasetError, IndexValidationError
 from wdstream.format.index import DatasetIndex, ShardEntry
+from wdstream.format.provenance import ShardProvenance
 from wdstream.format.sample import SAMPLE_SUFFIXES, Sample
 from wdstream.format.sidecar import ShardSidecar
 from wdstream.format.tar import BLOCK, END_OF_ARCHIVE
@@ -145,6 +146,8 @@ class VerifyReport:
     tokens: int = 0
     documents: int = 0
     problems: list[str] = field(default_factory=list)
+    # Tokens of the last document so far (for the provenance check of the next shard).
+    _doc_tokens: int = field(default=0, repr=False, compare=False)
 
 
 def verify_dataset(root: str | Store) -> VerifyReport:
@@ -156,7 +159,9 @@ def verify_dataset(root: str | Store) -> VerifyReport:
     sample number (``000000000012.mp``, ``.msgpack`` in v1); that every sample decodes
     (checksum included) and fits the index (dtype, ids below the vocabulary, concat:
     ``sample_tokens`` tokens but in the dataset's last sample, docs: one whole document);
-    the shard's sha256; its token and document counts.
+    the shard's sha256; its token and document counts; its provenance table, when the
+    dataset has them (sha256, counts, and every sample's first document and offset against
+    the documents rebuilt from the samples).
 
     Member names are part of the format, so a shard whose members are named otherwise
     fails even though readers (which go by the sidecars) read it: the names are the only
@@ -200,6 +205,9 @@ def _verify_shard(
     if store_sha256(store, shard.sidecar) != shard.sidecar_sha256:
         return f"{store.child_url(shard.sidecar)}: sha256 differs from index.json"
     sidecar = read_sidecar(store, shard, index.version)
+    prov = _provenance(store, shard, report.documents)
+    if isinstance(prov, str):
+        return prov
     # One read of the shard serves the sample, hash and member checks.
     data = memoryview(store.read(shard.name))
     first = report.samples  # the dataset-wide number of this shard's first sample
@@ -209,6 +217,17 @@ def _verify_shard(
         problem = _sample_problem(index, smp, first + k, last)
         if problem:
             return f"{where}: sample {k} at byte {int(sidecar.offsets[k])}: {problem}"
+        next_doc = report.documents + docs
+        doc, off = (next_doc - 1, report._doc_tokens) if smp.cont else (next_doc, 0)
+        if prov is not None and k < len(prov.sample_doc):
+            if (int(prov.sample_doc[k]), int(prov.sample_offset[k])) != (doc, off):
+                return (
+                    f"{store.child_url(shard.provenance or '')}: sample {k} starts at document "
+                    f"{int(prov.sample_doc[k])} token {int(prov.sample_offset[k])}, the samples "
+                    f"say document {doc} token {off}"
+                )
+        n = smp.doc_lens[-1] if smp.doc_lens else 0
+        report._doc_tokens = off + n if smp.cont and len(smp.doc_lens) == 1 else n
         tokens += len(smp.tokens)
         docs += len(smp.doc_lens) - (1 if smp.cont else 0)
     if hashlib.sha256(data).hexdigest() != shard.sha256:
@@ -227,6 +246,27 @@ def _verify_shard(
     report.tokens += tokens
     report.documents += docs
     return None
+
+
+def _provenance(store: Store, shard: ShardEntry, first_doc: int) -> ShardProvenance | str | None:
+    """The shard's provenance table (None if the dataset has none), or its first problem."""
+    if shard.provenance is None:
+        return None
+    where = store.child_url(shard.provenance)
+    data = store.read(shard.provenance)
+    if hashlib.sha256(data).hexdigest() != shard.provenance_sha256:
+        return f"{where}: sha256 differs from index.json"
+    try:
+        prov = ShardProvenance.from_bytes(data)
+    except ValueError as exc:
+        return f"{where}: {exc}"
+    counts = (prov.first_doc, prov.documents, len(prov.sample_doc))
+    if counts != (first_doc, shard.documents, shard.samples):
+        return (
+            f"{where}: (first document, documents, samples) = {counts}, index.json says "
+            f"{(first_doc, shard.documents, shard.samples)}"
+        )
+    return prov
 
 
 def _members_problem(

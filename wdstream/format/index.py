@@ -48,6 +48,10 @@ class ShardEntry:
     bytes: int
     sha256: str
     sidecar_sha256: str
+    # Optional: the shard's provenance table (``NAME-NNNNNN.prov``) and its sha256; absent in
+    # datasets packed before provenance (they read the same, without ``explain``).
+    provenance: str | None = None
+    provenance_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,10 @@ class DatasetIndex:
     def to_json(self) -> str:
         """Serialise with sorted keys, so equal datasets give byte-identical indexes."""
         obj = asdict(self)
-        obj["shards"] = [asdict(s) for s in self.shards]
+        obj["shards"] = [
+            {k: v for k, v in asdict(s).items() if v is not None or k not in _OPTIONAL_SHARD_KEYS}
+            for s in self.shards
+        ]
         if self.version < 2:
             del obj["checksum"]  # v1 indexes have no such key
         return json.dumps(obj, indent=1, sort_keys=True) + "\n"
@@ -106,12 +113,15 @@ class DatasetIndex:
         obj = _parse_strict(text, where)
         _check_format_version(obj, where)
         validate_index(obj, where)
-        shards = tuple(ShardEntry(**{k: s[k] for k in _SHARD_KEYS}) for s in obj["shards"])
+        shards = tuple(
+            ShardEntry(**{k: s[k] for k in _SHARD_KEYS if k in s}) for s in obj["shards"]
+        )
         known = {k: obj[k] for k in _INDEX_KEYS if k in obj}
         return cls(**{**known, "shards": shards})
 
 
 _SHARD_KEYS = tuple(f.name for f in fields(ShardEntry))
+_OPTIONAL_SHARD_KEYS = ("provenance", "provenance_sha256")
 _INDEX_KEYS = tuple(f.name for f in fields(DatasetIndex))
 
 

@@ -216,6 +216,8 @@ _SHARD = (
     _Rule("bytes", _TAR_SIZE),
     _Rule("sha256", _SHA),
     _Rule("sidecar_sha256", _SHA),
+    _Rule("provenance", _name(".prov"), required=False),
+    _Rule("provenance_sha256", _SHA, required=False),
 )
 _STATS = tuple(
     _Rule(key, _int(0, 2**63), required=False)
@@ -393,6 +395,25 @@ def _names_in_pack_order(obj: dict[str, Any]) -> _Problem:
     return None
 
 
+def _provenance_everywhere(obj: dict[str, Any]) -> _Problem:
+    # Provenance is optional, but a dataset has it for every shard or for none (lookups
+    # number documents across shards), and a table is named after its shard like a sidecar.
+    keys = ("provenance", "provenance_sha256")
+    has = [all(k in shard for k in keys) for shard in obj["shards"]]
+    for i, shard in enumerate(obj["shards"]):
+        missing = [k for k in keys if k not in shard]
+        if any(has) and missing:
+            return f"shards[{i}].{missing[0]}", (
+                f"missing (shards[{has.index(True)}] has provenance: every shard or none)"
+            )
+        if has[i] and shard["provenance"] != shard["name"].removesuffix(".tar") + ".prov":
+            return f"shards[{i}].provenance", (
+                f"expected {shard['name'].removesuffix('.tar') + '.prov'!r} (the table of "
+                f"shards[{i}].name), got {show_value(shard['provenance'])}"
+            )
+    return None
+
+
 def _stats_documents(obj: dict[str, Any]) -> _Problem:
     stats = obj.get("stats", {})
     total = sum(shard["documents"] for shard in obj["shards"])
@@ -409,6 +430,7 @@ _ACROSS: tuple[Callable[[dict[str, Any]], _Problem], ...] = (
     _ids_fit_dtype,
     _names_unique,
     _names_in_pack_order,
+    _provenance_everywhere,
     _shard_counts,
     _stats_documents,
 )

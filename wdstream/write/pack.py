@@ -3,7 +3,7 @@
 Pipeline (one packing thread, tokenisation in a pool, writes in a background thread)::
 
     DocumentReader -> batches (~1 MB) -> TokenPool (ordered) -> ConcatPacker / DocsPacker
-        -> ShardWriter -> Store  (sidecar, tar, then journal; index.json last)
+        -> ShardWriter -> Store  (provenance, sidecar, tar, then journal; index.json last)
 
 Resume: after every shard commit the journal ``.wdstream-pack.json`` records the command's
 fingerprint, the committed shards and the input position after the shard's last sample
@@ -34,6 +34,7 @@ import numpy as np
 from wdstream.errors import InputError, WdstreamError
 from wdstream.format.checksum import CHECKSUM_NAME
 from wdstream.format.index import INDEX_NAME, DatasetIndex
+from wdstream.format.provenance import PROVENANCE_VERSION, provenance_name
 from wdstream.format.sample import DTYPES, token_dtype_for_vocab
 from wdstream.storage import Store, open_store
 from wdstream.tokenizer import Tokenizer, load_tokenizer
@@ -108,11 +109,11 @@ def _delete_shards_from(store: Store, name: str, first: int) -> None:
     """
     i = first
     while True:
-        tar, idx = shard_names(name, i)
-        if not (store.exists(tar) or store.exists(idx)):
+        names = (*shard_names(name, i), provenance_name(shard_names(name, i)[0]))
+        if not any(store.exists(n) for n in names):
             return
-        store.delete(tar)
-        store.delete(idx)
+        for n in names:
+            store.delete(n)
         i += 1
 
 
@@ -300,6 +301,7 @@ def pack(
             "shard_bytes": shard_bytes,
             "shard_samples": shard_samples,
             "name": name,
+            "provenance": PROVENANCE_VERSION,
         }
         journal = Journal(store, fingerprint, name)
         if overwrite:
@@ -321,6 +323,9 @@ def pack(
             first_shard=len(journal.entries),
             first_sample=sum(e.samples for e in journal.entries),
             on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
+            provenance=["<stdin>" if f.path == "-" else f.path for f in files],
+            first_doc=sum(e.documents for e in journal.entries),
+            doc_offset=emitted,
         )
         show = sys.stderr.isatty() if progress is None else progress
         tpool = TokenPool(tok, workers, pool, bos_id, eos_id, dtype)
@@ -417,12 +422,12 @@ def _write_shards(
                 flat, lens, positions = _drop_packed(flat, lens, positions, start, emitted, packer)
             first = False
             for s in packer.add(flat, lens, positions):
-                writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end)
+                writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts)
             bar.update(reader.source_bytes, len(lens), len(flat))
         if first and start is not None:
             raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
         for s in packer.flush():
-            writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end)
+            writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts)
         writer.close()
     except BaseException:
         writer.abort()

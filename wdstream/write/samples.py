@@ -36,6 +36,7 @@ class PackedSample:
     cont: bool
     new_docs: int  # documents whose first token is in this sample
     end: tuple[Any, int]  # (position of the last document touched, its tokens emitted so far)
+    starts: list[Any]  # positions of the ``new_docs`` documents that start here (provenance)
 
 
 class ConcatPacker:
@@ -90,10 +91,13 @@ class ConcatPacker:
         i1 = int(np.searchsorted(starts, b, side="left"))
         doc_lens = (np.minimum(ends[i0:i1], b) - np.maximum(starts[i0:i1], a)).tolist()
         first_cont = a > starts[i0] or (i0 == 0 and self._cont)
-        new_docs = (i1 - i0) - (1 if first_cont else 0)
+        first_new = i0 + (1 if first_cont else 0)
         last = i1 - 1
         emitted = b - int(starts[last]) + (self._pre if last == 0 else 0)
-        return PackedSample(stream[a:b], doc_lens, bool(first_cont), new_docs, (pos[last], emitted))
+        return PackedSample(
+            stream[a:b], doc_lens, bool(first_cont), i1 - first_new, (pos[last], emitted),
+            pos[first_new:i1],
+        )  # fmt: skip
 
     def flush(self) -> Iterator[PackedSample]:
         """Yield the final, shorter sample holding whatever is left."""
@@ -122,7 +126,7 @@ class DocsPacker:
     ) -> Iterator[PackedSample]:
         start = 0
         for n, p in zip(lens, positions, strict=True):
-            yield PackedSample(tokens[start : start + n], [int(n)], False, 1, (p, int(n)))
+            yield PackedSample(tokens[start : start + n], [int(n)], False, 1, (p, int(n)), [p])
             start += n
 
     def flush(self) -> Iterator[PackedSample]:

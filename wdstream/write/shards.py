@@ -1,18 +1,19 @@
 """Assemble samples into tar shards and write them through a :class:`Store` in the background.
 
 A shard is built in memory (it is bounded by ``--shard-size``), hashed, and handed to one
-background thread that writes the sidecar then the tar (each atomically, via
-``store.writer``) and then calls ``on_commit`` -- all in shard order, so the resume journal
-only ever names shards that are completely written. Once one write fails, no later shard is
-written or committed: the journal never names a shard with a gap before it. At most ``max_in_flight`` finished shards
-wait for that thread; tokenisation keeps running while a shard uploads.
+background thread that writes the provenance table (when asked for), the sidecar, then the
+tar (each atomically, via ``store.writer``) and then calls ``on_commit`` -- all in shard
+order, so the resume journal only ever names shards that are completely written. Once one
+write fails, no later shard is written or committed: the journal never names a shard with a
+gap before it. At most ``max_in_flight`` finished shards wait for that thread; tokenisation
+keeps running while a shard uploads.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from wdstream.format.checksum import sample_checksum
 from wdstream.format.index import FORMAT_VERSION, ShardEntry
+from wdstream.format.provenance import ShardProvenance, provenance_name
 from wdstream.format.sample import SAMPLE_SUFFIXES, encode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.format.tar import BLOCK, END_OF_ARCHIVE, member_bytes
@@ -75,6 +77,12 @@ class ShardWriter:
             with the shard's last sample.
         max_in_flight: finished shards allowed to wait for the background writer.
         version: format version to write (1 only to produce test data for old readers).
+        provenance: the input file names; when given, every shard gets a provenance table
+            (``NAME-NNNNNN.prov``, :mod:`wdstream.format.provenance`) and :meth:`add` needs
+            each sample's ``starts``.
+        first_doc: global number of the next document to start (resume).
+        doc_offset: tokens of the open document already in earlier shards (resume inside
+            a document).
     """
 
     def __init__(
@@ -88,6 +96,9 @@ class ShardWriter:
         on_commit: Callable[[ShardEntry, Any], None] | None = None,
         max_in_flight: int = 2,
         version: int = FORMAT_VERSION,
+        provenance: Sequence[str] | None = None,
+        first_doc: int = 0,
+        doc_offset: int = 0,
     ) -> None:
         if version not in SAMPLE_SUFFIXES:
             raise ValueError(
@@ -106,6 +117,13 @@ class ShardWriter:
         self._size = 0
         self._docs = 0
         self._state: Any = None
+        self._inputs = provenance
+        self._next_doc, self._doc_tokens = first_doc, doc_offset
+        self._shard_doc = first_doc  # global number of the current shard's first document
+        self._doc_files: list[int] = []
+        self._doc_lines: list[int] = []
+        self._sample_doc: list[int] = []
+        self._sample_off: list[int] = []
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdstream-shard-writer")
         self._futures: list[Future[None]] = []
         self._slots = threading.Semaphore(max_in_flight)
@@ -113,9 +131,17 @@ class ShardWriter:
         self.bytes_written = 0
 
     def add(
-        self, tokens: np.ndarray, doc_lens: list[int], cont: bool, new_docs: int, state: Any
+        self,
+        tokens: np.ndarray,
+        doc_lens: list[int],
+        cont: bool,
+        new_docs: int,
+        state: Any,
+        starts: Sequence[Any] = (),
     ) -> None:
-        """Append one sample; ``state`` is what the journal needs if the shard ends here."""
+        """Append one sample; ``state`` is what the journal needs if the shard ends here;
+        ``starts``: the input :class:`~wdstream.write.inputs.Position` of each of the
+        ``new_docs`` documents that start in it (used with ``provenance``)."""
         data = encode_sample(tokens, doc_lens, cont)
         member = member_bytes(f"{self.next_sample:012d}{self._suffix}", data)
         if self._members and (
@@ -133,6 +159,22 @@ class ShardWriter:
         self._docs += new_docs
         self._state = state
         self.next_sample += 1
+        if self._inputs is not None:
+            self._track(doc_lens, cont, new_docs, starts)
+
+    def _track(self, doc_lens: list[int], cont: bool, new_docs: int, starts: Sequence[Any]) -> None:
+        """Provenance of one sample: its first piece's document and offset, its new documents."""
+        if len(starts) != new_docs:
+            raise ValueError(f"{new_docs} documents start in the sample, got {len(starts)} starts")
+        first, offset = (self._next_doc - 1, self._doc_tokens) if cont else (self._next_doc, 0)
+        self._sample_doc.append(first)
+        self._sample_off.append(offset)
+        for p in starts:  # Position: (file, record, ...); lines are 1-based like messages
+            self._doc_files.append(p[0])
+            self._doc_lines.append(p[1] + 1)
+        self._next_doc += new_docs
+        last = int(doc_lens[-1])
+        self._doc_tokens = offset + last if cont and len(doc_lens) == 1 else last
 
     def _finish_shard(self) -> None:
         tar_name, idx_name = shard_names(self.name, self.next_shard)
@@ -144,6 +186,14 @@ class ShardWriter:
             tokens=np.asarray(self._tokens, dtype=np.uint32),
             crc32c=None if self._crcs is None else np.asarray(self._crcs, dtype=np.uint32),
         ).to_bytes()
+        prov = None
+        if self._inputs is not None:
+            prov = ShardProvenance.build(
+                self._shard_doc, self._inputs, self._doc_files, self._doc_lines,
+                self._sample_doc, self._sample_off,
+            ).to_bytes()  # fmt: skip
+            self._shard_doc = self._next_doc
+            self._doc_files, self._doc_lines, self._sample_doc, self._sample_off = [], [], [], []
         entry = ShardEntry(
             name=tar_name,
             sidecar=idx_name,
@@ -153,6 +203,8 @@ class ShardWriter:
             bytes=self._size + len(END_OF_ARCHIVE),
             sha256="",
             sidecar_sha256=hashlib.sha256(sidecar).hexdigest(),
+            provenance=None if prov is None else provenance_name(tar_name),
+            provenance_sha256=None if prov is None else hashlib.sha256(prov).hexdigest(),
         )
         state = self._state
         self._members, self._offsets, self._sizes, self._tokens = [], [], [], []
@@ -161,9 +213,16 @@ class ShardWriter:
         self.next_shard += 1
         self._raise_failed()
         self._slots.acquire()
-        self._futures.append(self._pool.submit(self._write, members, sidecar, entry, state))
+        self._futures.append(self._pool.submit(self._write, members, sidecar, prov, entry, state))
 
-    def _write(self, members: list[bytes], sidecar: bytes, entry: ShardEntry, state: Any) -> None:
+    def _write(
+        self,
+        members: list[bytes],
+        sidecar: bytes,
+        prov: bytes | None,
+        entry: ShardEntry,
+        state: Any,
+    ) -> None:
         try:
             if self._failed is not None:
                 # An earlier shard is missing: writing and committing this one would let the
@@ -173,6 +232,8 @@ class ShardWriter:
                 )
             # Stream the members (no joined copy of the shard) and hash them on the way, off
             # the packing thread.
+            if prov is not None and entry.provenance is not None:
+                self.store.write_bytes(entry.provenance, prov)
             self.store.write_bytes(entry.sidecar, sidecar)
             h = hashlib.sha256()
             with self.store.writer(entry.name) as out:
