@@ -207,3 +207,16 @@ def test_property_invariance_resume_and_batch_at(
             want = ref[stop + j][r * per_rank : (r + 1) * per_rank]
             assert np.array_equal(got[j], want)
             assert np.array_equal(rows(ld.batch_at(stop + j)), want)
+
+
+def test_batch_at_counts_steps_from_a_loaded_origin(concat_root: str) -> None:
+    # After a global-batch change the loaded state's origin decides which rows step k holds;
+    # batch_at must use it before iteration starts (it once used the fresh reader's origin).
+    ld = loader(concat_root, g=6)
+    run(ld, 5)
+    state = ld.state_dict()
+    other = loader(concat_root, world=2, g=8, rank=1)
+    other.load_state_dict(state)
+    assert other.state_dict()["origin"]["step"] == 5
+    at = [rows(other.batch_at(5 + j)) for j in range(4)]
+    assert all(np.array_equal(a, b) for a, b in zip(at, run(other, 4), strict=True))

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.order import OrderConfig
+from wdstream.read.order import OrderConfig, Origin
 from wdstream.read.sequence import GlobalPosition, GlobalReader
 from wdstream.read.source import ShardSource
 from wdstream.read.state import (
@@ -231,7 +231,7 @@ class TokenDataset(IterableDataset):
         """Small JSON-serialisable position (see ``docs/READER.md``)."""
         return self.state_of(self.position)
 
-    def batch_at(self, step: int) -> dict[str, torch.Tensor]:
+    def batch_at(self, step: int, origin: Origin | None = None) -> dict[str, torch.Tensor]:
         """This rank's batch at global step ``step``: exactly what iteration yields there.
 
         Costs the same for any step (no replay). Steps are counted as this reader counts
@@ -243,11 +243,13 @@ class TokenDataset(IterableDataset):
         """
         if self.sequence is None:
             raise TypeError("batch_at needs order='global' on a packed dataset")
-        assert isinstance(self.position, GlobalPosition)
+        if origin is None:
+            assert isinstance(self.position, GlobalPosition)
+            origin = self.position.origin
         c = self.cfg
         tokens = torch.empty((c.batch_size, c.seq_len + 1), dtype=torch.int32)
         doc = np.empty(tuple(tokens.shape), dtype=bool) if c.doc_boundaries else None
-        self.sequence.fill(step, self.position.origin, tokens.numpy(), doc)
+        self.sequence.fill(step, origin, tokens.numpy(), doc)
         positions = torch.from_numpy(_position_ids(doc)) if doc is not None else None
         return next(chunk_to_batches(tokens, positions, c.batch_size))
 

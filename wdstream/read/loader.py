@@ -252,7 +252,8 @@ class Loader:
     def batch_at(self, step: int) -> dict[str, torch.Tensor]:
         """This rank's batch at global step ``step``, exactly as iteration yields it, in the
         same time for any step (``order="global"`` only; see ``TokenDataset.batch_at``)."""
-        batch = self.dataset.batch_at(step)
+        origin = self._handed.origin if isinstance(self._handed, GlobalPosition) else None
+        batch = self.dataset.batch_at(step, origin)
         return batch if self.device is None else {k: v.to(self.device) for k, v in batch.items()}
 
     def _prepare(self) -> None:
