@@ -219,38 +219,69 @@ def _paths(obj: object, prefix: tuple = ()) -> Iterator[tuple]:
             yield from _paths(v, prefix + (i,))
 
 
-def cursors(work: Path, scale: float) -> Iterator[Attempt]:
-    root, _ = clean_dataset(work)
-    loader = Loader(root, **{**READ, "epochs": None})
+def _mutated(state: dict, rng: np.random.Generator) -> dict:
+    paths = list(_paths(state))
+    path = paths[int(rng.integers(len(paths)))]
+    bad = copy.deepcopy(state)
+    target = bad
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = _mutations(rng)
+    return bad
+
+
+def _cursor_attempts(root: str, order: str, n: int, seed: int) -> Iterator[Attempt]:
+    """A state taken after 5 batches, one field replaced by a hostile JSON value.
+
+    An accepted state must resume exactly at the position it names (a changed ``step`` or
+    ``epoch`` may name another valid position): global order, the batches ``batch_at`` gives
+    there; streams order (one stream), the batches a fresh loader reaches there.
+    """
+    opts = {**READ, "epochs": None, "order": order}
+    loader = Loader(root, **opts)
     it = iter(loader)
     for _ in range(5):
         next(it)
     state = json.loads(json.dumps(loader.state_dict()))
-    ref = Loader(root, **{**READ, "epochs": None})
-    ref.load_state_dict(state)
-    ref_it = iter(ref)
-    want = np.concatenate([next(ref_it)["input_ids"].numpy() for _ in range(6)])
-    paths = list(_paths(state))
-    rng = np.random.default_rng(11)
-    for _ in range(max(1, int(200 * scale))):
-        path = paths[int(rng.integers(len(paths)))]
-        value = _mutations(rng)
-        bad = copy.deepcopy(state)
-        target = bad
-        for key in path[:-1]:
-            target = target[key]
-        target[path[-1]] = value
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        bad = _mutated(state, rng)
 
         def attempt(bad: dict = bad) -> str:
-            def six_batches() -> np.ndarray:
-                ld = Loader(root, **{**READ, "epochs": None})
-                ld.load_state_dict(json.loads(json.dumps(bad)))
+            def six_batches(ld: Loader) -> np.ndarray:
                 it2 = iter(ld)
                 return np.concatenate([next(it2)["input_ids"].numpy() for _ in range(6)])
 
-            return compare(six_batches, want)
+            try:
+                ld = Loader(root, **opts)
+                ld.load_state_dict(json.loads(json.dumps(bad)))
+            except WdstreamError:
+                return "clear error"
+            if order == "global":
+                at = Loader(root, **opts)
+                at.load_state_dict(json.loads(json.dumps(bad)))
+                k = at.state_dict()["step"]
+                want = np.concatenate([at.batch_at(k + j)["input_ids"].numpy() for j in range(6)])
+            else:
+                # One stream: the accepted cursor names (epoch, batches); the reference walks a
+                # fresh loader there (epochs of equal length in concat mode).
+                cursor = ld.state_dict()["streams"][0]
+                ref = Loader(root, **opts)
+                skip = cursor["epoch"] * len(ref) + cursor["batches"]
+                it3 = iter(ref)
+                for _ in range(skip):
+                    next(it3)
+                want = np.concatenate([next(it3)["input_ids"].numpy() for _ in range(6)])
+            return compare(lambda: six_batches(ld), want)
 
         yield attempt
+
+
+def cursors(work: Path, scale: float) -> Iterator[Attempt]:
+    root, _ = clean_dataset(work)
+    n = max(1, int(100 * scale))
+    yield from _cursor_attempts(root, "global", n, 11)
+    yield from _cursor_attempts(root, "streams", n, 12)
 
 
 # ---------------------------------------------------------------- pack inputs
@@ -345,16 +376,172 @@ def interrupted_pack(work: Path, scale: float) -> Iterator[Attempt]:
     yield lambda: run_cli(["stats", str(dst)], timeout=60)
 
 
+# ---------------------------------------------------------------- the writer
+
+
+def _pack_args(src: Path, out: Path | str) -> list[str]:
+    return ["pack", str(src), "-o", str(out), "--seq-len", "63", "--shard-size", "16KB",
+            "--workers", "0", "-q"]  # fmt: skip
+
+
+def _pack_input(work: Path) -> tuple[Path, Path]:
+    """A JSONL input and its uninterrupted pack (the reference every rerun must equal)."""
+    src, ref = work / "pack-in.jsonl", work / "pack-ref"
+    if not ref.exists():
+        src.write_text("\n".join(_corpus_lines(300)) + "\n")
+        subprocess.run([sys.executable, "-m", "wdstream.cli", *_pack_args(src, ref)], check=True)
+    return src, ref
+
+
+def _rerun_ok(src: Path, out: Path) -> bool:
+    """Rerun the same pack command; True when it exits 0 (no traceback)."""
+    cmd = [sys.executable, "-m", "wdstream.cli", *_pack_args(src, out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return proc.returncode == 0 and "Traceback" not in proc.stderr
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    other = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return files == other and all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+
+
+def killed_packs(work: Path, scale: float) -> Iterator[Attempt]:
+    src, ref = _pack_input(work)
+    shards = len(read_index(open_store(str(ref))).shards)
+    for i, at in enumerate(np.linspace(1, shards - 1, max(2, int(6 * scale))).astype(int)):
+        out = work / f"killed-{i}"
+
+        def attempt(out: Path = out, at: int = int(at)) -> str:
+            cmd = [sys.executable, "-m", "wdstream.cli", *_pack_args(src, out)]
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and time.monotonic() < deadline:
+                if len(list(out.glob("*.tar"))) >= at:
+                    proc.kill()
+                    break
+                time.sleep(0.005)
+            proc.wait()
+            if not _rerun_ok(src, out):
+                return "crash"
+            return "handled" if _same_tree(out, ref) else "silent wrong"
+
+        yield attempt
+
+
+def failed_shard_write(work: Path, scale: float) -> Iterator[Attempt]:
+    src, ref = _pack_input(work)
+    for i, k in enumerate((1, 2)):
+        out = work / f"failwrite-{i}"
+
+        def attempt(out: Path = out, k: int = k) -> str:
+            blocker = out / f"data-{k:06d}.tar"
+            blocker.mkdir(parents=True)  # a directory where the shard must go: its write fails
+            first = run_cli(_pack_args(src, out), 120)
+            blocker.rmdir()
+            if first != "clear error":
+                return first
+            if not _rerun_ok(src, out):
+                return "crash"
+            return "handled" if _same_tree(out, ref) else "silent wrong"
+
+        yield attempt
+
+
+def concurrent_packs(work: Path, scale: float) -> Iterator[Attempt]:
+    src, ref = _pack_input(work)
+    for i in range(max(1, int(3 * scale))):
+        out = work / f"concurrent-{i}"
+
+        def attempt(out: Path = out) -> str:
+            cmd = [sys.executable, "-m", "wdstream.cli", *_pack_args(src, out)]
+            procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True) for _ in range(2)]  # fmt: skip
+            codes = [(p.wait(120), p.stderr.read() if p.stderr else "") for p in procs]
+            ok = [c for c, _ in codes if c == 0]
+            refused = [e for c, e in codes if c != 0]
+            if any("Traceback" in e for e in refused):
+                return "crash"
+            if not ok or any("another pack" not in e for e in refused):
+                return "crash"
+            return "handled" if _same_tree(out, ref) else "silent wrong"
+
+        yield attempt
+
+
+# ---------------------------------------------------------------- hostile servers
+
+
+def hostile_servers(work: Path, scale: float) -> Iterator[Attempt]:
+    root, want = clean_dataset(work)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from servers import FileServer, SilentServer  # the storage tests' real servers
+
+    limits = {"retries": 1, "timeout": 1.0, "deadline": 2.0, "budget": 3.0}
+
+    def read_http(knobs: dict[str, object]) -> str:
+        with FileServer(root) as server:
+            server.faults.reset(**knobs)
+            return compare(lambda: read_rows(server.base_url, **limits), want)
+
+    yield lambda: read_http({"trickle": 0.5})
+    yield lambda: read_http({"fail_first": 1000, "fail_status": 503})
+    yield lambda: read_http({"cut_every": 1, "cut_at": 100})
+
+    def silent() -> str:
+        server = SilentServer()
+        try:
+            return compare(lambda: read_rows(server.base_url + "/ds", **limits), want)
+        finally:
+            server.stop()
+
+    yield silent
+
+    def put_501() -> str:
+        with FileServer(work / "put-root") as server:
+            server.faults.reset(fail_first=1000, fail_status=501, methods=("PUT",))
+            src, _ = _pack_input(work)
+            out = run_cli([*_pack_args(src, server.base_url + "/ds"), "--retries", "5"], 60)
+            puts = [r for r in server.faults.requests if r[0] == "PUT"]
+            return out if len(puts) <= 2 else "crash"  # a 501 is not retried
+
+    yield put_501
+
+
+# ---------------------------------------------------------------- rows
+
+
+def shuffled_short_sample(work: Path, scale: float) -> Iterator[Attempt]:
+    """The dataset's short last sample must never splice two samples into one row."""
+    root = work / "short-last"
+    if not root.exists():
+        write_synthetic_dataset(str(root), n_docs=30, sample_tokens=33, samples_per_shard=4)
+    for seed in range(max(2, int(8 * scale))):
+        for order in ("global", "streams"):
+
+            def attempt(seed: int = seed, order: str = order) -> str:
+                rows = read_rows(str(root), seed=seed, order=order, epochs=2)
+                whole = (rows[:, 0] % 33 == 0) & (np.diff(rows, axis=1) == 1).all(axis=1)
+                return "handled" if whole.all() else "silent wrong"
+
+            yield attempt
+
+
 ATTACKS = [
     Attack("bit flip in sample bytes (.tar)", "1 random bit inside a sample's msgpack bytes, whole epoch read", flips("sample", 350, 1)),
     Attack("bit flip anywhere in a .tar", "1 random bit anywhere (headers, padding, data)", flips("tar", 100, 2)),
     Attack("bit flip in a sidecar (.idx)", "1 random bit anywhere in the sidecar", flips("idx", 150, 3)),
     Attack("edited index.json", "14 edits (counts, duplicates, swaps, inf/NaN, names leaving the root, ...), Loader and `verify`", index_edits),
-    Attack("hostile cursor", "one field of a saved state replaced by a hostile JSON value", cursors),
+    Attack("hostile cursor", "one field of a saved state (global and streams orders) replaced by a hostile JSON value; an accepted state must resume exactly at the position it names", cursors),
     Attack("truncated .zst input", "a .zst cut at random points (blocks flushed every 4 KB), with and without --on-error skip", truncated_zst),
     Attack("bad JSON records", "surrogate, deep nesting, huge int, not JSON, no text field; strict and --on-error skip", bad_records),
     Attack("FIFO in place of a shard", "a named pipe where a shard should be", fifo_shard),
     Attack("interrupted pack, then read", "index.json missing, journal present: Loader and `stats`", interrupted_pack),
+    Attack("pack killed (SIGKILL), rerun", "killed after n shards appeared; the rerun must be byte-identical to an uninterrupted pack", killed_packs),
+    Attack("shard write fails, rerun", "a directory where shard k must go: a clear error, then (removed) a byte-identical rerun", failed_shard_write),
+    Attack("two packs into one output", "started together: one wins, the other is refused naming it, output identical", concurrent_packs),
+    Attack("hostile HTTP servers", "1 byte / 0.5 s, 503 forever, every body cut, accept-and-never-answer, 501 on PUT", hostile_servers),
+    Attack("short last sample, shuffled", "every row of 2 shuffled epochs a whole packed sample (global and streams orders)", shuffled_short_sample),
 ]  # fmt: skip
 
 
