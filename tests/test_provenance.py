@@ -393,3 +393,38 @@ def test_index_rules_for_provenance(root: Path, tmp_path: Path) -> None:
     assert len(list(wdstream.documents(str(ds)))) == index["stats"]["documents"]
     with pytest.raises(wdstream.WdstreamError, match="packed without provenance tables"):
         explain(str(ds), 0, batch_size=2)
+
+
+def test_docs_mode(inputs: list[Path], tmp_path: Path) -> None:
+    """One document per sample: every sample starts its document at token 0; rows of 25
+    tokens cross documents and still trace back to their lines."""
+    out = tmp_path / "docs"
+    wdstream.pack([str(p) for p in inputs], str(out), **{**KW, "mode": "docs"})
+    prov = Provenance(str(out))
+    for shard, entry in enumerate(prov.index.shards):
+        for sample in range(entry.samples):
+            [p] = prov.pieces(shard, sample)
+            assert p.doc_start == 0 and p.doc_end == len(_doc_tokens(p.file, p.line))
+    rows = _Rows(out, 2, 2, seed=4, seq_len=24)
+    for step in (0, 3, 9):
+        _check(
+            explain(str(out), step, batch_size=2, world_size=2, seed=4, seq_len=24), rows(step), 2
+        )
+
+
+def test_text_inputs_record_numbers(tmp_path: Path) -> None:
+    """A whole .txt file is record 1; with lines=True each line is its own record, and
+    empty lines count (they are the lines an editor shows)."""
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("first file\nsecond line of it\n")
+    b.write_text("one\n\nthree\nfour\n")
+    whole = tmp_path / "whole"
+    wdstream.pack([str(a), str(b)], str(whole), seq_len=7, workers=0)
+    prov = Provenance(str(whole))
+    assert [prov.document(d) for d in range(2)] == [(str(a), 1), (str(b), 1)]
+    by_line = tmp_path / "lines"
+    wdstream.pack([str(a), str(b)], str(by_line), seq_len=7, workers=0, lines=True)
+    prov = Provenance(str(by_line))
+    assert [prov.document(d) for d in range(5)] == [
+        (str(a), 1), (str(a), 2), (str(b), 1), (str(b), 3), (str(b), 4)
+    ]  # fmt: skip
