@@ -250,7 +250,8 @@ def verify(root: str, **remote: Any) -> None:
     "--state",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help="A saved Loader state (JSON): seed, seq_len, global batch and step origin from it.",
+    help="A saved Loader state (JSON): seed, seq_len, shuffle options, global batch and step "
+    "origin are taken from it.",
 )
 @click.option("--text", is_flag=True, help="Show each piece's decoded text (cut to 200 chars).")
 @_storage_options

@@ -256,9 +256,10 @@ def explain(
         batch_size: rows per rank (B); with ``state``, defaults to its global batch / W.
         world_size: ranks (W); row ``r`` of the step goes to rank ``r // B``.
         seq_len, seed, shuffle, shuffle_window, shuffle_lanes: the Loader's; ``seq_len``
-            defaults to the packed one. Given together with ``state`` they must match it.
-        state: a saved ``Loader.state_dict()`` (global order): seed, ``seq_len``, shuffle,
-            global batch and origin are taken from it.
+            defaults to the packed one.
+        state: a saved ``Loader.state_dict()`` (global order): seed, ``seq_len``, the
+            shuffle options, global batch and origin are taken from it (``seq_len`` and
+            ``seed``, if also given, must match it; the shuffle arguments are ignored).
         text: decode each piece's tokens (with the index's tokenizer).
         store_options: passed to :func:`wdstream.storage.open_store`.
 
