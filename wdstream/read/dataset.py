@@ -463,11 +463,14 @@ class TokenDataset(IterableDataset):
             return self._buffer(ring, wid, i, rows, shared)
 
         chunks = self.sequence.chunks(self.position, wid, nw, buffer, _position_ids)
-        for ref, tokens, positions, cursors in chunks:
-            if ring is not None:
-                yield -1, ref, None, cursors
-            else:
-                yield -1, tokens, positions, cursors
+        try:
+            for ref, tokens, positions, cursors in chunks:
+                if ring is not None:
+                    yield -1, ref, None, cursors
+                else:
+                    yield -1, tokens, positions, cursors
+        finally:
+            self.sequence.order.release()
         self.position.iter_stop = None  # finished: the next iter() continues after it
 
     def __iter__(self) -> Iterator[Any]:

@@ -242,6 +242,16 @@ class GlobalOrder:
                 self._data.popitem(last=False)
         return fut.result()
 
+    def release(self) -> None:
+        """Drop the windows' sample views (they pin the mapped shards' file descriptors) and
+        any read-ahead: called when an iteration ends or is abandoned."""
+        with self._lock:
+            futures = list(self._data.values())
+            self._data.clear()
+        for fut in futures:
+            if not fut.cancel():
+                fut.exception()  # a read still running: wait, so no view outlives this call
+
     def _submit(self, key: tuple[int, int, bool]) -> Future[_WindowData]:
         if self._readahead is None:
             self._readahead = ThreadPoolExecutor(1, thread_name_prefix="wdstream-readahead")
