@@ -220,3 +220,22 @@ def test_batch_at_counts_steps_from_a_loaded_origin(concat_root: str) -> None:
     assert other.state_dict()["origin"]["step"] == 5
     at = [rows(other.batch_at(5 + j)) for j in range(4)]
     assert all(np.array_equal(a, b) for a, b in zip(at, run(other, 4), strict=True))
+
+
+def test_global_batch_at_is_every_rank_side_by_side(concat_root: str) -> None:
+    import wdstream
+
+    for k in (0, 7, 60):
+        whole = wdstream.global_batch_at(concat_root, k, seq_len=16, global_batch=6, seed=7, **WIN)
+        parts = [rows(loader(concat_root, 3, r).batch_at(k)) for r in range(3)]
+        got = np.concatenate([whole["input_ids"].numpy(), whole["labels"].numpy()[:, -1:]], 1)
+        assert np.array_equal(got, np.concatenate(parts))
+    # With a state saved after a change of global batch, steps are counted as that run does.
+    ld = loader(concat_root, g=6)
+    run(ld, 5)
+    moved = loader(concat_root, g=4)
+    moved.load_state_dict(ld.state_dict())
+    state = moved.state_dict()
+    whole = wdstream.global_batch_at(concat_root, 9, seq_len=16, global_batch=4, seed=7,
+                                     state=state, **WIN)  # fmt: skip
+    assert np.array_equal(whole["input_ids"].numpy(), moved.batch_at(9)["input_ids"].numpy())

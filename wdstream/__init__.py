@@ -29,6 +29,8 @@ from wdstream.format.wds import wds_decoder
 if TYPE_CHECKING:
     from wdstream.read.dataset import TokenDataset
     from wdstream.read.loader import Loader
+    from wdstream.read.provenance import explain
+    from wdstream.read.sequence import global_batch_at
     from wdstream.read.shards import documents
     from wdstream.write.pack import PackResult, pack
 
@@ -39,6 +41,8 @@ _LAZY = {
     "PackResult": "wdstream.write.pack",
     "TokenDataset": "wdstream.read.dataset",
     "documents": "wdstream.read.shards",
+    "explain": "wdstream.read.provenance",
+    "global_batch_at": "wdstream.read.sequence",
     "pack": "wdstream.write.pack",
 }
 
@@ -74,6 +78,8 @@ __all__ = [
     "WdstreamError",
     "__version__",
     "documents",
+    "explain",
+    "global_batch_at",
     "pack",
     "wds_decoder",
 ]

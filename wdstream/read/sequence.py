@@ -32,7 +32,7 @@ from wdstream.read.order import GlobalOrder, OrderConfig, Origin
 from wdstream.read.source import ShardSource
 from wdstream.read.state import dict_field, int_field, mismatch, same_value
 
-__all__ = ["GLOBAL_STATE_VERSION", "GlobalPosition", "GlobalReader"]
+__all__ = ["GLOBAL_STATE_VERSION", "GlobalPosition", "GlobalReader", "global_batch_at"]
 
 GLOBAL_STATE_VERSION = 2
 _STATE_KEYS = ("version", "order", "config", "step", "origin", "iter_stop")
@@ -225,3 +225,39 @@ class GlobalReader:
             if doc is not None and positions is not None:
                 positions.numpy()[:] = position_ids(doc)
             yield ref, tokens, positions, [{"step": first + i + 1} for i in range(n)]
+
+
+def global_batch_at(
+    source: str | ShardSource,
+    step: int,
+    *,
+    seq_len: int,
+    global_batch: int,
+    seed: int = 0,
+    shuffle: bool = True,
+    shuffle_window: int = 1024,
+    shuffle_lanes: int = 8,
+    state: dict[str, Any] | None = None,
+) -> dict[str, torch.Tensor]:
+    """The whole global batch of step ``step``: every rank's rows, rank 0's first.
+
+    The same rows ``Loader(..., order="global")`` hands out at that step on any world size
+    with ``world_size * batch_size == global_batch``; ``state`` (a saved Loader state) counts
+    steps as that run does (its origin after a change of global batch).
+
+    Returns:
+        ``{"input_ids", "labels"}``: int64 ``[global_batch, seq_len]``.
+
+    Raises:
+        StateMismatchError: if ``state`` belongs to another dataset or configuration.
+    """
+    src = source if isinstance(source, ShardSource) else ShardSource(source)
+    cfg = OrderConfig(seq_len=seq_len, global_batch=global_batch, shuffle=shuffle, seed=seed,
+                      shuffle_window=shuffle_window, shuffle_lanes=shuffle_lanes)  # fmt: skip
+    reader = GlobalReader(src, cfg, rank=0, batch_size=global_batch, chunk_batches=1,
+                          doc_boundaries=False)  # fmt: skip
+    origin = reader.position_of(state).origin if state is not None else Origin()
+    rows = np.empty((global_batch, seq_len + 1), dtype=np.int32)
+    reader.fill(step, origin, rows, None)
+    t = torch.from_numpy(rows).to(torch.int64)
+    return {"input_ids": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous()}
