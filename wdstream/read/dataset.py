@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from wdstream.errors import StateMismatchError
+from wdstream.read.context import ReaderConfig, StreamContext
 from wdstream.read.order import OrderConfig, Origin
 from wdstream.read.sequence import GlobalPosition, GlobalReader
 from wdstream.read.source import ShardSource
@@ -39,7 +40,7 @@ from wdstream.read.state import (
     mismatch,
     parse_state,
 )
-from wdstream.read.stream import ReaderConfig, ReaderContext
+from wdstream.read.stream import ReaderContext
 from wdstream.read.text.source import TextSource
 from wdstream.read.text.stream import TextContext
 from wdstream.tokenizer import Tokenizer
@@ -196,7 +197,7 @@ class TokenDataset(IterableDataset):
             doc_boundaries=return_doc_boundaries,
         )  # fmt: skip
         self.epochs = epochs
-        self._ctx: ReaderContext | TextContext
+        self._ctx: StreamContext
         if isinstance(self.source, TextSource):
             self._ctx = TextContext(self.source, self.cfg, batches_per_epoch, tokenize_threads)
         else:

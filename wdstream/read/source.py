@@ -14,7 +14,6 @@ are loaded lazily, only for the shards actually read), a brace pattern of shard 
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import threading
 import warnings
 from collections import OrderedDict
@@ -30,6 +29,7 @@ from wdstream.format.index import DatasetIndex
 from wdstream.format.sample import decode_sample, tokens_views
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.shards import decode_span, parse_sidecar, read_index, sidecar_from_tar
+from wdstream.read.stores import StoreCache, fingerprint
 from wdstream.storage import Store, open_store, split_url
 
 __all__ = ["ShardSource", "expand_urls"]
@@ -93,8 +93,7 @@ class ShardSource:
     ) -> None:
         self.checksums = checksums
         self._unchecked_warned = False
-        self._options = store_options
-        self._stores: dict[str, Store] = {}
+        self._stores = StoreCache(**store_options)
         self._cache: OrderedDict[int, tuple[ShardSidecar, np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()
         self.index: DatasetIndex | None = None
@@ -133,7 +132,7 @@ class ShardSource:
                 [f"{r}/{n}", int(a), int(b)]
                 for (r, n), a, b in zip(self.urls, self.samples, self.tokens, strict=True)
             ]
-        self.fingerprint = hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
+        self.fingerprint = fingerprint(ident)
         self._drop_short_last_sample()
         # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
         self.remote = any("://" in root and not root.startswith("file://") for root, _ in self.urls)
@@ -165,7 +164,6 @@ class ShardSource:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_cache"] = OrderedDict()
-        state["_stores"] = {}
         del state["_lock"]
         return state
 
@@ -175,9 +173,7 @@ class ShardSource:
 
     def close(self) -> None:
         """Release the stores' cached file handles / connections."""
-        stores, self._stores = self._stores, {}
-        for store in stores.values():
-            store.close()
+        self._stores.close()
 
     def __del__(self) -> None:
         try:
@@ -186,15 +182,11 @@ class ShardSource:
             pass
 
     def _store(self, root: str) -> Store:
-        store = self._stores.get(root)
-        if store is None:
-            store = self._stores[root] = open_store(root, **self._options)
-        return store
+        return self._stores.get(root)
 
     def where(self, shard: int) -> str:
         """URL of a shard, for messages."""
-        root, name = self.urls[shard]
-        return self._store(root).child_url(name)
+        return self._stores.url(*self.urls[shard])
 
     def _sidecar(self, shard: int) -> tuple[ShardSidecar, np.ndarray]:
         with self._lock:

@@ -26,16 +26,15 @@ from typing import Any
 
 import numpy as np
 
+from wdstream.read.context import ReaderConfig, copy_window
 from wdstream.read.plan import EpochPlan, WindowGeometry
 from wdstream.read.source import ShardSource
 from wdstream.read.state import mismatch
 
 __all__ = [
     "CURSOR_KEYS",
-    "ReaderConfig",
     "ReaderContext",
     "TokenStream",
-    "copy_window",
     "start_cursor",
 ]
 
@@ -50,47 +49,11 @@ def start_cursor(epoch: int = 0) -> dict[str, int]:
     return {"epoch": epoch, "window": 0, "emitted": 0, "offset": 0, "batches": 0}
 
 
-@dataclass(frozen=True)
-class ReaderConfig:
-    """Everything that determines the batch order (all of it goes into the state's config)."""
-
-    seq_len: int
-    batch_size: int
-    shuffle: bool
-    seed: int
-    rank: int
-    world_size: int
-    streams: int
-    shuffle_window: int
-    shuffle_lanes: int
-    chunk_batches: int
-    doc_boundaries: bool
-
-
 @dataclass
 class _Window:
     tokens: np.ndarray  # flat, disk dtype, samples in shuffled order
     starts: np.ndarray  # int64[n + 1], token offset of each sample in ``tokens``
     doc_start: np.ndarray | None  # bool, True where a document piece begins
-
-
-def copy_window(
-    tokens: np.ndarray,
-    doc_start: np.ndarray | None,
-    pos: int,
-    flat: np.ndarray,
-    flat_ds: np.ndarray | None,
-    o: int,
-    stop: int,
-) -> int:
-    """Copy a window's tokens from ``pos`` into ``flat[o:stop]`` (and its doc starts into
-    ``flat_ds``) as far as the window reaches; returns how many (0: the window is used up)."""
-    take = max(0, min(stop - o, len(tokens) - pos))
-    flat[o : o + take] = tokens[pos : pos + take]
-    if flat_ds is not None:
-        assert doc_start is not None
-        flat_ds[o : o + take] = doc_start[pos : pos + take]
-    return take
 
 
 class ReaderContext:

@@ -21,7 +21,6 @@ Bad JSON lines raise :class:`~wdstream.errors.InputError` naming file and line (
 
 from __future__ import annotations
 
-import hashlib
 import io
 import posixpath
 import tarfile
@@ -32,7 +31,8 @@ import braceexpand
 
 from wdstream.errors import InputError
 from wdstream.format.tar import BLOCK, padded_size
-from wdstream.storage import Store, open_store, split_url
+from wdstream.read.stores import StoreCache, fingerprint
+from wdstream.storage import Store, split_url
 from wdstream.tokenizer import Tokenizer, load_tokenizer
 from wdstream.write.inputs import DocumentReader, decompressed, expand_inputs
 
@@ -121,8 +121,7 @@ class TextSource:
         eos: bool = True,
         **store_options: Any,
     ) -> None:
-        self._options = store_options
-        self._stores: dict[str, Store] = {}
+        self._stores = StoreCache(**store_options)
         # inputs.py's record parser (JSON, dotted key, error wording, skip counting).
         self._parser = DocumentReader(files=[], text_key=text_key, on_error=on_error)
         self.text_key, self.on_error = text_key, on_error
@@ -147,35 +146,25 @@ class TextSource:
         self.kinds = [_kind(n) for _, n in self.urls]
         sizes = [self._store(r).size(n) for r, n in self.urls]
         ident = [[f"{r}/{n}", s] for (r, n), s in zip(self.urls, sizes, strict=True)]
-        self.fingerprint = hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
+        self.fingerprint = fingerprint(ident)
 
     def __len__(self) -> int:
         return len(self.urls)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_stores"] = {}
-        return state
 
     def tokenizer_id(self) -> str:
         """Name plus ranks hash: what a saved state must match."""
         return f"{self.tokenizer.name}:{self.tokenizer.ranks_sha256[:16]}:eos={self.eos_id}"
 
     def _store(self, root: str) -> Store:
-        store = self._stores.get(root)
-        if store is None:
-            store = self._stores[root] = open_store(root, **self._options)
-        return store
+        return self._stores.get(root)
 
     def close(self) -> None:
         """Release the stores' cached file handles / connections."""
-        stores, self._stores = self._stores, {}
-        for store in stores.values():
-            store.close()
+        self._stores.close()
 
     def where(self, f: int) -> str:
-        root, name = self.urls[f]
-        return self._store(root).child_url(name)
+        """URL of file ``f``, for messages."""
+        return self._stores.url(*self.urls[f])
 
     def _open(self, f: int, byte: int) -> tuple[IO[bytes], IO[bytes]]:
         """``(decompressed bytes of file f from offset byte, the raw stream)``: close both.

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import InputError, StateMismatchError
+from wdstream.read.context import ReaderConfig, copy_window
 from wdstream.read.state import check_in_window, mismatch
-from wdstream.read.stream import ReaderConfig, copy_window
 from wdstream.read.text.source import TextSource
 
 __all__ = ["TEXT_CURSOR_KEYS", "TextContext", "TextStream"]
