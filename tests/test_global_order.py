@@ -239,3 +239,29 @@ def test_global_batch_at_is_every_rank_side_by_side(concat_root: str) -> None:
     whole = wdstream.global_batch_at(concat_root, 9, seq_len=16, global_batch=4, seed=7,
                                      state=state, **WIN)  # fmt: skip
     assert np.array_equal(whole["input_ids"].numpy(), moved.batch_at(9)["input_ids"].numpy())
+
+
+@pytest.mark.parametrize("stop", [0, 1, 4, 9])
+def test_dataset_under_stateful_dataloader_with_workers(concat_root: str, stop: int) -> None:
+    # torchdata saves each worker's own state; a worker's share resumes its own next chunk.
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from wdstream import TokenDataset
+
+    def make() -> StatefulDataLoader:
+        ds = TokenDataset(concat_root, 16, 6, seed=7, epochs=1, chunk_batches=1, **WIN)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    ref = [rows(b) for b in make()]
+    assert len(ref) == len(loader(concat_root))
+    dl = make()
+    it = iter(dl)
+    for _ in range(stop):
+        next(it)
+    state = json.loads(json.dumps(dl.state_dict(), default=int))
+    del it
+    fresh = make()
+    fresh.load_state_dict(state)
+    rest = [rows(b) for b in fresh]
+    assert len(rest) == len(ref) - stop
+    assert all(np.array_equal(a, b) for a, b in zip(rest, ref[stop:], strict=True))

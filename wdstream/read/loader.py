@@ -31,7 +31,6 @@ from torch.utils.data import DataLoader
 from wdstream.errors import StateMismatchError
 from wdstream.read.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.sequence import GlobalPosition
-from wdstream.read.state import Position
 from wdstream.tokenizer import Tokenizer
 
 __all__ = ["Loader"]
@@ -240,13 +239,12 @@ class Loader:
                 of a ``TokenDataset`` state, which lacks the other workers' streams.
         """
         position = self.dataset.position_of(state)
-        if isinstance(position, Position):
-            if position.worker is not None and position.worker[1] > 1:
-                raise StateMismatchError(
-                    f"worker: {list(position.worker)} is one worker's share of a TokenDataset "
-                    "state (StatefulDataLoader); a Loader resumes from Loader.state_dict()"
-                )
-            position.worker = None
+        if position.worker is not None and position.worker[1] > 1:
+            raise StateMismatchError(
+                f"worker: {list(position.worker)} is one worker's share of a TokenDataset "
+                "state (StatefulDataLoader); a Loader resumes from Loader.state_dict()"
+            )
+        position.worker = None
         self._handed = position
 
     def batch_at(self, step: int) -> dict[str, torch.Tensor]:

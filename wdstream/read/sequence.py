@@ -9,7 +9,8 @@ the same batches. The state is the global step and where counting began::
     {"version": 2, "order": "global",
      "config": {"dataset": ..., "seed": 0, "seq_len": 2048, "shuffle": true,
                 "shuffle_window": 1024, "shuffle_lanes": 8, "global_batch": 64},
-     "step": 41210, "origin": {"step": 0, "epoch": 0, "row": 0}, "iter_stop": null}
+     "step": 41210, "origin": {"step": 0, "epoch": 0, "row": 0}, "iter_stop": null,
+     "worker": null}
 
 Nothing in it depends on the rank, the world size or the workers: every rank saves the same
 state, and any rank of any world size with the same global batch loads rank 0's. With another
@@ -35,7 +36,7 @@ from wdstream.read.state import dict_field, int_field, mismatch, same_value
 __all__ = ["GLOBAL_STATE_VERSION", "GlobalPosition", "GlobalReader", "global_batch_at"]
 
 GLOBAL_STATE_VERSION = 2
-_STATE_KEYS = ("version", "order", "config", "step", "origin", "iter_stop")
+_STATE_KEYS = ("version", "order", "config", "step", "origin", "iter_stop", "worker")
 
 
 @dataclass
@@ -45,17 +46,21 @@ class GlobalPosition:
     step: int = 0
     origin: Origin = field(default_factory=Origin)
     iter_stop: int | None = None
+    worker: tuple[int, int] | None = None  # (id, num_workers) of one torch worker's share
 
     def copy(self) -> GlobalPosition:
         return copy.copy(self)
 
     def to_dict(self) -> dict[str, Any]:
         o = self.origin
-        return {"step": self.step, "origin": [o.step, o.epoch, o.row], "iter_stop": self.iter_stop}
+        worker = list(self.worker) if self.worker is not None else None
+        return {"step": self.step, "origin": [o.step, o.epoch, o.row],
+                "iter_stop": self.iter_stop, "worker": worker}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GlobalPosition:
-        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"])
+        worker = tuple(d["worker"]) if d["worker"] is not None else None
+        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker)
 
 
 class GlobalReader:
@@ -117,6 +122,7 @@ class GlobalReader:
             "step": position.step,
             "origin": {"step": o.step, "epoch": o.epoch, "row": o.row},
             "iter_stop": position.iter_stop,
+            "worker": list(position.worker) if position.worker is not None else None,
         }
 
     def position_of(self, state: Any) -> GlobalPosition:
@@ -154,7 +160,7 @@ class GlobalReader:
             stop = int_field("iter_stop", stop)
         if old_g != self.order.cfg.global_batch:
             origin = self._rebase(step, origin, old_g)
-        position = GlobalPosition(step, origin, stop)
+        position = GlobalPosition(step, origin, stop, _worker(state["worker"]))
         if stop is not None and self.epoch_of(position) > stop:
             raise mismatch(
                 "iter_stop", stop, f"is before the state's epoch {self.epoch_of(position)}"
@@ -189,6 +195,17 @@ class GlobalReader:
         epoch, row = self.order.locate(step, origin)
         self.order.fill(epoch, row + self.rank * self.batch_size, tokens, doc_start)
 
+    def _stopped(self, position: GlobalPosition) -> bool:
+        return position.iter_stop is not None and self.epoch_of(position) >= position.iter_stop
+
+    def _skip(self, position: GlobalPosition, chunks: int) -> bool:
+        """Move ``position`` past ``chunks`` chunks; False if the iteration ends first."""
+        for _ in range(chunks):
+            if self._stopped(position):
+                return False
+            position.step += self.chunk_size(position)
+        return not self._stopped(position)
+
     def chunks(
         self,
         position: GlobalPosition,
@@ -199,24 +216,25 @@ class GlobalReader:
     ) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor | None, list[dict[str, int]]]]:
         """This worker's chunks from ``position`` on: ``(ref, tokens, positions, cursors)``.
 
-        ``buffer(i, rows)`` gives where this worker's ``i``-th chunk is written (a shared-
-        memory ring slot or a fresh tensor) and its reference; ``cursors`` holds
-        ``{"step": k + 1}`` after each step ``k``. The position is advanced past every chunk
-        of the iteration, made here or by another worker, so it ends where the iteration
-        ends.
+        Chunk ``j`` of the iteration is made by worker ``j % workers``; a worker's own saved
+        share (``position.worker == (worker, workers)``, from ``StatefulDataLoader``) starts
+        with its own next chunk. When a chunk is handed out, ``position`` already names this
+        worker's next chunk, so a state taken then resumes this worker's share exactly; at
+        the end it is where the iteration ends. ``buffer(i, rows)`` gives where this
+        worker's ``i``-th chunk is written (a shared-memory ring slot or a fresh tensor);
+        ``cursors`` holds ``{"step": k + 1}`` after each step ``k``.
         """
         B, T1 = self.batch_size, self.order.row_tokens
-        mine = 0
-        for j in itertools.count():
-            if position.iter_stop is not None and self.epoch_of(position) >= position.iter_stop:
-                return
+        own_share = workers > 1 and position.worker == (worker, workers)
+        position.worker = (worker, workers) if workers > 1 else None
+        if not self._skip(position, 0 if own_share else worker):
+            return
+        for mine in itertools.count():
             n = self.chunk_size(position)
             first = position.step
             position.step += n
-            if j % workers != worker:
-                continue
+            ended = not self._skip(position, workers - 1)
             ref, tokens, positions = buffer(mine, n * B)
-            mine += 1
             arr = tokens.numpy()
             doc = np.empty((n * B, T1), dtype=bool) if self.doc_boundaries else None
             for i in range(n):
@@ -225,6 +243,18 @@ class GlobalReader:
             if doc is not None and positions is not None:
                 positions.numpy()[:] = position_ids(doc)
             yield ref, tokens, positions, [{"step": first + i + 1} for i in range(n)]
+            if ended:
+                return
+
+
+def _worker(value: Any) -> tuple[int, int] | None:
+    """The ``worker`` field: None, or ``[id, num_workers]`` of one torch worker's share."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise mismatch("worker", value, "None or [worker id, num_workers] expected")
+    n = int_field("worker[1]", value[1], lo=1, hi=1 << 16)
+    return int_field("worker[0]", value[0], hi=n), n
 
 
 def global_batch_at(
