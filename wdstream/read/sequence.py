@@ -237,9 +237,15 @@ class GlobalReader:
             ref, tokens, positions = buffer(mine, n * B)
             arr = tokens.numpy()
             doc = np.empty((n * B, T1), dtype=bool) if self.doc_boundaries else None
-            for i in range(n):
-                rows = slice(i * B, (i + 1) * B)
-                self.fill(first + i, position.origin, arr[rows], None if doc is None else doc[rows])
+            if B == self.order.cfg.global_batch:
+                # One rank: the chunk's steps are consecutive rows of one epoch, one copy.
+                epoch, row = self.order.locate(first, position.origin)
+                self.order.fill(epoch, row, arr, doc)
+            else:
+                for i in range(n):
+                    rows = slice(i * B, (i + 1) * B)
+                    ds = None if doc is None else doc[rows]
+                    self.fill(first + i, position.origin, arr[rows], ds)
             if doc is not None and positions is not None:
                 positions.numpy()[:] = position_ids(doc)
             yield ref, tokens, positions, [{"step": first + i + 1} for i in range(n)]
