@@ -97,8 +97,7 @@ def parse_sidecar(
         raise CorruptShardError(f"{where}: {exc}") from exc
     if version is not None and version >= 2 and sidecar.crc32c is None:
         raise CorruptShardError(
-            f"{where}: a version-1 sidecar (no per-sample checksums) in a version-{version} "
-            "dataset"
+            f"{where}: a version-1 sidecar (no per-sample checksums) in a version-{version} dataset"
         )
     if entry is not None:
         if len(sidecar) != entry.samples:
