@@ -198,11 +198,12 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
                 if old:
                     o = value_spread(old, "tokens_per_s")
                     o_gets = value_spread(old, "requests")
+                    vs_old = ratio_spread(runs, old, "tokens_per_s")
                     rows.append(
                         [
                             workers,
-                            f"same, per-rank streams order (global vs streams: "
-                            f"{ratio_spread(runs, old, 'tokens_per_s')})",
+                            "same, per-rank streams order (global vs streams: "
+                            f"{vs_old.fmt() if vs_old else '?'})",
                             millions(o.mid) if o else None,
                             ratio_spread(old, local, "tokens_per_s"),
                             ratio_spread(old, plain, "tokens_per_s"),
