@@ -84,3 +84,12 @@ def test_tokenizer_pickles_to_same_backend() -> None:
     again = pickle.loads(pickle.dumps(tok))
     assert again.backend == tok.backend and again.name == tok.name
     assert np.array_equal(again.encode(CHECK_TEXT), tok.encode(CHECK_TEXT))
+
+
+def test_unknown_name_suggests_and_lists_offline_names() -> None:
+    with pytest.raises(TokenizerError) as info:
+        load_tokenizer("cl100k_bsae")
+    msg = str(info.value)
+    assert "tiktoken.get_encoding('cl100k_bsae')" in msg  # what was tried
+    assert "Did you mean 'cl100k_base'?" in msg
+    assert "Names that work offline: cl100k_base, o200k_base" in msg

