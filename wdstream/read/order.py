@@ -43,7 +43,6 @@ __all__ = ["GlobalOrder", "OrderConfig", "Origin"]
 
 _WINDOW_CACHE = 4  # windows' metadata kept per process (a few KB each)
 _DATA_CACHE = 2  # windows' sample views kept per process (the current one and the next)
-_REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,6 @@ class GlobalOrder:
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
         self._readahead: ThreadPoolExecutor | None = None
-        self._fetch: ThreadPoolExecutor | None = None
 
     def __getstate__(self) -> dict[str, object]:
         return {"source": self.source, "cfg": self.cfg}
@@ -262,16 +260,7 @@ class GlobalOrder:
     def _load_data(self, epoch: int, w: int, with_docs: bool) -> _WindowData:
         plan, win = self.plan(epoch), self.window(epoch, w)
         pieces = [pc for p, q in self.geometry.spans(w) for pc in plan.pieces(p, q)]
-
-        def read(piece: tuple[int, int, int]) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
-            return self.source.read(*piece, with_docs=with_docs)
-
-        if self.source.remote and len(pieces) > 1:
-            if self._fetch is None:
-                self._fetch = ThreadPoolExecutor(_REMOTE_READS, thread_name_prefix="wdstream-fetch")
-            parts = list(self._fetch.map(read, pieces))
-        else:
-            parts = [read(pc) for pc in pieces]
+        parts = self.source.read_pieces(pieces, with_docs)
         toks = [t for ts, _ in parts for t in ts]
         docs = [d for _, ds in parts for d in ds]
         order = win.order.tolist()

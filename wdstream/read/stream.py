@@ -40,9 +40,6 @@ __all__ = [
 
 CURSOR_KEYS = ("epoch", "window", "emitted", "offset", "batches")
 
-# Concurrent ranged reads of one window from a remote store (one per lane is typical).
-_REMOTE_READS = 8
-
 
 def start_cursor(epoch: int = 0) -> dict[str, int]:
     """Cursor at the start of ``epoch``."""
@@ -70,7 +67,6 @@ class ReaderContext:
         self._plans: dict[int, EpochPlan] = {}
         self._nb: dict[int, int] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._fetch_pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -84,25 +80,6 @@ class ReaderContext:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdstream-readahead")
         return self._pool
-
-    def _read_pieces(self, pieces: list[tuple[int, int, int]]) -> list[Any]:
-        """Ranged reads of a window's pieces: in order locally, concurrently from remote stores.
-
-        A window touches one span per lane (and shard), so over S3/HTTP its reads would
-        otherwise pay one round trip each; issued together they cost about one.
-        """
-        with_docs = self.cfg.doc_boundaries
-
-        def read(piece: tuple[int, int, int]) -> Any:
-            return self.source.read(*piece, with_docs=with_docs)
-
-        if not self.source.remote or len(pieces) < 2:
-            return [read(p) for p in pieces]
-        if self._fetch_pool is None:
-            self._fetch_pool = ThreadPoolExecutor(
-                _REMOTE_READS, thread_name_prefix="wdstream-fetch"
-            )
-        return list(self._fetch_pool.map(read, pieces))
 
     @staticmethod
     def start_cursor(epoch: int = 0) -> dict[str, int]:
@@ -224,7 +201,9 @@ class ReaderContext:
         cfg = self.cfg
         toks: list[np.ndarray] = []
         docs: list[tuple[int, ...]] = []
-        for t, d in self._read_pieces(self._window_pieces(epoch, stream, w)):
+        for t, d in self.source.read_pieces(
+            self._window_pieces(epoch, stream, w), self.cfg.doc_boundaries
+        ):
             toks += t
             docs += d
         n = len(toks)
