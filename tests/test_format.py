@@ -18,16 +18,19 @@ from wdstream.format.tar import END_OF_ARCHIVE, _fast_header, _tarfile_header, m
 
 
 def _pack_many(
-    lengths: list[int], dtype: str, gap: bytes = b"pad"
+    lengths: list[int], dtype: str, gap: bytes = b"pad", align: int = 1
 ) -> tuple[bytes, list[int], list[int], list[np.ndarray]]:
+    """Samples one after the other, each after ``gap`` and starting at a multiple of
+    ``align`` (512 is the tar case: every token array then starts at the same byte phase)."""
     parts, offsets, sizes, arrays, pos = [], [], [], [], 0
     for i, n in enumerate(lengths):
         tokens = (np.arange(n) * 7 + i).astype(dtype)
         blob = encode_sample(tokens, [n] if n else [], cont=bool(i % 2))
-        parts += [gap, blob]
-        offsets.append(pos + len(gap))
+        lead = gap + b"\0" * (-(pos + len(gap)) % align)
+        parts += [lead, blob]
+        offsets.append(pos + len(lead))
         sizes.append(len(blob))
-        pos += len(gap) + len(blob)
+        pos += len(lead) + len(blob)
         arrays.append(tokens)
     return b"".join(parts), offsets, sizes, arrays
 
@@ -35,9 +38,10 @@ def _pack_many(
 @given(
     lengths=st.lists(st.integers(0, 70_000), min_size=1, max_size=6),
     dtype=st.sampled_from(["<u2", "<u4"]),
+    align=st.sampled_from([1, 512]),
 )
-def test_tokens_views_equal_full_decode(lengths: list[int], dtype: str) -> None:
-    data, offsets, sizes, arrays = _pack_many(lengths, dtype)
+def test_tokens_views_equal_full_decode(lengths: list[int], dtype: str, align: int) -> None:
+    data, offsets, sizes, arrays = _pack_many(lengths, dtype, align=align)
     views = tokens_views(memoryview(data), np.array(offsets), np.array(sizes))
     assert views is not None
     for view, want, off, size in zip(views, arrays, offsets, sizes, strict=True):

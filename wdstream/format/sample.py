@@ -124,11 +124,20 @@ def tokens_views(
     dtype = _DTYPE_FIELDS.get(fields[0].tobytes())
     if dtype is None or not (fields == fields[0]).all() or int((length % dtype.itemsize).sum()):
         return None
-    counts = (length // dtype.itemsize).tolist()
-    return [
-        np.frombuffer(data, dtype=dtype, count=c, offset=o)
-        for o, c in zip(starts.tolist(), counts, strict=True)
-    ]
+    size = dtype.itemsize
+    counts = (length // size).tolist()
+    shift = int(starts[0]) % size
+    if int((starts % size != shift).sum()):
+        return [
+            np.frombuffer(data, dtype=dtype, count=c, offset=o)
+            for o, c in zip(starts.tolist(), counts, strict=True)
+        ]
+    # Every sample's tokens start at the same byte phase (the writer's case: tar members are
+    # 512-byte aligned and the headers have one width): slice one view of the whole buffer,
+    # about 5x cheaper per sample than a buffer export each.
+    base = np.frombuffer(data, dtype=dtype, count=(len(raw) - shift) // size, offset=shift)
+    firsts = ((starts - shift) // size).tolist()
+    return [base[f : f + c] for f, c in zip(firsts, counts, strict=True)]
 
 
 def decode_sample(data: bytes | memoryview) -> Sample:
