@@ -85,6 +85,7 @@ class GlobalReader:
         doc_boundaries: bool,
     ) -> None:
         self.order = GlobalOrder(source, order)
+        self.row_tokens = self.order.row_tokens
         self.rank, self.batch_size = rank, batch_size
         self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
 
@@ -213,7 +214,7 @@ class GlobalReader:
         workers: int,
         buffer: Callable[[int, int], tuple[Any, torch.Tensor, torch.Tensor | None]],
         position_ids: Callable[[np.ndarray], np.ndarray],
-    ) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor | None, list[dict[str, int]]]]:
+    ) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor | None, list[dict[str, Any]]]]:
         """This worker's chunks from ``position`` on: ``(ref, tokens, positions, cursors)``.
 
         Chunk ``j`` of the iteration is made by worker ``j % workers``; a worker's own saved
@@ -224,7 +225,7 @@ class GlobalReader:
         worker's ``i``-th chunk is written (a shared-memory ring slot or a fresh tensor);
         ``cursors`` holds ``{"step": k + 1}`` after each step ``k``.
         """
-        B, T1 = self.batch_size, self.order.row_tokens
+        B, T1 = self.batch_size, self.row_tokens
         own_share = workers > 1 and position.worker == (worker, workers)
         position.worker = (worker, workers) if workers > 1 else None
         if not self._skip(position, 0 if own_share else worker):
@@ -235,22 +236,43 @@ class GlobalReader:
             position.step += n
             ended = not self._skip(position, workers - 1)
             ref, tokens, positions = buffer(mine, n * B)
-            arr = tokens.numpy()
             doc = np.empty((n * B, T1), dtype=bool) if self.doc_boundaries else None
-            if B == self.order.cfg.global_batch:
-                # One rank: the chunk's steps are consecutive rows of one epoch, one copy.
-                epoch, row = self.order.locate(first, position.origin)
-                self.order.fill(epoch, row, arr, doc)
-            else:
-                for i in range(n):
-                    rows = slice(i * B, (i + 1) * B)
-                    ds = None if doc is None else doc[rows]
-                    self.fill(first + i, position.origin, arr[rows], ds)
+            cursors = self.fill_chunk(first, n, position, tokens.numpy(), doc)
             if doc is not None and positions is not None:
                 positions.numpy()[:] = position_ids(doc)
-            yield ref, tokens, positions, [{"step": first + i + 1} for i in range(n)]
+            yield ref, tokens, positions, cursors
             if ended:
                 return
+
+    def fill_chunk(
+        self,
+        first: int,
+        n: int,
+        position: GlobalPosition,
+        tokens: np.ndarray,
+        doc_start: np.ndarray | None,
+    ) -> list[dict[str, Any]]:
+        """This rank's rows of steps ``[first, first + n)`` into ``tokens`` ([n*B, T + 1]);
+        returns the cursor after each step (``{"step": k + 1}``)."""
+        B = self.batch_size
+        if B == self.order.cfg.global_batch:
+            # One rank: the chunk's steps are consecutive rows of one epoch, one copy.
+            epoch, row = self.order.locate(first, position.origin)
+            self.order.fill(epoch, row, tokens, doc_start)
+        else:
+            for i in range(n):
+                rows = slice(i * B, (i + 1) * B)
+                ds = None if doc_start is None else doc_start[rows]
+                self.fill(first + i, position.origin, tokens[rows], ds)
+        return [{"step": first + i + 1} for i in range(n)]
+
+    def start(self, epoch: int) -> GlobalPosition:
+        """The position at the start of ``epoch``."""
+        return GlobalPosition(self.order.epoch_end_step(epoch - 1) if epoch else 0)
+
+    def release(self) -> None:
+        """Drop cached window data (the end of an iteration)."""
+        self.order.release()
 
 
 def _worker(value: Any) -> tuple[int, int] | None:

@@ -1,0 +1,375 @@
+"""A mixture of packed datasets as one global batch sequence: exact proportions, per-source
+epochs, weight schedules, O(1) resume and elastic resume.
+
+Every source ``i`` is its own global row stream (:class:`~wdstream.read.order.GlobalOrder`
+with a global batch of 1 row, seeded by ``SeedSequence([seed, i])``): epochs of ``R_i``
+rows, each shuffled on its own, one after the other. The schedule
+(:mod:`~wdstream.read.mixture_schedule`) decides which source gives each row of the one
+endless mixture sequence, and that row's index in its source, in O(1)::
+
+    mixture rows   0    1    2    3    4    5    6    7 ...     (interleave 0.6 / 0.4)
+    source         web  code web  code web  web  code web
+    source index   0    0    1    1    2    3    2    4
+    web row k = row k % R_web of web's epoch k // R_web (small sources repeat: upsampling)
+
+Global step ``s`` is mixture rows ``[row(s), row(s) + G)`` with ``row(s) = origin.row +
+(s - origin.step) * G``; rank ``r`` takes ``B`` contiguous of them, as in the global order.
+Rows are cut at the reader's ``seq_len`` from every source, whatever its packed length.
+There are no mixture epochs: ``stop`` ends an iteration when the first source reaches a new
+epoch (``"first_exhausted"``) or when every source has (``"all_exhausted"``), or never.
+
+The state (``docs/MIXTURES.md``) holds the step, the origin, and the schedule pieces already
+begun; on resume the pieces from the saved step on come from the new arguments, so a run
+can re-weight its future (annealing), while any change to its past is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wdstream.errors import StateMismatchError
+from wdstream.read.mixture_schedule import Piece, Schedule, parse_weights
+from wdstream.read.mixture_spec import MixtureSpec
+from wdstream.read.mixture_state import MIXTURE_STATE_VERSION, parse_mixture_state
+from wdstream.read.order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.sequence import GlobalPosition, GlobalReader
+from wdstream.read.source import ShardSource
+
+__all__ = ["MixturePosition", "MixtureReader", "open_sources", "source_seed"]
+
+
+@dataclass
+class MixturePosition(GlobalPosition):
+    """A global position plus the schedule pieces it is read under (the pieces travel with
+    the position, so workers and resumed runs use the schedule the state holds)."""
+
+    pieces: tuple[Piece, ...] = field(default_factory=tuple)
+
+    def copy(self) -> MixturePosition:
+        return copy.copy(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(),
+                "pieces": [[p.step, p.row, list(p.weights)] for p in self.pieces]}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MixturePosition:
+        worker = tuple(d["worker"]) if d["worker"] is not None else None
+        pieces = tuple(Piece(s, r, tuple(w)) for s, r, w in d["pieces"])
+        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces)
+
+
+def source_seed(seed: int, index: int) -> int:
+    """Source ``index``'s own seed, so equal-shaped sources do not shuffle alike."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0])
+
+
+def _tokenizer_id(src: ShardSource) -> tuple[Any, ...] | None:
+    if src.index is None:
+        return None  # shard URLs without an index: nothing to compare
+    t = src.index.tokenizer
+    return (t.get("name"), t.get("ranks_sha256"), src.index.eos_id)
+
+
+def open_sources(spec: MixtureSpec, **store_options: Any) -> list[ShardSource]:
+    """Open every source of ``spec``; they must share the tokenizer.
+
+    Raises:
+        ValueError: naming both sources and tokenizers when two differ.
+    """
+    sources = [ShardSource(url, **store_options) for url in spec.sources.values()]
+    names = spec.names
+    first = next((i for i, s in enumerate(sources) if _tokenizer_id(s) is not None), None)
+    if first is not None:
+        ref = _tokenizer_id(sources[first])
+        for i, src in enumerate(sources):
+            tid = _tokenizer_id(src)
+            if tid is not None and tid != ref:
+                raise ValueError(
+                    f"sources {names[first]!r} and {names[i]!r} were packed with different "
+                    f"tokenizers ({_describe(ref)} vs {_describe(tid)}); a mixture's rows "
+                    "must share one vocabulary: pack them with the same tokenizer"
+                )
+    return sources
+
+
+def _describe(tid: tuple[Any, ...] | None) -> str:
+    assert tid is not None
+    name, ranks, eos = tid
+    return f"{name} (ranks {str(ranks)[:12]}, eos {eos})"
+
+
+class MixtureReader(GlobalReader):
+    """One rank's view of a mixture's global sequence (see the module docstring).
+
+    Args:
+        spec: names, sources, weights or schedule, stop rule.
+        sources: the opened sources (:func:`open_sources`), in spec order.
+        cfg: the sequence parameters; ``seed`` is the mixture's, sources derive theirs.
+        rank: this rank.
+        batch_size: rows per rank and step (B).
+        chunk_batches: steps per chunk (K).
+        doc_boundaries: also return where document pieces start.
+
+    Raises:
+        ValueError: for a bad schedule, or a source too small for one row.
+    """
+
+    def __init__(
+        self,
+        spec: MixtureSpec,
+        sources: list[ShardSource],
+        cfg: OrderConfig,
+        rank: int,
+        batch_size: int,
+        chunk_batches: int,
+        doc_boundaries: bool,
+    ) -> None:
+        self.names = spec.names
+        self.stop = spec.stop
+        self.cfg = cfg
+        self.schedule_args = parse_weights(spec.weights, self.names)
+        self.orders = []
+        for i, (name, src) in enumerate(zip(self.names, sources, strict=True)):
+            one = OrderConfig(cfg.seq_len, 1, cfg.shuffle, source_seed(cfg.seed, i),
+                              cfg.shuffle_window, cfg.shuffle_lanes)  # fmt: skip
+            try:
+                self.orders.append(GlobalOrder(src, one))
+            except ValueError as exc:
+                raise ValueError(f"source {name!r}: {exc}") from None
+        self.rows_per_epoch = [o.rows_per_epoch for o in self.orders]
+        self.row_tokens = cfg.seq_len + 1
+        self.rank, self.batch_size = rank, batch_size
+        self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
+        self._schedules: dict[tuple[Piece, ...], Schedule] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_schedules"] = {}  # rebuilt on use (tables are cached per process)
+        return state
+
+    # ---- steps, rows, schedule ---------------------------------------------------------
+    def row_at(self, step: int, origin: Origin) -> int:
+        """The first mixture row of global step ``step``."""
+        return origin.row + (step - origin.step) * self.cfg.global_batch
+
+    def schedule(self, position: GlobalPosition) -> Schedule:
+        assert isinstance(position, MixturePosition)
+        sched = self._schedules.get(position.pieces)
+        if sched is None:
+            sched = self._schedules[position.pieces] = Schedule(position.pieces)
+        return sched
+
+    def future_pieces(self, after: int, origin: Origin) -> list[Piece]:
+        """The argument schedule's pieces from step ``after`` on, placed by ``origin``."""
+        return [Piece(s, self.row_at(s, origin), w) for s, w in self.schedule_args if s >= after]
+
+    def start(self, epoch: int) -> MixturePosition:
+        if epoch:
+            raise ValueError("a mixture has no epochs of its own (each source has its own)")
+        return MixturePosition(0, Origin(), None, None, tuple(self.future_pieces(0, Origin())))
+
+    # ---- counts, progress, stop rules --------------------------------------------------
+    def epoch_of(self, position: GlobalPosition) -> int:
+        return 0
+
+    def batches_per_epoch(self, epoch: int) -> int:
+        raise TypeError("a mixture has no epochs: use len(loader) with a stop rule")
+
+    def consumed(self, position: GlobalPosition) -> np.ndarray:
+        """Rows of each source before ``position`` (int64 [K])."""
+        return self.schedule(position).counts(self.row_at(position.step, position.origin))
+
+    def progress(self, position: GlobalPosition) -> dict[str, dict[str, Any]]:
+        """Per source: its epoch, rows and tokens (``seq_len`` per row) consumed before
+        ``position``, the rows of its current epoch done, and its weight now."""
+        sched = self.schedule(position)
+        row = self.row_at(position.step, position.origin)
+        piece = sched.pieces[sched.piece_at(row)]
+        total = sum(piece.weights)
+        out = {}
+        for i, (name, n) in enumerate(zip(self.names, sched.counts(row).tolist(), strict=True)):
+            r = self.rows_per_epoch[i]
+            out[name] = {"epoch": n // r, "rows": n, "tokens": n * self.cfg.seq_len,
+                         "epoch_rows": n % r, "rows_per_epoch": r,
+                         "weight": piece.weights[i] / total}  # fmt: skip
+        return out
+
+    def stop_step(self, position: GlobalPosition) -> int:
+        """Where an iteration starting at ``position`` stops (``self.stop`` is set): before
+        the first later step holding the first row of a new epoch of the first source
+        (``first_exhausted``) or of the last source (``all_exhausted``) to get there."""
+        sched, g = self.schedule(position), self.cfg.global_batch
+        after_first = sched.counts(self.row_at(position.step + 1, position.origin))
+        steps = []
+        for i, r in enumerate(self.rows_per_epoch):
+            nxt = -(-int(after_first[i]) // r) * r  # first epoch start after the first step
+            row = sched.row_of(i, nxt)
+            if row is not None:
+                steps.append(position.origin.step + (row - position.origin.row) // g)
+        if not steps:
+            raise ValueError("no source gives another row under this schedule")
+        return min(steps) if self.stop == "first_exhausted" else max(steps)
+
+    def begin(self, position: GlobalPosition, epochs: int | None) -> int | None:
+        if self.stop is None:
+            position.iter_stop = None
+        elif position.iter_stop is None:
+            position.iter_stop = self.stop_step(position)
+        return position.iter_stop
+
+    def iteration_length(self, position: GlobalPosition) -> int:
+        """Steps from ``position`` to the end of its iteration.
+
+        Raises:
+            TypeError: without a stop rule (the mixture runs forever).
+        """
+        if self.stop is None:
+            raise TypeError(
+                "a mixture without a stop rule runs forever, so it has no length; pass "
+                "stop='first_exhausted' or stop='all_exhausted' for a finite iteration"
+            )
+        stop = position.iter_stop if position.iter_stop is not None else self.stop_step(position)
+        return stop - position.step
+
+    def _stopped(self, position: GlobalPosition) -> bool:
+        return position.iter_stop is not None and position.step >= position.iter_stop
+
+    def chunk_size(self, position: GlobalPosition) -> int:
+        """Steps to the next multiple of K (or the iteration's stop)."""
+        k = self.chunk_batches
+        n = k - position.step % k
+        if position.iter_stop is not None:
+            n = min(n, position.iter_stop - position.step)
+        return n
+
+    # ---- rows --------------------------------------------------------------------------
+    def rank_rows(self, first: int, n: int, origin: Origin) -> np.ndarray:
+        """This rank's mixture rows of steps ``[first, first + n)``, in order (int64)."""
+        g, b = self.cfg.global_batch, self.batch_size
+        starts = self.row_at(first, origin) + np.arange(n, dtype=np.int64) * g + self.rank * b
+        return (starts[:, None] + np.arange(b, dtype=np.int64)[None, :]).reshape(-1)
+
+    def locate(self, rows: np.ndarray, position: GlobalPosition) -> list[tuple[int, int, int]]:
+        """``(source, source epoch, row in that epoch)`` of each mixture row."""
+        src, idx = self.schedule(position).locate(rows)
+        r = np.asarray(self.rows_per_epoch, dtype=np.int64)[src]
+        return list(zip(src.tolist(), (idx // r).tolist(), (idx % r).tolist(), strict=True))
+
+    def fill_rows(
+        self,
+        rows: np.ndarray,
+        position: GlobalPosition,
+        tokens: np.ndarray,
+        doc_start: np.ndarray | None,
+    ) -> np.ndarray:
+        """Mixture rows ``rows`` into ``tokens`` ([len(rows), T + 1]); returns their sources.
+
+        A source's rows among them have consecutive source indices, so each source fills
+        one block per run of one of its epochs, then the blocks are placed by row."""
+        src, idx = self.schedule(position).locate(rows)
+        for i in np.unique(src).tolist():
+            sel = np.flatnonzero(src == i)
+            ix = idx[sel]
+            epoch, row = np.divmod(ix, self.rows_per_epoch[i])
+            cut = np.flatnonzero((np.diff(ix) != 1) | (np.diff(epoch) != 0)) + 1
+            bounds = [0, *cut.tolist(), len(ix)]
+            whole = len(sel) == len(rows)  # every row is this source's: fill in place
+            out = tokens if whole else np.empty((len(sel), tokens.shape[1]), tokens.dtype)
+            ds = doc_start if whole or doc_start is None else np.empty(out.shape, dtype=bool)
+            for a, b in zip(bounds, bounds[1:], strict=False):
+                self.orders[i].fill(int(epoch[a]), int(row[a]), out[a:b],
+                                    None if ds is None else ds[a:b])  # fmt: skip
+            if not whole:
+                tokens[sel] = out
+                if doc_start is not None:
+                    doc_start[sel] = ds
+        return src
+
+    def fill_chunk(
+        self,
+        first: int,
+        n: int,
+        position: GlobalPosition,
+        tokens: np.ndarray,
+        doc_start: np.ndarray | None,
+    ) -> list[dict[str, Any]]:
+        rows = self.rank_rows(first, n, position.origin)
+        src = self.fill_rows(rows, position, tokens, doc_start)
+        b = self.batch_size
+        return [{"step": first + i + 1, "source": src[i * b : (i + 1) * b]} for i in range(n)]
+
+    def release(self) -> None:
+        for order in self.orders:
+            order.release()
+
+    # ---- state -------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        c = self.cfg
+        return {
+            "sources": [[n, o.source.fingerprint] for n, o in zip(self.names, self.orders,
+                                                                  strict=True)],
+            "seed": c.seed, "seq_len": c.seq_len, "shuffle": c.shuffle,
+            "shuffle_window": c.shuffle_window, "shuffle_lanes": c.shuffle_lanes,
+            "global_batch": c.global_batch, "stop": self.stop,
+        }  # fmt: skip
+
+    def state_of(self, position: GlobalPosition) -> dict[str, Any]:
+        assert isinstance(position, MixturePosition)
+        o = position.origin
+        return {
+            "version": MIXTURE_STATE_VERSION,
+            "order": "mixture",
+            "config": self.config(),
+            "step": position.step,
+            "origin": {"step": o.step, "row": o.row},
+            "schedule": [
+                [p.step, p.row, list(p.weights)] for p in position.pieces if p.step < position.step
+            ],  # fmt: skip
+            "iter_stop": position.iter_stop,
+            "worker": list(position.worker) if position.worker is not None else None,
+        }
+
+    def position_of(self, state: Any) -> MixturePosition:
+        """Check ``state`` and return the position it continues from here, under the saved
+        schedule up to the saved step and this reader's schedule from there on.
+
+        Raises:
+            StateMismatchError: naming the key for a malformed state, one of other sources,
+                seed, ``seq_len``, shuffle or stop rule, or a schedule whose pieces before
+                the saved step differ from the state's.
+        """
+        saved = parse_mixture_state(state, self.config(), len(self.names))
+        step, g = saved.step, self.cfg.global_batch
+        past = [(p.step, p.weights) for p in saved.pieces]
+        mine = [(s, w) for s, w in self.schedule_args if s < step]
+        if past != mine:
+            raise StateMismatchError(
+                f"schedule: the weights before the saved step {step} differ from the state's "
+                f"(state: {_show(past, self.names)}; now: {_show(mine, self.names)}); only "
+                f"pieces at step >= {step} may change on resume"
+            )
+        origin, stop = saved.origin, saved.iter_stop
+        if saved.global_batch != g:
+            stop_row = None if stop is None else self.row_at_g(stop, origin, saved.global_batch)
+            origin = Origin(step, 0, self.row_at_g(step, origin, saved.global_batch))
+            if stop_row is not None:
+                stop = max(step, origin.step + (stop_row - origin.row) // g)
+        pieces = (*saved.pieces, *self.future_pieces(step, origin))
+        return MixturePosition(step, origin, stop, saved.worker, pieces)
+
+    @staticmethod
+    def row_at_g(step: int, origin: Origin, g: int) -> int:
+        return origin.row + (step - origin.step) * g
+
+
+def _show(pieces: list[tuple[int, tuple[int, ...]]], names: list[str]) -> str:
+    def one(w: tuple[int, ...]) -> str:
+        t = sum(w)
+        return " ".join(f"{n} {x}/{t}" for n, x in zip(names, w, strict=True))
+
+    return ", ".join(f"from step {s}: {one(w)}" for s, w in pieces) or "no pieces"

@@ -1,0 +1,143 @@
+"""A mixture's resume state: its format and the checks that refuse a broken or foreign one.
+
+::
+
+    {"version": 1, "order": "mixture",
+     "config": {"sources": [["web", "<16 hex>"], ["code", "<16 hex>"]], "seed": 0,
+                "seq_len": 2048, "shuffle": true, "shuffle_window": 1024,
+                "shuffle_lanes": 8, "global_batch": 64, "stop": null},
+     "step": 41210, "origin": {"step": 0, "row": 0},
+     "schedule": [[0, 0, [3, 2]], [30000, 1920000, [1, 4]]],
+     "iter_stop": null, "worker": null}
+
+``schedule`` holds the pieces begun before ``step``: ``[step, first row, integer weights]``
+(weights are exact: ``[3, 2]`` is 3/5 and 2/5). Nothing depends on the rank, world size or
+workers; ``global_batch`` may differ when loaded (the run continues from the same row).
+Every refusal is a :class:`StateMismatchError` naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from wdstream.errors import StateMismatchError
+from wdstream.read.mixture_interleave import exact_weights
+from wdstream.read.mixture_schedule import Piece
+from wdstream.read.order import Origin
+from wdstream.read.state import dict_field, int_field, mismatch, same_value
+
+__all__ = ["MIXTURE_STATE_VERSION", "SavedMixture", "parse_mixture_state"]
+
+MIXTURE_STATE_VERSION = 1
+_KEYS = ("version", "order", "config", "step", "origin", "schedule", "iter_stop", "worker")
+
+
+@dataclass(frozen=True)
+class SavedMixture:
+    """What a checked mixture state says."""
+
+    step: int
+    origin: Origin
+    pieces: tuple[Piece, ...]
+    iter_stop: int | None
+    worker: tuple[int, int] | None
+    global_batch: int
+
+
+def _config(saved: Any, mine: dict[str, Any]) -> int:
+    """Compare the config (all but ``global_batch``); return the saved global batch."""
+    saved = dict_field("config", saved, list(mine))
+    if saved["sources"] != mine["sources"]:
+        raise StateMismatchError(
+            "config.sources: the state belongs to other sources: "
+            + _source_diff(saved["sources"], mine["sources"])
+        )
+    diff = [k for k in mine if k not in ("sources", "global_batch")
+            and not same_value(saved[k], mine[k])]  # fmt: skip
+    if diff:
+        what = ", ".join(f"{k}: saved {saved[k]!r}, now {mine[k]!r}" for k in diff)
+        raise StateMismatchError(f"config: state does not belong to this mixture ({what})")
+    return int_field("config.global_batch", saved["global_batch"], lo=1)
+
+
+def _source_diff(saved: Any, mine: list[list[str]]) -> str:
+    if not isinstance(saved, list):
+        return "the saved value is not a list"
+    for j, (name, fp) in enumerate(mine):
+        if j >= len(saved) or not isinstance(saved[j], list) or len(saved[j]) != 2:
+            return f"source {j} ({name!r}) is not in the state"
+        if saved[j][0] != name:
+            return f"source {j} is {saved[j][0]!r} in the state, {name!r} now"
+        if saved[j][1] != fp:
+            return f"source {name!r} holds other data now (fingerprint {saved[j][1]} -> {fp})"
+    return f"the state has {len(saved)} sources, this loader {len(mine)}"
+
+
+def _pieces(value: Any, k: int, step: int) -> tuple[Piece, ...]:
+    if not isinstance(value, list):
+        raise mismatch("schedule", value, "a list of [step, row, weights] expected")
+    out: list[Piece] = []
+    for j, p in enumerate(value):
+        at = f"schedule[{j}]"
+        if not isinstance(p, list) or len(p) != 3 or not isinstance(p[2], list):
+            raise mismatch(at, p, "[step, row, [integer weights]] expected")
+        s = int_field(f"{at}[0]", p[0], hi=max(step, 1))
+        r = int_field(f"{at}[1]", p[1])
+        if len(p[2]) != k:
+            raise mismatch(f"{at}[2]", p[2], f"{k} weights expected (one per source)")
+        w = tuple(int_field(f"{at}[2][{i}]", x) for i, x in enumerate(p[2]))
+        try:
+            exact = exact_weights(w, [str(i) for i in range(k)])
+        except ValueError as exc:
+            raise mismatch(f"{at}[2]", p[2], str(exc)) from None
+        if exact != w:
+            raise mismatch(f"{at}[2]", p[2], f"weights in lowest terms expected ({list(exact)})")
+        if (not out and (s, r) != (0, 0)) or (out and (s <= out[-1].step or r <= out[-1].row)):
+            raise mismatch(at, p, "pieces start at step 0, row 0 and increase")
+        out.append(Piece(s, r, w))
+    if step > 0 and not out:
+        raise mismatch("schedule", value, f"the pieces before step {step} are missing")
+    return tuple(out)
+
+
+def parse_mixture_state(state: Any, config: dict[str, Any], k: int) -> SavedMixture:
+    """Check ``state`` against a mixture reader's ``config`` (``k`` sources).
+
+    Raises:
+        StateMismatchError: naming the key for a state of another kind, other sources or
+            settings, or with a malformed or inconsistent field.
+    """
+    if isinstance(state, dict) and state.get("order") in ("global", None):
+        raise StateMismatchError(
+            "order: the state is of one dataset (order "
+            f"{state.get('order', 'streams')!r}); this loader reads a mixture: resume it "
+            "with the Loader of that dataset"
+        )
+    state = dict_field("", state, _KEYS)
+    if not same_value(state["version"], MIXTURE_STATE_VERSION) or state["order"] != "mixture":
+        raise mismatch("version", state["version"], "a mixture state (version 1) expected")
+    g = _config(state["config"], config)
+    raw = dict_field("origin", state["origin"], ("step", "row"))
+    origin = Origin(int_field("origin.step", raw["step"]), 0, int_field("origin.row", raw["row"]))
+    step = int_field("step", state["step"], lo=origin.step)
+    pieces = _pieces(state["schedule"], k, step)
+    for j, p in enumerate(pieces):
+        if p.step >= origin.step and p.row != origin.row + (p.step - origin.step) * g:
+            raise mismatch(f"schedule[{j}][1]", p.row,
+                           f"step {p.step} begins at row "
+                           f"{origin.row + (p.step - origin.step) * g}")  # fmt: skip
+    if pieces and origin.step > 0 and pieces[0].row > origin.row:
+        raise mismatch("origin.row", origin.row, "before the first piece")
+    stop = state["iter_stop"]
+    if stop is not None:
+        stop = int_field("iter_stop", stop, lo=step)
+    if (stop is None) != (config["stop"] is None) and stop is not None:
+        raise mismatch("iter_stop", stop, "a mixture without a stop rule has no iteration end")
+    worker = state["worker"]
+    if worker is not None:
+        if not isinstance(worker, list) or len(worker) != 2:
+            raise mismatch("worker", worker, "None or [worker id, num_workers] expected")
+        n = int_field("worker[1]", worker[1], lo=1, hi=1 << 16)
+        worker = (int_field("worker[0]", worker[0], hi=n), n)
+    return SavedMixture(step, origin, pieces, stop, worker, g)
