@@ -27,7 +27,14 @@ from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.format.tar import BLOCK, END_OF_ARCHIVE, member_bytes
 from wdstream.storage import Store
 
-__all__ = ["ShardWriter", "parse_size", "shard_names"]
+__all__ = [
+    "ShardWriter",
+    "doc_tokens_after",
+    "parse_size",
+    "sample_member",
+    "shard_names",
+    "starts_new_shard",
+]
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9,
           "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}  # fmt: skip
@@ -60,6 +67,29 @@ def shard_names(name: str, i: int) -> tuple[str, str]:
     """``(tar, sidecar)`` object names of shard ``i``."""
     tar = f"{name}-{i:06d}.tar"
     return tar, sidecar_name(tar)
+
+
+def sample_member(index: int, data: bytes, suffix: str = SAMPLE_SUFFIXES[FORMAT_VERSION]) -> bytes:
+    """The tar member of sample number ``index`` (global) holding the encoded ``data``."""
+    return member_bytes(f"{index:012d}{suffix}", data)
+
+
+def starts_new_shard(
+    samples: int, size: int, member: int, shard_bytes: int, shard_samples: int | None
+) -> bool:
+    """Whether a sample member of ``member`` bytes opens a new shard after ``samples`` of
+    ``size`` bytes: the one cut rule, shared with engines that lay shards out ahead."""
+    return samples > 0 and (
+        size + member + len(END_OF_ARCHIVE) > shard_bytes
+        or (shard_samples is not None and samples >= shard_samples)
+    )
+
+
+def doc_tokens_after(offset: int, doc_lens: Sequence[int], cont: bool) -> int:
+    """Tokens of a sample's last document that are packed up to its end, given ``offset``:
+    those of its first document packed before it (what provenance counts a piece from)."""
+    last = int(doc_lens[-1])
+    return offset + last if cont and len(doc_lens) == 1 else last
 
 
 class ShardWriter:
@@ -143,10 +173,9 @@ class ShardWriter:
         ``starts``: the input :class:`~wdstream.write.inputs.Position` of each of the
         ``new_docs`` documents that start in it (used with ``provenance``)."""
         data = encode_sample(tokens, doc_lens, cont)
-        member = member_bytes(f"{self.next_sample:012d}{self._suffix}", data)
-        if self._members and (
-            self._size + len(member) + len(END_OF_ARCHIVE) > self.shard_bytes
-            or (self.shard_samples is not None and len(self._members) >= self.shard_samples)
+        member = sample_member(self.next_sample, data, self._suffix)
+        if starts_new_shard(
+            len(self._members), self._size, len(member), self.shard_bytes, self.shard_samples
         ):
             self._finish_shard()
         self._offsets.append(self._size + BLOCK)
@@ -173,8 +202,7 @@ class ShardWriter:
             self._doc_files.append(p[0])
             self._doc_lines.append(p[1] + 1)
         self._next_doc += new_docs
-        last = int(doc_lens[-1])
-        self._doc_tokens = offset + last if cont and len(doc_lens) == 1 else last
+        self._doc_tokens = doc_tokens_after(offset, doc_lens, cont)
 
     def _finish_shard(self) -> None:
         tar_name, idx_name = shard_names(self.name, self.next_shard)

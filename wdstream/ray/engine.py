@@ -1,0 +1,337 @@
+"""``pack(..., engine="ray")``: tokenise on a Ray cluster's workers, write shards from them.
+
+The driver (the process that called :func:`wdstream.pack`) holds the writer lock, the
+journal and ``index.json`` exactly as the local engine does; this module replaces only the
+pipeline between the inputs and the journal::
+
+    driver                                   workers
+    split inputs into pieces  ───────────►   tokenize_piece: read + tokenise a piece
+    (files, byte ranges)                      -> PieceDocs (small, to the driver)
+                                              -> token array (stays in the object store)
+    per piece, in input order:
+      the local sample builder over token
+      indices -> ShardCutter -> shard plan ►   write_shard: gather the plan's tokens from
+                                              the piece arrays, ShardWriter -> the store
+    commit shards to the journal in order ◄─   index entry (sha256 of what it wrote)
+
+At most a few pieces per CPU are tokenised ahead of the driver and a few shards per CPU are
+being written, so memory (the driver's and the object store's) stays flat in corpus size: a
+piece's tokens are released once every shard holding them has been handed to its task.
+
+Faults: a task whose worker (or node) dies is retried by Ray (its object lost with a node is
+rebuilt from lineage); a shard task writes through the store's atomic writes, so a killed
+one leaves no shard visible and its retry writes the same bytes. A killed driver leaves the
+journal naming the shards committed in order, and the rerun resumes after them, first
+checking each kept shard against its sha256 on the cluster. See ``docs/RAY.md``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+
+from wdstream.errors import InputError, WdstreamError
+from wdstream.format.index import ShardEntry
+from wdstream.ray.layout import CutShard, ShardCutter
+from wdstream.ray.pieces import PieceDocs, split_pieces
+from wdstream.ray.tasks import PieceJob, ShardJob, check_shard, tokenize_piece, write_shard
+from wdstream.tokenizer import Tokenizer
+from wdstream.write.inputs import InputFile, Position
+from wdstream.write.journal import Journal
+from wdstream.write.pack import _drop_packed
+from wdstream.write.progress import Progress
+
+__all__ = ["RayPackJob", "Totals", "run"]
+
+_MAX_LOCATIONS = 10  # skipped-record locations kept, as DocumentReader keeps
+_MIN_PIECE, _MAX_PIECE = 256 << 10, 64 << 20  # bytes of input per tokenising task
+_PIECES_PER_CPU = 4  # pieces per CPU over the whole input (more: better balance, more tasks)
+_AHEAD_PER_CPU = 2  # tasks of each kind in flight per CPU
+_RETRIES = 5  # per task, on a worker or node dying (Ray's system failures)
+
+
+@dataclass(frozen=True)
+class RayPackJob:
+    """Everything the Ray engine needs from :func:`wdstream.pack`, already resolved."""
+
+    files: list[InputFile]
+    text_key: str
+    lines: bool
+    on_error: str
+    errors: str
+    tokenizer: Tokenizer
+    bos_id: int | None
+    eos_id: int | None
+    dtype: str
+    new_packer: Callable[[np.dtype, int], Any]  # the local sample builder (dtype, pad id)
+    pad_id: int  # token written into padding (best-fit)
+    name: str
+    shard_bytes: int
+    shard_samples: int | None
+    output: str
+    store_options: dict[str, Any]
+    provenance: list[str] | None  # input names for the .prov tables (None: none)
+    progress: bool
+    address: str | None
+
+
+@dataclass
+class Totals:
+    """The reader's counters over the whole input, as the local engine's reader keeps them."""
+
+    empty: int = 0
+    bad: int = 0
+    input_bytes: int = 0
+    documents: int = 0
+    bad_locations: list[str] = field(default_factory=list)
+    cpus: int = 0  # the cluster's CPUs when the pack started
+
+
+@dataclass
+class _Placed:
+    """A tokenised piece's documents placed in the run: where their numbers start."""
+
+    docs: PieceDocs
+    file: int
+    first_doc: int  # global number (in this run) of its first document
+    record: int  # record number its relative ones count from
+    empty: int  # counters before it
+    bad: int
+    input_bytes: int
+
+
+def run(
+    job: RayPackJob, journal: Journal, start: Position | None, emitted: int, bad: list[str]
+) -> Totals:
+    """Pack ``job`` on the Ray cluster, committing every shard to ``journal`` in order.
+
+    Connects to ``job.address`` (``None``: a Ray instance already initialised in this
+    process, else a new local one; ``"auto"``: the running cluster; ``"ray://host:port"``).
+
+    Returns:
+        The input counters (for ``index.json``'s stats).
+
+    Raises:
+        InputError: as the local engine raises it, naming file and line.
+        WdstreamError: the input changed since the interrupted pack, or a kept shard no
+            longer matches its sha256.
+    """
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=job.address, include_dashboard=False, log_to_driver=False)
+    try:
+        return _Driver(job, journal, start, emitted, bad).run()
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _piece_bytes(files: list[InputFile], cpus: int) -> int:
+    total = sum(f.size or 0 for f in files)
+    return int(min(_MAX_PIECE, max(_MIN_PIECE, total // (_PIECES_PER_CPU * cpus))))
+
+
+class _Driver:
+    """One Ray pack: submits tasks, lays out shards in input order, commits them in order."""
+
+    def __init__(
+        self, job: RayPackJob, journal: Journal, start: Position | None, emitted: int,
+        bad: list[str],
+    ) -> None:  # fmt: skip
+        self.job, self.journal, self.start, self.emitted = job, journal, start, emitted
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.ahead = _AHEAD_PER_CPU * cpus + 1
+        self.pieces = split_pieces(job.files, _piece_bytes(job.files, cpus), job.lines, start)
+        at = start or Position(0, 0, 0, 0, 0, 0)
+        self.totals = Totals(at.empty, at.bad, at.input_bytes, 0, list(bad), cpus)
+        entries = journal.entries
+        self.packer = job.new_packer(np.dtype(np.int64), -1)
+        self.cutter = ShardCutter(
+            job.shard_bytes, job.shard_samples, job.dtype, first_shard=len(entries),
+            first_sample=sum(e.samples for e in entries),
+            first_doc=sum(e.documents for e in entries), doc_offset=emitted,
+        )  # fmt: skip
+        self.piece_starts: list[int] = []  # global first token of each piece laid out
+        self.doc_starts: list[int] = []  # global first document of each piece laid out
+        self.placed: dict[int, _Placed] = {}
+        self.token_refs: dict[int, Any] = {}
+        self.left: dict[int, int] = {}  # tokens of a piece not yet in a submitted shard
+        self.line_base: dict[int, int] = {}  # per file: record number of the next range
+        self.pending: dict[int, tuple[Any, CutShard]] = {}  # shard number -> task, layout
+        self.tokens = self.docs = 0
+        self._last_position: tuple[int, Position] = (-1, Position(0, 0, 0, 0, 0, 0))
+        self._tokenize = ray.remote(num_cpus=1, num_returns=2, max_retries=_RETRIES)(tokenize_piece)
+        self._write = ray.remote(num_cpus=1, max_retries=_RETRIES)(write_shard)
+        self._check = ray.remote(num_cpus=1, max_retries=_RETRIES)(check_shard)
+
+    def run(self) -> Totals:
+        job = self.job
+        checks = [
+            self._check.remote(job.output, job.store_options, dict(e.__dict__))
+            for e in self.journal.entries
+        ]
+        recipe = job.tokenizer.__reduce__()
+        piece_job = ray.put(
+            PieceJob(
+                job.files, job.text_key, job.lines, job.on_error, job.errors,
+                (recipe[0], tuple(recipe[1])), job.bos_id, job.eos_id, job.dtype,
+            )
+        )  # fmt: skip
+        self.shard_job = ray.put(
+            ShardJob(
+                job.output, job.store_options, job.name, job.shard_bytes, job.shard_samples,
+                job.provenance, job.dtype, job.pad_id,
+            )
+        )  # fmt: skip
+        bar = Progress(job.progress, total=sum(p.source_bytes for p in self.pieces))
+        position = 0
+        queue: deque[tuple[int, Any, Any]] = deque()
+        try:
+            for i, piece in enumerate(self.pieces):
+                refs: Any = self._tokenize.remote(piece_job, piece)  # two: num_returns=2
+                queue.append((i, refs[0], refs[1]))
+                if len(queue) >= self.ahead:
+                    position += self._lay_out(*queue.popleft(), bar, position)
+            while queue:
+                position += self._lay_out(*queue.popleft(), bar, position)
+            for sample in self.packer.flush():
+                self._add(sample)
+            last = self.cutter.close(self.piece_starts)
+            if last is not None:
+                self._submit(last)
+            self._commit(wait_all=True)
+        except Exception:
+            self._finish_queued()
+            raise
+        except BaseException:
+            for ref, _ in self.pending.values():
+                ray.cancel(ref)
+            raise
+        finally:
+            bar.close()
+        problems = [p for p in ray.get(checks) if p is not None]
+        if problems:
+            raise WdstreamError(
+                f"{problems[0]}: a shard kept from the interrupted pack changed since; "
+                "pack again with --overwrite"
+            )
+        return self.totals
+
+    def _finish_queued(self) -> None:
+        """After an error: commit the shards already handed to tasks, as the local engine
+        lets its queued writes finish, so a rerun resumes after them."""
+        try:
+            self._commit(wait_all=True)
+        except Exception:  # the error being raised is the one to report
+            for ref, _ in self.pending.values():
+                ray.cancel(ref)
+
+    def _lay_out(self, i: int, docs_ref: Any, tokens_ref: Any, bar: Progress, at: int) -> int:
+        """Place piece ``i``'s documents and pack them; return its source bytes (progress)."""
+        piece = self.pieces[i]
+        docs: PieceDocs = ray.get(docs_ref)
+        path = self.job.files[piece.file].path
+        if piece.whole:
+            record = 0
+        elif piece.file not in self.line_base:
+            record = piece.resume.record if piece.resume is not None else 0
+        else:
+            record = self.line_base[piece.file]
+        self.line_base[piece.file] = record + docs.lines
+        t = self.totals
+        placed = _Placed(docs, piece.file, self.docs, record, t.empty, t.bad, t.input_bytes)
+        for line, why in docs.bad_lines:
+            if len(t.bad_locations) < _MAX_LOCATIONS:
+                t.bad_locations.append(f"{path}:{record + line}: {why}")
+        n, ntok = len(docs.lens), int(docs.lens.sum())
+        self.piece_starts.append(self.tokens)
+        self.doc_starts.append(self.docs)
+        if ntok:
+            self.placed[i], self.token_refs[i], self.left[i] = placed, tokens_ref, ntok
+        idx = np.arange(self.tokens, self.tokens + ntok, dtype=np.int64)
+        ids = list(range(self.docs, self.docs + n))
+        lens = docs.lens
+        if self.start is not None and i == 0:
+            idx, lens, ids = self._drop_packed(placed, idx, lens, ids)
+        self.tokens += ntok
+        self.docs += n
+        for sample in self.packer.add(idx, lens, ids):
+            self._add(sample)
+        t.empty += docs.total_empty
+        t.bad += docs.total_bad
+        t.input_bytes += docs.total_input_bytes
+        t.documents += n
+        bar.update(at + piece.source_bytes, n, ntok)
+        if docs.error_line is not None:
+            raise InputError(f"{path}:{record + docs.error_line[0]}: {docs.error_line[1]}")
+        if docs.error is not None:
+            raise InputError(docs.error)
+        self._commit(wait_all=False)
+        return piece.source_bytes
+
+    def _drop_packed(
+        self, placed: _Placed, idx: np.ndarray, lens: np.ndarray, ids: list[int]
+    ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """On resume, drop what the first document has in committed shards: the local
+        engine's own rule, applied to this piece's positions."""
+        assert self.start is not None
+        positions = [self._position(d) for d in ids]
+        idx, lens, kept = _drop_packed(idx, lens, positions, self.start, self.emitted, self.packer)
+        return idx, lens, ids[len(ids) - len(kept) :]
+
+    def _position(self, doc: int) -> Position:
+        """The input position of global document ``doc``, with the counters before it.
+
+        The last answer is kept: best-fit rows all end at their block's first document,
+        whose piece may be released while the block's later rows are laid out.
+        """
+        if self._last_position[0] == doc:
+            return self._last_position[1]
+        p = self.placed[bisect.bisect_right(self.doc_starts, doc) - 1]
+        j = doc - p.first_doc
+        d = p.docs
+        pos = Position(
+            p.file, p.record + int(d.records[j]), int(d.offsets[j]), p.empty + int(d.empty[j]),
+            p.bad + int(d.bad[j]), p.input_bytes + int(d.input_bytes[j]),
+        )  # fmt: skip
+        self._last_position = (doc, pos)
+        return pos
+
+    def _add(self, sample: Any) -> None:
+        starts = [(p.file, p.record) for p in map(self._position, sample.starts)]
+        end = (self._position(sample.end[0]), sample.end[1])
+        cut = self.cutter.add(sample, starts, end, self.piece_starts)
+        if cut is not None:
+            self._submit(cut)
+
+    def _submit(self, cut: CutShard) -> None:
+        refs = [self.token_refs[p] for p in cut.pieces]
+        ref = self._write.remote(self.shard_job, cut.plan, *refs)
+        self.pending[cut.plan.index] = (ref, cut)
+        for p, n in cut.tokens_per_piece.items():
+            self.left[p] -= n
+            if not self.left[p]:  # every shard holding its tokens has them: release it
+                del self.left[p], self.token_refs[p], self.placed[p]
+        while len(self.pending) >= self.ahead:
+            self._commit(wait_all=False, block=True)
+
+    def _commit(self, wait_all: bool, block: bool = False) -> None:
+        """Commit finished shards to the journal, in shard order, as far as they go."""
+        while self.pending:
+            nxt = len(self.journal.entries)
+            ref, cut = self.pending[nxt]
+            if not (wait_all or block):
+                ready, _ = ray.wait([ref], timeout=0)
+                if not ready:
+                    return
+            entry = ShardEntry(**ray.get(ref))
+            self.journal.commit(entry, cut.end, self.totals.bad_locations)
+            del self.pending[nxt]
+            if block and not wait_all:
+                return

@@ -1,0 +1,163 @@
+"""The driver's shard layout: samples of token *indices* in, shard plans out.
+
+The driver never holds token ids. It runs the local engine's own sample builder (concat,
+docs or bestfit, :mod:`wdstream.write.samples`) over each document's *global token indices*
+(positions in the concatenation of every piece's tokens, ``-1`` for padding), so every
+sample comes out with exactly the local engine's boundaries, document pieces and resume
+position, and its tokens are a list of index runs into the pieces' arrays::
+
+    pieces' tokens   piece 0: [t0 .. t4999]   piece 1: [t5000 .. t8999]
+    packer input     arange(0, 5000), then arange(5000, 9000)   (docs' lengths as usual)
+    sample 2         indices 4098..6146  ->  runs [(4098, 2049)]  (crosses into piece 1)
+
+:class:`ShardCutter` then cuts samples into shards with the local writer's rule
+(:func:`~wdstream.write.shards.starts_new_shard` on each sample's tar member size, computed
+by encoding the sample's metadata around zeros of its length), and tracks the document
+numbering the provenance tables continue from. A shard plan is handed to one task, which
+writes that shard and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from wdstream.format.sample import DTYPES, encode_sample
+from wdstream.ray.tasks import ShardPlan
+from wdstream.write.samples import PackedSample
+from wdstream.write.shards import doc_tokens_after, sample_member, starts_new_shard
+
+__all__ = ["CutShard", "ShardCutter", "index_runs"]
+
+
+def index_runs(idx: np.ndarray) -> np.ndarray:
+    """``[n, 2]`` rows ``(first index, count)`` of consecutive indices; padding (-1) rows
+    have first index -1.
+
+    >>> index_runs(np.array([4, 5, 6, 9, -1, -1])).tolist()
+    [[4, 3], [9, 1], [-1, 2]]
+    """
+    if not len(idx):
+        return np.zeros((0, 2), dtype=np.int64)
+    pad = idx < 0
+    same = np.where(pad[1:], pad[:-1], ~pad[:-1] & (np.diff(idx) == 1))
+    heads = np.concatenate(([0], np.flatnonzero(~same) + 1))
+    counts = np.diff(np.concatenate((heads, [len(idx)])))
+    return np.stack((np.where(pad[heads], -1, idx[heads]), counts), axis=1).astype(np.int64)
+
+
+@dataclass
+class CutShard:
+    """A laid-out shard: the task's plan, plus what the driver keeps for the journal."""
+
+    plan: ShardPlan
+    end: Any  # the journal's resume position after the shard's last sample
+    pieces: list[int]  # numbers of the pieces whose tokens it holds, ascending
+    tokens_per_piece: dict[int, int]  # how many of its tokens each of them holds
+
+
+class ShardCutter:
+    """Collects samples (index arrays) into shard plans, cut where the local writer cuts.
+
+    Args:
+        shard_bytes, shard_samples: the pack's shard limits.
+        dtype: the on-disk token dtype name (sample sizes depend on it).
+        first_shard, first_sample, first_doc, doc_offset: where numbering continues (resume).
+        piece_of: maps global token indices to piece numbers (``np.searchsorted`` over the
+            pieces' first indices) and back to their first index.
+    """
+
+    def __init__(
+        self,
+        shard_bytes: int,
+        shard_samples: int | None,
+        dtype: str,
+        first_shard: int,
+        first_sample: int,
+        first_doc: int,
+        doc_offset: int,
+    ) -> None:
+        self.shard_bytes, self.shard_samples = shard_bytes, shard_samples
+        self._zeros = np.zeros(0, dtype=DTYPES[dtype])
+        self.next_shard, self.next_sample = first_shard, first_sample
+        self._next_doc, self._doc_tokens = first_doc, doc_offset
+        self._open: list[tuple[PackedSample, list[tuple[int, int]], Any]] = []
+        self._size = 0
+        self._shard_doc, self._shard_offset = first_doc, doc_offset
+
+    def _member_size(self, sample: PackedSample) -> int:
+        n = len(sample.tokens)
+        if len(self._zeros) < n:
+            self._zeros = np.zeros(max(n, 2 * len(self._zeros)), dtype=self._zeros.dtype)
+        data = encode_sample(self._zeros[:n], sample.doc_lens, sample.cont)
+        return len(sample_member(self.next_sample, data))
+
+    def add(
+        self, sample: PackedSample, starts: list[tuple[int, int]], end: Any, piece_starts: list[int]
+    ) -> CutShard | None:
+        """Add one sample (``starts``: (file, record) of its new documents; ``end``: the
+        journal position after it); return the shard it closed, if it closed one."""
+        member = self._member_size(sample)
+        done = None
+        if starts_new_shard(
+            len(self._open), self._size, member, self.shard_bytes, self.shard_samples
+        ):
+            done = self._cut(piece_starts)
+        self._open.append((sample, starts, end))
+        self._size += member
+        self.next_sample += 1
+        offset = self._doc_tokens if sample.cont else 0
+        self._next_doc += sample.new_docs
+        self._doc_tokens = doc_tokens_after(offset, sample.doc_lens, sample.cont)
+        return done
+
+    def close(self, piece_starts: list[int]) -> CutShard | None:
+        """The last, partly filled shard, if any samples are left."""
+        return self._cut(piece_starts) if self._open else None
+
+    def _cut(self, piece_starts: list[int]) -> CutShard:
+        samples = self._open
+        runs = np.concatenate([index_runs(np.asarray(s.tokens)) for s, _, _ in samples])
+        tokens_per_piece = _tokens_per_piece(runs, piece_starts)
+        pieces = sorted(tokens_per_piece)
+        plan = ShardPlan(
+            index=self.next_shard,
+            first_sample=self.next_sample - len(samples),
+            first_doc=self._shard_doc,
+            doc_offset=self._shard_offset,
+            runs=runs,
+            sample_tokens=[len(s.tokens) for s, _, _ in samples],
+            doc_lens=[list(map(int, s.doc_lens)) for s, _, _ in samples],
+            cont=[bool(s.cont) for s, _, _ in samples],
+            new_docs=[int(s.new_docs) for s, _, _ in samples],
+            starts=[st for _, st, _ in samples],
+            piece_offsets=[piece_starts[p] for p in pieces],
+        )
+        cut = CutShard(plan, samples[-1][2], pieces, tokens_per_piece)
+        self.next_shard += 1
+        self._open, self._size = [], 0
+        self._shard_doc, self._shard_offset = self._next_doc, self._doc_tokens
+        return cut
+
+
+def _tokens_per_piece(runs: np.ndarray, piece_starts: list[int]) -> dict[int, int]:
+    """How many of the runs' (non-padding) tokens lie in each piece."""
+    real = runs[runs[:, 0] >= 0]
+    first = np.searchsorted(piece_starts, real[:, 0], side="right") - 1
+    last = np.searchsorted(piece_starts, real[:, 0] + real[:, 1] - 1, side="right") - 1
+    within = first == last
+    counts: dict[int, int] = {}
+    ids, sums = np.unique(first[within], return_inverse=True)
+    totals = np.bincount(sums, weights=real[within, 1]) if len(ids) else np.zeros(0)
+    for p, c in zip(ids.tolist(), totals, strict=True):
+        counts[p] = int(c)
+    for (a, n), p in zip(real[~within].tolist(), first[~within].tolist(), strict=True):
+        while n:  # a run crossing pieces: count each piece's part
+            stop = piece_starts[p + 1] if p + 1 < len(piece_starts) else a + n
+            take = min(n, stop - a)
+            if take:
+                counts[p] = counts.get(p, 0) + take
+            a, n, p = a + take, n - take, p + 1
+    return counts

@@ -1,0 +1,233 @@
+"""Pieces of the inputs one Ray task reads and tokenises: whole files, or byte ranges.
+
+A piece is a whole input file, or, for a large uncompressed line file (JSONL, or ``.txt``
+with ``lines``), a byte range of it. A range ``[start, end)`` holds the lines that *start*
+in it, so consecutive ranges partition the file's lines whatever the cut offsets are::
+
+    file      {"text": "a"}\\n{"text": "bb"}\\n{"text": "c"}\\n
+    offsets   0             14               29
+    ranges    [0, 20)        [20, 44)                        cut at 20: line 2 starts at 14
+    lines     lines 1, 2     line 3                          (< 20), so it belongs to [0, 20)
+
+A task knows where its lines start in bytes but not in lines (counting the lines before it
+would read the file up to there), so it reports record numbers relative to its first line
+and the driver, which sees the pieces in order, adds the lines of the pieces before. The
+same holds for the reader's counters (empty documents, bad records, bytes read). Bad
+records are reported as ``(line, why)`` for the same reason, and the driver writes the
+message ``path:line: why`` that the local engine writes.
+
+Documents are decided by the same code as the local engine: whole-file pieces are read by
+:class:`~wdstream.write.inputs.DocumentReader` itself, ranges by its record parser
+(``text_of``, ``decode_bytes``) over the range's lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wdstream.errors import InputError
+from wdstream.write.inputs import DocumentReader, InputFile, Position
+
+__all__ = ["Piece", "PieceDocs", "read_piece", "split_pieces"]
+
+_MAX_REPORTED = 10  # bad records a piece reports by line (the journal keeps 10 in all)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One task's share of the inputs.
+
+    Attributes:
+        file: index into the expanded input list.
+        start: byte offset the piece starts at (a range: its lines are those starting in
+            ``[start, end)``; a resumed piece: the record to start at).
+        end: end of the range, or None: to the end of the file.
+        whole: read by :class:`DocumentReader` (compressed, whole ``.txt``, or small files);
+            record numbers it reports are then the file's own.
+        resume: the resumed pack's first record in this file (its counters start at 0).
+        source_bytes: bytes of the file as stored that this piece accounts for (progress).
+    """
+
+    file: int
+    start: int
+    end: int | None
+    whole: bool
+    resume: Position | None
+    source_bytes: int
+
+
+@dataclass
+class PieceDocs:
+    """What a piece's task found, without the tokens (the driver fetches only this).
+
+    Per document (arrays of equal length): ``lens`` (tokens, BOS/EOS included),
+    ``records`` (0-based, relative to the piece's first line unless the piece is whole),
+    ``offsets`` (byte offset of the record in the decompressed file), and the counters
+    before it, relative to the piece: ``empty``, ``bad``, ``input_bytes``.
+    """
+
+    lens: np.ndarray
+    records: np.ndarray
+    offsets: np.ndarray
+    empty: np.ndarray
+    bad: np.ndarray
+    input_bytes: np.ndarray
+    lines: int = 0  # lines of the piece (ranges only: what the next range's numbers add to)
+    total_empty: int = 0
+    total_bad: int = 0
+    total_input_bytes: int = 0
+    bad_lines: list[tuple[int, str]] = field(default_factory=list)  # (1-based line, why)
+    error_line: tuple[int, str] | None = None  # on_error="raise": the bad record (line, why)
+    error: str | None = None  # any other InputError, its message already complete
+
+
+def split_pieces(
+    files: list[InputFile], piece_bytes: int, lines: bool, start: Position | None
+) -> list[Piece]:
+    """Cut the inputs into pieces of about ``piece_bytes`` (whole files below that size).
+
+    Raises:
+        InputError: for stdin, which cluster workers cannot read.
+    """
+    pieces: list[Piece] = []
+    first = start.file if start is not None else 0
+    for i in range(first, len(files)):
+        f = files[i]
+        if f.path == "-":
+            raise InputError(
+                "stdin cannot be read by Ray workers; write it to a file all nodes can read, "
+                "or use --engine local"
+            )
+        resume = start if start is not None and i == start.file else None
+        size = f.size or 0
+        at = resume.offset if resume is not None else 0
+        splittable = not f.path.endswith((".gz", ".zst")) and (lines or not f.is_text)
+        if not splittable or size - at <= piece_bytes:
+            pieces.append(Piece(i, at, None, True, resume, size - (at if splittable else 0)))
+            continue
+        cuts = list(range(at, size, piece_bytes)) + [size]
+        for k, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
+            pieces.append(Piece(i, a, b, False, resume if k == 0 else None, b - a))
+    return pieces
+
+
+class _PieceReader(DocumentReader):
+    """A DocumentReader that reports bad records by line and reason instead of by message.
+
+    Record numbers of a range are relative, so the message (which names the line) is
+    written by the driver; the counting and the raise-or-skip choice stay the reader's.
+    """
+
+    reported: list[tuple[int, str]]  # the first bad records skipped: (line, why)
+    lines_read: int  # lines of a range read so far
+
+    def _bad(self, where: str, why: str) -> None:
+        line = int(where.rsplit(":", 1)[1])  # text_of names records "path:line"
+        if self.on_error == "raise":
+            raise _BadRecord(line, why)
+        self.bad += 1
+        if len(self.reported) < _MAX_REPORTED:
+            self.reported.append((line, why))
+
+
+class _BadRecord(Exception):
+    def __init__(self, line: int, why: str) -> None:
+        super().__init__(line, why)
+        self.line, self.why = line, why
+
+
+def read_piece(
+    files: list[InputFile],
+    piece: Piece,
+    text_key: str,
+    lines: bool,
+    on_error: str,
+    errors: str,
+) -> tuple[list[str], PieceDocs]:
+    """Read one piece: its documents' texts and what the driver needs to place them."""
+    reader = _PieceReader([files[piece.file]], text_key, lines, on_error, errors, _origin(piece))
+    reader.reported, reader.lines_read = [], 0
+    texts: list[str] = []
+    cols: list[list[int]] = [[], [], [], [], []]
+    empty = np.zeros(0, np.int64)
+    docs = PieceDocs(empty, empty, empty, empty, empty, empty)
+    try:
+        found = _whole(reader) if piece.whole else _range(reader, files[piece.file], piece)
+        for text, pos in found:
+            texts.append(text)
+            for col, v in zip(cols, pos[1:], strict=True):
+                col.append(v)
+    except _BadRecord as exc:
+        docs.error_line = (exc.line, exc.why)
+    except InputError as exc:
+        docs.error = str(exc)
+    docs.records, docs.offsets, docs.empty, docs.bad, docs.input_bytes = (
+        np.asarray(c, dtype=np.int64) for c in cols
+    )
+    docs.lines = reader.lines_read
+    docs.total_empty, docs.total_bad = reader.empty, reader.bad
+    docs.total_input_bytes = reader.input_bytes
+    docs.bad_lines = reader.reported
+    return texts, docs
+
+
+def _origin(piece: Piece) -> Position:
+    """Where the piece's reader starts, its counters at zero (the driver adds the rest)."""
+    if piece.resume is not None and piece.whole:
+        return Position(0, piece.resume.record, piece.resume.offset, 0, 0, 0)
+    return Position(0, 0, 0, 0, 0, 0)  # not None: a reader of one piece must not judge
+    # "nothing to pack", the whole input decides that
+
+
+def _whole(reader: _PieceReader) -> Iterator[tuple[str, Position]]:
+    yield from reader
+
+
+def _range(reader: _PieceReader, info: InputFile, piece: Piece) -> Iterator[tuple[str, Position]]:
+    """The documents of the lines starting in ``[piece.start, piece.end)``, numbered from 0.
+
+    Mirrors :meth:`DocumentReader._read_lines` line for line (blank lines, the byte-order
+    mark at offset 0, ``.txt`` lines), so a range yields what the whole file would.
+    """
+    assert piece.end is not None
+    name = info.path
+    try:
+        fh = open(name, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise InputError(f"{name}: cannot open ({exc.strerror})") from exc
+    with fh:
+        offset = piece.start
+        if offset > 0 and piece.resume is None:  # the first line starting at or after start
+            fh.seek(offset - 1)
+            offset += len(fh.readline()) - 1
+        else:
+            fh.seek(offset)
+        record = 0
+        while offset < piece.end:
+            raw = fh.readline()
+            if not raw:
+                break
+            pos = Position(0, record, offset, reader.empty, reader.bad, reader.input_bytes)
+            record += 1
+            reader.lines_read = record
+            offset += len(raw)
+            reader.input_bytes += len(raw)
+            line = reader.decode_bytes(raw, name, pos.offset)
+            if pos.offset == 0 and line.startswith("\ufeff"):
+                line = line[1:]
+            if info.is_text:
+                text: str | None = line.removesuffix("\n").removesuffix("\r")
+            elif not line.strip():
+                continue
+            else:
+                text = reader.text_of(line, name, record)
+                if text is None:
+                    continue
+            if text:
+                reader.documents += 1
+                yield text, pos
+            else:
+                reader.empty += 1

@@ -1,0 +1,192 @@
+"""What runs on the cluster's workers: tokenise a piece, write a shard, check a kept shard.
+
+Plain functions (the engine wraps them with ``ray.remote``). Each worker process loads the
+tokenizer and opens the output store once and reuses them for every task it runs.
+
+Shards are written by the local engine's :class:`~wdstream.write.shards.ShardWriter`, fed the
+samples the driver laid out, so a shard's bytes are the local engine's by construction; the
+store's atomic writes (a local ``.partial`` file renamed, an S3 multipart upload completed
+only when whole) mean a task killed mid-write leaves nothing visible, and its retry writes
+the same bytes again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from wdstream.format.index import ShardEntry
+from wdstream.format.sample import DTYPES
+from wdstream.ray.pieces import Piece, PieceDocs, read_piece
+from wdstream.storage import Store, open_store
+from wdstream.tokenizer import Tokenizer
+from wdstream.write.inputs import InputFile
+from wdstream.write.shards import ShardWriter, shard_names
+from wdstream.write.tokenpool import encode_flat
+
+__all__ = ["PieceJob", "ShardJob", "ShardPlan", "check_shard", "tokenize_piece", "write_shard"]
+
+Recipe = tuple[Callable[..., Tokenizer], tuple[Any, ...]]  # how a Tokenizer rebuilds itself
+
+_tokenizers: dict[Any, Tokenizer] = {}  # per worker process, by recipe
+_stores: dict[str, Store] = {}  # per worker process, by root URL and options
+
+
+@dataclass(frozen=True)
+class PieceJob:
+    """What every tokenising task of one pack shares."""
+
+    files: list[InputFile]
+    text_key: str
+    lines: bool
+    on_error: str
+    errors: str
+    tokenizer: Recipe  # ``tok.__reduce__()``: rebuilt once per worker, not per task
+    bos_id: int | None
+    eos_id: int | None
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """What every shard-writing task of one pack shares."""
+
+    url: str
+    store_options: dict[str, Any]
+    name: str
+    shard_bytes: int
+    shard_samples: int | None
+    provenance: list[str] | None  # input names for the .prov tables; None: no tables
+    dtype: str
+    pad_id: int  # the token written where a sample's index array holds -1 (padding)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """One shard as the driver laid it out: where its tokens are and its samples' metadata.
+
+    ``runs`` are ``(first global token, count)`` rows over the run's token stream (the
+    concatenation of every piece's tokens); a first token of -1 is padding. Samples take
+    ``sample_tokens[k]`` consecutive tokens of the runs' concatenation.
+    """
+
+    index: int
+    first_sample: int
+    first_doc: int
+    doc_offset: int
+    runs: np.ndarray
+    sample_tokens: list[int]
+    doc_lens: list[list[int]]
+    cont: list[bool]
+    new_docs: list[int]
+    starts: list[list[tuple[int, int]]]  # (file, record) of the documents starting per sample
+    piece_offsets: list[int]  # first global token of each piece array passed to the task
+
+
+def _tokenizer(recipe: Recipe) -> Tokenizer:
+    build, args = recipe
+    key = (build.__module__, build.__qualname__, repr(args))
+    if key not in _tokenizers:
+        _tokenizers[key] = build(*args)
+    return _tokenizers[key]
+
+
+def _store(url: str, options: dict[str, Any]) -> Store:
+    key = repr((url, sorted(options.items())))
+    if key not in _stores:
+        _stores[key] = open_store(url, **options)
+    return _stores[key]
+
+
+def tokenize_piece(job: PieceJob, piece: Piece) -> tuple[PieceDocs, np.ndarray]:
+    """Read and tokenise one piece: its documents' metadata, and all their tokens in one array."""
+    texts, docs = read_piece(job.files, piece, job.text_key, job.lines, job.on_error, job.errors)
+    flat, lens = encode_flat(_tokenizer(job.tokenizer), texts, job.bos_id, job.eos_id, job.dtype)
+    docs.lens = lens
+    return docs, flat
+
+
+def _gather(plan: ShardPlan, pieces: Sequence[np.ndarray], dtype: np.dtype, pad: int) -> np.ndarray:
+    """The shard's tokens, in sample order, copied out of the piece arrays."""
+    total = int(plan.runs[:, 1].sum()) if len(plan.runs) else 0
+    out = np.empty(total, dtype=dtype)
+    at = 0
+    for first, n in plan.runs.tolist():
+        if first < 0:
+            out[at : at + n] = pad
+            at += n
+            continue
+        while n:  # a run may cross from one piece into the next
+            p = bisect.bisect_right(plan.piece_offsets, first) - 1
+            local = first - plan.piece_offsets[p]
+            take = min(n, len(pieces[p]) - local)
+            out[at : at + take] = pieces[p][local : local + take]
+            at, first, n = at + take, first + take, n - take
+    return out
+
+
+def write_shard(job: ShardJob, plan: ShardPlan, *pieces: np.ndarray) -> dict[str, Any]:
+    """Write one shard (provenance table, sidecar, tar) and return its index entry.
+
+    Raises:
+        RuntimeError: the samples did not make exactly the planned shard (a driver bug).
+    """
+    tokens = _gather(plan, pieces, DTYPES[job.dtype], job.pad_id)
+    committed: list[ShardEntry] = []
+    writer = ShardWriter(
+        _store(job.url, job.store_options),
+        job.name,
+        job.shard_bytes,
+        job.shard_samples,
+        first_shard=plan.index,
+        first_sample=plan.first_sample,
+        on_commit=lambda entry, _: committed.append(entry),
+        provenance=job.provenance,
+        first_doc=plan.first_doc,
+        doc_offset=plan.doc_offset,
+    )
+    try:
+        at = 0
+        for k, n in enumerate(plan.sample_tokens):
+            writer.add(
+                tokens[at : at + n], plan.doc_lens[k], plan.cont[k], plan.new_docs[k], None,
+                plan.starts[k],
+            )  # fmt: skip
+            at += n
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    expected = shard_names(job.name, plan.index)[0]
+    if [e.name for e in committed] != [expected]:
+        raise RuntimeError(
+            f"shard task {plan.index} wrote {[e.name for e in committed]}, expected [{expected!r}]"
+        )
+    return dict(committed[0].__dict__)
+
+
+def check_shard(url: str, store_options: dict[str, Any], entry: dict[str, Any]) -> str | None:
+    """Check a shard kept from an interrupted pack against its recorded sha256 values.
+
+    Returns:
+        None when the tar, sidecar and provenance table match, else what differs.
+    """
+    store = _store(url, store_options)
+    wanted = [(entry["name"], entry["sha256"]), (entry["sidecar"], entry["sidecar_sha256"])]
+    if entry.get("provenance"):
+        wanted.append((entry["provenance"], entry["provenance_sha256"]))
+    for name, sha in wanted:
+        h = hashlib.sha256()
+        try:
+            for chunk in store.iter_chunks(name):
+                h.update(chunk)
+        except FileNotFoundError:
+            return f"{store.child_url(name)} is missing"
+        if h.hexdigest() != sha:
+            return f"{store.child_url(name)} does not match its sha256 in the pack journal"
+    return None
