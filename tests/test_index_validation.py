@@ -198,7 +198,10 @@ EDITS: dict[str, tuple[Edit, str]] = {
         "shards[0].sha256: expected 64 lowercase hex digits (a sha256), got '" + "ab" * 31 + "zz'",
     ),
     "dtype unknown": (_set("dtype", "int8"), "dtype: expected 'uint16' or 'uint32', got 'int8'"),
-    "mode unknown": (_set("mode", "rows"), "mode: expected 'concat' or 'docs', got 'rows'"),
+    "mode unknown": (
+        _set("mode", "rows"),
+        "mode: expected 'concat' or 'docs' or 'bestfit', got 'rows'",
+    ),
     "mode docs with sample_tokens": (
         _set("mode", "docs"),
         "sample_tokens: expected null when mode is 'docs', got 9",

@@ -81,7 +81,20 @@ def _store_options(
 @click.option(
     "--seq-len", type=int, default=2048, show_default=True, help="Samples hold seq_len+1 tokens."
 )
-@click.option("--mode", type=click.Choice(["concat", "docs"]), default="concat", show_default=True)
+@click.option(
+    "--mode",
+    type=click.Choice(["concat", "docs", "bestfit"]),
+    default="concat",
+    show_default=True,
+    help="bestfit: rows of whole documents, padded (docs/PACK.md).",
+)
+@click.option(
+    "--bestfit-buffer",
+    type=int,
+    default=4096,
+    show_default=True,
+    help="--mode bestfit: documents per best-fit block.",
+)
 @click.option("--shard-size", default="256MB", show_default=True)
 @click.option("--shard-samples", type=int, default=None)
 @click.option("--name", default="data", show_default=True, help="Shard name prefix.")
@@ -202,6 +215,11 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
         f"{count(s['documents'], 'document')}, {count(s['tokens'], 'token')}, "
         f"{s['bytes'] / 1e6:,.1f} MB ({s['tokenizer']['name']}, mode {s['mode']})"
     )
+    if s["rows"] is not None:
+        click.echo(
+            f"rows {s['rows']:,}; documents truncated {s['documents_truncated']:,} "
+            f"({s['documents_truncated_pct']:.2f} %); padding {s['padding_pct']:.2f} % of tokens"
+        )
     click.echo(f"document length (tokens), mean {s['doc_len_mean']:.1f}:")
     top = max(s["doc_len_histogram"].values(), default=1)
     for bucket, n in s["doc_len_histogram"].items():

@@ -99,24 +99,36 @@ def dataset_stats(root: str | Store) -> dict[str, Any]:
     """Counts from the index plus a log2 histogram of document lengths (reads every sample).
 
     Returns:
-        dict with shards, samples, documents, tokens, bytes, and ``doc_len_histogram``:
-        ``{"2^k..2^(k+1)-1": count}`` by token length (EOS included).
+        dict with shards, samples, documents, tokens, bytes, ``doc_len_histogram``:
+        ``{"2^k..2^(k+1)-1": count}`` by token length (EOS included), and what the mode
+        did to documents: ``rows`` (samples of concat/bestfit; None in docs mode),
+        ``documents_truncated`` (documents cut into more than one piece: at row edges in
+        concat mode, only those longer than a row in bestfit mode) with
+        ``documents_truncated_pct``, and ``padding_tokens`` / ``padding_pct`` (bestfit rows'
+        padding, as a share of all tokens; 0 in the other modes).
     """
     store = root if isinstance(root, Store) else open_store(root)
     index = read_index(store)
+    bestfit = index.mode == "bestfit"
     hist: dict[int, int] = {}
-    current = 0
+    current = pieces = padding = 0
     lengths: list[int] = []
+    cut = 0
     for _, _, smp in iter_samples(store, index):
-        for j, n in enumerate(smp.doc_lens):
+        if bestfit:  # the last piece of a best-fit row is its padding
+            padding += smp.doc_lens[-1]
+        for j, n in enumerate(smp.doc_lens[:-1] if bestfit else smp.doc_lens):
             if j == 0 and smp.cont:
                 current += n
+                pieces += 1
                 continue
             if current:
                 lengths.append(current)
-            current = n
+                cut += pieces > 1
+            current, pieces = n, 1
     if current:
         lengths.append(current)
+        cut += pieces > 1
     if lengths:
         buckets = np.floor(np.log2(np.asarray(lengths, dtype=np.float64))).astype(int)
         for b, c in zip(*np.unique(buckets, return_counts=True), strict=True):
@@ -133,6 +145,11 @@ def dataset_stats(root: str | Store) -> dict[str, Any]:
         "doc_len_histogram": {f"{2**b}..{2 ** (b + 1) - 1}": hist[b] for b in sorted(hist)},
         "doc_len_mean": float(np.mean(lengths)) if lengths else math.nan,
         "input_stats": index.stats,
+        "rows": None if index.mode == "docs" else index.total_samples,
+        "documents_truncated": cut,
+        "documents_truncated_pct": 100 * cut / len(lengths) if lengths else 0.0,
+        "padding_tokens": padding,
+        "padding_pct": 100 * padding / index.total_tokens if index.total_tokens else 0.0,
     }
 
 
@@ -229,7 +246,8 @@ def _verify_shard(
         n = smp.doc_lens[-1] if smp.doc_lens else 0
         report._doc_tokens = off + n if smp.cont and len(smp.doc_lens) == 1 else n
         tokens += len(smp.tokens)
-        docs += len(smp.doc_lens) - (1 if smp.cont else 0)
+        pad = 1 if index.mode == "bestfit" else 0  # a best-fit row's last piece: padding
+        docs += len(smp.doc_lens) - pad - (1 if smp.cont else 0)
     if hashlib.sha256(data).hexdigest() != shard.sha256:
         return f"{where}: sha256 differs from index.json"
     # After the hash: a damaged header is reported as such; a shard that hashes right but
@@ -321,4 +339,27 @@ def _sample_problem(index: DatasetIndex, smp: Sample, number: int, last: int) ->
     st = index.sample_tokens
     if index.mode == "concat" and st and not (0 < n <= st if number == last else n == st):
         return f"{n} tokens, sample_tokens is {st} (only the dataset's last sample may be shorter)"
+    if index.mode == "bestfit":
+        return _bestfit_problem(index, smp)
+    return None
+
+
+def _bestfit_problem(index: DatasetIndex, smp: Sample) -> str | None:
+    """A best-fit row: ``sample_tokens`` tokens, documents, then ``doc_lens[-1]`` of padding
+    (``pad_id``) right after a document's EOS."""
+    n, st = len(smp.tokens), index.sample_tokens
+    if n != st or len(smp.doc_lens) < 2:
+        return (
+            f"{n} tokens in pieces {list(smp.doc_lens)}: a bestfit row has sample_tokens = "
+            f"{st} tokens, at least one document piece, then its padding length"
+        )
+    pad = smp.doc_lens[-1]
+    if pad and not (
+        bool((smp.tokens[n - pad :] == index.pad_id).all())
+        and int(smp.tokens[n - pad - 1]) == index.eos_id
+    ):
+        return (
+            f"its last {pad} tokens are not padding (pad_id {index.pad_id}) after a "
+            f"document's EOS (eos_id {index.eos_id})"
+        )
     return None

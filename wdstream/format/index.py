@@ -62,14 +62,17 @@ class DatasetIndex:
     eos_id: int | None
     bos_id: int | None
     dtype: str  # on-disk token dtype: "uint16" or "uint32"
-    mode: str  # "concat" (fixed-length samples) or "docs" (one document per sample)
-    seq_len: int | None  # training rows the samples were sized for (concat mode)
-    sample_tokens: int | None  # tokens in every sample but the dataset's last (concat mode)
+    # "concat" (fixed-length samples), "docs" (one document per sample) or "bestfit" (rows
+    # of whole documents padded to sample_tokens, :mod:`wdstream.write.bestfit`)
+    mode: str
+    seq_len: int | None  # training rows the samples were sized for (concat, bestfit)
+    sample_tokens: int | None  # tokens in every sample but concat's last (concat, bestfit)
     shards: tuple[ShardEntry, ...]
     stats: dict[str, Any] = field(default_factory=dict)  # skipped lines, empty docs, ...
     checksum: str | None = None  # per-sample checksum in the sidecars ("crc32c"; None in v1)
     version: int = FORMAT_VERSION
     format: str = FORMAT_NAME
+    pad_id: int | None = None  # bestfit: the id of the padding at rows' ends (the EOS id)
 
     @property
     def total_samples(self) -> int:
@@ -95,6 +98,8 @@ class DatasetIndex:
         ]
         if self.version < 2:
             del obj["checksum"]  # v1 indexes have no such key
+        if self.pad_id is None:
+            del obj["pad_id"]  # only best-fit datasets have padding
         return json.dumps(obj, indent=1, sort_keys=True) + "\n"
 
     @classmethod

@@ -12,8 +12,9 @@ bytes themselves (sha256, sidecar counts, sample keys) are the readers' and
 1. One rule per key (``_TOP``, ``_TOKENIZER``, ``_SHARD``, ``_STATS``): presence, JSON type
    (``true`` is not an integer, ``1.0`` is not an integer) and range.
 2. Rules across keys (``_ACROSS``): checksum per version, ``sample_tokens == seq_len + 1``,
-   ids within the dtype, per-shard counts (concat: ``samples x sample_tokens`` tokens, the
-   last shard possibly short by less than one sample), unique names, pack order.
+   ``pad_id`` (best-fit only, equal to ``eos_id``), ids within the dtype, per-shard counts
+   (concat: ``samples x sample_tokens`` tokens, the last shard possibly short by less than
+   one sample; bestfit: exactly ``samples x sample_tokens``), unique names, pack order.
 
 Every failure is one :class:`~wdstream.errors.IndexValidationError` reading
 ``WHERE: KEY.PATH: expected ..., got VALUE``; a rule across keys names every key involved.
@@ -194,11 +195,12 @@ _TOP = (
     _Rule("eos_id", _or_null(_int(0, 2**32))),
     _Rule("bos_id", _or_null(_int(0, 2**32))),
     _Rule("dtype", _one_of(*DTYPES)),
-    _Rule("mode", _one_of("concat", "docs")),
+    _Rule("mode", _one_of("concat", "docs", "bestfit")),
     _Rule("seq_len", _or_null(_int(1, _MAX_SAMPLE_TOKENS))),
     _Rule("sample_tokens", _or_null(_int(2, _MAX_SAMPLE_TOKENS))),
     _Rule("shards", _list(min_len=1), each=_OBJECT),
     _Rule("checksum", _or_null(_one_of(CHECKSUM_NAME)), required=False),
+    _Rule("pad_id", _or_null(_int(0, 2**32)), required=False),
     _Rule("stats", _OBJECT, required=False),
 )
 _TOKENIZER = (
@@ -271,11 +273,28 @@ def _lengths_fit_mode(obj: dict[str, Any]) -> _Problem:
             return "sample_tokens", f"expected null when mode is 'docs', got {sample_tokens}"
         return None
     if seq_len is None:
-        return "seq_len", "expected an integer when mode is 'concat', got null"
+        return "seq_len", f"expected an integer when mode is {mode!r}, got null"
     if sample_tokens != seq_len + 1:
         return "sample_tokens", (
-            f"expected seq_len + 1 = {seq_len + 1} when mode is 'concat', "
+            f"expected seq_len + 1 = {seq_len + 1} when mode is {mode!r}, "
             f"got {show_value(sample_tokens)}"
+        )
+    return None
+
+
+def _pad_fits_mode(obj: dict[str, Any]) -> _Problem:
+    # Best-fit rows end in padding; readers find it as the row's trailing run of pad_id
+    # after its last document's EOS, so the pad id is the EOS id (wdstream.read.rows).
+    mode, pad_id, eos_id = obj["mode"], obj.get("pad_id"), obj["eos_id"]
+    if mode != "bestfit":
+        if pad_id is not None:
+            return "pad_id", f"expected none when mode is {mode!r} (no padding), got {pad_id}"
+        return None
+    if eos_id is None:
+        return "eos_id", "expected an id when mode is 'bestfit' (documents end with EOS), got null"
+    if pad_id != eos_id:
+        return "pad_id", (
+            f"expected eos_id = {eos_id} when mode is 'bestfit', got {show_value(pad_id)}"
         )
     return None
 
@@ -304,6 +323,8 @@ def _shard_counts(obj: dict[str, Any]) -> _Problem:
         problem = _shard_size(shard, i, obj["dtype"]) or _shard_documents(shard, i, mode)
         if problem is None and mode == "concat":
             problem = _concat_tokens(shard, i, sample_tokens, last=i == len(shards) - 1)
+        if problem is None and mode == "bestfit":  # every row padded to sample_tokens
+            problem = _concat_tokens(shard, i, sample_tokens, last=False)
         if problem:
             return problem
         for key in totals:
@@ -427,6 +448,7 @@ def _stats_documents(obj: dict[str, Any]) -> _Problem:
 _ACROSS: tuple[Callable[[dict[str, Any]], _Problem], ...] = (
     _checksum_fits_version,
     _lengths_fit_mode,
+    _pad_fits_mode,
     _ids_fit_dtype,
     _names_unique,
     _names_in_pack_order,

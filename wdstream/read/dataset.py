@@ -30,6 +30,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from wdstream.errors import StateMismatchError
 from wdstream.read.context import ReaderConfig, StreamContext
 from wdstream.read.order import OrderConfig, Origin
+from wdstream.read.rows import IGNORE_INDEX, RowLabels, doc_ids, row_labels
 from wdstream.read.sequence import GlobalPosition, GlobalReader
 from wdstream.read.source import ShardSource
 from wdstream.read.state import (
@@ -84,16 +85,26 @@ def _long(x: torch.Tensor, pin: bool) -> torch.Tensor:
 
 
 def chunk_to_batches(
-    tokens: torch.Tensor, positions: torch.Tensor | None, batch_size: int, pin: bool = False
+    tokens: torch.Tensor,
+    positions: torch.Tensor | None,
+    batch_size: int,
+    pin: bool = False,
+    labels: RowLabels | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Slice a chunk into batches: int64 contiguous ``input_ids``/``labels`` [B, T].
 
-    ``position_ids`` (int64 [B, T]) and ``cu_seqlens`` (int32, flat over the batch: the start
-    of every piece plus ``B * T`` at the end) are added when ``positions`` is given.
+    ``position_ids`` (int64 [B, T]), ``cu_seqlens`` (int32, flat over the batch: the start
+    of every piece plus ``B * T`` at the end) and ``doc_ids`` (int32 [B, T], -1 on padding)
+    are added when ``positions`` is given. ``labels``: the dataset's target rule
+    (:mod:`wdstream.read.rows`: -100 on best-fit padding and, if chosen, document ends).
     """
     for j in range(tokens.shape[0] // batch_size):
         rows = tokens[j * batch_size : (j + 1) * batch_size]
         batch = {"input_ids": _long(rows[:, :-1], pin), "labels": _long(rows[:, 1:], pin)}
+        padding = labels.padding(rows) if labels is not None else None
+        masked = labels.masked(rows, padding) if labels is not None else None
+        if masked is not None:
+            batch["labels"].masked_fill_(masked, IGNORE_INDEX)
         if positions is not None:
             pos = _long(positions[j * batch_size : (j + 1) * batch_size], pin)
             flat = pos.reshape(-1)
@@ -102,6 +113,7 @@ def chunk_to_batches(
             batch["cu_seqlens"] = torch.cat([starts, starts.new_tensor([flat.numel()])]).to(
                 torch.int32
             )
+            batch["doc_ids"] = doc_ids(pos, padding)
         yield batch
 
 
@@ -133,7 +145,11 @@ class TokenDataset(IterableDataset):
         shuffle_window: samples per shuffle window.
         shuffle_lanes: interleaved lanes a window is drawn from.
         chunk_batches: batches per message (K); 1 when used directly.
-        return_doc_boundaries: add ``position_ids`` and ``cu_seqlens`` to each batch.
+        return_doc_boundaries: add ``position_ids``, ``cu_seqlens`` and ``doc_ids`` to each
+            batch.
+        mask_doc_ends: -100 as the target after each document's last token; None: on for
+            ``--mode bestfit`` datasets (whose padding targets are always -100), off
+            otherwise (``wdstream.read.rows``).
         tokenizer: read raw text (JSON Lines, ``.txt`` or text tar shards) and tokenize it on
             the fly with this tokenizer (see ``docs/READER.md``, "Raw text"); None: ``source``
             is packed token shards.
@@ -175,6 +191,7 @@ class TokenDataset(IterableDataset):
         eos: bool = True,
         tokenize_threads: int | None = None,
         order: str | None = None,
+        mask_doc_ends: bool | None = None,
         **store_options: Any,
     ) -> None:
         text = tokenizer is not None or isinstance(source, TextSource)
@@ -197,6 +214,8 @@ class TokenDataset(IterableDataset):
             doc_boundaries=return_doc_boundaries,
         )  # fmt: skip
         self.epochs = epochs
+        index = self.source.index if isinstance(self.source, ShardSource) else None
+        self.labels = row_labels(index, seq_len, mask_doc_ends)
         self._ctx: StreamContext
         if isinstance(self.source, TextSource):
             self._ctx = TextContext(self.source, self.cfg, batches_per_epoch, tokenize_threads)
@@ -252,7 +271,7 @@ class TokenDataset(IterableDataset):
         doc = np.empty(tuple(tokens.shape), dtype=bool) if c.doc_boundaries else None
         self.sequence.fill(step, origin, tokens.numpy(), doc)
         positions = torch.from_numpy(_position_ids(doc)) if doc is not None else None
-        return next(chunk_to_batches(tokens, positions, c.batch_size))
+        return next(chunk_to_batches(tokens, positions, c.batch_size, labels=self.labels))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position taken by :meth:`state_dict` (or ``Loader.state_dict``).
@@ -479,7 +498,7 @@ class TokenDataset(IterableDataset):
             yield from self.iter_chunks()
             return
         for _, tokens, positions, _ in self.iter_chunks():
-            yield from chunk_to_batches(tokens, positions, self.cfg.batch_size)
+            yield from chunk_to_batches(tokens, positions, self.cfg.batch_size, labels=self.labels)
 
 
 def _check_sizes(**sizes: int) -> None:

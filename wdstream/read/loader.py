@@ -113,7 +113,11 @@ class Loader:
         prefetch_factor: chunks each worker keeps ready (torch ``DataLoader`` option).
         persistent_workers: keep workers alive between ``iter()`` calls.
         device: a CUDA device: chunks are copied there one ahead, on a side stream.
-        return_doc_boundaries: add ``position_ids`` [B, T] and ``cu_seqlens`` (int32).
+        return_doc_boundaries: add ``position_ids`` [B, T], ``cu_seqlens`` (int32) and
+            ``doc_ids`` (int32 [B, T], -1 on padding).
+        mask_doc_ends: -100 as the target after each document's last token; None (default):
+            on for ``--mode bestfit`` datasets, off otherwise. Best-fit padding targets are
+            always -100 (``wdstream.read.rows``).
         drop_last: must be True: every rank yields the same number of full batches and the
             remainder is left out (see ``docs/READER.md``).
         multiprocessing_context: torch ``DataLoader`` option (e.g. ``"spawn"``).
@@ -165,6 +169,7 @@ class Loader:
         eos: bool = True,
         tokenize_threads: int | None = None,
         order: str | None = None,
+        mask_doc_ends: bool | None = None,
         **store_options: Any,
     ) -> None:
         if num_workers is None:
@@ -192,7 +197,8 @@ class Loader:
             source, seq_len, batch_size, shuffle=shuffle, seed=seed, rank=rank,
             world_size=world_size, streams=streams, epochs=epochs, shuffle_window=shuffle_window,
             shuffle_lanes=shuffle_lanes, chunk_batches=chunk_batches,
-            return_doc_boundaries=return_doc_boundaries, order=order, **text, **store_options,
+            return_doc_boundaries=return_doc_boundaries, order=order, mask_doc_ends=mask_doc_ends,
+            **text, **store_options,
         )  # fmt: skip
         self.dataset._yield_chunks = True
         self.epochs = epochs
@@ -315,18 +321,19 @@ class Loader:
             chunks = _to_device(_pin(chunks), self.device)
         pin = self.pin_memory and not cuda and torch.cuda.is_available()
         B, S = self.dataset.cfg.batch_size, self.dataset.cfg.streams
+        labels = self.dataset.labels
         handed = self._handed
         for s, tokens, pos, cursors in chunks:
             n = len(cursors)
             if isinstance(handed, GlobalPosition):
-                for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin)):
+                for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin, labels=labels)):
                     handed.step = cursors[j]["step"]  # recorded as the batch is handed over
                     yield batch
                 continue
             if n == 0:  # a raw-text stream that finished its epochs passes its turn
                 handed.next_stream = (s + 1) % S
                 continue
-            for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin)):
+            for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin, labels=labels)):
                 # Record the position only now, as the batch is handed over.
                 handed.cursors[s] = cursors[j]
                 handed.next_stream = (s + 1) % S if j == n - 1 else s

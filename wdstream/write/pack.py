@@ -39,6 +39,7 @@ from wdstream.format.sample import DTYPES, token_dtype_for_vocab
 from wdstream.storage import Store, open_store
 from wdstream.tokenizer import Tokenizer, load_tokenizer
 from wdstream.words import count
+from wdstream.write.bestfit import DEFAULT_BUFFER, BestFitPacker
 from wdstream.write.inputs import DocumentReader, InputFile, Position, expand_inputs
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.lock import LOCK_NAME, acquire
@@ -197,6 +198,7 @@ def pack(
     bos_id: int | None = None,
     seq_len: int = 2048,
     mode: str = "concat",
+    bestfit_buffer: int = DEFAULT_BUFFER,
     shard_size: str | int = "256MB",
     shard_samples: int | None = None,
     name: str = "data",
@@ -223,7 +225,10 @@ def pack(
         bos: prepend a BOS id (``bos_id``, else the tokenizer's ``<|endoftext|>``); giving
             ``bos_id`` implies ``bos``.
         seq_len: training row length; concat samples hold ``seq_len + 1`` tokens.
-        mode: ``concat`` (fixed-length samples) or ``docs`` (one document per sample).
+        mode: ``concat`` (fixed-length samples), ``docs`` (one document per sample) or
+            ``bestfit`` (rows of whole documents padded to ``seq_len + 1``; needs ``eos``;
+            see ``docs/PACK.md``).
+        bestfit_buffer: ``bestfit``: documents per best-fit block (memory about one block).
         shard_size: maximum tar size (``"256MB"``, ``"1GiB"``, bytes).
         shard_samples: optional maximum samples per shard.
         name: shard name prefix (``{name}-000000.tar``).
@@ -256,8 +261,13 @@ def pack(
     t0 = time.perf_counter()
     if isinstance(inputs, str):
         inputs = [inputs]
-    if mode not in ("concat", "docs"):
-        raise ValueError(f"mode must be 'concat' or 'docs', got {mode!r}")
+    if mode not in ("concat", "docs", "bestfit"):
+        raise ValueError(f"mode must be 'concat', 'docs' or 'bestfit', got {mode!r}")
+    if mode == "bestfit" and not eos:
+        raise ValueError(
+            "mode 'bestfit' needs eos=True: readers tell documents and padding apart by "
+            "the EOS that ends every document"
+        )
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     shard_bytes = parse_size(shard_size)
@@ -286,7 +296,7 @@ def pack(
         tok = load_tokenizer(tokenizer, backend, _peek_texts(files, text_key, lines))
         eos_id, bos_id = _special_ids(tok, eos, bos, bos_id)
         dtype = token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))
-        sample_tokens = seq_len + 1 if mode == "concat" else None
+        sample_tokens = seq_len + 1 if mode in ("concat", "bestfit") else None
         fingerprint = {
             "inputs": [f.fingerprint() for f in files],
             "text_key": text_key,
@@ -302,6 +312,7 @@ def pack(
             "shard_samples": shard_samples,
             "name": name,
             "provenance": PROVENANCE_VERSION,
+            **({"bestfit_buffer": bestfit_buffer} if mode == "bestfit" else {}),
         }
         journal = Journal(store, fingerprint, name)
         if overwrite:
@@ -313,6 +324,8 @@ def pack(
         packer = (
             ConcatPacker(seq_len + 1, DTYPES[dtype])
             if mode == "concat"
+            else BestFitPacker(seq_len + 1, DTYPES[dtype], bestfit_buffer, eos_id or 0)
+            if mode == "bestfit"
             else DocsPacker(DTYPES[dtype])
         )
         writer = ShardWriter(
@@ -323,7 +336,11 @@ def pack(
             first_shard=len(journal.entries),
             first_sample=sum(e.samples for e in journal.entries),
             on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
-            provenance=["<stdin>" if f.path == "-" else f.path for f in files],
+            # Best-fit rows hold documents out of input order, which provenance tables
+            # (documents numbered in input order) cannot describe: none are written.
+            provenance=None
+            if mode == "bestfit"
+            else ["<stdin>" if f.path == "-" else f.path for f in files],
             first_doc=sum(e.documents for e in journal.entries),
             doc_offset=emitted,
         )
@@ -354,6 +371,7 @@ def pack(
             shards=entries,
             stats=stats,
             checksum=CHECKSUM_NAME,
+            pad_id=eos_id if mode == "bestfit" else None,
         )
         lock.verify()  # publish nothing if another pack has taken the output meanwhile
         store.write_bytes(INDEX_NAME, index.to_json().encode())
@@ -402,7 +420,7 @@ def _resume_point(journal: Journal) -> tuple[Position | None, int, list[str]]:
 def _write_shards(
     tpool: TokenPool,
     reader: DocumentReader,
-    packer: ConcatPacker | DocsPacker,
+    packer: ConcatPacker | DocsPacker | BestFitPacker,
     writer: ShardWriter,
     bar: Progress,
     batch_bytes: int,
@@ -443,14 +461,18 @@ def _drop_packed(
     positions: list[Position],
     start: Position,
     emitted: int,
-    packer: ConcatPacker | DocsPacker,
+    packer: ConcatPacker | DocsPacker | BestFitPacker,
 ) -> tuple[np.ndarray, np.ndarray, list[Position]]:
-    """On resume, remove the first document's tokens that are already in committed shards."""
+    """On resume, remove the first document's tokens that are already in committed shards
+    (best-fit: the recorded position starts a block, ``emitted`` of whose rows are committed)."""
     if not positions or positions[0][:3] != start[:3]:
         raise WdstreamError(
             "the input changed since the interrupted pack (no document at the recorded "
             f"position {tuple(start[:3])}); use --overwrite"
         )
+    if isinstance(packer, BestFitPacker):
+        packer.resume_rows(emitted)
+        return flat, lens, positions
     first_len = int(lens[0])
     if emitted > first_len:
         raise WdstreamError("the input changed since the interrupted pack; use --overwrite")

@@ -1,0 +1,151 @@
+"""Reading ``--mode bestfit`` datasets: one sample is one row, targets -100 exactly on
+padding (and document ends when chosen), ``doc_ids``, and the global order's guarantees
+(resume, elastic, ``batch_at``) as for concat."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import wdstream
+from tests.conftest import make_corpus
+from tests.test_pack import EOT, raw_samples
+from wdstream.read.rows import IGNORE_INDEX, RowLabels, row_labels
+from wdstream.testing import assert_resumes_exactly
+from wdstream.write.bestfit import BestFitPacker
+
+SEQ = 63
+
+
+def _truth(doc_lens: list[int], S: int, mask_ends: bool) -> tuple[list[bool], list[int]]:
+    """From a row's structure: which targets (positions 1..S-1) are -100, and per input
+    token (0..S-2) its piece number with -1 on padding."""
+    pad = doc_lens[-1]
+    masked = [t >= S - pad for t in range(1, S)]
+    ids, at = [-1] * S, 0
+    for j, n in enumerate(doc_lens[:-1]):
+        ids[at : at + n] = [j] * n
+        at += n
+        if mask_ends and at - 1 < S - 1 and at < S - pad:  # next token: another document
+            masked[at - 1] = True
+    return masked, ids[: S - 1]
+
+
+@given(
+    st.lists(st.integers(1, 40), min_size=1, max_size=30),
+    st.integers(2, 30),
+    st.booleans(),
+    st.booleans(),
+)
+def test_targets_are_ignored_exactly_on_padding_and_chosen_ends(
+    lens: list[int], S: int, mask_ends: bool, bos: bool
+) -> None:
+    """Rows as the packer writes them (text tokens never the EOS id); with ``bos`` the
+    BOS is the EOS id too, as pack's default BOS."""
+    docs = []
+    for d, n in enumerate(lens):
+        text = (np.arange(n) % 97 + d).tolist()
+        docs.append(np.array(([EOT] if bos else []) + text + [EOT], dtype=np.uint32))
+    packer = BestFitPacker(S, np.dtype("<u4"), 7, EOT)
+    samples = list(packer.add(np.concatenate(docs), [len(d) for d in docs], list(range(len(docs)))))
+    samples += list(packer.flush())
+    rule = RowLabels(EOT, EOT, EOT if bos else None, mask_ends)
+    rows = torch.from_numpy(np.stack([s.tokens.astype(np.int32) for s in samples]))
+    padding = rule.padding(rows)
+    masked = rule.masked(rows, padding)
+    assert padding is not None and masked is not None
+    for k, s in enumerate(samples):
+        # A document end is a real one only where the piece is the document's last.
+        lens_k = list(s.doc_lens)
+        want_mask, _ = _truth(lens_k, S, False)
+        if mask_ends:
+            at = 0
+            for n in lens_k[:-1]:
+                at += n
+                # the piece ends its document iff its last token is the EOS
+                if int(s.tokens[at - 1]) == EOT and at < S and not want_mask[at - 1]:
+                    want_mask[at - 1] = True
+        assert masked[k].tolist() == want_mask, f"row {k}: {s.tokens.tolist()} {lens_k}"
+        assert padding[k].tolist() == [t >= S - lens_k[-1] for t in range(S)]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("bfread")
+    src = d / "in.jsonl"
+    src.write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in make_corpus(80, seed=5, stdlib_files=1))
+    )
+    wdstream.pack([str(src)], str(d / "out"), seq_len=SEQ, mode="bestfit", bestfit_buffer=24,
+                  shard_size="16KB", workers=0)  # fmt: skip
+    return d / "out"
+
+
+def _loader(root: Path, **kw: object) -> wdstream.Loader:
+    opts: dict = dict(seq_len=SEQ, batch_size=4, num_workers=0, seed=1, epochs=1)
+    return wdstream.Loader(str(root), **{**opts, **kw})
+
+
+def test_each_batch_row_is_one_sample_with_its_targets(root: Path) -> None:
+    samples = {tuple(s.tokens.tolist()): s for s in raw_samples(root)}
+    seen = []
+    for batch in _loader(root, return_doc_boundaries=True):
+        for r in range(batch["input_ids"].shape[0]):
+            row = batch["input_ids"][r].tolist() + [batch["labels"][r, -1].item()]
+            s = next(
+                v for k, v in samples.items() if list(k[:SEQ]) == row[:SEQ]
+            )  # the row is a whole sample
+            seen.append(tuple(s.tokens.tolist()))
+            masked = (batch["labels"][r] == IGNORE_INDEX).tolist()
+            want, ids = _truth(list(s.doc_lens), SEQ + 1, mask_ends=True)
+            assert masked == want
+            assert batch["doc_ids"][r].tolist() == ids
+            assert batch["doc_ids"].dtype == torch.int32
+    assert len(seen) == len(set(seen))  # no sample twice in an epoch
+    assert len(seen) >= len(samples) - 4  # the remainder of less than a batch is left out
+
+
+def test_plain_targets_when_document_ends_are_not_masked(root: Path) -> None:
+    batch = next(iter(_loader(root, mask_doc_ends=False)))
+    rows = torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1)
+    padding = RowLabels(EOT, EOT, None, False).padding(rows)
+    assert padding is not None
+    want = torch.where(padding[:, 1:], IGNORE_INDEX, rows[:, 1:])
+    assert torch.equal(batch["labels"], want)
+
+
+def test_another_seq_len_is_refused(root: Path) -> None:
+    with pytest.raises(ValueError, match=r"bestfit at seq_len 63.*seq_len=63 \(got 31\)"):
+        _loader(root, seq_len=31)
+
+
+def test_concat_dataset_keeps_plain_targets(tmp_path: Path) -> None:
+    assert row_labels(None, 10, None) is None
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_corpus(10)))
+    idx = wdstream.pack([str(src)], str(tmp_path / "o"), seq_len=31, workers=0).index
+    assert row_labels(idx, 31, None) is None
+    rule = row_labels(idx, 31, True)
+    assert rule == RowLabels(None, EOT, None, True)
+
+
+def test_resume_exact_at_every_step(root: Path) -> None:
+    assert_resumes_exactly(lambda: _loader(root, return_doc_boundaries=True), steps=12)
+
+
+def test_same_rows_on_any_world_size_and_batch_at(root: Path) -> None:
+    one = [b for b in _loader(root, batch_size=4)]
+    two = [[b for b in _loader(root, batch_size=2, rank=r, world_size=2)] for r in range(2)]
+    assert len(one) == len(two[0]) == len(two[1])
+    for k, b in enumerate(one):
+        joined = torch.cat([two[0][k]["labels"], two[1][k]["labels"]])
+        assert torch.equal(b["labels"], joined)
+    loader = _loader(root, batch_size=4)
+    for k in (0, len(one) // 2, len(one) - 1):
+        assert all(torch.equal(loader.batch_at(k)[f], one[k][f]) for f in one[k])

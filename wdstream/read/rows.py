@@ -1,0 +1,124 @@
+"""Targets and document ids of rows: ``-100`` on padding and document ends, ``doc_ids``.
+
+A best-fit row (``--mode bestfit``, :mod:`wdstream.write.bestfit`) holds whole documents,
+each ending with EOS, then padding (the dataset's ``pad_id``, which is its EOS) up to
+``seq_len + 1`` tokens. The padding is found from the tokens alone, so no extra data
+crosses from the workers: it is everything after the row's last EOS that follows a
+non-padding token. Text is tokenised without special tokens, so a document never holds the
+EOS id inside its text; a corpus whose text does would only lose those targets (rows are
+over-masked, never under-masked). ``seq_len = 7``, ``E`` = EOS = pad::
+
+    row            a b E c d E E E        (documents [a b E], [c d E], 2 padding)
+    input_ids      a b E c d E E
+    labels         b E - d E - -          (- = -100; the E -> c target is a document end)
+
+``mask_doc_ends``: the target after a document's last token (its EOS) is the next
+document's first token, which nothing in the row predicts; set it to -100 for
+document-causal training. When BOS and EOS are the same id, an EOS is a document end only
+when the next token is that id too (the next document's BOS, or padding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from wdstream.format.index import DatasetIndex
+
+__all__ = ["IGNORE_INDEX", "RowLabels", "doc_end_mask", "doc_ids", "padding_mask", "row_labels"]
+
+IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
+
+
+def padding_mask(rows: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """bool ``[B, S]``: True on the padding at the end of each best-fit row of ``S`` tokens."""
+    idx = torch.arange(rows.shape[1], device=rows.device)
+    last = torch.where(rows != pad_id, idx, -1).amax(dim=1)  # last token that is not padding
+    return idx[None, :] >= (last + 2)[:, None]  # after it: its document's EOS, then padding
+
+
+def doc_end_mask(rows: torch.Tensor, eos_id: int, bos_id: int | None) -> torch.Tensor:
+    """bool ``[B, S-1]``: True at input position ``t`` when token ``t`` ends a document."""
+    ends = rows[:, :-1] == eos_id
+    if bos_id == eos_id:  # an EOS that is the next document's BOS is followed by its text
+        ends &= rows[:, 1:] == eos_id
+    return ends
+
+
+def doc_ids(positions: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 ``[B, T]``: per input token, its document piece's number within the row (from
+    0), and -1 on padding; from ``position_ids`` (0 where a piece starts).
+
+    Two tokens may attend to each other in a document-causal mask exactly when their ids are
+    equal (PyTorch SDPA / FlexAttention block masks).
+    """
+    ids = torch.cumsum((positions == 0).to(torch.int32), dim=1, dtype=torch.int32) - 1
+    if padding is not None:
+        ids = ids.masked_fill(padding[:, : ids.shape[1]], -1)
+    return ids
+
+
+@dataclass(frozen=True)
+class RowLabels:
+    """How targets are masked for one dataset (see the module docstring).
+
+    Attributes:
+        pad_id: best-fit datasets: the padding id (its targets are -100); else None.
+        eos_id: the dataset's EOS id (None: no document ends are known).
+        bos_id: the dataset's BOS id, or None.
+        mask_doc_ends: set the target after every document's last token to -100.
+    """
+
+    pad_id: int | None
+    eos_id: int | None
+    bos_id: int | None
+    mask_doc_ends: bool
+
+    def padding(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """bool ``[B, S]`` padding of ``rows``, or None for datasets without padding."""
+        return None if self.pad_id is None else padding_mask(rows, self.pad_id)
+
+    def masked(self, rows: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor | None:
+        """bool ``[B, S-1]``: the targets to set to -100 (None: none)."""
+        mask = padding[:, 1:] if padding is not None else None
+        if self.mask_doc_ends and self.eos_id is not None:
+            ends = doc_end_mask(rows, self.eos_id, self.bos_id)
+            mask = ends if mask is None else mask | ends
+        return mask
+
+
+def row_labels(
+    index: DatasetIndex | None, seq_len: int, mask_doc_ends: bool | None
+) -> RowLabels | None:
+    """The target rule of a dataset read with rows of ``seq_len``, or None (plain targets).
+
+    Args:
+        index: the dataset's index (None: shard URLs or raw text, read as concat rows).
+        seq_len: the reader's row length.
+        mask_doc_ends: -100 after each document's last token; None: on for best-fit
+            datasets, off otherwise.
+
+    Raises:
+        ValueError: a best-fit dataset read with another ``seq_len`` than it was packed
+            with (its rows would be cut across documents and padding), or
+            ``mask_doc_ends=True`` on a dataset without EOS ids.
+    """
+    bestfit = index is not None and index.mode == "bestfit"
+    if index is not None and bestfit and seq_len != index.seq_len:
+        raise ValueError(
+            f"this dataset is packed with --mode bestfit at seq_len {index.seq_len}: one "
+            f"sample is one row, so read it with seq_len={index.seq_len} (got {seq_len}), or "
+            "repack with --seq-len to match"
+        )
+    mask = bestfit if mask_doc_ends is None else mask_doc_ends
+    eos_id = index.eos_id if index is not None else None
+    if mask and eos_id is None:
+        raise ValueError(
+            "mask_doc_ends=True needs a dataset packed with EOS ids (its index has eos_id "
+            "null, or it is read without an index)"
+        )
+    if not bestfit and not mask:
+        return None
+    assert index is not None
+    return RowLabels(index.pad_id if bestfit else None, eos_id, index.bos_id, mask)
