@@ -1,0 +1,118 @@
+"""Length-bucketed token-budget batches (``wdstream.read.buckets``) over a docs-mode pack."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import wdstream
+from tests.conftest import make_corpus
+from wdstream.errors import StateMismatchError
+from wdstream.read.buckets import BucketedBatches, bucket_plan
+from wdstream.read.rows import IGNORE_INDEX
+from wdstream.testing import assert_resumes_exactly
+
+
+@given(
+    st.lists(st.integers(0, 50), min_size=0, max_size=200),
+    st.integers(50, 400),
+    st.integers(0, 3),
+    st.integers(1, 64),
+)
+def test_plan_holds_every_sample_once_within_budget(
+    rows: list[int], budget: int, epoch: int, pool: int
+) -> None:
+    plan = bucket_plan(np.array(rows, dtype=np.int64), budget, seed=7, epoch=epoch, pool=pool)
+    again = bucket_plan(np.array(rows, dtype=np.int64), budget, seed=7, epoch=epoch, pool=pool)
+    assert [x.tolist() for x in plan] == [x.tolist() for x in again]  # deterministic
+    got = np.concatenate(plan) if plan else np.zeros(0, np.int64)
+    assert sorted(got.tolist()) == [i for i, n in enumerate(rows) if n > 0]
+    for b in plan:
+        assert len(b) >= 1 and len(b) * max(rows[i] for i in b) <= budget
+
+
+def test_plan_refuses_a_row_over_the_budget() -> None:
+    with pytest.raises(ValueError, match="max_tokens=10 is below the longest row"):
+        bucket_plan(np.array([3, 11]), 10, 0, 0)
+
+
+@pytest.fixture(scope="module")
+def docs_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("buckets")
+    src = d / "in.jsonl"
+    src.write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in make_corpus(120, seed=2, stdlib_files=0))
+    )
+    wdstream.pack([str(src)], str(d / "out"), mode="docs", shard_size="32KB", workers=0)
+    return str(d / "out")
+
+
+SEQ, BUDGET = 128, 512
+
+
+def _make(root: str, **kw: object) -> BucketedBatches:
+    opts: dict = dict(seq_len=SEQ, max_tokens=BUDGET, seed=3, epochs=2, pool=32)
+    return BucketedBatches(root, **{**opts, **kw})
+
+
+def test_batches_hold_the_documents_padded_within_budget(docs_root: str) -> None:
+    docs = [d.astype(np.int64) for d in wdstream.documents(docs_root)]
+    seen = []
+    it = _make(docs_root, epochs=1)
+    for batch in it:
+        B, T = batch["input_ids"].shape
+        assert B * T <= BUDGET
+        for r in range(B):
+            n = int(batch["attention_mask"][r].sum())
+            assert batch["attention_mask"][r, :n].all() and not batch["attention_mask"][r, n:].any()
+            row = batch["input_ids"][r, :n].tolist() + [int(batch["labels"][r, n - 1])]
+            seen.append(row)
+            assert (batch["labels"][r, n:] == IGNORE_INDEX).all()
+            assert batch["labels"][r, : n - 1].tolist() == row[1:n]
+    want = sorted(d[: SEQ + 1].tolist() for d in docs if len(d) > 1)
+    # The remainder of fewer batches than ranks: none with one rank.
+    assert sorted(seen) == want
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_rank_gets_the_same_count_and_ranks_are_disjoint(docs_root: str, world: int) -> None:
+    ranks = [list(_make(docs_root, rank=r, world_size=world, epochs=1)) for r in range(world)]
+    assert len({len(r) for r in ranks}) == 1
+    assert len(ranks[0]) == _make(docs_root, world_size=world).batches_per_epoch(0)
+    rows = [
+        tuple(b["input_ids"][i].tolist())
+        for r in ranks
+        for b in r
+        for i in range(len(b["input_ids"]))
+    ]
+    assert len(rows) == len(set(rows))
+
+
+def test_resumes_exactly_across_epochs(docs_root: str) -> None:
+    n = _make(docs_root).batches_per_epoch(0)
+    assert_resumes_exactly(lambda: _make(docs_root), check_at=[0, 1, n - 1, n, n + 2, 2 * n])
+
+
+def test_epochs_are_shuffled_differently(docs_root: str) -> None:
+    it = _make(docs_root)
+    assert [b.tolist() for b in it.plan(0)] != [b.tolist() for b in it.plan(1)]
+
+
+def test_refusals(docs_root: str, tmp_path: Path) -> None:
+    src = tmp_path / "a.jsonl"
+    src.write_text(json.dumps({"text": "hello world " * 50}) + "\n")
+    wdstream.pack([str(src)], str(tmp_path / "c"), seq_len=31, workers=0)
+    with pytest.raises(ValueError, match="--mode docs.*mode is concat"):
+        BucketedBatches(str(tmp_path / "c"), seq_len=SEQ, max_tokens=BUDGET)
+    state = _make(docs_root).state_dict()
+    with pytest.raises(StateMismatchError, match="differs in: max_tokens"):
+        _make(docs_root, max_tokens=BUDGET * 2).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="step"):
+        _make(docs_root).load_state_dict({**state, "step": 10**6})
+    assert torch.is_tensor(next(iter(_make(docs_root)))["input_ids"])

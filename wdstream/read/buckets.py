@@ -1,0 +1,230 @@
+"""Length-bucketed token-budget batches over a ``--mode docs`` dataset, exactly resumable.
+
+Each sample of a docs-mode dataset is one document; a batch is a few documents of similar
+length padded to the longest, at most ``max_tokens`` input tokens including padding (rows
+of ``min(len - 1, seq_len)`` inputs: ``input_ids = doc[:-1]``, ``labels = doc[1:]``, longer
+documents cropped to ``seq_len + 1``). The epoch's batches are a pure function of the
+index's sample lengths and ``(seed, epoch)``:
+
+1. the samples in a permutation seeded by ``(seed, epoch)``;
+2. cut into pools of ``pool`` samples; each pool sorted by row length (stable) and cut
+   greedily into batches: the next row joins while ``rows x longest <= max_tokens``;
+3. all batches of the epoch in a permutation seeded by ``(seed, epoch)``;
+4. global step ``s`` gives rank ``r`` batch ``s * world_size + r``; every rank yields
+   ``len(batches) // world_size`` batches per epoch (the rest, a different few each epoch,
+   is left out), so no DDP rank waits on another.
+
+Pools keep batches local in length without making them identical every epoch (infinibatch's
+``BucketedReadaheadBatchIterator`` does the same with a read-ahead window). The cursor is
+``(epoch, step)``: restoring recomputes the epoch's plan from the index (no reads of data,
+no replay) and continues at the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from wdstream.errors import StateMismatchError
+from wdstream.read.rows import IGNORE_INDEX
+from wdstream.read.source import ShardSource
+
+__all__ = ["BUCKETS_STATE_VERSION", "BucketedBatches", "bucket_plan"]
+
+BUCKETS_STATE_VERSION = 1
+_STREAM = 0xB0C7  # separates this module's random streams from every other's
+
+
+def bucket_plan(
+    rows: np.ndarray, max_tokens: int, seed: int, epoch: int, pool: int = 8192
+) -> list[np.ndarray]:
+    """One epoch's batches: arrays of sample numbers, in the order they are served.
+
+    Args:
+        rows: input tokens of each sample's row (its length - 1, capped at ``seq_len``);
+            samples with 0 are left out.
+        max_tokens: budget of one batch: ``len(batch) x max(rows in it) <= max_tokens``.
+        seed, epoch: the permutations' seeds.
+        pool: samples sorted together (larger: less padding, batches more alike each epoch).
+
+    Raises:
+        ValueError: a row longer than ``max_tokens`` (it fits no batch).
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) and int(rows.max()) > max_tokens:
+        raise ValueError(
+            f"max_tokens={max_tokens} is below the longest row ({int(rows.max())} tokens); "
+            "raise it or read with a smaller seq_len"
+        )
+    rng = np.random.Generator(np.random.PCG64([seed, epoch, _STREAM]))
+    order = rng.permutation(len(rows))
+    order = order[rows[order] > 0]
+    batches: list[np.ndarray] = []
+    for a in range(0, len(order), pool):
+        part = order[a : a + pool]
+        part = part[np.argsort(rows[part], kind="stable")]
+        start = 0
+        for i, n in enumerate(rows[part].tolist()):
+            if (i + 1 - start) * n > max_tokens:
+                batches.append(part[start:i])
+                start = i
+        if start < len(part):
+            batches.append(part[start:])
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+class BucketedBatches:
+    """Token-budget batches of a docs-mode dataset for one rank, with ``state_dict``.
+
+    Yields ``{"input_ids", "labels", "attention_mask"}``: int64 ``[B, T_batch]``, padded
+    with ``pad_id`` (the EOS id, else 0); ``labels`` -100 on padding; ``attention_mask`` 1
+    on real inputs (those whose target is a real token). ``B`` and ``T_batch`` vary from batch to batch.
+
+    Args:
+        source: the dataset (root or ``ShardSource``); it must be ``--mode docs``.
+        seq_len: longest row; longer documents are cropped to ``seq_len + 1`` tokens.
+        max_tokens: input tokens per batch, padding included.
+        seed, rank, world_size: as for :class:`wdstream.Loader`.
+        epochs: epochs per ``iter()`` (None: forever).
+        pool: samples sorted together (see :func:`bucket_plan`).
+
+    Raises:
+        ValueError: for a dataset of another mode, or a budget below ``seq_len``.
+    """
+
+    def __init__(
+        self,
+        source: str | ShardSource,
+        seq_len: int,
+        max_tokens: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        epochs: int | None = None,
+        pool: int = 8192,
+        **store_options: Any,
+    ) -> None:
+        self.source = (
+            source if isinstance(source, ShardSource) else ShardSource(source, **store_options)
+        )
+        index = self.source.index
+        if index is None or index.mode != "docs":
+            mode = index.mode if index is not None else "unknown (no index.json)"
+            raise ValueError(
+                f"max_tokens batches need a dataset packed with --mode docs (one document "
+                f"per sample), this one's mode is {mode}"
+            )
+        if max_tokens < seq_len:
+            raise ValueError(f"max_tokens={max_tokens} must be >= seq_len={seq_len}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.seq_len, self.max_tokens, self.seed = seq_len, max_tokens, seed
+        self.rank, self.world_size, self.epochs, self.pool = rank, world_size, epochs, pool
+        self.pad_id = index.eos_id if index.eos_id is not None else 0
+        counts = [self.source.token_counts(s, 0, int(n)) for s, n in enumerate(self.source.samples)]
+        lengths = np.concatenate(counts) if counts else np.zeros(0, np.int64)
+        self.rows = np.minimum(np.maximum(lengths - 1, 0), seq_len)
+        self.first = np.concatenate([[0], np.cumsum(self.source.samples)]).astype(np.int64)
+        self.epoch, self.step = 0, 0
+        self._plan: tuple[int, list[np.ndarray]] | None = None
+
+    # ---- plan and state -------------------------------------------------------------------
+    def plan(self, epoch: int) -> list[np.ndarray]:
+        """Every batch of ``epoch`` (all ranks), cached for the current epoch."""
+        if self._plan is None or self._plan[0] != epoch:
+            self._plan = (
+                epoch,
+                bucket_plan(self.rows, self.max_tokens, self.seed, epoch, self.pool),
+            )
+        return self._plan[1]
+
+    def batches_per_epoch(self, epoch: int | None = None) -> int:
+        """Batches every rank yields in ``epoch`` (default: the current one)."""
+        return len(self.plan(self.epoch if epoch is None else epoch)) // self.world_size
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch()
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "dataset": self.source.fingerprint, "seq_len": self.seq_len,
+            "max_tokens": self.max_tokens, "seed": self.seed, "world_size": self.world_size,
+            "pool": self.pool,
+        }  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position after the last batch handed out: ``(epoch, step)`` plus the config."""
+        return {
+            "version": BUCKETS_STATE_VERSION, "kind": "buckets", "epoch": self.epoch,
+            "step": self.step, "config": self._config(),
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly after the batch at which ``state`` was taken (O(1): no replay).
+
+        Raises:
+            StateMismatchError: a state of another dataset or configuration, or malformed.
+        """
+        if not isinstance(state, dict) or state.get("kind") != "buckets":
+            raise StateMismatchError("not a max_tokens (bucketed batches) state")
+        if state.get("version") != BUCKETS_STATE_VERSION:
+            raise StateMismatchError(f"version: {state.get('version')!r}, expected 1")
+        theirs, ours = state.get("config"), self._config()
+        if theirs != ours:
+            keys = sorted(
+                k for k in ours if not isinstance(theirs, dict) or theirs.get(k) != ours[k]
+            )
+            raise StateMismatchError(
+                f"state of another configuration (differs in: {', '.join(keys)})"
+            )
+        epoch, step = state.get("epoch"), state.get("step")
+        if not (type(epoch) is int and type(step) is int and epoch >= 0 and step >= 0):
+            raise StateMismatchError(f"epoch/step: expected integers >= 0, got {epoch!r}/{step!r}")
+        if step > self.batches_per_epoch(epoch):
+            raise StateMismatchError(
+                f"step: {step} past the epoch's {self.batches_per_epoch(epoch)}"
+            )
+        self.epoch, self.step = epoch, step
+
+    # ---- iteration --------------------------------------------------------------------------
+    def _tokens(self, sample: int) -> np.ndarray:
+        shard = int(np.searchsorted(self.first, sample, side="right")) - 1
+        k = sample - int(self.first[shard])
+        toks, _ = self.source.read(shard, k, k + 1, with_docs=False)
+        return toks[0]
+
+    def batch(self, samples: np.ndarray) -> dict[str, torch.Tensor]:
+        """The padded batch of ``samples`` (sample numbers of the dataset)."""
+        T = int(self.rows[samples].max())
+        tokens = np.full((len(samples), T + 1), self.pad_id, dtype=np.int64)
+        real = np.zeros((len(samples), T + 1), dtype=bool)
+        for i, s in enumerate(samples.tolist()):
+            n = int(self.rows[s]) + 1
+            tokens[i, :n] = self._tokens(s)[:n]
+            real[i, :n] = True
+        t = torch.from_numpy(tokens)
+        inputs = torch.from_numpy(real[:, 1:])  # input t is real iff its target is
+        return {
+            "input_ids": t[:, :-1].contiguous(),
+            "labels": t[:, 1:].masked_fill(~inputs, IGNORE_INDEX),
+            "attention_mask": inputs.to(torch.int64),
+        }
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """``epochs`` epochs (forever when None) from the current position; a position at
+        an epoch's end starts the next one."""
+        if self.step >= self.batches_per_epoch():
+            self.epoch, self.step = self.epoch + 1, 0
+        stop = None if self.epochs is None else self.epoch + self.epochs
+        while True:
+            plan = self.plan(self.epoch)
+            while self.step < len(plan) // self.world_size:
+                b = self.batch(plan[self.step * self.world_size + self.rank])
+                self.step += 1
+                yield b
+            if stop is not None and self.epoch + 1 >= stop:
+                return
+            self.epoch, self.step = self.epoch + 1, 0
