@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.context import ReaderConfig, StreamContext
+from wdstream.read.mixture import MixtureReader, open_sources
+from wdstream.read.mixture_spec import is_mixture, mixture_spec
 from wdstream.read.order import OrderConfig, Origin
 from wdstream.read.rows import IGNORE_INDEX, RowLabels, doc_ids, row_labels
 from wdstream.read.sequence import GlobalPosition, GlobalReader
@@ -49,8 +51,9 @@ from wdstream.tokenizer import Tokenizer
 __all__ = ["Chunk", "TokenDataset", "chunk_to_batches", "resolve_order", "resolve_rank"]
 
 # (stream, tokens int32 [n*B, T+1], position_ids int32 [n*B, T] or None, cursors after each batch)
-# (with a shared ring, tokens is the slot ``(worker, slot, rows)`` and positions None)
-Chunk = tuple[int, Any, torch.Tensor | None, list[dict[str, int]]]
+# (with a shared ring, tokens is the slot ``(worker, slot, rows)`` and positions None; a
+# mixture's cursors also carry each batch's ``source`` indices, int64 numpy [B])
+Chunk = tuple[int, Any, torch.Tensor | None, list[dict[str, Any]]]
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -131,7 +134,9 @@ class TokenDataset(IterableDataset):
     """Shuffled, sharded, exactly resumable batches of ``[batch_size, seq_len]`` tokens.
 
     Args:
-        source: dataset root with ``index.json``, brace pattern of shard URLs, or a list.
+        source: dataset root with ``index.json``, brace pattern of shard URLs, or a list;
+            or a mixture: ``{name: dataset}`` (with ``weights``) or the path of a ``.json``
+            / ``.toml`` mixture spec (``docs/MIXTURES.md``).
         seq_len: training sequence length T (rows hold T + 1 tokens).
         batch_size: rows per batch B.
         shuffle: permute shards per epoch and shuffle samples in windows.
@@ -166,12 +171,15 @@ class TokenDataset(IterableDataset):
             per-rank streams (the order depends on the world size and ``streams``; the only
             order for raw text). None (default): global for packed datasets, streams for raw
             text or when ``streams`` is given.
+        weights: a mixture's ``{name: weight}``, or a schedule ``[(step, {name: weight})]``.
+        stop: a mixture's stop rule: None (forever), ``"first_exhausted"`` or
+            ``"all_exhausted"`` (``docs/MIXTURES.md``).
         store_options: passed to the storage backend.
     """
 
     def __init__(
         self,
-        source: str | Sequence[str] | ShardSource | TextSource,
+        source: str | Sequence[str] | Mapping[str, str] | ShardSource | TextSource,
         seq_len: int,
         batch_size: int,
         shuffle: bool = True,
@@ -192,8 +200,17 @@ class TokenDataset(IterableDataset):
         tokenize_threads: int | None = None,
         order: str | None = None,
         mask_doc_ends: bool | None = None,
+        weights: Any = None,
+        stop: str | None = None,
         **store_options: Any,
     ) -> None:
+        mixed = is_mixture(source)
+        if mixed:
+            _check_mixture_options(tokenizer, order, streams, epochs)
+            order = "global"
+        elif weights is not None or stop is not None:
+            raise ValueError("weights= and stop= are options of a mixture (a mapping of "
+                             "sources or a spec file); this source is one dataset")  # fmt: skip
         text = tokenizer is not None or isinstance(source, TextSource)
         order = resolve_order(order, text, streams)
         streams = 1 if streams is None else streams
@@ -203,10 +220,6 @@ class TokenDataset(IterableDataset):
         if epochs is not None and epochs < 1:
             raise ValueError(f"epochs must be None or >= 1, got {epochs!r}")
         rank, world_size = resolve_rank(rank, world_size)
-        self.source = _open_source(
-            source, tokenizer, batches_per_epoch, text_key=text_key, on_error=on_error, eos=eos,
-            **store_options,
-        )  # fmt: skip
         self.cfg = ReaderConfig(
             seq_len=seq_len, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank,
             world_size=world_size, streams=streams, shuffle_window=shuffle_window,
@@ -214,16 +227,32 @@ class TokenDataset(IterableDataset):
             doc_boundaries=return_doc_boundaries,
         )  # fmt: skip
         self.epochs = epochs
-        index = self.source.index if isinstance(self.source, ShardSource) else None
-        self.labels = row_labels(index, seq_len, mask_doc_ends)
+        self.source: ShardSource | TextSource  # one dataset (a mixture has one per source)
         self._ctx: StreamContext
-        if isinstance(self.source, TextSource):
-            self._ctx = TextContext(self.source, self.cfg, batches_per_epoch, tokenize_threads)
-        else:
-            self._ctx = ReaderContext(self.source, self.cfg)
         self.sequence: GlobalReader | None = None
-        if order == "global":
-            self.sequence = _global_reader(self.source, self.cfg)
+        self.mixture: MixtureReader | None = None
+        if mixed:
+            spec = mixture_spec(source, weights, stop)
+            sources = open_sources(spec, **store_options)
+            self.labels = _mixture_labels(spec.names, sources, seq_len, mask_doc_ends)
+            self.mixture = self.sequence = MixtureReader(
+                spec, sources, _order_config(self.cfg), rank, batch_size, chunk_batches,
+                return_doc_boundaries,
+            )  # fmt: skip
+        else:
+            assert not isinstance(source, Mapping)
+            self.source = _open_source(
+                source, tokenizer, batches_per_epoch, text_key=text_key, on_error=on_error,
+                eos=eos, **store_options,
+            )  # fmt: skip
+            index = self.source.index if isinstance(self.source, ShardSource) else None
+            self.labels = row_labels(index, seq_len, mask_doc_ends)
+            if isinstance(self.source, TextSource):
+                self._ctx = TextContext(self.source, self.cfg, batches_per_epoch, tokenize_threads)
+            else:
+                self._ctx = ReaderContext(self.source, self.cfg)
+            if order == "global":
+                self.sequence = _global_reader(self.source, self.cfg)
         # Where this reader is: advanced by iteration, replaced by ``load_state_dict``.
         self.position: Position | GlobalPosition = self._start(0)
         # Set by ``Loader``: chunks instead of batches, and the start position in shared
@@ -251,11 +280,15 @@ class TokenDataset(IterableDataset):
         """Small JSON-serialisable position (see ``docs/READER.md``)."""
         return self.state_of(self.position)
 
-    def batch_at(self, step: int, origin: Origin | None = None) -> dict[str, torch.Tensor]:
+    def batch_at(
+        self, step: int, origin: Origin | None = None, position: GlobalPosition | None = None
+    ) -> dict[str, torch.Tensor]:
         """This rank's batch at global step ``step``: exactly what iteration yields there.
 
         Costs the same for any step (no replay). Steps are counted as this reader counts
-        them (from its loaded state's origin when the global batch size changed).
+        them (from its loaded state's origin when the global batch size changed); a
+        mixture's batch is read under ``position``'s schedule (default: this reader's) and
+        carries ``source``.
 
         Raises:
             TypeError: for the per-rank stream order (``order="streams"``), which has no
@@ -263,15 +296,25 @@ class TokenDataset(IterableDataset):
         """
         if self.sequence is None:
             raise TypeError("batch_at needs order='global' on a packed dataset")
-        if origin is None:
+        if position is None:
             assert isinstance(self.position, GlobalPosition)
-            origin = self.position.origin
+            position = self.position
+        if origin is None:
+            origin = position.origin
         c = self.cfg
         tokens = torch.empty((c.batch_size, c.seq_len + 1), dtype=torch.int32)
         doc = np.empty(tuple(tokens.shape), dtype=bool) if c.doc_boundaries else None
-        self.sequence.fill(step, origin, tokens.numpy(), doc)
+        source = None
+        if self.mixture is not None:
+            rows = self.mixture.rank_rows(step, 1, origin)
+            source = self.mixture.fill_rows(rows, position, tokens.numpy(), doc)
+        else:
+            self.sequence.fill(step, origin, tokens.numpy(), doc)
         positions = torch.from_numpy(_position_ids(doc)) if doc is not None else None
-        return next(chunk_to_batches(tokens, positions, c.batch_size, labels=self.labels))
+        batch = next(chunk_to_batches(tokens, positions, c.batch_size, labels=self.labels))
+        if source is not None:
+            batch["source"] = torch.from_numpy(source)
+        return batch
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position taken by :meth:`state_dict` (or ``Loader.state_dict``).
@@ -329,8 +372,7 @@ class TokenDataset(IterableDataset):
 
     def _start(self, epoch: int) -> Position | GlobalPosition:
         if self.sequence is not None:
-            order = self.sequence.order
-            return GlobalPosition(order.epoch_end_step(epoch - 1) if epoch else 0)
+            return self.sequence.start(epoch)
         return Position([self._ctx.start_cursor(epoch) for _ in range(self.cfg.streams)])
 
     def epoch_of(self, position: Position | GlobalPosition) -> int:
@@ -353,6 +395,9 @@ class TokenDataset(IterableDataset):
         Raises:
             TypeError: for raw text without ``batches_per_epoch`` (no count before reading).
         """
+        if self.mixture is not None:
+            assert isinstance(self.position, GlobalPosition)
+            return self.mixture.iteration_length(self.position)
         if epoch is None:
             epoch = self.epoch_of(self.position)
         if self.sequence is not None:
@@ -395,8 +440,7 @@ class TokenDataset(IterableDataset):
             # The loader's position, checked by the loader before it started the workers.
             n = int.from_bytes(self._shared[:8].numpy().tobytes(), "little")
             blob = json.loads(self._shared[8 : 8 + n].numpy().tobytes())
-            kind = GlobalPosition if self.sequence is not None else Position
-            self.position = kind.from_dict(blob)
+            self.position = type(self.position).from_dict(blob)
         ring = self._ring if shared else None
         if isinstance(self.position, GlobalPosition):
             yield from self._global_chunks(
@@ -490,15 +534,19 @@ class TokenDataset(IterableDataset):
                 else:
                     yield -1, tokens, positions, cursors
         finally:
-            self.sequence.order.release()
+            self.sequence.release()
         self.position.iter_stop = None  # finished: the next iter() continues after it
 
     def __iter__(self) -> Iterator[Any]:
         if self._yield_chunks:
             yield from self.iter_chunks()
             return
-        for _, tokens, positions, _ in self.iter_chunks():
-            yield from chunk_to_batches(tokens, positions, self.cfg.batch_size, labels=self.labels)
+        for _, tokens, positions, cursors in self.iter_chunks():
+            batches = chunk_to_batches(tokens, positions, self.cfg.batch_size, labels=self.labels)
+            for cursor, batch in zip(cursors, batches, strict=False):
+                if "source" in cursor:
+                    batch["source"] = torch.from_numpy(cursor["source"])
+                yield batch
 
 
 def _check_sizes(**sizes: int) -> None:
@@ -568,14 +616,57 @@ _GLOBAL_NEEDS_INDEX = (
 )
 
 
+def _order_config(cfg: ReaderConfig) -> OrderConfig:
+    return OrderConfig(
+        seq_len=cfg.seq_len, global_batch=cfg.world_size * cfg.batch_size, shuffle=cfg.shuffle,
+        seed=cfg.seed, shuffle_window=cfg.shuffle_window, shuffle_lanes=cfg.shuffle_lanes,
+    )  # fmt: skip
+
+
 def _global_reader(source: ShardSource | TextSource, cfg: ReaderConfig) -> GlobalReader:
     """The global batch sequence of a packed dataset, for ``order="global"``."""
     if not isinstance(source, ShardSource):
         raise ValueError(_GLOBAL_NEEDS_INDEX)
-    order = OrderConfig(
-        seq_len=cfg.seq_len, global_batch=cfg.world_size * cfg.batch_size, shuffle=cfg.shuffle,
-        seed=cfg.seed, shuffle_window=cfg.shuffle_window, shuffle_lanes=cfg.shuffle_lanes,
-    )  # fmt: skip
     return GlobalReader(
-        source, order, cfg.rank, cfg.batch_size, cfg.chunk_batches, cfg.doc_boundaries
-    )
+        source, _order_config(cfg), cfg.rank, cfg.batch_size, cfg.chunk_batches,
+        cfg.doc_boundaries,
+    )  # fmt: skip
+
+
+def _check_mixture_options(
+    tokenizer: Any, order: str | None, streams: int | None, epochs: int | None
+) -> None:
+    """A mixture reads packed sources in the global order and ends by its stop rule.
+
+    Raises:
+        ValueError: naming the option that does not apply to a mixture.
+    """
+    if tokenizer is not None:
+        raise ValueError("a mixture reads packed datasets; pack raw text first (tokenizer=)")
+    if order not in (None, "global") or streams is not None:
+        raise ValueError("a mixture is read in the global order; order='streams' and "
+                         "streams= do not apply")  # fmt: skip
+    if epochs is not None:
+        raise ValueError(
+            "epochs= counts epochs of one dataset; a mixture's sources each walk their own "
+            "epochs: pass stop='first_exhausted' or stop='all_exhausted' (default None: "
+            "forever) instead"
+        )
+
+
+def _mixture_labels(
+    names: list[str], sources: list[ShardSource], seq_len: int, mask_doc_ends: bool | None
+) -> RowLabels | None:
+    """The one target rule of a mixture's rows (every source's must agree).
+
+    Raises:
+        ValueError: naming two sources whose packing needs different target rules.
+    """
+    rules = [row_labels(s.index, seq_len, mask_doc_ends) for s in sources]
+    for name, rule in zip(names, rules, strict=True):
+        if rule != rules[0]:
+            raise ValueError(
+                f"sources {names[0]!r} and {name!r} need different target rules ({rules[0]} "
+                f"vs {rule}); pack them in the same mode, or pass mask_doc_ends"
+            )
+    return rules[0]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ __all__ = ["Loader"]
 # Bytes of the shared buffer that hands the start position to the workers: a cursor is at
 # most 8 int64 fields in JSON (< 300 bytes), the rest a few numbers.
 _SHARED_BASE_BYTES, _SHARED_CURSOR_BYTES = 1 << 12, 512
+_SHARED_MIXTURE_BYTES = 1 << 18  # a mixture's schedule: thousands of pieces of a few sources
 
 
 def _identity(x: Any) -> Any:
@@ -93,7 +94,10 @@ class Loader:
     """Shuffled ``[batch_size, seq_len]`` token batches, equal per rank, exactly resumable.
 
     Args:
-        source: dataset root with ``index.json``, brace pattern of shard URLs, or a list.
+        source: dataset root with ``index.json``, brace pattern of shard URLs, or a list;
+            or a mixture of packed datasets: ``{name: dataset}`` with ``weights``, or the
+            path of a ``.json`` / ``.toml`` mixture spec (``docs/MIXTURES.md``). A mixture's
+            batches carry ``source`` (int64 [B], indices into :attr:`sources`).
         seq_len: training sequence length T (may differ from the packed one).
         batch_size: rows per batch B.
         shuffle: shuffle shards per epoch and samples in windows.
@@ -136,12 +140,17 @@ class Loader:
             elastic resume, :meth:`batch_at`) or ``"streams"`` (per-rank streams, the only
             order for raw text). None (default): global for packed datasets, streams for raw
             text or when ``streams`` is given. See ``docs/READER.md``.
+        weights: a mixture's ``{name: weight}`` (exact proportions after every row), or a
+            schedule ``[(step, {name: weight}), ...]`` (exact from each boundary on).
+        stop: a mixture's stop rule: None (default: forever), ``"first_exhausted"`` (an
+            iteration ends before the first source starts a new epoch) or
+            ``"all_exhausted"`` (before the last one does).
         store_options: passed to the storage backend.
     """
 
     def __init__(
         self,
-        source: str | Sequence[str],
+        source: str | Sequence[str] | Mapping[str, str],
         seq_len: int = 2048,
         batch_size: int = 8,
         shuffle: bool = True,
@@ -170,6 +179,8 @@ class Loader:
         tokenize_threads: int | None = None,
         order: str | None = None,
         mask_doc_ends: bool | None = None,
+        weights: Any = None,
+        stop: str | None = None,
         **store_options: Any,
     ) -> None:
         if num_workers is None:
@@ -198,7 +209,7 @@ class Loader:
             world_size=world_size, streams=streams, epochs=epochs, shuffle_window=shuffle_window,
             shuffle_lanes=shuffle_lanes, chunk_batches=chunk_batches,
             return_doc_boundaries=return_doc_boundaries, order=order, mask_doc_ends=mask_doc_ends,
-            **text, **store_options,
+            weights=weights, stop=stop, **text, **store_options,
         )  # fmt: skip
         self.dataset._yield_chunks = True
         self.epochs = epochs
@@ -223,12 +234,41 @@ class Loader:
     def world_size(self) -> int:
         return self.dataset.cfg.world_size
 
-    def __len__(self) -> int:
-        """Batches this rank yields in the current epoch (the same on every rank).
+    @property
+    def sources(self) -> list[str]:
+        """A mixture's source names, in order: ``batch["source"]`` indexes this list.
 
         Raises:
-            TypeError: for raw text without ``batches_per_epoch`` (no count before reading).
+            TypeError: for one dataset (its batches have no ``source``).
         """
+        if self.dataset.mixture is None:
+            raise TypeError("sources: this Loader reads one dataset, not a mixture")
+        return list(self.dataset.mixture.names)
+
+    def progress(self) -> dict[str, dict[str, Any]]:
+        """A mixture's consumption so far, per source name: ``epoch``, ``rows`` and
+        ``tokens`` (``seq_len`` per row) handed out, ``epoch_rows`` done of ``rows_per_epoch``,
+        and its ``weight`` now (for logging).
+
+        Raises:
+            TypeError: for one dataset.
+        """
+        if self.dataset.mixture is None:
+            raise TypeError("progress: this Loader reads one dataset, not a mixture")
+        assert isinstance(self._handed, GlobalPosition)
+        return self.dataset.mixture.progress(self._handed)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch (the same on every rank); for a
+        mixture with a stop rule, in the current iteration.
+
+        Raises:
+            TypeError: for raw text without ``batches_per_epoch`` (no count before reading),
+                or a mixture without a stop rule (it runs forever).
+        """
+        if self.dataset.mixture is not None:
+            assert isinstance(self._handed, GlobalPosition)
+            return self.dataset.mixture.iteration_length(self._handed)
         return self.dataset.batches_per_epoch(self.dataset.epoch_of(self._handed))
 
     def state_dict(self) -> dict[str, Any]:
@@ -256,8 +296,8 @@ class Loader:
     def batch_at(self, step: int) -> dict[str, torch.Tensor]:
         """This rank's batch at global step ``step``, exactly as iteration yields it, in the
         same time for any step (``order="global"`` only; see ``TokenDataset.batch_at``)."""
-        origin = self._handed.origin if isinstance(self._handed, GlobalPosition) else None
-        batch = self.dataset.batch_at(step, origin)
+        handed = self._handed if isinstance(self._handed, GlobalPosition) else None
+        batch = self.dataset.batch_at(step, None, handed)
         return batch if self.device is None else {k: v.to(self.device) for k, v in batch.items()}
 
     def _prepare(self) -> None:
@@ -268,6 +308,8 @@ class Loader:
         if self._dl is None:
             ds = self.dataset
             size = _SHARED_BASE_BYTES + _SHARED_CURSOR_BYTES * ds.cfg.streams
+            if ds.mixture is not None:  # the position carries the schedule's pieces
+                size += _SHARED_MIXTURE_BYTES
             ds._shared = torch.zeros(size, dtype=torch.uint8).share_memory_()
             # A worker runs at most prefetch_factor chunks ahead of the one the main process
             # is slicing, so prefetch_factor + 2 slots per worker are never overwritten early.
@@ -295,7 +337,13 @@ class Loader:
             return ds.iter_chunks()
         dl = self._torch_loader()
         blob = json.dumps(ds.position.to_dict()).encode()
-        assert ds._shared is not None and len(blob) + 8 <= ds._shared.numel()
+        assert ds._shared is not None
+        if len(blob) + 8 > ds._shared.numel():
+            raise ValueError(
+                f"the reader's position takes {len(blob):,} bytes, more than the "
+                f"{ds._shared.numel() - 8:,} the workers are handed (a schedule of too many "
+                "pieces?); use fewer schedule pieces or num_workers=0"
+            )
         ds._shared[:8] = torch.frombuffer(
             bytearray(len(blob).to_bytes(8, "little")), dtype=torch.uint8
         )
@@ -328,6 +376,9 @@ class Loader:
             if isinstance(handed, GlobalPosition):
                 for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin, labels=labels)):
                     handed.step = cursors[j]["step"]  # recorded as the batch is handed over
+                    if "source" in cursors[j]:  # a mixture: each row's source index
+                        src = torch.from_numpy(cursors[j]["source"])
+                        batch["source"] = src if self.device is None else src.to(self.device)
                     yield batch
                 continue
             if n == 0:  # a raw-text stream that finished its epochs passes its turn

@@ -1,7 +1,7 @@
 """The deterministic interleave of a mixture: which source gives global row n, exactly.
 
-Weights are taken as the exact decimals they are written as (``0.6`` is 3/5, ``2`` is 2),
-normalised to fractions ``W_i / P`` with integer ``W_i`` summing to the *period* ``P``. One
+Weights are taken as the exact numbers they were written as (``0.6`` is 3/5, ``2`` is 2,
+``1 / 3`` is 1/3: a float is the simplest fraction that rounds to it), normalised to fractions ``W_i / P`` with integer ``W_i`` summing to the *period* ``P``. One
 period is built once with Tijdeman's chairman-assignment rule (R. Tijdeman, "The chairman
 assignment problem", Discrete Math. 32, 1980): at row ``t`` (1-based), among the sources
 whose lag ``p_i t - c_i`` is at least ``s = 1 / (2K - 2)``, take the one with the smallest
@@ -31,13 +31,15 @@ __all__ = ["MAX_PERIOD", "Interleave", "exact_weights"]
 
 # Rows of one period: its tables (5 bytes a row) are built in Python once per weight vector.
 MAX_PERIOD = 1 << 16
+_SIMPLE_DENOMINATOR = 10**6
 
 
 def exact_weights(weights: Sequence[float | int], names: Sequence[str]) -> tuple[int, ...]:
     """Integer weights ``W_i`` with ``W_i / sum(W)`` exactly the normalised ``weights``.
 
-    A float is read as the shortest decimal that prints as it (``0.1`` is 1/10, not the
-    binary float near it), so the proportions are exactly those written in code or a spec.
+    A float is read as the simplest fraction (denominator up to 10**6) that rounds to it,
+    else as the shortest decimal that prints as it: ``0.1`` is 1/10 and ``1 / 3`` is 1/3,
+    not the binary floats near them, so the proportions are those written in code or a spec.
 
     Raises:
         ValueError: for a negative, non-finite or non-number weight, weights summing to 0,
@@ -51,7 +53,7 @@ def exact_weights(weights: Sequence[float | int], names: Sequence[str]) -> tuple
             raise ValueError(f"weight of source {name!r} must be finite, got {w!r}")
         if w < 0:
             raise ValueError(f"weight of source {name!r} must be >= 0, got {w!r}")
-        fracs.append(Fraction(repr(w)) if isinstance(w, float) else Fraction(w))
+        fracs.append(_fraction(w))
     total = sum(fracs, Fraction(0))
     if total <= 0:
         raise ValueError(
@@ -66,6 +68,13 @@ def exact_weights(weights: Sequence[float | int], names: Sequence[str]) -> tuple
             "with fewer digits (e.g. 0.62 rather than 0.6173), or small integers"
         )
     return tuple(int(s * period) for s in shares)
+
+
+def _fraction(w: float | int) -> Fraction:
+    if isinstance(w, int):
+        return Fraction(w)
+    simple = Fraction(w).limit_denominator(_SIMPLE_DENOMINATOR)
+    return simple if float(simple) == w else Fraction(repr(w))
 
 
 @functools.lru_cache(maxsize=32)

@@ -133,6 +133,11 @@ class GlobalReader:
             StateMismatchError: naming the field for a malformed state or one of another
                 dataset, seed, ``seq_len`` or shuffle; a per-rank (version 1) state.
         """
+        if isinstance(state, dict) and state.get("order") == "mixture":
+            raise StateMismatchError(
+                "order: the state is of a mixture; this loader reads one dataset: resume it "
+                "with the mixture's Loader (the same sources and weights or spec file)"
+            )
         if isinstance(state, dict) and state.get("version") == 1:
             raise StateMismatchError(
                 "version: a version-1 state holds per-rank stream cursors, which the global "
