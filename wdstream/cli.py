@@ -199,10 +199,16 @@ def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_storage_options
 def stats(root: str, as_json: bool, **remote: Any) -> None:
-    """Shards, samples, documents, tokens, bytes and a document-length histogram."""
+    """Shards, samples, documents, tokens, bytes and a document-length histogram.
+
+    ROOT may be a mixture spec (.json / .toml): per-source counts and the schedule."""
     from wdstream.inspect import dataset_stats
+    from wdstream.read.mixture_spec import is_mixture
     from wdstream.storage import open_store
 
+    if is_mixture(root):
+        _mixture_stats(root, as_json, remote)
+        return
     try:
         s = dataset_stats(open_store(root, **_store_options(root, **remote)))
     except (WdstreamError, ValueError, OSError) as exc:
@@ -287,7 +293,10 @@ def explain(
     text: bool,
     **remote: Any,
 ) -> None:
-    """Where every row of global step STEP came from: rank, shard, sample, file:line."""
+    """Where every row of global step STEP came from: rank, shard, sample, file:line.
+
+    DATASET may be a mixture spec (.json / .toml): each row also names its source."""
+    from wdstream.read.mixture_spec import is_mixture
     from wdstream.read.provenance import explain as run_explain
     from wdstream.read.provenance import explanation_lines
 
@@ -296,6 +305,12 @@ def explain(
         if state is not None:
             with open(state, encoding="utf-8") as f:
                 saved = json.load(f)
+        if is_mixture(dataset):
+            _explain_mixture(dataset, step, saved, text, remote, batch_size=batch_size,
+                             world_size=world_size, seq_len=seq_len, seed=seed,
+                             shuffle=not no_shuffle, shuffle_window=shuffle_window,
+                             shuffle_lanes=shuffle_lanes)  # fmt: skip
+            return
         result = run_explain(
             dataset, step, batch_size=batch_size, world_size=world_size, seq_len=seq_len,
             seed=seed, shuffle=not no_shuffle, shuffle_window=shuffle_window,
@@ -305,6 +320,42 @@ def explain(
     except (WdstreamError, ValueError, OSError) as exc:
         _fail(exc)
     for line in explanation_lines(result):
+        click.echo(line)
+
+
+def _mixture_store_options(spec: str, remote: dict[str, Any]) -> dict[str, Any]:
+    """The storage options of a spec's remote sources (from its first remote one)."""
+    from wdstream.read.mixture_spec import read_spec
+
+    urls = list(read_spec(spec).sources.values())
+    return _store_options(next((u for u in urls if "://" in u), spec), **remote)
+
+
+def _mixture_stats(spec: str, as_json: bool, remote: dict[str, Any]) -> None:
+    from wdstream.read.mixture_inspect import mixture_stats, mixture_stats_lines
+
+    try:
+        s = mixture_stats(spec, **_mixture_store_options(spec, remote))
+    except (WdstreamError, ValueError, OSError) as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(s, indent=1, sort_keys=True))
+        return
+    for line in mixture_stats_lines(s):
+        click.echo(line)
+
+
+def _explain_mixture(
+    spec: str, step: int, saved: Any, text: bool, remote: dict[str, Any], **options: Any
+) -> None:
+    from wdstream.read.mixture_inspect import explain_mixture, mixture_explanation_lines
+
+    try:
+        result = explain_mixture(spec, step, state=saved, text=text, **options,
+                                 **_mixture_store_options(spec, remote))  # fmt: skip
+    except (WdstreamError, ValueError, OSError) as exc:
+        _fail(exc)
+    for line in mixture_explanation_lines(result):
         click.echo(line)
 
 

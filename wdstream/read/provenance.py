@@ -40,6 +40,9 @@ __all__ = [
     "RowPiece",
     "explain",
     "explanation_lines",
+    "row_pieces",
+    "state_order_config",
+    "with_text",
 ]
 
 _TABLE_CACHE = 16  # shards' provenance tables kept in memory (a few KB each)
@@ -208,7 +211,8 @@ class Explanation:
     rows: tuple[ExplainedRow, ...]
 
 
-def _state_config(state: Any) -> OrderConfig:
+def state_order_config(state: Any) -> OrderConfig:
+    """The order parameters a saved global-order (or mixture) Loader state was taken with."""
     try:
         c = state["config"]
         return OrderConfig(
@@ -274,7 +278,7 @@ def explain(
     prov = Provenance(dataset, **store_options)
     index = prov.index
     if state is not None:
-        cfg = _state_config(state)
+        cfg = state_order_config(state)
         given = {"seq_len": seq_len, "seed": seed}
         clash = [f"{k} {v} (state: {getattr(cfg, k)})" for k, v in given.items()
                  if v is not None and v != getattr(cfg, k)]  # fmt: skip
@@ -307,18 +311,19 @@ def explain(
         tok = load_tokenizer(index.tokenizer["name"], "tiktoken")
     rows = []
     for r in range(cfg.global_batch):
-        pieces = _row_pieces(prov, order, epoch, first + r)
+        pieces = row_pieces(prov, order, epoch, first + r)
         if tok is not None:
             tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
             order.fill(epoch, first + r, tokens, None)
-            pieces = [_with_text(p, tok.decode(tokens[0, p.row_start : p.row_end])) for p in pieces]
+            pieces = [with_text(p, tok.decode(tokens[0, p.row_start : p.row_end])) for p in pieces]
         rows.append(ExplainedRow(r, r // batch_size, r % batch_size, first + r, tuple(pieces)))
     return Explanation(
         step, epoch, cfg.seq_len, cfg.seed, world_size, batch_size, origin, tuple(rows)
     )
 
 
-def _row_pieces(prov: Provenance, order: GlobalOrder, epoch: int, row: int) -> list[RowPiece]:
+def row_pieces(prov: Provenance, order: GlobalOrder, epoch: int, row: int) -> list[RowPiece]:
+    """The document pieces of row ``row`` of ``epoch`` of ``order`` (over ``prov``'s dataset)."""
     plan, out, at = order.plan(epoch), [], 0
     for position, off, take in order.row_segments(epoch, row):
         [(shard, sample, _)] = plan.pieces(position, position + 1)
@@ -335,7 +340,8 @@ def _row_pieces(prov: Provenance, order: GlobalOrder, epoch: int, row: int) -> l
     return out
 
 
-def _with_text(piece: RowPiece, text: str) -> RowPiece:
+def with_text(piece: RowPiece, text: str) -> RowPiece:
+    """``piece`` with its decoded ``text`` (cut to ``TEXT_CHARS``)."""
     if len(text) > TEXT_CHARS:
         text = text[:TEXT_CHARS] + "\u2026"
     return RowPiece(**{**piece.__dict__, "text": text})
