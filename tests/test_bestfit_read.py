@@ -52,7 +52,7 @@ def test_targets_are_ignored_exactly_on_padding_and_chosen_ends(
     for d, n in enumerate(lens):
         text = (np.arange(n) % 97 + d).tolist()
         docs.append(np.array(([EOT] if bos else []) + text + [EOT], dtype=np.uint32))
-    packer = BestFitPacker(S, np.dtype("<u4"), 7, EOT)
+    packer = BestFitPacker(S, np.dtype("<u4"), 7, EOT, 2 if bos else 1)
     samples = list(packer.add(np.concatenate(docs), [len(d) for d in docs], list(range(len(docs)))))
     samples += list(packer.flush())
     rule = RowLabels(EOT, EOT, EOT if bos else None, mask_ends)
@@ -113,7 +113,8 @@ def test_each_batch_row_is_one_sample_with_its_targets(root: Path) -> None:
 
 def test_plain_targets_when_document_ends_are_not_masked(root: Path) -> None:
     batch = next(iter(_loader(root, mask_doc_ends=False)))
-    rows = torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1)
+    last = batch["labels"][:, -1:]  # -100 there only on padding, which is EOT
+    rows = torch.cat([batch["input_ids"], torch.where(last == IGNORE_INDEX, EOT, last)], dim=1)
     padding = RowLabels(EOT, EOT, None, False).padding(rows)
     assert padding is not None
     want = torch.where(padding[:, 1:], IGNORE_INDEX, rows[:, 1:])

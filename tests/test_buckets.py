@@ -116,3 +116,18 @@ def test_refusals(docs_root: str, tmp_path: Path) -> None:
     with pytest.raises(StateMismatchError, match="step"):
         _make(docs_root).load_state_dict({**state, "step": 10**6})
     assert torch.is_tensor(next(iter(_make(docs_root)))["input_ids"])
+
+
+def test_loader_max_tokens_is_these_batches_and_resumes(docs_root: str) -> None:
+    def loader() -> wdstream.Loader:
+        return wdstream.Loader(docs_root, seq_len=SEQ, max_tokens=BUDGET, seed=3, epochs=1,
+                               rank=1, world_size=2, num_workers=0)  # fmt: skip
+
+    want = [
+        b["input_ids"].tolist() for b in _make(docs_root, rank=1, world_size=2, epochs=1, pool=8192)
+    ]
+    assert [b["input_ids"].tolist() for b in loader()] == want
+    assert len(loader()) == len(want)
+    assert_resumes_exactly(loader, check_at=[0, 3, len(want)])
+    with pytest.raises(TypeError, match="batch_at"):
+        loader().batch_at(0)

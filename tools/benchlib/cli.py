@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib import memory, pack, read, remote, report, resume, sequence
+from benchlib import bestfit, memory, pack, read, remote, report, resume, sequence
 from benchlib.common import COMMITTED_REPORT, DEFAULT_OUTPUT, DEFAULT_RESULTS, ROOT, WORKERS
 from benchlib.corpus import build_corpus
 from benchlib.env import machine
@@ -31,6 +31,7 @@ PARTS = {
     "sequence": sequence,
     "memory": memory,
     "remote": remote,
+    "bestfit": bestfit,
 }
 QUICK_SKIPS = ("memory",)
 

@@ -29,8 +29,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from wdstream.errors import StateMismatchError
+from wdstream.read.buckets import BucketedBatches
 from wdstream.read.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.sequence import GlobalPosition
+from wdstream.read.source import ShardSource
 from wdstream.tokenizer import Tokenizer
 
 __all__ = ["Loader"]
@@ -145,6 +147,11 @@ class Loader:
         stop: a mixture's stop rule: None (default: forever), ``"first_exhausted"`` (an
             iteration ends before the first source starts a new epoch) or
             ``"all_exhausted"`` (before the last one does).
+        max_tokens: ``--mode docs`` datasets: length-bucketed batches of whole documents
+            padded to the batch's longest, at most this many input tokens each (padding
+            included; rows capped at ``seq_len``), with ``attention_mask``; ``batch_size``,
+            workers and the global order do not apply (read in this process). Same batch
+            count on every rank, exact ``(epoch, step)`` resume (:mod:`wdstream.read.buckets`).
         store_options: passed to the storage backend.
     """
 
@@ -181,6 +188,7 @@ class Loader:
         mask_doc_ends: bool | None = None,
         weights: Any = None,
         stop: str | None = None,
+        max_tokens: int | None = None,
         **store_options: Any,
     ) -> None:
         if num_workers is None:
@@ -225,6 +233,15 @@ class Loader:
         # The position after the last batch handed to the caller: the dataset runs ahead of
         # it by the chunks prefetched or being sliced, so this is the loader's own.
         self._handed = self.dataset.position.copy()
+        self._buckets = None if max_tokens is None else self._bucketed(seq_len, max_tokens, seed)
+
+    def _bucketed(self, seq_len: int, max_tokens: int, seed: int) -> BucketedBatches:
+        """The token-budget batches of ``max_tokens`` (one packed docs-mode dataset only)."""
+        if not isinstance(self.dataset.source, ShardSource) or self.dataset.mixture is not None:
+            raise ValueError("max_tokens reads one packed dataset (--mode docs)")
+        return BucketedBatches(
+            self.dataset.source, seq_len, max_tokens, seed, self.rank, self.world_size, self.epochs
+        )
 
     @property
     def rank(self) -> int:
@@ -269,10 +286,14 @@ class Loader:
         if self.dataset.mixture is not None:
             assert isinstance(self._handed, GlobalPosition)
             return self.dataset.mixture.iteration_length(self._handed)
+        if self._buckets is not None:
+            return len(self._buckets)
         return self.dataset.batches_per_epoch(self.dataset.epoch_of(self._handed))
 
     def state_dict(self) -> dict[str, Any]:
         """Position after the last batch handed out: small and JSON-serialisable."""
+        if self._buckets is not None:
+            return self._buckets.state_dict()
         return self.dataset.state_of(self._handed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -284,6 +305,9 @@ class Loader:
                 message names the field and its value); also for one torch worker's share
                 of a ``TokenDataset`` state, which lacks the other workers' streams.
         """
+        if self._buckets is not None:
+            self._buckets.load_state_dict(state)
+            return
         position = self.dataset.position_of(state)
         if position.worker is not None and position.worker[1] > 1:
             raise StateMismatchError(
@@ -296,6 +320,8 @@ class Loader:
     def batch_at(self, step: int) -> dict[str, torch.Tensor]:
         """This rank's batch at global step ``step``, exactly as iteration yields it, in the
         same time for any step (``order="global"`` only; see ``TokenDataset.batch_at``)."""
+        if self._buckets is not None:
+            raise TypeError("batch_at: max_tokens batches are counted per epoch, not globally")
         handed = self._handed if isinstance(self._handed, GlobalPosition) else None
         batch = self.dataset.batch_at(step, None, handed)
         return batch if self.device is None else {k: v.to(self.device) for k, v in batch.items()}
@@ -362,6 +388,9 @@ class Loader:
             yield s, tokens, pos, cursors
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self._buckets is not None:
+            yield from self._buckets
+            return
         chunks = self._resolve(self._chunks())
         cuda = self.device is not None and self.device.type == "cuda"
         if cuda:

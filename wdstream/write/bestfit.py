@@ -1,19 +1,26 @@
 """Best-fit packing: rows of ``sample_tokens`` that hold whole documents.
 
-Documents are taken in blocks of ``buffer`` consecutive documents (in input order). Each
-block is packed on its own by best-fit decreasing (Ding et al., "Fewer Truncations Improve
-Language Modeling", 2024): its items, longest first, each go into the fullest row they still
-fit; the slack at a row's end is padding. A document longer than a row is the only one cut:
-into full rows plus a *tail* (its last ``len % sample_tokens`` tokens), and only the tail is
-best-fit; the full rows are emitted right before the row holding the tail, which starts with
-it, so every document's pieces are consecutive samples (``cont`` links them as in concat
-mode). A row holds at most one tail. ``sample_tokens = 5``, block of documents
-``A`` (3 tokens), ``B`` (7), ``C`` (2), ``D`` (1)::
+Documents are taken in blocks of ``buffer`` consecutive documents (in input order) and each
+block is laid out on its own:
 
-    items (longest first)   A:3  B-tail:2  C:2  D:1       (B = full row B[0:5] + tail B[5:7])
-    rows                    [B B B B B] [B B A A A] [C C D . .]
-    doc_lens                 [5, 0]      [2, 3, 0]   [2, 1, 2]    (last entry: padding)
-    cont                     False       True        False
+1. documents longer than a row -- the only ones cut -- are concatenated in input order and
+   cut every ``sample_tokens`` tokens, as concat mode does, so their rows are full; only the
+   last of these rows is partial;
+2. the other documents are packed by best-fit decreasing (Ding et al., "Fewer Truncations
+   Improve Language Modeling", 2024): longest first, each into the fullest row it still fits
+   (that last partial row included), a new row when none has room. The slack at a row's end
+   is padding.
+
+A row thus holds at most one piece continued from the sample before it (first) and one
+continued in the sample after it (last, in a full row), and every document's pieces are
+consecutive samples linked by ``cont`` as in concat mode. ``sample_tokens = 5``, block of
+documents ``A`` (3 tokens), ``B`` (7), ``C`` (2), ``D`` (1)::
+
+    long documents        B B B B B | B B            (B cut every 5 tokens)
+    short, longest first  A:3  C:2  D:1             (A joins B's last row; C, D a new one)
+    rows                  [B B B B B] [B B A A A] [C C D . .]
+    doc_lens               [5, 0]      [2, 3, 0]   [2, 1, 2]    (last entry: padding)
+    cont                   False       True        False
 
 The layout is a pure function of the block's document lengths and ``sample_tokens``
 (:func:`bestfit_rows`), so every engine that feeds documents in input order gets identical
@@ -44,22 +51,26 @@ Piece = tuple[int, int, int]  # (document index in the block, first token, end t
 class _Bin:
     free: int
     pieces: list[Piece]
-    tail: bool  # holds a long document's tail (always placed first)
     first_doc: int  # smallest document index in it (orders the output)
 
 
-def bestfit_rows(lens: Sequence[int] | np.ndarray, sample_tokens: int) -> list[list[Piece]]:
-    """Rows of whole documents (long ones cut into full rows plus a tail), best-fit decreasing.
+def bestfit_rows(
+    lens: Sequence[int] | np.ndarray, sample_tokens: int, min_head: int = 1
+) -> list[list[Piece]]:
+    """Rows of whole documents (long ones cut as in concat mode), best-fit decreasing.
 
     Args:
         lens: document lengths in tokens (every one >= 1), in input order.
         sample_tokens: tokens per row.
+        min_head: a long document starts at the end of a row only if at least this many of
+            its tokens fit there (else the row ends in padding): 2 when documents start
+            with a BOS equal to the padding id, so no row ends in a lone BOS.
 
     Returns:
         The rows in output order, each a list of pieces ``(doc, start, stop)`` in row order;
-        a row's tokens are its pieces' tokens, then padding up to ``sample_tokens``. Rows come
-        in order of the smallest document they hold; a long document's full rows come right
-        before the row that starts with its tail.
+        a row's tokens are its pieces' tokens, then padding up to ``sample_tokens``. The rows
+        of the long documents come first, as one run (in the position of the first of them),
+        the others in order of the smallest document they hold.
 
     Raises:
         ValueError: for a length < 1 or ``sample_tokens`` < 1.
@@ -67,47 +78,53 @@ def bestfit_rows(lens: Sequence[int] | np.ndarray, sample_tokens: int) -> list[l
     if sample_tokens < 1:
         raise ValueError(f"sample_tokens must be >= 1, got {sample_tokens}")
     S = sample_tokens
-    items: list[tuple[int, int, int, bool]] = []  # (size, doc, start, is_tail)
-    full: dict[int, list[list[Piece]]] = {}  # doc -> its full rows
-    for d, n in enumerate(lens):
-        n = int(n)
+    sizes = [int(n) for n in lens]
+    for d, n in enumerate(sizes):
         if n < 1:
             raise ValueError(f"document {d} has {n} tokens; every document needs >= 1")
-        k, r = divmod(n, S)
-        if k and (k > 1 or r):
-            full[d] = [[(d, j * S, (j + 1) * S)] for j in range(k)]
-        elif k:  # exactly one row: an ordinary item that fills a row
-            r = n
-        if r:
-            items.append((r, d, n - r, n > S))
-    items.sort(key=lambda it: (-it[0], it[1]))
-    bins: list[_Bin] = []
-    keys: list[tuple[int, int]] = []  # (free, bin number) of open bins, sorted
-    for size, d, a, is_tail in items:
-        at = bisect.bisect_left(keys, (size, -1))
-        while at < len(keys) and is_tail and bins[keys[at][1]].tail:
-            at += 1
+    # 1. Long documents: one stream cut every S tokens (all rows full but the last).
+    chain: list[list[Piece]] = []
+    row: list[Piece] = []
+    free = S
+    for d in (d for d, n in enumerate(sizes) if n > S):
+        a = 0
+        if row and free < min_head:
+            chain.append(row)  # the row ends in padding rather than in a lone first token
+            row, free = [], S
+        while a < sizes[d]:
+            take = min(free, sizes[d] - a)
+            row.append((d, a, a + take))
+            a, free = a + take, free - take
+            if not free:
+                chain.append(row)
+                row, free = [], S
+    # 2. The rest, longest first, each into the fullest row with room (best fit).
+    bins = [_Bin(free, row, row[0][0])] if row else []
+    keys = [(free, 0)] if row else []  # (free, bin number) of rows with room, sorted
+    for d in sorted((d for d, n in enumerate(sizes) if n <= S), key=lambda d: (-sizes[d], d)):
+        n = sizes[d]
+        at = bisect.bisect_left(keys, (n, -1))
         if at < len(keys):
             b = keys.pop(at)[1]
-            bins[b].free -= size
-            bins[b].pieces.append((d, a, a + size))
+            bins[b].free -= n
+            bins[b].pieces.append((d, 0, n))
             bins[b].first_doc = min(bins[b].first_doc, d)
-            bins[b].tail = bins[b].tail or is_tail
         else:
             b = len(bins)
-            bins.append(_Bin(S - size, [(d, a, a + size)], is_tail, d))
+            bins.append(_Bin(S - n, [(d, 0, n)], d))
         if bins[b].free:
             bisect.insort(keys, (bins[b].free, b))
+    # Output: the long documents' run where its first document is; rows by first document.
     units: list[tuple[int, list[list[Piece]]]] = []
-    tails: set[int] = set()
-    for bin_ in bins:
-        # Row order: the tail (a continuation) first, then documents in input order.
-        row = sorted(bin_.pieces, key=lambda p: (p[1] == 0, p[0]))
-        head = full.get(row[0][0], []) if bin_.tail else []
-        if bin_.tail:
-            tails.add(row[0][0])
-        units.append((bin_.first_doc, [*head, row]))
-    units += [(d, rows) for d, rows in full.items() if d not in tails]
+    for i, bin_ in enumerate(bins):
+        # The continued piece (only in the chain's last row) first, then input order.
+        pieces = sorted(bin_.pieces, key=lambda p: (p[1] == 0, p[0]))
+        if i == 0 and chain and pieces[0][1] > 0:
+            chain.append(pieces)  # the chain's partial last row
+        else:
+            units.append((bin_.first_doc, [pieces]))
+    if chain:
+        units.append((chain[0][0][0], chain))
     units.sort(key=lambda u: u[0])
     return [row for _, rows in units for row in rows]
 
@@ -124,15 +141,25 @@ class BestFitPacker:
         dtype: on-disk token dtype.
         buffer: documents per best-fit block (memory is about one block of tokens).
         pad_id: the token written into padding.
+        min_head: see :func:`bestfit_rows`: 2 when documents start with a BOS equal to the
+            padding id (pack passes it), else 1.
     """
 
-    def __init__(self, sample_tokens: int, dtype: np.dtype, buffer: int, pad_id: int) -> None:
+    def __init__(
+        self,
+        sample_tokens: int,
+        dtype: np.dtype,
+        buffer: int,
+        pad_id: int,
+        min_head: int = 1,
+    ) -> None:
         if sample_tokens < 1:
             raise ValueError(f"sample_tokens must be >= 1, got {sample_tokens}")
         if buffer < 1:
             raise ValueError(f"bestfit buffer must be >= 1 documents, got {buffer}")
         self.sample_tokens, self.dtype = sample_tokens, dtype
         self.buffer, self.pad_id = buffer, pad_id
+        self.min_head = min_head
         self._docs: list[np.ndarray] = []
         self._pos: list[Any] = []
         self._skip = 0  # rows of the first block already in committed shards (resume)
@@ -164,7 +191,7 @@ class BestFitPacker:
         self._docs, self._pos = [], []
         skip, self._skip = self._skip, 0
         S = self.sample_tokens
-        rows = bestfit_rows([len(d) for d in docs], S)
+        rows = bestfit_rows([len(d) for d in docs], S, self.min_head)
         for k, row in enumerate(rows[skip:], start=skip + 1):
             lens = [b - a for _, a, b in row]
             pad = S - sum(lens)

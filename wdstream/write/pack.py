@@ -324,7 +324,14 @@ def pack(
         packer = (
             ConcatPacker(seq_len + 1, DTYPES[dtype])
             if mode == "concat"
-            else BestFitPacker(seq_len + 1, DTYPES[dtype], bestfit_buffer, eos_id or 0)
+            # No row may end in a lone BOS that reads as padding (wdstream.read.rows).
+            else BestFitPacker(
+                seq_len + 1,
+                DTYPES[dtype],
+                bestfit_buffer,
+                eos_id or 0,
+                2 if bos_id is not None and bos_id == eos_id else 1,
+            )
             if mode == "bestfit"
             else DocsPacker(DTYPES[dtype])
         )
