@@ -150,3 +150,40 @@ def test_same_rows_on_any_world_size_and_batch_at(root: Path) -> None:
     loader = _loader(root, batch_size=4)
     for k in (0, len(one) // 2, len(one) - 1):
         assert all(torch.equal(loader.batch_at(k)[f], one[k][f]) for f in one[k])
+
+
+def test_state_from_two_ranks_resumes_on_one_with_workers(root: Path) -> None:
+    """Elastic: rank 0's state of a 2 x 2 run continues on 1 x 4 (with a worker) exactly."""
+    full = [b["labels"] for b in _loader(root, batch_size=4)]
+    saver = _loader(root, batch_size=2, rank=0, world_size=2)
+    it = iter(saver)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(saver.state_dict()))
+    resumed = _loader(root, batch_size=4, num_workers=1)
+    resumed.load_state_dict(state)
+    rest = [b["labels"] for b in resumed]
+    assert len(rest) == len(full) - 3
+    assert all(torch.equal(a, b) for a, b in zip(rest, full[3:], strict=True))
+
+
+def test_per_rank_streams_also_read_one_sample_per_row(root: Path) -> None:
+    samples = {tuple(s.tokens.tolist()[:SEQ]) for s in raw_samples(root)}
+    for batch in _loader(root, order="streams", streams=2):
+        for row in batch["input_ids"].tolist():
+            assert tuple(row) in samples
+
+
+def test_stats_cli_reports_rows_truncation_and_padding(root: Path) -> None:
+    from click.testing import CliRunner
+
+    from wdstream.cli import main
+
+    res = CliRunner().invoke(main, ["stats", str(root)])
+    assert res.exit_code == 0, res.output
+    s = json.loads(CliRunner().invoke(main, ["stats", str(root), "--json"]).output)
+    assert (
+        f"rows {s['rows']:,}; documents truncated {s['documents_truncated']:,} "
+        f"({s['documents_truncated_pct']:.2f} %); padding {s['padding_pct']:.2f} % of tokens"
+    ) in res.output
+    assert s["rows"] == len(raw_samples(root)) and s["mode"] == "bestfit"
