@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wdstream.tokenizer import CHECK_TEXT, Tokenizer, TokenizerError, load_tokenizer
+from wdstream.tokenizer import CHECK_TEXT, TokenizerError, load_tokenizer
 
 CL100K_FILE_SHA = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 
@@ -65,13 +65,13 @@ def test_bpe_openai_matches_tiktoken(name: str, corpus_docs: list[str]) -> None:
 def test_backend_fallback_on_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
     import wdstream.tokenizer as T
 
-    real = Tokenizer.encode
+    real = T.TiktokenTokenizer.encode
 
-    def broken(self: Tokenizer, text: str) -> np.ndarray:
+    def broken(self: T.TiktokenTokenizer, text: str) -> np.ndarray:
         ids = real(self, text)
         return ids[::-1] if self.backend == "bpe-openai" else ids
 
-    monkeypatch.setattr(T.Tokenizer, "encode", broken)
+    monkeypatch.setattr(T.TiktokenTokenizer, "encode", broken)
     with pytest.warns(UserWarning, match="differ"):
         tok = load_tokenizer("cl100k_base", "bpe-openai")
     assert tok.backend == "tiktoken"

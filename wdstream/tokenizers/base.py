@@ -1,0 +1,104 @@
+"""The interface every tokenizer implements, and the file hash that pins a tokenizer file.
+
+A tokenizer crosses process boundaries (pack's worker processes, the reader's torch workers)
+as its recipe only: ``__reduce__`` returns the spec (name or path) and, for a file, the
+sha256 it had when it was loaded. The receiving process loads it again and refuses a file
+whose bytes changed in between, so two processes can never tokenise with different
+vocabularies under one ``index.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from wdstream.errors import TokenizerError
+
+__all__ = ["Tokenizer", "read_pinned"]
+
+
+class Tokenizer(ABC):
+    """A loaded tokenizer; picklable as its recipe (see the module docstring).
+
+    Attributes:
+        spec: what was asked for (name or path), enough to load it again.
+        name: the encoding's name, or the path of the tokenizer file.
+        backend: the library actually encoding (``tiktoken``, ``bpe-openai``, ``tokenizers``,
+            ``sentencepiece``).
+        n_vocab: ids are ``< n_vocab``.
+        eos_id: the end-of-document id (None if the tokenizer has none).
+        bos_id: the beginning-of-document id from the tokenizer's own configuration (None if
+            it names none; ``pack --bos`` then falls back to ``eos_id``).
+    """
+
+    spec: str
+    name: str
+    backend: str
+    n_vocab: int
+    eos_id: int | None
+    bos_id: int | None = None
+
+    @property
+    @abstractmethod
+    def ranks_sha256(self) -> str:
+        """sha256 of the vocabulary (tiktoken: canonical ranks; files: the file's bytes)."""
+
+    @abstractmethod
+    def __reduce__(self) -> tuple[Any, ...]:
+        """The recipe that loads this tokenizer again in another process (never its data)."""
+
+    def info(self) -> dict[str, Any]:
+        """The dict recorded in ``index.json``: name, backend, ranks_sha256, n_vocab."""
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "ranks_sha256": self.ranks_sha256,
+            "n_vocab": self.n_vocab,
+        }
+
+    @abstractmethod
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids of ``text`` as ``uint32``; special-token text is encoded as ordinary text."""
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of every text (``uint32`` arrays), in order, on the calling thread."""
+        return [self.encode(t) for t in texts]
+
+    @abstractmethod
+    def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
+        """Token ids of every text, in order, using up to ``num_threads`` threads."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text of ``ids``; bytes that are not valid UTF-8 become U+FFFD."""
+
+    @abstractmethod
+    def id_to_text(self, token: int) -> str:
+        """Readable form of one id (special tokens by name)."""
+
+
+def read_pinned(path: str, expected: str | None) -> tuple[bytes, str]:
+    """Read a tokenizer file; return its bytes and their sha256.
+
+    The hash is of the very bytes that get parsed, so a file replaced while it is read cannot
+    slip through under the old hash.
+
+    Raises:
+        OSError: the file cannot be read.
+        TokenizerError: ``expected`` is given and is not the file's sha256 (the file changed
+            since the tokenizer was first loaded).
+    """
+    with open(path, "rb") as f:
+        raw = f.read()
+    actual = hashlib.sha256(raw).hexdigest()
+    if expected is not None and expected != actual:
+        raise TokenizerError(
+            f"tokenizer file {path} changed since it was loaded (sha256 {expected[:16]}... "
+            f"then, {actual[:16]}... now); every process must tokenise with the same file: "
+            "restore the file, or start again with the new one"
+        )
+    return raw, actual

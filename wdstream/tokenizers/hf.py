@@ -1,0 +1,196 @@
+"""Hugging Face ``tokenizers`` files (``tokenizer.json``), e.g. a Llama, Mistral or Qwen one.
+
+BOS and EOS come from the tokenizer's own configuration, first found wins:
+
+1. ``tokenizer_config.json`` next to ``tokenizer.json`` (``bos_token``/``eos_token``, a
+   string or ``{"content": ...}``; an explicit ``null`` means "none");
+2. the post-processor in ``tokenizer.json``: the special tokens a ``TemplateProcessing``
+   puts before / after ``$A`` (also inside a ``Sequence``), or Bert/Roberta's cls/sep;
+3. a special added token with a conventional name (``<s>``, ``</s>``, ``<|endoftext|>``, ...).
+
+Document text is encoded with ``add_special_tokens=False`` and ``encode_special_tokens``
+on, so a document that contains the text ``</s>`` gets the ordinary ids of those characters,
+never the EOS id (tiktoken documents are encoded the same way).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from wdstream.errors import TokenizerError
+from wdstream.tokenizers.base import Tokenizer, read_pinned
+
+__all__ = ["HFTokenizer", "hf_tokenizer_file"]
+
+CONFIG_NAME = "tokenizer_config.json"
+_BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]")
+_EOS_NAMES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[SEP]")
+
+
+def _import_tokenizers() -> Any:
+    try:
+        import tokenizers
+    except ImportError as exc:
+        raise ImportError(
+            "reading a Hugging Face tokenizer.json needs the 'tokenizers' package "
+            f"({exc}); install it with: pip install 'wdstream[hf]'"
+        ) from exc
+    return tokenizers
+
+
+def hf_tokenizer_file(spec: str) -> str | None:
+    """The ``tokenizer.json`` that ``spec`` names (a ``.json`` path, or a folder holding
+    one), or None when ``spec`` is not a Hugging Face tokenizer."""
+    if spec.endswith(".json"):
+        return spec
+    candidate = os.path.join(spec, "tokenizer.json")
+    return candidate if os.path.isdir(spec) and os.path.isfile(candidate) else None
+
+
+def _token_content(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _from_template(items: list[Any]) -> tuple[str | None, str | None]:
+    """(BOS, EOS) a TemplateProcessing ``single`` template puts around ``$A``."""
+    before, after, seen_a = None, None, False
+    for item in items:
+        if "Sequence" in item:
+            seen_a = True
+        elif "SpecialToken" in item:
+            token = item["SpecialToken"]["id"]
+            if seen_a:
+                after = after or token
+            else:
+                before = token
+    return before, after
+
+
+def _from_post_processor(proc: Any) -> tuple[str | None, str | None]:
+    if not isinstance(proc, dict):
+        return None, None
+    kind = proc.get("type")
+    if kind == "TemplateProcessing":
+        return _from_template(proc.get("single", []))
+    if kind in ("BertProcessing", "RobertaProcessing"):
+        return proc["cls"][0], proc["sep"][0]
+    if kind == "Sequence":
+        for inner in proc.get("processors", []):
+            found = _from_post_processor(inner)
+            if found != (None, None):
+                return found
+    return None, None
+
+
+def _special_tokens(
+    path: str, spec_json: dict[str, Any], expect_config_sha256: str | None
+) -> tuple[str | None, str | None, str]:
+    """``(bos_text, eos_text, sha256 of tokenizer_config.json or "" if there is none)`` by
+    the order in the module docstring; an expected config hash pins the config file too."""
+    config = os.path.join(os.path.dirname(path) or ".", CONFIG_NAME)
+    config_sha = ""
+    if os.path.isfile(config) or expect_config_sha256:
+        raw, config_sha = read_pinned(config, expect_config_sha256)
+        cfg = json.loads(raw)
+        if "bos_token" in cfg or "eos_token" in cfg:
+            bos, eos = _token_content(cfg.get("bos_token")), _token_content(cfg.get("eos_token"))
+            return bos, eos, config_sha
+    bos, eos = _from_post_processor(spec_json.get("post_processor"))
+    if bos is None and eos is None:
+        special = {t["content"] for t in spec_json.get("added_tokens", []) if t.get("special")}
+        bos = next((t for t in _BOS_NAMES if t in special), None)
+        eos = next((t for t in _EOS_NAMES if t in special), None)
+    return bos, eos, config_sha
+
+
+class HFTokenizer(Tokenizer):
+    """A ``tokenizer.json`` loaded with Hugging Face ``tokenizers``.
+
+    Args:
+        spec: path to ``tokenizer.json`` or a folder holding it.
+        expect_sha256: refuse the file unless its sha256 is this (set when the tokenizer is
+            loaded again in a worker process).
+        expect_config_sha256: the same for ``tokenizer_config.json`` ("": none was used).
+
+    Raises:
+        ImportError: ``tokenizers`` is not installed (names the extra).
+        TokenizerError: the file is missing, unreadable, or changed since it was loaded.
+    """
+
+    backend = "tokenizers"
+
+    def __init__(
+        self,
+        spec: str,
+        expect_sha256: str | None = None,
+        expect_config_sha256: str | None = None,
+    ) -> None:
+        tokenizers = _import_tokenizers()
+        path = hf_tokenizer_file(spec)
+        if path is None:
+            raise TokenizerError(
+                f"{spec!r} is neither a .json file nor a folder with tokenizer.json"
+            )
+        self.spec = spec
+        self.name = spec
+        self.path = path
+        try:
+            raw, self._sha256 = read_pinned(path, expect_sha256)
+            spec_json = json.loads(raw)
+            self._tok = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
+            bos, eos, self.config_sha256 = _special_tokens(path, spec_json, expect_config_sha256)
+        except TokenizerError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - OSError, bad JSON, tokenizers' own errors
+            raise TokenizerError(
+                f"cannot load Hugging Face tokenizer file {path}: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._tok.encode_special_tokens = True
+        self.bos_id = self._id_of(bos)
+        self.eos_id = self._id_of(eos)
+        self.n_vocab = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
+
+    def _id_of(self, token: str | None) -> int | None:
+        if token is None:
+            return None
+        found = self._tok.token_to_id(token)
+        return None if found is None else int(found)
+
+    @property
+    def ranks_sha256(self) -> str:
+        """sha256 of the ``tokenizer.json`` bytes."""
+        return self._sha256
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (HFTokenizer, (self.spec, self._sha256, self.config_sha256))
+
+    def info(self) -> dict[str, Any]:
+        """index.json's tokenizer entry, plus the config file's hash when one was read."""
+        out = super().info()
+        if self.config_sha256:
+            out["config_sha256"] = self.config_sha256
+        return out
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+
+    def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
+        """Sequential below 2 threads; else tokenizers' own (Rayon) pool, whose size is
+        ``RAYON_NUM_THREADS`` (it cannot be set per call)."""
+        if num_threads < 2:
+            return [self._tok.encode(t, add_special_tokens=False).ids for t in texts]
+        encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [e.ids for e in encs]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=False))
+
+    def id_to_text(self, token: int) -> str:
+        return self.decode([token])
