@@ -113,8 +113,8 @@ def test_refusals(docs_root: str, tmp_path: Path) -> None:
     state = _make(docs_root).state_dict()
     with pytest.raises(StateMismatchError, match="differs in: max_tokens"):
         _make(docs_root, max_tokens=BUDGET * 2).load_state_dict(state)
-    with pytest.raises(StateMismatchError, match="step"):
-        _make(docs_root).load_state_dict({**state, "step": 10**6})
+    with pytest.raises(StateMismatchError, match="batch: 1000000 past"):
+        _make(docs_root).load_state_dict({**state, "batch": 10**6})
     assert torch.is_tensor(next(iter(_make(docs_root)))["input_ids"])
 
 
@@ -131,3 +131,24 @@ def test_loader_max_tokens_is_these_batches_and_resumes(docs_root: str) -> None:
     assert_resumes_exactly(loader, check_at=[0, 3, len(want)])
     with pytest.raises(TypeError, match="batch_at"):
         loader().batch_at(0)
+
+
+def test_a_state_continues_on_another_world_size(docs_root: str) -> None:
+    """The plan does not depend on the world size: after rank 0's state of a 2-rank run,
+    1 rank yields the batches both ranks would have, in order; 3 ranks share them."""
+    one = [b["input_ids"].tolist() for b in _make(docs_root, epochs=1)]
+    two = _make(docs_root, rank=0, world_size=2, epochs=1)
+    it = iter(two)
+    for _ in range(3):
+        next(it)
+    state = two.state_dict()
+    rest = _make(docs_root, epochs=1)
+    rest.load_state_dict(state)
+    assert [b["input_ids"].tolist() for b in rest] == one[6:]
+    three = []
+    for r in range(3):
+        x = _make(docs_root, rank=r, world_size=3, epochs=1)
+        x.load_state_dict(state)
+        three.append([b["input_ids"].tolist() for b in x])
+    assert len({len(t) for t in three}) == 1 and three[0]
+    assert [b for step in zip(*three, strict=True) for b in step] == one[6 : 6 + 3 * len(three[0])]

@@ -10,14 +10,16 @@ index's sample lengths and ``(seed, epoch)``:
 2. cut into pools of ``pool`` samples; each pool sorted by row length (stable) and cut
    greedily into batches: the next row joins while ``rows x longest <= max_tokens``;
 3. all batches of the epoch in a permutation seeded by ``(seed, epoch)``;
-4. global step ``s`` gives rank ``r`` batch ``s * world_size + r``; every rank yields
-   ``len(batches) // world_size`` batches per epoch (the rest, a different few each epoch,
-   is left out), so no DDP rank waits on another.
+4. each global step takes the next ``world_size`` batches, rank ``r`` the ``r``-th; every
+   rank yields ``len(batches) // world_size`` batches per epoch (the rest, a different few
+   each epoch, is left out), so no DDP rank waits on another.
 
 Pools keep batches local in length without making them identical every epoch (infinibatch's
 ``BucketedReadaheadBatchIterator`` does the same with a read-ahead window). The cursor is
-``(epoch, step)``: restoring recomputes the epoch's plan from the index (no reads of data,
-no replay) and continues at the step.
+``(epoch, batch)``, ``batch`` the batches of the plan served so far: restoring recomputes
+the epoch's plan from the index (no reads of data, no replay) and continues there. The plan
+does not depend on the world size, so a state continues on another world size too: the
+steps after it hold the same batches, spread over the new ranks.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ class BucketedBatches:
         lengths = np.concatenate(counts) if counts else np.zeros(0, np.int64)
         self.rows = np.minimum(np.maximum(lengths - 1, 0), seq_len)
         self.first = np.concatenate([[0], np.cumsum(self.source.samples)]).astype(np.int64)
-        self.epoch, self.step = 0, 0
+        self.epoch, self.served = 0, 0  # batches of the epoch's plan served (all ranks)
         self._plan: tuple[int, list[np.ndarray]] | None = None
 
     # ---- plan and state -------------------------------------------------------------------
@@ -142,7 +144,7 @@ class BucketedBatches:
         return self._plan[1]
 
     def batches_per_epoch(self, epoch: int | None = None) -> int:
-        """Batches every rank yields in ``epoch`` (default: the current one)."""
+        """Batches every rank yields in a whole ``epoch`` (default: the current one)."""
         return len(self.plan(self.epoch if epoch is None else epoch)) // self.world_size
 
     def __len__(self) -> int:
@@ -151,15 +153,14 @@ class BucketedBatches:
     def _config(self) -> dict[str, Any]:
         return {
             "dataset": self.source.fingerprint, "seq_len": self.seq_len,
-            "max_tokens": self.max_tokens, "seed": self.seed, "world_size": self.world_size,
-            "pool": self.pool,
+            "max_tokens": self.max_tokens, "seed": self.seed, "pool": self.pool,
         }  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
-        """Position after the last batch handed out: ``(epoch, step)`` plus the config."""
+        """Position after the last batch handed out: ``(epoch, batch)`` plus the config."""
         return {
             "version": BUCKETS_STATE_VERSION, "kind": "buckets", "epoch": self.epoch,
-            "step": self.step, "config": self._config(),
+            "batch": self.served, "config": self._config(),
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -180,14 +181,14 @@ class BucketedBatches:
             raise StateMismatchError(
                 f"state of another configuration (differs in: {', '.join(keys)})"
             )
-        epoch, step = state.get("epoch"), state.get("step")
-        if not (type(epoch) is int and type(step) is int and epoch >= 0 and step >= 0):
-            raise StateMismatchError(f"epoch/step: expected integers >= 0, got {epoch!r}/{step!r}")
-        if step > self.batches_per_epoch(epoch):
+        epoch, served = state.get("epoch"), state.get("batch")
+        if not (type(epoch) is int and type(served) is int and epoch >= 0 and served >= 0):
             raise StateMismatchError(
-                f"step: {step} past the epoch's {self.batches_per_epoch(epoch)}"
+                f"epoch/batch: expected integers >= 0, got {epoch!r}/{served!r}"
             )
-        self.epoch, self.step = epoch, step
+        if served > len(self.plan(epoch)):
+            raise StateMismatchError(f"batch: {served} past the epoch's {len(self.plan(epoch))}")
+        self.epoch, self.served = epoch, served
 
     # ---- iteration --------------------------------------------------------------------------
     def _tokens(self, sample: int) -> np.ndarray:
@@ -216,15 +217,16 @@ class BucketedBatches:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """``epochs`` epochs (forever when None) from the current position; a position at
         an epoch's end starts the next one."""
-        if self.step >= self.batches_per_epoch():
-            self.epoch, self.step = self.epoch + 1, 0
+        W = self.world_size
+        if self.served + W > len(self.plan(self.epoch)):
+            self.epoch, self.served = self.epoch + 1, 0
         stop = None if self.epochs is None else self.epoch + self.epochs
         while True:
             plan = self.plan(self.epoch)
-            while self.step < len(plan) // self.world_size:
-                b = self.batch(plan[self.step * self.world_size + self.rank])
-                self.step += 1
+            while self.served + W <= len(plan):
+                b = self.batch(plan[self.served + self.rank])
+                self.served += W
                 yield b
             if stop is not None and self.epoch + 1 >= stop:
                 return
-            self.epoch, self.step = self.epoch + 1, 0
+            self.epoch, self.served = self.epoch + 1, 0

@@ -151,7 +151,8 @@ class Loader:
             padded to the batch's longest, at most this many input tokens each (padding
             included; rows capped at ``seq_len``), with ``attention_mask``; ``batch_size``,
             workers and the global order do not apply (read in this process). Same batch
-            count on every rank, exact ``(epoch, step)`` resume (:mod:`wdstream.read.buckets`).
+            count on every rank, exact resume, also on another world size
+            (:mod:`wdstream.read.buckets`).
         store_options: passed to the storage backend.
     """
 
