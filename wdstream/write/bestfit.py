@@ -132,7 +132,8 @@ def bestfit_rows(
 class BestFitPacker:
     """Packs documents into best-fit rows of exactly ``sample_tokens`` tokens (padding last).
 
-    Same interface as :class:`~wdstream.write.samples.ConcatPacker`. Every sample's
+    ``add``/``flush`` as :class:`~wdstream.write.samples.ConcatPacker`; a resume restarts at
+    a block's first document and skips rows (:meth:`resume_rows`). Every sample's
     ``doc_lens`` ends with its padding length (0 for a full row), so ``doc_lens`` sums to
     ``sample_tokens`` and the padding is told apart without reading the tokens.
 
