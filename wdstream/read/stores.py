@@ -3,6 +3,8 @@
 Both sources (packed shards, raw text) read objects under a few roots through
 :mod:`wdstream.storage`. A :class:`StoreCache` opens each root's store once, closes them
 together, and pickles empty, so torch workers open their own connections and file maps.
+With ``cache_dir`` among the options, remote stores read through the node-local block cache
+(:mod:`wdstream.storage.cache`) that every worker and rank of the node shares.
 """
 
 from __future__ import annotations
@@ -11,16 +13,29 @@ import hashlib
 from typing import Any
 
 from wdstream.storage import Store, open_store
+from wdstream.storage.cache import CachedStore, parse_cache_limit
+from wdstream.storage.local import LocalStore
 
 __all__ = ["StoreCache", "fingerprint"]
 
 
 class StoreCache:
-    """One :class:`Store` per root, opened on first use with ``options``."""
+    """One :class:`Store` per root, opened on first use with ``options``.
+
+    ``cache_dir`` and ``cache_limit`` (default ``"50GB"``) are taken out of the options:
+    remote roots are then wrapped in a :class:`~wdstream.storage.cache.CachedStore`; local
+    roots are read directly (the cache would only copy local disk to local disk).
+    """
 
     def __init__(self, **options: Any) -> None:
         self.options = options
         self._stores: dict[str, Store] = {}
+        rest = dict(options)
+        self._cache_dir: str | None = rest.pop("cache_dir", None)
+        self._cache_limit = parse_cache_limit(rest.pop("cache_limit", "50GB"))  # fail early
+        if "cache_limit" in options and self._cache_dir is None:
+            raise ValueError("cache_limit needs cache_dir (the node-local folder to cache in)")
+        self._open_options = rest
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options}  # stores hold handles and connections: not sent
@@ -32,7 +47,10 @@ class StoreCache:
         """The store of ``root``."""
         store = self._stores.get(root)
         if store is None:
-            store = self._stores[root] = open_store(root, **self.options)
+            store = open_store(root, **self._open_options)
+            if self._cache_dir is not None and not isinstance(store, LocalStore):
+                store = CachedStore(store, self._cache_dir, self._cache_limit)
+            self._stores[root] = store
         return store
 
     def url(self, root: str, name: str) -> str:

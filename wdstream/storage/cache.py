@@ -1,0 +1,319 @@
+"""A node-local cache of remote ranged reads, shared by every worker and rank of a node.
+
+``CachedStore(inner, cache_dir, limit)`` serves ``read_range`` from fixed, aligned blocks
+of each object kept as files under ``cache_dir``; a missing run of blocks is one ranged GET
+to ``inner``. Epoch 2 then reads local disk::
+
+    object data-000003.tar   |  block 0  |  block 1  |  block 2  | ...   (BLOCK bytes each)
+    read_range(5 MB, 9 MB)          [=======|===]                 -> blocks 1 and 2
+    cache_dir/<sha of root>/data-000003.tar.00000001.blk          (data, then a trailer)
+
+Why blocks, not whole shards: the reader takes a window's samples from lanes spread across
+shards of ~256 MB; caching a whole shard on first touch would make epoch 1 fetch all of
+every shard a lane touches before its first batch, while aligned blocks fetch (about) what
+is read, and read-ahead stays sequential inside a lane. Blocks are files (not one sparse
+file per shard) so that every write is a whole-file atomic rename and eviction is ``unlink``.
+
+Safe under concurrent processes: a block is written to a private temporary name and renamed
+into place, so a reader never sees a partial block; two processes that miss the same block
+both fetch it and the second rename replaces identical bytes. Eviction (least recently used
+by file mtime, touched on every hit) runs in whichever process has written enough since its
+last sweep, under an ``fcntl`` lock so only one sweeps at a time; a block deleted under a
+reader is just a miss.
+
+Every block file ends with a trailer: the CRC32C and length of its data. A block whose
+trailer does not match (bit rot, a truncated file, a foreign file) is deleted and fetched
+again, with a warning; a cached range is never served unverified. The reader's per-sample
+CRC32C then checks the bytes once more. Objects are assumed immutable (shards are): a
+dataset packed again over the same URL needs its cache folder cleared; until then its stale
+blocks fail the reader's per-sample checks (an error, never silent data).
+
+Whole-object reads (``read``: ``index.json``, sidecars) and everything else pass through to
+the inner store: they are small, and ``index.json`` must be fresh.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import struct
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import BinaryIO
+
+import crc32c
+
+from wdstream.storage.base import Store
+
+__all__ = ["BLOCK", "CachedStore", "parse_cache_limit"]
+
+BLOCK = 4 << 20  # bytes per cached block: a few samples' worth of GET latency amortised
+_TRAILER = struct.Struct("<IQ")  # CRC32C of the data, its length
+_SUFFIX = ".blk"
+_LOCK_NAME = ".evict.lock"
+_STALE_TMP_S = 3600.0  # temporary files older than this were left by a killed process
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def parse_cache_limit(limit: str | int) -> int:
+    """``"50GB"`` -> 50_000_000_000, ``"2GiB"`` -> 2**31, ``4096`` -> 4096.
+
+    Raises:
+        ValueError: not a positive size.
+    """
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        value = limit
+    else:
+        text = str(limit).strip().upper().replace(" ", "")
+        num = text.rstrip("KMGTIB")
+        try:
+            value = int(float(num) * _UNITS[text[len(num) :]])
+        except (KeyError, ValueError):
+            raise ValueError(
+                f"cache_limit: not a size: {limit!r} (use e.g. 50GB, 512MiB or bytes)"
+            ) from None
+    if value <= 0:
+        raise ValueError(f"cache_limit must be positive, got {limit!r}")
+    return value
+
+
+class CachedStore(Store):
+    """``inner``'s ranged reads through a bounded block cache in ``cache_dir``.
+
+    Args:
+        inner: the remote store whose reads are cached.
+        cache_dir: local folder shared by the node's processes (created if missing).
+        limit: bytes the cache may hold (``"50GB"`` strings or ints); a process sweeps once
+            it has written ``limit / 16`` (at most 256 MB) since its last sweep, so the
+            folder can exceed ``limit`` by that much per process between sweeps.
+        block: block size in bytes.
+
+    Attributes:
+        hits, misses: blocks served from the cache / fetched, in this process.
+        dropped: cached blocks that failed their trailer check and were fetched again.
+    """
+
+    def __init__(
+        self, inner: Store, cache_dir: str, limit: str | int = "50GB", block: int = BLOCK
+    ) -> None:
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        self.inner = inner
+        self.url = inner.url
+        self.limit = parse_cache_limit(limit)
+        self.block = block
+        self.cache_dir = os.path.abspath(cache_dir)
+        root_key = hashlib.sha256(f"{inner.url}\0{block}".encode()).hexdigest()[:16]
+        self._dir = os.path.join(self.cache_dir, root_key)
+        try:
+            os.makedirs(self._dir, exist_ok=True)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot create the cache folder {self._dir} ({exc.strerror}); "
+                "give a writable cache_dir"
+            ) from exc  # fmt: skip
+        self._sweep_every = min(self.limit // 16 + 1, 256 << 20)
+        self._written = self._sweep_every  # sweep once at the first write: start bounded
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.dropped = 0
+
+    # -- the cached path ----------------------------------------------------------------
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        if start < 0 or end < start:
+            raise ValueError(f"bad byte range [{start}, {end}) of {self.child_url(name)}")
+        if end == start:
+            return b""
+        first, last = start // self.block, (end - 1) // self.block
+        blocks: list[bytes] = []
+        k = first
+        while k <= last:
+            data = self._cached(name, k)
+            if data is None:
+                run = self._missing_run(name, k, last)
+                fetched = self._fetch(name, k, run)
+                if not fetched:
+                    break  # the range starts past the object's end
+                blocks += fetched
+                k += len(fetched)
+                if len(fetched) < run or len(fetched[-1]) < self.block:
+                    break  # the object ends here
+                continue
+            blocks.append(data)
+            k += 1
+            if len(data) < self.block:
+                break  # a short block is the object's last
+        joined = b"".join(blocks)
+        offset = start - first * self.block
+        return joined[offset : offset + (end - start)]
+
+    def _path(self, name: str, k: int) -> str:
+        return os.path.join(self._dir, f"{name}.{k:08d}{_SUFFIX}")
+
+    def _cached(self, name: str, k: int) -> bytes | None:
+        """Block ``k`` of ``name`` from the cache, verified, or None (then it is fetched)."""
+        path = self._path(name, k)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        data = memoryview(raw)[: -_TRAILER.size] if len(raw) >= _TRAILER.size else None
+        if data is None or _TRAILER.unpack_from(raw, len(data)) != (
+            crc32c.crc32c(data),
+            len(data),
+        ):
+            self._drop(path)
+            return None
+        try:
+            os.utime(path)  # the LRU clock
+        except FileNotFoundError:
+            pass  # evicted meanwhile; the bytes read are still good
+        with self._lock:
+            self.hits += 1
+        return bytes(data)
+
+    def _drop(self, path: str) -> None:
+        warnings.warn(
+            f"cache block {path} failed its checksum (damaged or cut short); "
+            "deleted and fetched again",
+            stacklevel=4,
+        )
+        with self._lock:
+            self.dropped += 1
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _missing_run(self, name: str, k: int, last: int) -> int:
+        """How many blocks from ``k`` (at most to ``last``) are absent: one GET for all."""
+        n = 1
+        while k + n <= last and not os.path.exists(self._path(name, k + n)):
+            n += 1
+        return n
+
+    def _fetch(self, name: str, k: int, n: int) -> list[bytes]:
+        """Fetch blocks ``k .. k+n-1`` in one ranged read, store them, return them."""
+        data = self.inner.read_range(name, k * self.block, (k + n) * self.block)
+        blocks = [data[i : i + self.block] for i in range(0, len(data), self.block)]
+        for j, blk in enumerate(blocks):
+            self._store(name, k + j, blk)
+        with self._lock:
+            self.misses += len(blocks)
+        return blocks
+
+    def _store(self, name: str, k: int, data: bytes) -> None:
+        path = self._path(name, k)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.write(_TRAILER.pack(crc32c.crc32c(data), len(data)))
+            os.replace(tmp, path)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                # A full disk costs the cache, never the read: the bytes are in hand.
+                warnings.warn(f"cache folder {self._dir} is full; block not cached", stacklevel=4)
+                return
+            raise
+        with self._lock:
+            self._written += len(data) + _TRAILER.size
+            sweep = self._written >= self._sweep_every
+            if sweep:
+                self._written = 0
+        if sweep:
+            self.evict()
+
+    # -- eviction -------------------------------------------------------------------------
+    def evict(self) -> int:
+        """Delete least recently used blocks until the folder holds at most ``limit`` bytes
+        (down to 90% of it, so sweeps are rare). Returns how many bytes were freed; 0 when
+        another process holds the sweep lock (it is sweeping the same folder)."""
+        lock_path = os.path.join(self.cache_dir, _LOCK_NAME)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0
+            entries, total = self._scan()
+            if total <= self.limit:
+                return 0
+            freed, target = 0, total - int(self.limit * 0.9)
+            for _, size, path in sorted(entries):
+                if freed >= target:
+                    break
+                try:
+                    os.unlink(path)
+                    freed += size
+                except FileNotFoundError:
+                    pass
+            return freed
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _scan(self) -> tuple[list[tuple[float, int, str]], int]:
+        """Every block under ``cache_dir`` (all roots) as (mtime, size, path), and the total;
+        deletes temporary files a killed process left behind."""
+        entries: list[tuple[float, int, str]] = []
+        now = time.time()
+        for root in _subdirs(self.cache_dir):
+            for entry in os.scandir(root):
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue
+                if entry.name.endswith(_SUFFIX):
+                    entries.append((st.st_mtime, st.st_size, entry.path))
+                elif entry.name.endswith(".tmp") and now - st.st_mtime > _STALE_TMP_S:
+                    _unlink_quietly(entry.path)
+        return entries, sum(e[1] for e in entries)
+
+    # -- everything else passes through ---------------------------------------------------
+    def read(self, name: str) -> bytes:
+        return self.inner.read(name)
+
+    def size(self, name: str) -> int:
+        return self.inner.size(name)
+
+    def exists(self, name: str) -> bool:
+        return self.inner.exists(name)
+
+    def list(self) -> list[str]:
+        return self.inner.list()
+
+    def writer(self, name: str) -> AbstractContextManager[BinaryIO]:
+        return self.inner.writer(name)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+    def iter_chunks(self, name: str, chunk_size: int = 8 << 20) -> Iterator[bytes]:
+        return self.inner.iter_chunks(name, chunk_size)  # verification reads the source
+
+    def child_url(self, name: str) -> str:
+        return self.inner.child_url(name)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _subdirs(folder: str) -> list[str]:
+    try:
+        return [e.path for e in os.scandir(folder) if e.is_dir()]
+    except FileNotFoundError:
+        return []
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
