@@ -23,7 +23,7 @@ from wdstream.errors import IndexValidationError
 from wdstream.format.index import DatasetIndex
 from wdstream.inspect import dataset_stats, verify_dataset
 from wdstream.storage import LocalStore
-from wdstream.write.bestfit import BestFitPacker, bestfit_rows
+from wdstream.write.bestfit import BestFitPacker, bestfit_blocks, bestfit_rows
 
 PAD = 9999
 
@@ -239,3 +239,20 @@ def test_index_rules_of_bestfit(packed: Path, edit: Callable, message: str) -> N
     edit(index)
     with pytest.raises(IndexValidationError, match=re.escape(message)):
         DatasetIndex.from_json(json.dumps(index))
+
+
+@given(lengths, row_sizes, st.integers(1, 9))
+def test_packer_rows_are_the_layout_of_its_blocks(lens: list[int], S: int, buffer: int) -> None:
+    """The streaming packer cuts blocks as ``bestfit_blocks`` says and lays each out with
+    ``bestfit_rows``: the offline functions give its exact output (what another engine reuses)."""
+    docs = _docs(lens)
+    got = [
+        s.tokens.tolist() for s in _feed(BestFitPacker(S, np.dtype("<u4"), buffer, PAD), docs, 0, 4)
+    ]
+    want = []
+    ends = bestfit_blocks(lens, buffer, S)
+    for a, b in zip([0, *ends], ends, strict=False):
+        for row in bestfit_rows(lens[a:b], S):
+            toks = [t for d, x, y in row for t in docs[a + d][x:y].tolist()]
+            want.append(toks + [PAD] * (S - len(toks)))
+    assert got == want

@@ -96,9 +96,9 @@ def _store_options(
 @click.option(
     "--bestfit-buffer",
     type=int,
-    default=4096,
+    default=1024,
     show_default=True,
-    help="--mode bestfit: documents per best-fit block.",
+    help="--mode bestfit: documents per best-fit block (and rows' worth of tokens).",
 )
 @click.option("--shard-size", default="256MB", show_default=True)
 @click.option("--shard-samples", type=int, default=None)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from benchlib.cli import Bench
 
 SEQ_LENS = (2048, 8192)
-BUFFER = 4096  # documents per best-fit block: pack's default, and the crop model's buffer
+BUFFER = 1024  # documents per best-fit block: pack's default, and the crop model's buffer
 BUDGET = 16384  # bucketed batches: input tokens per batch, padding included
 LAYOUTS = {
     "concat": "concat (today)",
@@ -106,9 +106,10 @@ def layout_crop(lens: np.ndarray, S: int, buffer: int = BUFFER) -> dict[str, Any
 
 
 def layout_bestfit(lens: np.ndarray, S: int, buffer: int = BUFFER) -> dict[str, Any]:
-    from wdstream.write.bestfit import bestfit_rows
+    from wdstream.write.bestfit import bestfit_blocks, bestfit_rows
 
-    rows = sum(len(bestfit_rows(lens[a : a + buffer], S)) for a in range(0, len(lens), buffer))
+    ends = bestfit_blocks(lens, buffer, S)
+    rows = sum(len(bestfit_rows(lens[a:b], S)) for a, b in zip([0, *ends], ends, strict=False))
     return _summary(lens, rows, S, int(np.sum(lens > S)), 0)
 
 

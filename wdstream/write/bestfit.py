@@ -1,7 +1,8 @@
 """Best-fit packing: rows of ``sample_tokens`` that hold whole documents.
 
-Documents are taken in blocks of ``buffer`` consecutive documents (in input order) and each
-block is laid out on its own:
+Documents are taken in blocks of consecutive documents (in input order): a block closes at
+``buffer`` documents or once it holds ``buffer`` rows' worth of tokens, whichever comes
+first. Each block is laid out on its own:
 
 1. documents longer than a row -- the only ones cut -- are concatenated in input order and
    cut every ``sample_tokens`` tokens, as concat mode does, so their rows are full; only the
@@ -40,9 +41,11 @@ import numpy as np
 
 from wdstream.write.samples import PackedSample
 
-__all__ = ["DEFAULT_BUFFER", "BestFitPacker", "Piece", "bestfit_rows"]
+__all__ = ["DEFAULT_BUFFER", "BestFitPacker", "Piece", "bestfit_blocks", "bestfit_rows"]
 
-DEFAULT_BUFFER = 4096  # documents per best-fit block
+# Documents per best-fit block (and rows' worth of tokens): 0.24 % padding or less on the
+# bench and long-tailed corpora at seq_len 2048 and 8192 (docs/PACK.md), ~8 MB per block.
+DEFAULT_BUFFER = 1024
 
 Piece = tuple[int, int, int]  # (document index in the block, first token, end token)
 
@@ -129,6 +132,21 @@ def bestfit_rows(
     return [row for _, rows in units for row in rows]
 
 
+def bestfit_blocks(lens: Sequence[int] | np.ndarray, buffer: int, sample_tokens: int) -> list[int]:
+    """Where the blocks of a document sequence end (exclusive indices), as the packer cuts
+    them: a block closes at ``buffer`` documents or once it holds at least
+    ``buffer * sample_tokens`` tokens."""
+    ends, docs, tokens = [], 0, 0
+    for i, n in enumerate(lens):
+        docs, tokens = docs + 1, tokens + int(n)
+        if docs == buffer or tokens >= buffer * sample_tokens:
+            ends.append(i + 1)
+            docs = tokens = 0
+    if docs:
+        ends.append(len(lens))
+    return ends
+
+
 class BestFitPacker:
     """Packs documents into best-fit rows of exactly ``sample_tokens`` tokens (padding last).
 
@@ -140,7 +158,8 @@ class BestFitPacker:
     Args:
         sample_tokens: tokens per row (``seq_len + 1``).
         dtype: on-disk token dtype.
-        buffer: documents per best-fit block (memory is about one block of tokens).
+        buffer: documents per best-fit block, and its tokens at most ``buffer`` rows' worth
+            (memory is one block: at most ``buffer * sample_tokens`` tokens plus one document).
         pad_id: the token written into padding.
         min_head: see :func:`bestfit_rows`: 2 when documents start with a BOS equal to the
             padding id (pack passes it), else 1.
@@ -163,6 +182,7 @@ class BestFitPacker:
         self.min_head = min_head
         self._docs: list[np.ndarray] = []
         self._pos: list[Any] = []
+        self._tokens = 0  # tokens in the open block
         self._skip = 0  # rows of the first block already in committed shards (resume)
 
     def add(
@@ -174,7 +194,8 @@ class BestFitPacker:
             self._docs.append(tokens[start : start + int(n)])
             self._pos.append(p)
             start += int(n)
-            if len(self._docs) == self.buffer:
+            self._tokens += int(n)
+            if len(self._docs) == self.buffer or self._tokens >= self.buffer * self.sample_tokens:
                 yield from self._block()
 
     def flush(self) -> Iterator[PackedSample]:
@@ -189,7 +210,7 @@ class BestFitPacker:
 
     def _block(self) -> Iterator[PackedSample]:
         docs, pos = self._docs, self._pos
-        self._docs, self._pos = [], []
+        self._docs, self._pos, self._tokens = [], [], 0
         skip, self._skip = self._skip, 0
         S = self.sample_tokens
         rows = bestfit_rows([len(d) for d in docs], S, self.min_head)
