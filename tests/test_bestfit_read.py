@@ -111,6 +111,16 @@ def test_each_batch_row_is_one_sample_with_its_targets(root: Path) -> None:
     assert len(seen) >= len(samples) - 4  # the remainder of less than a batch is left out
 
 
+def test_one_epoch_of_rows_is_every_sample_once(root: Path) -> None:
+    """With a global batch of 1 nothing is left out: the epoch's rows are the samples, each
+    once, so every document appears whole or as its consecutive pieces exactly once."""
+    rows = [
+        tuple(b["input_ids"][0].tolist()) for b in _loader(root, batch_size=1, mask_doc_ends=False)
+    ]
+    samples = [tuple(s.tokens.tolist()[:SEQ]) for s in raw_samples(root)]
+    assert sorted(rows) == sorted(samples)
+
+
 def test_plain_targets_when_document_ends_are_not_masked(root: Path) -> None:
     batch = next(iter(_loader(root, mask_doc_ends=False)))
     last = batch["labels"][:, -1:]  # -100 there only on padding, which is EOT
