@@ -122,6 +122,18 @@ def _store_options(
     is_flag=True,
     help="Take over the output's lock left by a pack that is dead (S3/HTTP, or another host).",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="ray: tokenise and write shards on a Ray cluster's workers (docs/RAY.md).",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="--engine ray: 'auto' (the running cluster), ray://host:port; default: a local one.",
+)
 @click.option("--quiet", "-q", is_flag=True)
 @_storage_options
 def pack(

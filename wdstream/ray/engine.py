@@ -165,7 +165,7 @@ class _Driver:
         self.line_base: dict[int, int] = {}  # per file: record number of the next range
         self.pending: dict[int, tuple[Any, CutShard]] = {}  # shard number -> task, layout
         self.tokens = self.docs = 0
-        self._last_position: tuple[int, Position] = (-1, Position(0, 0, 0, 0, 0, 0))
+        self._end: tuple[int, Position] = (-1, Position(0, 0, 0, 0, 0, 0))
         self._tokenize = ray.remote(num_cpus=1, num_returns=2, max_retries=_RETRIES)(tokenize_piece)
         self._write = ray.remote(num_cpus=1, max_retries=_RETRIES)(write_shard)
         self._check = ray.remote(num_cpus=1, max_retries=_RETRIES)(check_shard)
@@ -286,13 +286,7 @@ class _Driver:
         return idx, lens, ids[len(ids) - len(kept) :]
 
     def _position(self, doc: int) -> Position:
-        """The input position of global document ``doc``, with the counters before it.
-
-        The last answer is kept: best-fit rows all end at their block's first document,
-        whose piece may be released while the block's later rows are laid out.
-        """
-        if self._last_position[0] == doc:
-            return self._last_position[1]
+        """The input position of global document ``doc``, with the counters before it."""
         p = self.placed[bisect.bisect_right(self.doc_starts, doc) - 1]
         j = doc - p.first_doc
         d = p.docs
@@ -300,12 +294,15 @@ class _Driver:
             p.file, p.record + int(d.records[j]), int(d.offsets[j]), p.empty + int(d.empty[j]),
             p.bad + int(d.bad[j]), p.input_bytes + int(d.input_bytes[j]),
         )  # fmt: skip
-        self._last_position = (doc, pos)
         return pos
 
     def _add(self, sample: Any) -> None:
         starts = [(p.file, p.record) for p in map(self._position, sample.starts)]
-        end = (self._position(sample.end[0]), sample.end[1])
+        if sample.end[0] != self._end[0]:
+            # Kept: best-fit rows all end at their block's first document, whose piece may
+            # be released while the block's later rows are laid out.
+            self._end = (sample.end[0], self._position(sample.end[0]))
+        end = (self._end[1], sample.end[1])
         cut = self.cutter.add(sample, starts, end, self.piece_starts)
         if cut is not None:
             self._submit(cut)

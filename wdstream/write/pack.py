@@ -212,6 +212,8 @@ def pack(
     progress: bool | None = None,
     batch_bytes: int = 1 << 20,
     store_options: dict[str, Any] | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> PackResult:
     """Tokenise text inputs and write a wdstream dataset (shards, sidecars, ``index.json``).
 
@@ -245,6 +247,11 @@ def pack(
         progress: show a progress bar (default: when stderr is a terminal).
         batch_bytes: characters of text per tokenisation batch.
         store_options: passed to :func:`~wdstream.storage.open_store`.
+        engine: ``local`` (this machine) or ``ray``: tokenise and write shards on a Ray
+            cluster's workers (``pip install 'wdstream[ray]'``; inputs and ``output`` must be
+            reachable from every node); the output is byte-identical (``docs/RAY.md``).
+        ray_address: ``engine="ray"``: ``"auto"`` (the running cluster), ``"ray://host:port"``,
+            or None: the Ray instance this process started, else a new local one.
 
     With ``workers > 0`` and the default pool, tokenisation runs in a forkserver process
     pool, so a script calling ``pack`` needs the usual ``if __name__ == "__main__":`` guard.
@@ -264,6 +271,8 @@ def pack(
         inputs = [inputs]
     if mode not in ("concat", "docs", "bestfit"):
         raise ValueError(f"mode must be 'concat', 'docs' or 'bestfit', got {mode!r}")
+    if engine not in ("local", "ray"):
+        raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
     if mode == "bestfit" and not eos:
         raise ValueError(
             "mode 'bestfit' needs eos=True: readers tell documents and padding apart by "
@@ -321,41 +330,54 @@ def pack(
         start, emitted, bad_locations = _resume_point(journal)
         resumed_shards = len(journal.entries)
 
-        reader = DocumentReader(files, text_key, lines, on_error, errors, start, bad_locations)
-        packer = (
-            ConcatPacker(seq_len + 1, DTYPES[dtype])
-            if mode == "concat"
-            # No row may end in a lone BOS that reads as padding (wdstream.read.rows).
-            else BestFitPacker(
-                seq_len + 1,
-                DTYPES[dtype],
-                bestfit_buffer,
-                eos_id or 0,
-                2 if bos_id is not None and bos_id == eos_id else 1,
-            )
-            if mode == "bestfit"
-            else DocsPacker(DTYPES[dtype])
-        )
-        writer = ShardWriter(
-            store,
-            name,
-            shard_bytes,
-            shard_samples,
-            first_shard=len(journal.entries),
-            first_sample=sum(e.samples for e in journal.entries),
-            on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
-            # Best-fit rows hold documents out of input order, which provenance tables
-            # (documents numbered in input order) cannot describe: none are written.
-            provenance=None
-            if mode == "bestfit"
-            else ["<stdin>" if f.path == "-" else f.path for f in files],
-            first_doc=sum(e.documents for e in journal.entries),
-            doc_offset=emitted,
+        def new_packer(dt: np.dtype, pad: int) -> ConcatPacker | DocsPacker | BestFitPacker:
+            """The sample builder of ``mode``: both engines build samples with it (the Ray
+            engine over token indices, with -1 for padding)."""
+            if mode == "concat":
+                return ConcatPacker(seq_len + 1, dt)
+            if mode == "bestfit":
+                # No row may end in a lone BOS that reads as padding (wdstream.read.rows).
+                head = 2 if bos_id is not None and bos_id == eos_id else 1
+                return BestFitPacker(seq_len + 1, dt, bestfit_buffer, pad, head)
+            return DocsPacker(dt)
+
+        # Best-fit rows hold documents out of input order, which provenance tables
+        # (documents numbered in input order) cannot describe: none are written.
+        provenance = (
+            None if mode == "bestfit" else ["<stdin>" if f.path == "-" else f.path for f in files]
         )
         show = sys.stderr.isatty() if progress is None else progress
-        tpool = TokenPool(tok, workers, pool, bos_id, eos_id, dtype)
-        bar = Progress(show, total=reader.source_total)
-        _write_shards(tpool, reader, packer, writer, bar, batch_bytes, start, emitted)
+        if engine == "ray":
+            from wdstream.ray.engine import RayPackJob, run  # imports Ray: only this engine
+
+            job = RayPackJob(
+                files=files, text_key=text_key, lines=lines, on_error=on_error, errors=errors,
+                tokenizer=tok, bos_id=bos_id, eos_id=eos_id, dtype=dtype,
+                new_packer=new_packer, pad_id=eos_id or 0, name=name, shard_bytes=shard_bytes,
+                shard_samples=shard_samples, output=output, store_options=store_options or {},
+                provenance=provenance, progress=show, address=ray_address,
+            )  # fmt: skip
+            reader: Any = run(job, journal, start, emitted, bad_locations)
+            workers, pool_kind = reader.cpus, "ray"
+        else:
+            reader = DocumentReader(files, text_key, lines, on_error, errors, start, bad_locations)
+            packer = new_packer(DTYPES[dtype], eos_id or 0)
+            writer = ShardWriter(
+                store,
+                name,
+                shard_bytes,
+                shard_samples,
+                first_shard=len(journal.entries),
+                first_sample=sum(e.samples for e in journal.entries),
+                on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
+                provenance=provenance,
+                first_doc=sum(e.documents for e in journal.entries),
+                doc_offset=emitted,
+            )
+            tpool = TokenPool(tok, workers, pool, bos_id, eos_id, dtype)
+            pool_kind = tpool.kind
+            bar = Progress(show, total=reader.source_total)
+            _write_shards(tpool, reader, packer, writer, bar, batch_bytes, start, emitted)
 
         entries = tuple(journal.entries)
         if not entries:
@@ -387,7 +409,7 @@ def pack(
         # A crashed run may have written shards past what this run produced (only if its
         # output was longer, e.g. after --overwrite with other options): remove them.
         _delete_shards_from(store, name, len(entries))
-        return PackResult(index, time.perf_counter() - t0, resumed_shards, workers, tpool.kind)
+        return PackResult(index, time.perf_counter() - t0, resumed_shards, workers, pool_kind)
     finally:
         lock.release()
 

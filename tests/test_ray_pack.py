@@ -1,0 +1,270 @@
+"""``pack(..., engine="ray")`` on a real 2-node Ray cluster on this machine (loopback only).
+
+Every test compares against the local engine byte for byte: shards, sidecars, provenance
+tables and ``index.json``. The cluster starts once for the module (two nodes of one CPU and
+80 MB of object store each); S3 credentials for moto are in its environment, as a real
+cluster's nodes carry their own.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.conftest import make_corpus
+from tests.fixtures_remote import (  # noqa: F401 - fixtures used by name
+    ACCESS_KEY,
+    SECRET_KEY,
+    SESSION_TOKEN,
+    aws_env,
+    moto_endpoint,
+    s3_bucket,
+)
+
+# Read by Ray when it is imported: "0" keeps every address on the loopback interface
+# (127.0.0.1 is otherwise replaced by the machine's address), so nothing leaves the host.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+ray = pytest.importorskip("ray")
+
+from wdstream.errors import InputError, WdstreamError  # noqa: E402
+from wdstream.write.pack import pack  # noqa: E402
+
+_NODE: dict[str, Any] = {
+    "num_cpus": 1,
+    "object_store_memory": 80 << 20,
+    "node_ip_address": "127.0.0.1",
+}
+_OPTS: dict[str, Any] = {"seq_len": 255, "shard_size": "96KB", "workers": 0, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def cluster(moto_endpoint: str) -> Iterator[Any]:  # noqa: F811
+    """Two Ray nodes (head + one) on 127.0.0.1, the driver (this process) connected."""
+    from ray.cluster_utils import Cluster
+
+    env = {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_SESSION_TOKEN": SESSION_TOKEN,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": moto_endpoint,
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)  # inherited by the nodes' worker processes
+        c = Cluster(initialize_head=True, head_node_args={**_NODE, "include_dashboard": False})
+        c.add_node(**_NODE)
+        c.wait_for_nodes()
+        ray.init(address=c.address, log_to_driver=False)
+        try:
+            yield c
+        finally:
+            ray.shutdown()
+            c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Inputs exercising every kind of piece: a JSONL large enough to be cut into byte
+    ranges (with bad, blank and empty records), a gzip file, plain JSONL, ``.txt`` lines."""
+    d = tmp_path_factory.mktemp("ray-inputs")
+    docs = make_corpus(2100, seed=2)
+    with open(d / "a-big.jsonl", "w", encoding="utf-8") as f:
+        for i, t in enumerate(docs[:1500]):
+            f.write(json.dumps({"text": t}) + "\n")
+            if i % 97 == 5:
+                f.write("{bad json\n")
+            if i % 89 == 3:
+                f.write("\n")
+            if i % 101 == 7:
+                f.write(json.dumps({"text": ""}) + "\n")
+    assert (d / "a-big.jsonl").stat().st_size > 2 * (256 << 10)  # more than one range
+    with gzip.open(d / "b.jsonl.gz", "wt", encoding="utf-8") as f:
+        for t in docs[1500:1600]:
+            f.write(json.dumps({"text": t}) + "\n")
+    with open(d / "c.jsonl", "w", encoding="utf-8") as f:
+        for t in docs[1600:1800]:
+            f.write(json.dumps({"text": t}) + "\n")
+    (d / "d.txt").write_text("\n".join(t.replace("\n", " ") for t in docs[1800:]) + "\n")
+    return d
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def local_outputs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The local engine's output for each mode (the reference)."""
+    out = {}
+    for mode in ("concat", "docs", "bestfit"):
+        root = tmp_path_factory.mktemp(f"local-{mode}")
+        pack([str(corpus)], str(root), mode=mode, on_error="skip", lines=True, **_OPTS)
+        out[mode] = root
+    return out
+
+
+@pytest.mark.parametrize("mode", ["concat", "docs", "bestfit"])
+def test_ray_pack_is_byte_identical_to_local(
+    cluster: Any, corpus: Path, local_outputs: dict[str, Path], tmp_path: Path, mode: str
+) -> None:
+    result = pack(
+        [str(corpus)], str(tmp_path), mode=mode, on_error="skip", lines=True, engine="ray", **_OPTS
+    )
+    assert result.pool == "ray" and result.workers == 2
+    expected = _digests(local_outputs[mode])
+    assert len([n for n in expected if n.endswith(".tar")]) > 3  # several shards to compare
+    assert _digests(tmp_path) == expected
+    stats = json.loads((tmp_path / "index.json").read_text())["stats"]
+    assert stats["records_skipped"] > 3 and stats["empty_documents_skipped"] > 3
+
+
+def test_bad_record_in_a_later_range_is_named_by_its_line(cluster: Any, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    lines = [json.dumps({"text": f"document {i} " + "word " * 200}) for i in range(900)]
+    lines[700] = '{"text": "cut'
+    src.write_text("\n".join(lines) + "\n")
+    assert src.stat().st_size > 2 * (256 << 10)
+    with pytest.raises(InputError) as local:
+        pack([str(src)], str(tmp_path / "local"), **_OPTS)
+    with pytest.raises(InputError) as on_ray:
+        pack([str(src)], str(tmp_path / "ray"), engine="ray", **_OPTS)
+    assert f"{src}:701:" in str(local.value)
+    assert str(on_ray.value) == str(local.value)
+
+
+def test_ray_pack_to_s3_is_byte_identical(
+    cluster: Any,
+    corpus: Path,
+    local_outputs: dict[str, Path],
+    s3_bucket: str,  # noqa: F811
+    aws_env: str,  # noqa: F811
+) -> None:
+    pack([str(corpus)], f"s3://{s3_bucket}/ds", on_error="skip", lines=True, engine="ray", **_OPTS)
+    s3 = boto3.client("s3", endpoint_url=aws_env)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    got = {
+        k.removeprefix("ds/"): hashlib.sha256(
+            s3.get_object(Bucket=s3_bucket, Key=k)["Body"].read()
+        ).hexdigest()
+        for k in keys
+    }
+    assert got == _digests(local_outputs["concat"])
+    assert not s3.list_multipart_uploads(Bucket=s3_bucket).get("Uploads")
+
+
+def _ray_workers_running(task: str) -> list[int]:
+    """Pids of worker processes whose title says they run ``task`` now."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline.startswith(f"ray::{task}".encode()):
+            found.append(int(entry.name))
+    return found
+
+
+def test_worker_killed_mid_task_is_retried_and_output_identical(
+    cluster: Any, corpus: Path, local_outputs: dict[str, Path], tmp_path: Path
+) -> None:
+    # The first input is a FIFO at the path the reference read as a file: its task blocks
+    # reading it, so the kill lands mid-task; the retry is then fed the same bytes.
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for p in corpus.iterdir():
+        (inputs / p.name).symlink_to(p)
+    reference = tmp_path / "reference"
+    pack([str(inputs)], str(reference), on_error="skip", lines=True, **_OPTS)
+    content = (corpus / "c.jsonl").read_bytes()
+    (inputs / "c.jsonl").unlink()
+    os.mkfifo(inputs / "c.jsonl")
+    out = tmp_path / "out"
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pack([str(inputs)], str(out), on_error="skip", lines=True, engine="ray", **_OPTS)
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    killed: list[int] = []
+    deadline = time.monotonic() + 60
+    while not killed and time.monotonic() < deadline:
+        for pid in _ray_workers_running("tokenize_piece"):
+            # Only the task blocked on the FIFO stays running for long.
+            time.sleep(0.5)
+            if pid in _ray_workers_running("tokenize_piece"):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                break
+        time.sleep(0.05)
+    assert killed, "no tokenising worker found to kill"
+    with open(inputs / "c.jsonl", "wb") as fifo:  # opens once the retry reads the FIFO
+        fifo.write(content)
+    thread.join(timeout=120)
+    assert not thread.is_alive() and not errors, errors
+    assert _digests(out) == _digests(reference)
+
+
+def test_killed_driver_rerun_resumes_byte_identical(
+    cluster: Any, tmp_path: Path, local_outputs: dict[str, Path]
+) -> None:
+    src = tmp_path / "in.jsonl"
+    docs = make_corpus(3000, seed=5)
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    opts = {**_OPTS, "shard_size": "32KB"}
+    reference = tmp_path / "reference"
+    pack([str(src)], str(reference), **opts)
+    out = tmp_path / "out"
+    code = (
+        "import ray, sys\n"
+        f"ray.init(address={cluster.address!r}, log_to_driver=False)\n"
+        "from wdstream.write.pack import pack\n"
+        f"pack([{str(src)!r}], {str(out)!r}, engine='ray', **{opts!r})\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
+    journal = out / ".wdstream-pack.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        if journal.exists() and len(json.loads(journal.read_text())["shards"]) >= 2:
+            child.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL, "the pack finished before it could be killed"
+    assert not (out / "index.json").exists()
+    kept = len(json.loads(journal.read_text())["shards"])
+    # A copy whose first kept shard was altered in place (same size): the rerun checks
+    # kept shards against their sha256 and refuses it.
+    altered = tmp_path / "altered"
+    shutil.copytree(out, altered)
+    tar = altered / "data-000000.tar"
+    data = bytearray(tar.read_bytes())
+    data[700] ^= 1
+    tar.write_bytes(bytes(data))
+    with pytest.raises(WdstreamError, match="data-000000.tar does not match its sha256"):
+        pack([str(src)], str(altered), engine="ray", **opts)
+
+    result = pack([str(src)], str(out), engine="ray", **opts)
+    assert result.resumed_shards == kept >= 2
+    assert _digests(out) == _digests(reference)
