@@ -390,7 +390,12 @@ class Loader:
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if self._buckets is not None:
-            yield from self._buckets
+            for batch in self._buckets:
+                yield (
+                    batch
+                    if self.device is None
+                    else {k: v.to(self.device) for k, v in batch.items()}
+                )
             return
         chunks = self._resolve(self._chunks())
         cuda = self.device is not None and self.device.type == "cuda"
