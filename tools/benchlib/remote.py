@@ -3,8 +3,9 @@
 One child process starts a helper process (``bench.py --serve-s3``: moto's
 ``ThreadedMotoServer`` and the storage tests' ``FaultProxy`` in front of it), uploads the
 dataset once, then reads it in interleaved rounds: local disk, S3 through the proxy with no
-delay, and with a per-GET delay. Ratios are per round, against the same round's local-disk
-and no-delay runs.
+delay, and with a per-GET delay, the delayed read also with the node-local cache
+(``cache_dir``) after one epoch filled it (the epoch-2 rate). Ratios are per round, against
+the same round's local-disk, no-delay and uncached runs.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchlib.common import BENCH_PY, ROOT
+from benchlib.common import BATCH, BENCH_PY, ROOT, SEQ_LEN
 from benchlib.read import child_read
 from benchlib.rounds import first_error, interleave, ratio_spread, value_spread
 from benchlib.runner import run_child
@@ -74,10 +77,20 @@ def child_remote(
         # the global order's reads (only the rows' own samples) with the streams' windows.
         sources: list[tuple[float | None, str]] = [(None, "global")]
         sources += [(d, "global") for d in delays] + [(max(delays), "streams")]
+        sources += [(max(delays), "cached")]
         contenders = [(w, d, order) for w in workers for d, order in sources]
         for rnd, (w, delay, order) in interleave(contenders, repeats):
             if delay is None:
                 res, key = child_read("wdstream", root, w, **kw), f"local/{w}"
+            elif order == "cached":
+                with tempfile.TemporaryDirectory(prefix="wdstream-bench-cache-") as cache:
+                    opts = {**proxy, "cache_dir": cache}
+                    set_delay(delay)
+                    fill_s = _read_one_epoch("s3://bench/ds", w, opts)
+                    fill_gets = set_delay(delay)
+                    res = child_read("wdstream", "s3://bench/ds", w, **kw, options=opts)
+                    res.update(requests=set_delay(0.0), fill_s=fill_s, fill_requests=fill_gets)
+                key = f"s3/{w}/{delay}/cached"
             else:
                 set_delay(delay)
                 opts = {**proxy, "order": order}
@@ -90,6 +103,19 @@ def child_remote(
     finally:
         stdin.close()
         server.wait(timeout=30)
+
+
+def _read_one_epoch(url: str, workers: int, options: dict[str, Any]) -> float:
+    """Read epoch 0 as the measured runs do (same seed and shuffle), filling the cache;
+    return its seconds."""
+    import wdstream
+
+    t0 = time.perf_counter()
+    loader = wdstream.Loader(url, seq_len=SEQ_LEN, batch_size=BATCH, shuffle=True, seed=0,
+                             num_workers=workers, epochs=1, **options)  # fmt: skip
+    for _ in loader:
+        pass
+    return time.perf_counter() - t0
 
 
 def serve_s3() -> None:
@@ -143,6 +169,44 @@ def measure(b: Bench) -> dict[str, Any]:
     return res
 
 
+def _cached_row(
+    x: dict[str, Any], workers: int, d: float, uncached: Any, local: Any, plain: Any,
+    notes: list[str],
+) -> list[list[Any]]:  # fmt: skip
+    """The delayed S3 read through the node-local cache, epoch 2 (after one filling epoch)."""
+    runs = x.get(f"s3/{workers}/{d}/cached")
+    if not runs:
+        return []
+    v = value_spread(runs, "tokens_per_s")
+    gets = value_spread(runs, "requests")
+    fill = value_spread(runs, "fill_s")
+    vs_uncached = ratio_spread(runs, uncached, "tokens_per_s")
+    vs_local = ratio_spread(runs, local, "tokens_per_s")
+    if vs_uncached:
+        notes.append(
+            f"remote, {workers} workers: with the node-local cache, epoch 2 from S3 (+{d * 1000:.0f}"
+            f" ms/GET) runs at {vs_uncached.fmt()} the uncached rate and "
+            f"{vs_local.fmt() if vs_local else '?'} the local-disk rate."
+        )
+    label = (
+        f"same, node-local cache, epoch 2 (vs uncached: {vs_uncached.fmt() if vs_uncached else '?'}"
+        f"; filling epoch: {fill.mid:.1f} s)"
+        if fill
+        else "same, node-local cache, epoch 2"
+    )
+    return [
+        [
+            workers,
+            label,
+            millions(v.mid) if v else None,
+            vs_local,
+            ratio_spread(runs, plain, "tokens_per_s"),
+            f"{gets.mid:.0f}" if gets else None,
+            first_error(runs) or "ok",
+        ]
+    ]
+
+
 def section(r: dict[str, Any], notes: list[str]) -> list[str]:
     x = r.get("remote")
     head = ["## Remote (loopback S3)", ""]
@@ -194,6 +258,7 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
                     "that latency here."
                 )
             if d == delay:
+                rows += _cached_row(x, workers, d, runs, local, plain, notes)
                 old = x.get(f"s3/{workers}/{d}/streams")
                 if old:
                     o = value_spread(old, "tokens_per_s")
@@ -222,7 +287,9 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         "own process), through the storage tests' `FaultProxy` (tests/servers.py) with no delay "
         "and with a per-GET delay; same warm-up and minimum timing as the read table, all in one "
         "process, interleaved. The delayed read is also made in the per-rank streams order "
-        '(`order="streams"`; the default is the global order). Ratios: per round, median '
+        '(`order="streams"`; the default is the global order), and through the node-local '
+        "cache (`cache_dir`, a fresh folder per round): one unmeasured epoch fills it, then a "
+        "new `Loader` is measured like the others (the epoch-2 rate). Ratios: per round, median "
         "(min–max) over "
         f"{r['args']['repeats']} round(s). GETs: requests the proxy forwarded during one run.",
         "",
