@@ -7,7 +7,8 @@ Layouts, all from the documents' token lengths (EOS included), rows of ``S = seq
   reader drops the last, short row.
 - BOS-aligned crop (nanochat-style): every row starts at a document start; from a buffer of
   documents the longest that still fits goes in; when none fits, the shortest is cropped to
-  fill the row and its rest is dropped (a document longer than a row is cropped to it).
+  fill the row and its rest is dropped (a document longer than a row is cropped to it); the
+  last, short row is dropped as concat's is.
 - pad each document: every document starts a row; a long one takes several; rows padded.
 - bestfit: :func:`wdstream.write.bestfit.bestfit_rows` over blocks of ``--bestfit-buffer``
   documents, exactly as ``pack --mode bestfit`` lays them out.
@@ -102,6 +103,9 @@ def layout_crop(lens: np.ndarray, S: int, buffer: int = BUFFER) -> dict[str, Any
             cut += 1
             dropped += n - free
             free = 0
+        if free:  # the documents ran out: a last, short row is dropped (as concat's is)
+            rows -= 1
+            dropped += S - free
     return _summary(lens, rows, S, cut, dropped)
 
 
