@@ -268,3 +268,36 @@ def test_killed_driver_rerun_resumes_byte_identical(
     result = pack([str(src)], str(out), engine="ray", **opts)
     assert result.resumed_shards == kept >= 2
     assert _digests(out) == _digests(reference)
+
+
+def test_ray_data_sink_writes_the_shards_pack_writes(cluster: Any, tmp_path: Path) -> None:
+    # Ray Data needs pandas and pyarrow (what the ray[data] extra installs).
+    pytest.importorskip("ray.data", reason="Ray Data needs ray[data] (pandas, pyarrow)")
+    import ray.data
+
+    import wdstream.ray
+
+    texts = make_corpus(600, seed=9)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    reference = tmp_path / "reference"
+    pack([str(src)], str(reference), **_OPTS)
+
+    ctx = ray.data.DataContext.get_current()
+    ordered, ctx.execution_options.preserve_order = ctx.execution_options.preserve_order, True
+    try:
+        rows = [{"text": t} for t in texts] + [{"text": ""}]
+        ds = ray.data.from_items(rows, override_num_blocks=6).filter(lambda r: True)
+        out = tmp_path / "sink"
+        ds.write_datasink(wdstream.ray.Sink(str(out), seq_len=255, shard_size="96KB"))
+    finally:
+        ctx.execution_options.preserve_order = ordered
+    shards = {n: d for n, d in _digests(reference).items() if n.endswith((".tar", ".idx"))}
+    assert len(shards) > 6
+    got = _digests(out)
+    assert {n: d for n, d in got.items() if n.endswith((".tar", ".idx"))} == shards
+    index = json.loads((out / "index.json").read_text())
+    assert index["stats"]["empty_documents_skipped"] == 1
+    assert index["stats"]["documents"] == len(texts)
+    with pytest.raises(WdstreamError, match="empty output"):
+        ds.write_datasink(wdstream.ray.Sink(str(out), seq_len=255))

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,15 +39,16 @@ import ray
 from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import ShardEntry
 from wdstream.ray.layout import CutShard, ShardCutter
-from wdstream.ray.pieces import PieceDocs, split_pieces
+from wdstream.ray.pieces import Piece, PieceDocs, split_pieces
 from wdstream.ray.tasks import PieceJob, ShardJob, check_shard, tokenize_piece, write_shard
+from wdstream.storage import open_store
 from wdstream.tokenizer import Tokenizer
 from wdstream.write.inputs import InputFile, Position
 from wdstream.write.journal import Journal
 from wdstream.write.pack import _drop_packed
 from wdstream.write.progress import Progress
 
-__all__ = ["RayPackJob", "Totals", "run"]
+__all__ = ["RayPackJob", "Totals", "run", "write_tokenized"]
 
 _MAX_LOCATIONS = 10  # skipped-record locations kept, as DocumentReader keeps
 _MIN_PIECE, _MAX_PIECE = 256 << 10, 64 << 20  # bytes of input per tokenising task
@@ -132,6 +133,19 @@ def run(
             ray.shutdown()
 
 
+def write_tokenized(
+    job: RayPackJob, journal: Journal, given: list[tuple[PieceDocs, Any]]
+) -> Totals:
+    """Lay out and write pieces tokenised elsewhere (the Ray Data sink's blocks), in order.
+
+    ``given``: each piece's documents and the object reference of its token array; the
+    documents' records count rows, and ``job.files`` names the one pseudo input.
+    """
+    pieces = [Piece(0, 0, None, False, None, 0) for _ in given]
+    driver = _Driver(job, journal, None, 0, [], pieces)
+    return driver.run(iter((i, docs, ref) for i, (docs, ref) in enumerate(given)))
+
+
 def _piece_bytes(files: list[InputFile], cpus: int) -> int:
     total = sum(f.size or 0 for f in files)
     return int(min(_MAX_PIECE, max(_MIN_PIECE, total // (_PIECES_PER_CPU * cpus))))
@@ -142,12 +156,14 @@ class _Driver:
 
     def __init__(
         self, job: RayPackJob, journal: Journal, start: Position | None, emitted: int,
-        bad: list[str],
+        bad: list[str], pieces: list[Piece] | None = None,
     ) -> None:  # fmt: skip
         self.job, self.journal, self.start, self.emitted = job, journal, start, emitted
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.ahead = _AHEAD_PER_CPU * cpus + 1
-        self.pieces = split_pieces(job.files, _piece_bytes(job.files, cpus), job.lines, start)
+        self.pieces = pieces or split_pieces(
+            job.files, _piece_bytes(job.files, cpus), job.lines, start
+        )
         at = start or Position(0, 0, 0, 0, 0, 0)
         self.totals = Totals(at.empty, at.bad, at.input_bytes, 0, list(bad), cpus)
         entries = journal.entries
@@ -170,7 +186,8 @@ class _Driver:
         self._write = ray.remote(num_cpus=1, max_retries=_RETRIES)(write_shard)
         self._check = ray.remote(num_cpus=1, max_retries=_RETRIES)(check_shard)
 
-    def run(self) -> Totals:
+    def run(self, given: Iterator[tuple[int, Any, Any]] | None = None) -> Totals:
+        """Tokenise the pieces (unless ``given`` their results), lay out, write, commit."""
         job = self.job
         checks = [
             self._check.remote(job.output, job.store_options, dict(e.__dict__))
@@ -194,8 +211,11 @@ class _Driver:
         queue: deque[tuple[int, Any, Any]] = deque()
         try:
             for i, piece in enumerate(self.pieces):
-                refs: Any = self._tokenize.remote(piece_job, piece)  # two: num_returns=2
-                queue.append((i, refs[0], refs[1]))
+                if given is not None:
+                    queue.append(next(given))
+                else:
+                    refs: Any = self._tokenize.remote(piece_job, piece)  # num_returns=2
+                    queue.append((i, refs[0], refs[1]))
                 if len(queue) >= self.ahead:
                     position += self._lay_out(*queue.popleft(), bar, position)
             while queue:
@@ -221,6 +241,9 @@ class _Driver:
                 f"{problems[0]}: a shard kept from the interrupted pack changed since; "
                 "pack again with --overwrite"
             )
+        # Every task is done: what killed ones left (.partial files, S3 multipart uploads)
+        # goes, under the pack's lock.
+        open_store(job.output, **job.store_options).remove_partials()
         return self.totals
 
     def _finish_queued(self) -> None:
@@ -235,7 +258,7 @@ class _Driver:
     def _lay_out(self, i: int, docs_ref: Any, tokens_ref: Any, bar: Progress, at: int) -> int:
         """Place piece ``i``'s documents and pack them; return its source bytes (progress)."""
         piece = self.pieces[i]
-        docs: PieceDocs = ray.get(docs_ref)
+        docs: PieceDocs = docs_ref if isinstance(docs_ref, PieceDocs) else ray.get(docs_ref)
         path = self.job.files[piece.file].path
         if piece.whole:
             record = 0

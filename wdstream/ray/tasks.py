@@ -29,7 +29,15 @@ from wdstream.write.inputs import InputFile
 from wdstream.write.shards import ShardWriter, shard_names
 from wdstream.write.tokenpool import encode_flat
 
-__all__ = ["PieceJob", "ShardJob", "ShardPlan", "check_shard", "tokenize_piece", "write_shard"]
+__all__ = [
+    "PieceJob",
+    "ShardJob",
+    "ShardPlan",
+    "cached_tokenizer",
+    "check_shard",
+    "tokenize_piece",
+    "write_shard",
+]
 
 Recipe = tuple[Callable[..., Tokenizer], tuple[Any, ...]]  # how a Tokenizer rebuilds itself
 
@@ -88,7 +96,8 @@ class ShardPlan:
     piece_offsets: list[int]  # first global token of each piece array passed to the task
 
 
-def _tokenizer(recipe: Recipe) -> Tokenizer:
+def cached_tokenizer(recipe: Recipe) -> Tokenizer:
+    """The tokenizer ``recipe`` rebuilds, built once per worker process."""
     build, args = recipe
     key = (build.__module__, build.__qualname__, repr(args))
     if key not in _tokenizers:
@@ -106,7 +115,9 @@ def _store(url: str, options: dict[str, Any]) -> Store:
 def tokenize_piece(job: PieceJob, piece: Piece) -> tuple[PieceDocs, np.ndarray]:
     """Read and tokenise one piece: its documents' metadata, and all their tokens in one array."""
     texts, docs = read_piece(job.files, piece, job.text_key, job.lines, job.on_error, job.errors)
-    flat, lens = encode_flat(_tokenizer(job.tokenizer), texts, job.bos_id, job.eos_id, job.dtype)
+    flat, lens = encode_flat(
+        cached_tokenizer(job.tokenizer), texts, job.bos_id, job.eos_id, job.dtype
+    )
     docs.lens = lens
     return docs, flat
 

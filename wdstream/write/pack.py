@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -48,7 +49,7 @@ from wdstream.write.samples import ConcatPacker, DocsPacker
 from wdstream.write.shards import ShardWriter, parse_size, shard_names
 from wdstream.write.tokenpool import TokenPool
 
-__all__ = ["JOURNAL_NAME", "PackResult", "describe", "pack"]
+__all__ = ["JOURNAL_NAME", "PackResult", "describe", "pack", "sample_builder", "special_ids"]
 
 _CHECK_BYTES = 256 << 10  # input text bpe-openai must reproduce before it is trusted
 
@@ -304,7 +305,7 @@ def pack(
             )
 
         tok = load_tokenizer(tokenizer, backend, _peek_texts(files, text_key, lines))
-        eos_id, bos_id = _special_ids(tok, eos, bos, bos_id)
+        eos_id, bos_id = special_ids(tok, eos, bos, bos_id)
         dtype = token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))
         sample_tokens = seq_len + 1 if mode in ("concat", "bestfit") else None
         fingerprint = {
@@ -330,17 +331,7 @@ def pack(
         start, emitted, bad_locations = _resume_point(journal)
         resumed_shards = len(journal.entries)
 
-        def new_packer(dt: np.dtype, pad: int) -> ConcatPacker | DocsPacker | BestFitPacker:
-            """The sample builder of ``mode``: both engines build samples with it (the Ray
-            engine over token indices, with -1 for padding)."""
-            if mode == "concat":
-                return ConcatPacker(seq_len + 1, dt)
-            if mode == "bestfit":
-                # No row may end in a lone BOS that reads as padding (wdstream.read.rows).
-                head = 2 if bos_id is not None and bos_id == eos_id else 1
-                return BestFitPacker(seq_len + 1, dt, bestfit_buffer, pad, head)
-            return DocsPacker(dt)
-
+        new_packer = partial(sample_builder, mode, seq_len, bestfit_buffer, bos_id, eos_id)
         # Best-fit rows hold documents out of input order, which provenance tables
         # (documents numbered in input order) cannot describe: none are written.
         provenance = (
@@ -414,7 +405,27 @@ def pack(
         lock.release()
 
 
-def _special_ids(
+def sample_builder(
+    mode: str,
+    seq_len: int,
+    bestfit_buffer: int,
+    bos_id: int | None,
+    eos_id: int | None,
+    dtype: np.dtype,
+    pad: int,
+) -> ConcatPacker | DocsPacker | BestFitPacker:
+    """The sample builder of ``mode``: every engine builds samples with it (the Ray engine
+    and sink over token indices in ``int64``, with -1 for padding)."""
+    if mode == "concat":
+        return ConcatPacker(seq_len + 1, dtype)
+    if mode == "bestfit":
+        # No row may end in a lone BOS that reads as padding (wdstream.read.rows).
+        head = 2 if bos_id is not None and bos_id == eos_id else 1
+        return BestFitPacker(seq_len + 1, dtype, bestfit_buffer, pad, head)
+    return DocsPacker(dtype)
+
+
+def special_ids(
     tok: Tokenizer, eos: bool, bos: bool, bos_id: int | None
 ) -> tuple[int | None, int | None]:
     """``(eos_id, bos_id)`` added to every document (None: not added); giving ``bos_id``
