@@ -301,3 +301,19 @@ def test_ray_data_sink_writes_the_shards_pack_writes(cluster: Any, tmp_path: Pat
     assert index["stats"]["documents"] == len(texts)
     with pytest.raises(WdstreamError, match="empty output"):
         ds.write_datasink(wdstream.ray.Sink(str(out), seq_len=255))
+
+
+def test_cli_pack_engine_ray(
+    cluster: Any, corpus: Path, local_outputs: dict[str, Path], tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from wdstream.cli import main
+
+    out = tmp_path / "cli"
+    args = ["pack", str(corpus), "-o", str(out), "--seq-len", "255", "--shard-size", "96KB"]
+    args += ["--on-error", "skip", "--lines", "--engine", "ray", "--ray-address", cluster.address]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "[cl100k_base/" in result.output and "ray]" in result.output
+    assert _digests(out) == _digests(local_outputs["concat"])

@@ -339,7 +339,12 @@ def pack(
         )
         show = sys.stderr.isatty() if progress is None else progress
         if engine == "ray":
-            from wdstream.ray.engine import RayPackJob, run  # imports Ray: only this engine
+            try:
+                from wdstream.ray.engine import RayPackJob, run  # Ray: only for this engine
+            except ModuleNotFoundError as exc:
+                raise ImportError(
+                    f"engine='ray' needs Ray ({exc.name} is missing): pip install 'wdstream[ray]'"
+                ) from exc
 
             job = RayPackJob(
                 files=files, text_key=text_key, lines=lines, on_error=on_error, errors=errors,
