@@ -290,3 +290,17 @@ def test_states_of_other_mixtures_are_refused_by_name(sources: dict[str, str]) -
         bad = {**json.loads(json.dumps(state)), key: value}
         with pytest.raises(StateMismatchError, match=message):
             loader.load_state_dict(bad)
+
+
+def test_document_boundaries_in_a_mixture(sources: dict[str, str]) -> None:
+    opts = dict(batch_size=4, weights=W, chunk_batches=3, return_doc_boundaries=True, **OPTS)
+    loader = Loader(sources, num_workers=0, **opts)
+    got = _take(loader, 8)
+    _same(got, _take(Loader(sources, num_workers=2, **opts), 8))
+    _same([loader.batch_at(k) for k in range(8)], got)
+    for batch in got:
+        ids, pos = batch["input_ids"], batch["position_ids"]
+        assert (pos[:, 0] == 0).all()
+        jump = ids[:, 1:] != ids[:, :-1] + 1  # another sample (or source) starts there
+        assert (pos[:, 1:][jump] == 0).all()
+        assert batch["cu_seqlens"][-1] == ids.numel()

@@ -26,6 +26,7 @@ can re-weight its future (annealing), while any change to its past is refused.
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,10 +147,12 @@ class MixtureReader(GlobalReader):
         self.rank, self.batch_size = rank, batch_size
         self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
         self._schedules: dict[tuple[Piece, ...], Schedule] = {}
+        self._scratch: np.ndarray | None = None  # rows grouped by source, reused per chunk
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_schedules"] = {}  # rebuilt on use (tables are cached per process)
+        state["_scratch"] = None
         return state
 
     # ---- steps, rows, schedule ---------------------------------------------------------
@@ -269,26 +272,43 @@ class MixtureReader(GlobalReader):
     ) -> np.ndarray:
         """Mixture rows ``rows`` into ``tokens`` ([len(rows), T + 1]); returns their sources.
 
-        A source's rows among them have consecutive source indices, so each source fills
-        one block per run of one of its epochs, then the blocks are placed by row."""
+        A source's rows among them have consecutive source indices, so the rows are grouped
+        by source (a stable sort), each run of one source's epoch is filled with one call
+        into a scratch block kept between chunks, and one scatter puts every row in place.
+        Rows all of one source are filled in place."""
         src, idx = self.schedule(position).locate(rows)
-        for i in np.unique(src).tolist():
-            sel = np.flatnonzero(src == i)
-            ix = idx[sel]
-            epoch, row = np.divmod(ix, self.rows_per_epoch[i])
-            cut = np.flatnonzero((np.diff(ix) != 1) | (np.diff(epoch) != 0)) + 1
-            bounds = [0, *cut.tolist(), len(ix)]
-            whole = len(sel) == len(rows)  # every row is this source's: fill in place
-            out = tokens if whole else np.empty((len(sel), tokens.shape[1]), tokens.dtype)
-            ds = doc_start if whole or doc_start is None else np.empty(out.shape, dtype=bool)
-            for a, b in zip(bounds, bounds[1:], strict=False):
-                self.orders[i].fill(int(epoch[a]), int(row[a]), out[a:b],
-                                    None if ds is None else ds[a:b])  # fmt: skip
-            if not whole:
-                tokens[sel] = out
-                if doc_start is not None:
-                    doc_start[sel] = ds
+        r = np.asarray(self.rows_per_epoch, dtype=np.int64)
+        if (src == src[0]).all():
+            self._fill_runs(src, idx, r, tokens, doc_start)
+            return src
+        order = np.argsort(src, kind="stable")
+        n, t1 = len(rows), tokens.shape[1]
+        if self._scratch is None or self._scratch.shape[0] < n or self._scratch.shape[1] != t1:
+            self._scratch = np.empty((n, t1), dtype=tokens.dtype)
+        out = self._scratch[:n]
+        ds = None if doc_start is None else np.empty((n, t1), dtype=bool)
+        self._fill_runs(src[order], idx[order], r, out, ds)
+        tokens[order] = out
+        if doc_start is not None:
+            doc_start[order] = ds
         return src
+
+    def _fill_runs(
+        self,
+        src: np.ndarray,
+        idx: np.ndarray,
+        rows_per_epoch: np.ndarray,
+        out: np.ndarray,
+        doc_start: np.ndarray | None,
+    ) -> None:
+        """Fill ``out`` from rows grouped by source: one call per run of consecutive rows
+        of one source's epoch."""
+        epoch, row = np.divmod(idx, rows_per_epoch[src])
+        cut = (np.diff(src) != 0) | (np.diff(idx) != 1) | (np.diff(epoch) != 0)
+        bounds = [0, *(np.flatnonzero(cut) + 1).tolist(), len(idx)]
+        for a, b in itertools.pairwise(bounds):
+            ds = None if doc_start is None else doc_start[a:b]
+            self.orders[int(src[a])].fill(int(epoch[a]), int(row[a]), out[a:b], ds)
 
     def fill_chunk(
         self,
