@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib import bestfit, memory, pack, read, remote, report, resume, sequence
+from benchlib import bestfit, memory, mixture, pack, read, remote, report, resume, sequence
 from benchlib.common import COMMITTED_REPORT, DEFAULT_OUTPUT, DEFAULT_RESULTS, ROOT, WORKERS
 from benchlib.corpus import build_corpus
 from benchlib.env import machine
@@ -32,6 +32,7 @@ PARTS = {
     "memory": memory,
     "remote": remote,
     "bestfit": bestfit,
+    "mixture": mixture,
 }
 QUICK_SKIPS = ("memory",)
 
