@@ -29,6 +29,7 @@ from wdstream.format.wds import wds_decoder
 if TYPE_CHECKING:
     from wdstream.read.dataset import TokenDataset
     from wdstream.read.loader import Loader
+    from wdstream.read.mixture_inspect import explain_mixture
     from wdstream.read.provenance import explain
     from wdstream.read.sequence import global_batch_at
     from wdstream.read.shards import documents
@@ -42,6 +43,7 @@ _LAZY = {
     "TokenDataset": "wdstream.read.dataset",
     "documents": "wdstream.read.shards",
     "explain": "wdstream.read.provenance",
+    "explain_mixture": "wdstream.read.mixture_inspect",
     "global_batch_at": "wdstream.read.sequence",
     "pack": "wdstream.write.pack",
 }
@@ -79,6 +81,7 @@ __all__ = [
     "__version__",
     "documents",
     "explain",
+    "explain_mixture",
     "global_batch_at",
     "pack",
     "wds_decoder",
