@@ -18,7 +18,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib import bestfit, memory, mixture, pack, read, remote, report, resume, sequence
+from benchlib import (
+    bestfit,
+    memory,
+    mixture,
+    pack,
+    ray_pack,
+    read,
+    remote,
+    report,
+    resume,
+    sequence,
+)
 from benchlib.common import COMMITTED_REPORT, DEFAULT_OUTPUT, DEFAULT_RESULTS, ROOT, WORKERS
 from benchlib.corpus import build_corpus
 from benchlib.env import machine
@@ -33,6 +44,7 @@ PARTS = {
     "remote": remote,
     "bestfit": bestfit,
     "mixture": mixture,
+    "ray_pack": ray_pack,
 }
 QUICK_SKIPS = ("memory",)
 

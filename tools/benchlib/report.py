@@ -10,12 +10,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchlib import bestfit, checksums, memory, mixture, pack, read, remote, resume, sequence
+from benchlib import (
+    bestfit,
+    checksums,
+    memory,
+    mixture,
+    pack,
+    ray_pack,
+    read,
+    remote,
+    resume,
+    sequence,
+)
 from benchlib.common import COMMITTED_REPORT, SAMPLE, SHARD_BYTES
 from benchlib.tables import table
 
 HANDWRITTEN = ("## Run to run", "## Notes from development")
-SECTIONS = (pack, read, checksums, resume, sequence, memory, remote, bestfit, mixture)
+SECTIONS = (pack, read, checksums, resume, sequence, memory, remote, bestfit, mixture, ray_pack)
 REPRODUCE = """\
 ```
 bash tools/setup_bench_env.sh /work/benchvenv   # separate venv: peers pin numpy<2.2, need torchvision

@@ -41,6 +41,8 @@ def index_runs(idx: np.ndarray) -> np.ndarray:
     """
     if not len(idx):
         return np.zeros((0, 2), dtype=np.int64)
+    if idx[0] >= 0 and (len(idx) == 1 or (np.diff(idx) == 1).all()):  # concat, docs: one run
+        return np.array([[idx[0], len(idx)]], dtype=np.int64)
     pad = idx < 0
     same = np.where(pad[1:], pad[:-1], ~pad[:-1] & (np.diff(idx) == 1))
     heads = np.concatenate(([0], np.flatnonzero(~same) + 1))
