@@ -304,3 +304,30 @@ def test_document_boundaries_in_a_mixture(sources: dict[str, str]) -> None:
         jump = ids[:, 1:] != ids[:, :-1] + 1  # another sample (or source) starts there
         assert (pos[:, 1:][jump] == 0).all()
         assert batch["cu_seqlens"][-1] == ids.numel()
+
+
+@pytest.mark.parametrize("stop", [0, 3, 7])
+def test_mixture_dataset_under_stateful_dataloader_with_workers(
+    sources: dict[str, str], stop: int
+) -> None:
+    # torchdata saves each worker's own share of the mixture state; each resumes exactly.
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from wdstream import TokenDataset
+
+    def make() -> StatefulDataLoader:
+        ds = TokenDataset(sources, 16, 4, weights=SCHEDULE, stop="first_exhausted",
+                          shuffle_window=12, shuffle_lanes=2, seed=5)  # fmt: skip
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    ref = list(make())
+    assert len(ref) > 10 and all("source" in b for b in ref)
+    dl = make()
+    it = iter(dl)
+    for _ in range(stop):
+        next(it)
+    state = json.loads(json.dumps(dl.state_dict(), default=int))
+    del it
+    fresh = make()
+    fresh.load_state_dict(state)
+    _same(list(fresh), ref[stop:])
