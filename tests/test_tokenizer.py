@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 import shutil
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import wdstream.tokenizer as T
 from wdstream.tokenizer import CHECK_TEXT, TokenizerError, load_tokenizer
 
 CL100K_FILE_SHA = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
@@ -18,8 +20,11 @@ def test_cl100k_offline_and_hash() -> None:
     tok = load_tokenizer("cl100k_base", "tiktoken")
     assert tok.name == "cl100k_base"
     assert tok.n_vocab == 100277 and tok.eos_id == 100257
-    # Canonical hash equals the hash of the rank-sorted .tiktoken file.
+    # Canonical hash equals the hash of the rank-sorted .tiktoken file (recomputed here from
+    # the ranks: ranks_sha256 takes the file's hash for files known to be canonical).
     assert tok.ranks_sha256 == CL100K_FILE_SHA
+    assert T._canonical_ranks_sha256(tok._enc._mergeable_ranks) == CL100K_FILE_SHA
+    assert T._CANONICAL_FILES == {CL100K_FILE_SHA}
     assert tok.decode(tok.encode("hello world")) == "hello world"
 
 
@@ -43,6 +48,18 @@ def test_tiktoken_file_path(tmp_path: Path) -> None:
     assert np.array_equal(tok.encode(CHECK_TEXT), ref.encode(CHECK_TEXT))
 
 
+def test_non_canonical_tiktoken_file_hashes_its_ranks(tmp_path: Path) -> None:
+    import tiktoken_ext
+
+    src = Path(tiktoken_ext.__path__[0]) / "data" / "cl100k_base.tiktoken"
+    lines = src.read_bytes().splitlines(keepends=True)
+    path = tmp_path / "reversed.tiktoken"
+    path.write_bytes(b"".join(reversed(lines)))  # same ranks, other bytes
+    tok = load_tokenizer(str(path), "tiktoken")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() != CL100K_FILE_SHA
+    assert tok.ranks_sha256 == CL100K_FILE_SHA  # the canonical hash, not the file's
+
+
 def test_unknown_name_lists_what_was_tried(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match="nosuch_enc") as info:
         load_tokenizer("nosuch_enc")
@@ -63,8 +80,6 @@ def test_bpe_openai_matches_tiktoken(name: str, corpus_docs: list[str]) -> None:
 
 
 def test_backend_fallback_on_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    import wdstream.tokenizer as T
-
     real = T.TiktokenTokenizer.encode
 
     def broken(self: T.TiktokenTokenizer, text: str) -> np.ndarray:

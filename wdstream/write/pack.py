@@ -47,7 +47,7 @@ from wdstream.write.lock import LOCK_NAME, acquire
 from wdstream.write.progress import Progress
 from wdstream.write.samples import ConcatPacker, DocsPacker
 from wdstream.write.shards import ShardWriter, parse_size, shard_names
-from wdstream.write.tokenpool import TokenPool
+from wdstream.write.tokenpool import TokenPool, prestart
 
 __all__ = ["JOURNAL_NAME", "PackResult", "describe", "pack", "sample_builder", "special_ids"]
 
@@ -290,6 +290,8 @@ def pack(
             if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1
         )
+    if engine == "local":
+        prestart(workers, pool)  # the pool's fork server boots while the tokenizer loads
     files = expand_inputs(list(inputs))
 
     output_store = open_store(output, create=True, **(store_options or {}))

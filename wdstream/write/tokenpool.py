@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.context
+import multiprocessing.forkserver
 import os
 import threading
 from collections import deque
@@ -33,7 +35,7 @@ import numpy as np
 
 from wdstream.tokenizer import Tokenizer, _bpe_binding
 
-__all__ = ["POOL_KINDS", "TokenPool", "encode_flat"]
+__all__ = ["POOL_KINDS", "TokenPool", "encode_flat", "prestart"]
 
 POOL_KINDS = ("auto", "threads", "processes")
 M = TypeVar("M")
@@ -73,6 +75,34 @@ def encode_flat(
     lens = np.fromiter((len(a) + extra for a in arrays), dtype=np.int64, count=len(arrays))
     flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint32)
     return flat.astype(dtype, copy=False), lens
+
+
+def _process_context() -> multiprocessing.context.BaseContext:
+    """``forkserver`` (``spawn`` where it is missing), the server preloading this module."""
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in methods:
+        # Import once in the fork server, so each worker forks with the modules loaded
+        # instead of importing the package (and whatever it imports) itself.
+        ctx.set_forkserver_preload(["wdstream.write.tokenpool"])
+    return ctx
+
+
+def prestart(workers: int, kind: str) -> None:
+    """Start the fork server now, so its imports (~1 s of a fresh interpreter importing
+    numpy and this package) overlap the caller's tokenizer load instead of following it.
+
+    Call it first thing in a pack that will use a process pool; without it the server
+    starts at the first batch. Safe to call again: a running server is reused.
+    """
+    if workers <= 0 or kind == "threads":
+        return
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return
+    _process_context()
+    threading.Thread(
+        target=multiprocessing.forkserver.ensure_running, name="wdstream-forkserver", daemon=True
+    ).start()
 
 
 def _exit_with_parent() -> None:
@@ -183,12 +213,7 @@ class TokenPool:
         self._executor: Executor | None = None
         self._starter: _Starter | None = None
         if self.kind == "processes":
-            methods = multiprocessing.get_all_start_methods()
-            ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-            if "forkserver" in methods:
-                # Import once in the fork server, so each worker forks with the modules loaded
-                # instead of importing the package (and whatever it imports) itself.
-                ctx.set_forkserver_preload(["wdstream.write.tokenpool"])
+            ctx = _process_context()
             # bpe-openai workers need only the binding, not tiktoken's ranks (~0.3 s each).
             recipe = tok.name if tok.backend == "bpe-openai" else tok
             initargs = (recipe, bos_id, eos_id, dtype)
