@@ -331,3 +331,18 @@ def test_mixture_dataset_under_stateful_dataloader_with_workers(
     fresh = make()
     fresh.load_state_dict(state)
     _same(list(fresh), ref[stop:])
+
+
+def test_another_global_batch_mid_iteration_keeps_its_end(sources: dict[str, str]) -> None:
+    opts = dict(weights=W, stop="first_exhausted", num_workers=0, **OPTS)
+    whole = Loader(sources, batch_size=8, **opts)
+    rest_rows = np.concatenate([_rows(x) for x in list(whole)[3:]])
+    loader = Loader(sources, batch_size=8, **opts)
+    _take(loader, 3)
+    state = loader.state_dict()
+    assert state["iter_stop"] is not None
+    halved = Loader(sources, batch_size=4, **opts)
+    halved.load_state_dict(state)
+    assert len(halved) == 2 * (state["iter_stop"] - 3)
+    got = np.concatenate([_rows(x) for x in halved])  # the rest of the iteration, no more
+    np.testing.assert_array_equal(got, rest_rows)
