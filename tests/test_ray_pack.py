@@ -317,3 +317,25 @@ def test_cli_pack_engine_ray(
     assert result.exit_code == 0, result.output
     assert "[cl100k_base/" in result.output and "ray]" in result.output
     assert _digests(out) == _digests(local_outputs["concat"])
+
+
+def test_one_progress_bar_on_the_driver(
+    cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_corpus(200, seed=3)))
+    pack([str(src)], str(tmp_path / "out"), engine="ray", **{**_OPTS, "progress": True})
+    err = capsys.readouterr().err
+    assert "pack: 100%" in err and "docs/s" in err and "tok/s" in err
+
+
+def test_failed_shard_write_raises_the_store_error(cluster: Any, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_corpus(200, seed=4)))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data-000001.tar").mkdir()  # the second shard cannot be renamed into place
+    with pytest.raises(OSError, match="data-000001.tar"):
+        pack([str(src)], str(out), engine="ray", **{**_OPTS, "shard_size": "32KB"})
+    journal = json.loads((out / ".wdstream-pack.json").read_text())
+    assert [s["name"] for s in journal["shards"]] == ["data-000000.tar"]

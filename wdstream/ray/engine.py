@@ -146,6 +146,17 @@ def write_tokenized(
     return driver.run(iter((i, docs, ref) for i, (docs, ref) in enumerate(given)))
 
 
+def _get(ref: Any) -> Any:
+    """``ray.get``, raising a task's own error (a write that failed names its object)
+    rather than Ray's wrapper around it."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, Exception):
+            raise exc.cause from exc
+        raise
+
+
 def _piece_bytes(files: list[InputFile], cpus: int) -> int:
     total = sum(f.size or 0 for f in files)
     return int(min(_MAX_PIECE, max(_MIN_PIECE, total // (_PIECES_PER_CPU * cpus))))
@@ -235,7 +246,7 @@ class _Driver:
             raise
         finally:
             bar.close()
-        problems = [p for p in ray.get(checks) if p is not None]
+        problems = [p for p in _get(checks) if p is not None]
         if problems:
             raise WdstreamError(
                 f"{problems[0]}: a shard kept from the interrupted pack changed since; "
@@ -258,7 +269,7 @@ class _Driver:
     def _lay_out(self, i: int, docs_ref: Any, tokens_ref: Any, bar: Progress, at: int) -> int:
         """Place piece ``i``'s documents and pack them; return its source bytes (progress)."""
         piece = self.pieces[i]
-        docs: PieceDocs = docs_ref if isinstance(docs_ref, PieceDocs) else ray.get(docs_ref)
+        docs: PieceDocs = docs_ref if isinstance(docs_ref, PieceDocs) else _get(docs_ref)
         path = self.job.files[piece.file].path
         if piece.whole:
             record = 0
@@ -350,7 +361,7 @@ class _Driver:
                 ready, _ = ray.wait([ref], timeout=0)
                 if not ready:
                     return
-            entry = ShardEntry(**ray.get(ref))
+            entry = ShardEntry(**_get(ref))
             self.journal.commit(entry, cut.end, self.totals.bad_locations)
             del self.pending[nxt]
             if block and not wait_all:
