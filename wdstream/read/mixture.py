@@ -158,7 +158,7 @@ class MixtureReader(GlobalReader):
     # ---- steps, rows, schedule ---------------------------------------------------------
     def row_at(self, step: int, origin: Origin) -> int:
         """The first mixture row of global step ``step``."""
-        return origin.row + (step - origin.step) * self.cfg.global_batch
+        return _row_at(step, origin, self.cfg.global_batch)
 
     def schedule(self, position: GlobalPosition) -> Schedule:
         assert isinstance(position, MixturePosition)
@@ -375,16 +375,17 @@ class MixtureReader(GlobalReader):
             )
         origin, stop = saved.origin, saved.iter_stop
         if saved.global_batch != g:
-            stop_row = None if stop is None else self.row_at_g(stop, origin, saved.global_batch)
-            origin = Origin(step, 0, self.row_at_g(step, origin, saved.global_batch))
+            stop_row = None if stop is None else _row_at(stop, origin, saved.global_batch)
+            origin = Origin(step, 0, _row_at(step, origin, saved.global_batch))
             if stop_row is not None:
                 stop = max(step, origin.step + (stop_row - origin.row) // g)
         pieces = (*saved.pieces, *self.future_pieces(step, origin))
         return MixturePosition(step, origin, stop, saved.worker, pieces)
 
-    @staticmethod
-    def row_at_g(step: int, origin: Origin, g: int) -> int:
-        return origin.row + (step - origin.step) * g
+
+def _row_at(step: int, origin: Origin, g: int) -> int:
+    """The first mixture row of step ``step`` counted from ``origin`` in steps of ``g`` rows."""
+    return origin.row + (step - origin.step) * g
 
 
 def _show(pieces: list[tuple[int, tuple[int, ...]]], names: list[str]) -> str:
