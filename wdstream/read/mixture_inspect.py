@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import WdstreamError
-from wdstream.read.mixture import MixtureReader, open_sources
+from wdstream.read.mixture import MixtureReader
 from wdstream.read.mixture_schedule import parse_weights
+from wdstream.read.mixture_sources import open_sources
 from wdstream.read.mixture_spec import MixtureSpec, read_spec
 from wdstream.read.order import OrderConfig, Origin
 from wdstream.read.provenance import (
