@@ -82,10 +82,17 @@ def _position_ids(doc_start: np.ndarray) -> np.ndarray:
 
 
 def _long(x: torch.Tensor, pin: bool) -> torch.Tensor:
-    if not pin:
+    """A contiguous int64 copy of ``x`` (page-locked if ``pin``).
+
+    On the CPU the cast goes through numpy: one thread, in the caller's. torch's own cast
+    splits a chunk over its intra-op OpenMP threads, and on a busy 2-core host waking that
+    team cost 10-45x the copy (12 ms instead of 0.26 ms for a [128, 2048] chunk, measured).
+    """
+    if x.device.type != "cpu":
         return x.to(torch.int64, memory_format=torch.contiguous_format)
-    out = torch.empty(x.shape, dtype=torch.int64, pin_memory=True)
-    return out.copy_(x)
+    out = torch.empty(tuple(x.shape), dtype=torch.int64, pin_memory=pin)
+    np.copyto(out.numpy(), x.numpy())
+    return out
 
 
 def chunk_to_batches(
@@ -102,9 +109,16 @@ def chunk_to_batches(
     are added when ``positions`` is given. ``labels``: the dataset's target rule
     (:mod:`wdstream.read.rows`: -100 on best-fit padding and, if chosen, document ends).
     """
-    for j in range(tokens.shape[0] // batch_size):
+    n = tokens.shape[0] // batch_size * batch_size
+    # One int64 conversion per chunk, not per batch: each batch is a contiguous row slice of
+    # it (two calls per chunk instead of two per batch, in the training loop's thread).
+    all_ids, all_targets = _long(tokens[:n, :-1], pin), _long(tokens[:n, 1:], pin)
+    for j in range(n // batch_size):
         rows = tokens[j * batch_size : (j + 1) * batch_size]
-        batch = {"input_ids": _long(rows[:, :-1], pin), "labels": _long(rows[:, 1:], pin)}
+        batch = {
+            "input_ids": all_ids[j * batch_size : (j + 1) * batch_size],
+            "labels": all_targets[j * batch_size : (j + 1) * batch_size],
+        }
         padding = labels.padding(rows) if labels is not None else None
         masked = labels.masked(rows, padding) if labels is not None else None
         if masked is not None:
