@@ -184,6 +184,13 @@ def test_pack_holds_every_document_once_and_verifies(packed: Path, texts: list[s
     assert report.ok, report.problems
 
 
+def test_documents_of_a_bestfit_dataset_are_the_input_documents(
+    packed: Path, texts: list[str]
+) -> None:
+    got = sorted(d.tolist() for d in wdstream.documents(str(packed / "out")))
+    assert got == sorted(d.tolist() for d in expected_docs(texts))
+
+
 def test_stats_report_truncation_padding_and_rows(packed: Path, texts: list[str]) -> None:
     s = dataset_stats(LocalStore(str(packed / "out")))
     samples = raw_samples(packed / "out")

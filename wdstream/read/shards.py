@@ -198,7 +198,8 @@ def documents(root: str | Store) -> Iterator[np.ndarray]:
     """Yield every document's token ids (EOS included when packed with it), in dataset order.
 
     Documents split across samples (and shards) are joined using ``cont``; each document is
-    yielded exactly once.
+    yielded exactly once. In a best-fit dataset the order is the rows' (not the input's) and
+    each sample's last piece, its padding, is not a document.
 
     Raises:
         CorruptShardError: if a sample does not decode or a continuation has nothing to continue.
@@ -206,9 +207,10 @@ def documents(root: str | Store) -> Iterator[np.ndarray]:
     store = root if isinstance(root, Store) else open_store(root)
     index = read_index(store)
     parts: list[np.ndarray] = []
+    padded = index.mode == "bestfit"
     for shard, k, sample in iter_samples(store, index):
         pos = 0
-        for j, n in enumerate(sample.doc_lens):
+        for j, n in enumerate(sample.doc_lens[:-1] if padded else sample.doc_lens):
             piece = sample.tokens[pos : pos + n]
             pos += n
             if j == 0 and sample.cont:
