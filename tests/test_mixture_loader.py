@@ -346,3 +346,29 @@ def test_another_global_batch_mid_iteration_keeps_its_end(sources: dict[str, str
     assert len(halved) == 2 * (state["iter_stop"] - 3)
     got = np.concatenate([_rows(x) for x in halved])  # the rest of the iteration, no more
     np.testing.assert_array_equal(got, rest_rows)
+
+
+def test_persistent_workers_take_a_loaded_schedule(sources: dict[str, str]) -> None:
+    # The schedule travels with the position to running workers (not with their copy of
+    # the reader), so a state loaded into a loader with live workers is read under it.
+    anneal = [(0, W), (4, {"web": 0.0, "code": 0.5, "books": 0.5})]
+    opts = dict(batch_size=4, chunk_batches=2, num_workers=2, persistent_workers=True, **OPTS)
+    saver = Loader(sources, weights=anneal, **{**opts, "num_workers": 0})
+    _take(saver, 6)
+    state = saver.state_dict()
+    loader = Loader(sources, weights=[(0, W), (6, {"web": 1, "code": 0, "books": 0})], **opts)
+    _take(loader, 3)  # workers started under its own schedule
+    with pytest.raises(StateMismatchError, match="^schedule"):
+        loader.load_state_dict(state)  # its past (the piece at 4) differs from the state's
+    loader = Loader(sources, weights=anneal, **opts)
+    _take(loader, 3)
+    loader.load_state_dict(state)
+    want = Loader(sources, weights=anneal, **{**opts, "num_workers": 0})
+    want.load_state_dict(state)
+    _same(_take(loader, 6), _take(want, 6))
+    fresh = Loader(sources, weights=[(0, W), (4, {"web": 0.0, "code": 0.5, "books": 0.5}),
+                                     (8, {"web": 0, "code": 0, "books": 1})], **opts)  # fmt: skip
+    _take(fresh, 2)
+    fresh.load_state_dict(state)  # a new future piece at 8, loaded into live workers
+    got = _take(fresh, 6)
+    assert [int(s) for b in got[2:] for s in b["source"]] == [2] * 16
