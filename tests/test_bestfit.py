@@ -263,3 +263,8 @@ def test_packer_rows_are_the_layout_of_its_blocks(lens: list[int], S: int, buffe
             toks = [t for d, x, y in row for t in docs[a + d][x:y].tolist()]
             want.append(toks + [PAD] * (S - len(toks)))
     assert got == want
+
+
+def test_explain_says_a_bestfit_dataset_has_no_provenance(packed: Path) -> None:
+    with pytest.raises(wdstream.WdstreamError, match="bestfit dataset has no provenance"):
+        wdstream.explain(str(packed / "out"), 0, batch_size=2)

@@ -83,6 +83,12 @@ class Provenance:
         if self.source.index is None:
             raise ValueError("provenance needs a dataset root with index.json, not shard URLs")
         self.index = self.source.index
+        if self.index.mode == "bestfit":
+            raise WdstreamError(
+                f"{self.source.urls[0][0]}: a bestfit dataset has no provenance tables (its "
+                "rows hold documents out of input order; docs/PACK.md); Loader.batch_at(step) "
+                "still gives any step's rows"
+            )
         if any(s.provenance is None for s in self.index.shards):
             raise WdstreamError(
                 f"{self.source.urls[0][0]}: packed without provenance tables (by a wdstream "
