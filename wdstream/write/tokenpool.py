@@ -16,6 +16,11 @@ Kinds of pool:
 
 Results come back in submission order whatever the pool, so output never depends on the
 number of workers.
+
+Start-up: ``pack`` calls :func:`prestart` first thing, so the fork server (a fresh
+interpreter importing numpy and this package, ~1 s) boots while the packing process loads
+the tokenizer; a bpe-openai worker then needs only the binding (~0.1 s), never tiktoken's
+ranks. Until a worker is up the packing thread encodes batches itself.
 """
 
 from __future__ import annotations
