@@ -160,6 +160,8 @@ def test_changed_file_refused_when_loaded_again(tmp_path: Path, corpus_docs: lis
 def test_bad_file_names_it_and_the_library(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match=r"Hugging Face tokenizer file .*missing\.json"):
         load_tokenizer(str(tmp_path / "missing.json"))
+    with pytest.raises(TokenizerError, match="must hold tokenizer.json .* or tokenizer.model"):
+        load_tokenizer(str(tmp_path))  # a folder with neither
     bad = tmp_path / "tokenizer.json"
     bad.write_text('{"not": "a tokenizer"}')
     with pytest.raises(TokenizerError, match="Hugging Face tokenizer file"):

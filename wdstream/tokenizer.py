@@ -318,6 +318,11 @@ def _load_file_tokenizer(spec: str, backend: str) -> Tokenizer | None:
     """A Hugging Face or SentencePiece tokenizer when ``spec`` names one, else None."""
     kind = _file_kind(spec)
     if kind is None:
+        if os.path.isdir(spec):
+            raise TokenizerError(
+                f"cannot load tokenizer {spec!r}: a folder must hold tokenizer.json (Hugging "
+                "Face tokenizers) or tokenizer.model (SentencePiece); it has neither"
+            )
         return None
     if backend == "bpe-openai":
         warnings.warn(
