@@ -166,6 +166,20 @@ def test_loader_epoch_two_from_the_cache_with_shards_gone(
         batches(num_workers=0)
 
 
+def test_wildcard_shard_urls_read_through_the_cache(
+    s3_bucket: str, tmp_path: Path, corpus_docs: list[str], write_jsonl: Callable[..., Path]
+) -> None:
+    url = f"s3://{s3_bucket}/wild"
+    src = write_jsonl(tmp_path / "in.jsonl", corpus_docs[:40])
+    wdstream.pack(str(src), url, seq_len=64, shard_size="48KB", workers=0, progress=False)
+    kw: dict[str, Any] = dict(seq_len=64, batch_size=4, epochs=1, num_workers=0, seed=3)
+    plain = [b["input_ids"].tolist() for b in Loader(f"{url}/*.tar", **kw)]
+    cache = tmp_path / "cache"
+    cached = [b["input_ids"].tolist() for b in Loader(f"{url}/*.tar", **kw, cache_dir=str(cache))]
+    assert cached == plain and plain
+    assert _blocks(cache), "nothing was cached"
+
+
 def test_options_are_checked(tmp_path: Path) -> None:
     assert parse_cache_limit("50GB") == 50 * 10**9 and parse_cache_limit("2GiB") == 2 << 30
     assert parse_cache_limit(4096) == 4096

@@ -30,7 +30,7 @@ from wdstream.format.index import DatasetIndex
 from wdstream.format.sample import decode_sample, tokens_views
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.shards import decode_span, parse_sidecar, read_index, sidecar_from_tar
-from wdstream.read.stores import StoreCache, fingerprint
+from wdstream.read.stores import CACHE_OPTIONS, StoreCache, fingerprint
 from wdstream.storage import Store, open_store, split_url
 
 __all__ = ["ShardSource", "expand_urls"]
@@ -55,7 +55,8 @@ def expand_urls(source: str | Sequence[str], **store_options: Any) -> list[str]:
         if not any(c in name for c in "*?["):
             urls.append(url)
             continue
-        store = open_store(root, **store_options)
+        listing = {k: v for k, v in store_options.items() if k not in CACHE_OPTIONS}
+        store = open_store(root, **listing)
         try:
             names = fnmatch.filter(store.list(), name)
         finally:

@@ -16,7 +16,9 @@ from wdstream.storage import Store, open_store
 from wdstream.storage.cache import CachedStore, parse_cache_limit
 from wdstream.storage.local import LocalStore
 
-__all__ = ["StoreCache", "fingerprint"]
+__all__ = ["CACHE_OPTIONS", "StoreCache", "fingerprint"]
+
+CACHE_OPTIONS = ("cache_dir", "cache_limit")  # the node cache's, not a store's
 
 
 class StoreCache:
