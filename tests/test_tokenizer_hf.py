@@ -187,3 +187,24 @@ def test_missing_package_names_the_extra(spec: str, hidden: str) -> None:
     assert out.returncode == 0, out.stderr
     assert "pip install 'wdstream[hf]'" in out.stdout and hidden in out.stdout
     assert "base ok" in out.stdout
+
+
+def test_decoding_a_dataset_refuses_a_changed_tokenizer_file(
+    tmp_path: Path, corpus_docs: list[str]
+) -> None:
+    hf = build_hf_bpe(tmp_path / "tok", corpus_docs[:20])
+    src = _jsonl(tmp_path / "in.jsonl", corpus_docs[:20])
+    out = tmp_path / "ds"
+    wdstream.pack(str(src), str(out), tokenizer=str(hf), seq_len=64, workers=0, progress=False)
+    assert wdstream.explain(str(out), 0, batch_size=1, text=True).rows[0].pieces[0].text
+    spec = json.loads(hf.read_text())
+    spec["added_tokens"][0]["content"] = "<changed>"
+    hf.write_text(json.dumps(spec))
+    with pytest.raises(TokenizerError, match="recorded in index.json"):
+        wdstream.explain(str(out), 0, batch_size=1, text=True)
+    from click.testing import CliRunner
+
+    from wdstream.cli import main
+
+    res = CliRunner().invoke(main, ["inspect", str(out)])
+    assert "recorded in index.json" in res.output, res.output

@@ -181,15 +181,18 @@ def _preview(text: str, width: int = 160) -> str:
 def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> None:
     """Show the first samples of a dataset ROOT or a single .tar shard."""
     from wdstream.inspect import preview_samples
-    from wdstream.tokenizer import load_tokenizer
+    from wdstream.tokenizer import index_tokenizer, load_tokenizer
 
     try:
         index, previews = preview_samples(target, samples, _store_options(target, **remote))
     except (WdstreamError, ValueError, OSError) as exc:
         _fail(exc)
-    spec = tokenizer or (index.tokenizer["name"] if index else "cl100k_base")
     try:
-        decode: Callable[[Any], str] = load_tokenizer(spec, "tiktoken").decode
+        decode: Callable[[Any], str] = (
+            load_tokenizer(tokenizer or "cl100k_base", "tiktoken").decode
+            if tokenizer or index is None
+            else index_tokenizer(index.tokenizer).decode
+        )
     except (WdstreamError, ValueError) as exc:
         click.echo(f"(showing ids: {exc}; pass --tokenizer to decode)", err=True)
         decode = str

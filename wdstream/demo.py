@@ -64,7 +64,7 @@ def run_demo(
     import torch
 
     from wdstream import Loader, pack
-    from wdstream.tokenizer import load_tokenizer
+    from wdstream.tokenizer import index_tokenizer
     from wdstream.write.pack import describe
 
     tmp = None
@@ -101,7 +101,7 @@ def run_demo(
             f"loader: {len(batches)} batches in {dt:.2f}s, input_ids {tuple(first['input_ids'].shape)} "
             f"{first['input_ids'].dtype}, labels {tuple(first['labels'].shape)}"
         )
-        tok = load_tokenizer(result.index.tokenizer["name"], "tiktoken")
+        tok = index_tokenizer(result.index.tokenizer)
         preview = tok.decode(first["input_ids"][0, :48].tolist())
         echo(f"batch 0, row 0: {preview[:150]!r}")  # repr escapes a newline once: \n
         assert torch.equal(first["input_ids"][:, 1:], first["labels"][:, :-1])

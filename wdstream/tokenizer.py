@@ -382,3 +382,23 @@ def load_tokenizer(spec: str, backend: str = "auto", check_texts: Sequence[str] 
             )
             return base
     return fast
+
+
+def index_tokenizer(recorded: dict[str, Any]) -> Tokenizer:
+    """The tokenizer a dataset was packed with (``index.json``'s ``tokenizer``), to decode it.
+
+    Loaded by its recorded name or path and refused when its ranks' hash is not the recorded
+    one: a tokenizer file changed since the pack would decode other text, silently.
+
+    Raises:
+        TokenizerError: it cannot be loaded, or its hash differs (naming both hashes).
+    """
+    tok = load_tokenizer(recorded["name"], "tiktoken")
+    want = recorded.get("ranks_sha256")
+    if want and tok.ranks_sha256 != want:
+        raise TokenizerError(
+            f"{recorded['name']}: ranks sha256 {tok.ranks_sha256[:16]}... is not the "
+            f"{want[:16]}... recorded in index.json (the tokenizer changed since the pack); "
+            "decoding with it would show other text"
+        )
+    return tok

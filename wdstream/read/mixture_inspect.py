@@ -132,10 +132,10 @@ def explain_mixture(
     provs: dict[int, Provenance | None] = {}
     tok = None
     if text:
-        from wdstream.tokenizer import load_tokenizer
+        from wdstream.tokenizer import index_tokenizer
 
         index = next(s.index for s in sources if s.index is not None)
-        tok = load_tokenizer(index.tokenizer["name"], "tiktoken")
+        tok = index_tokenizer(index.tokenizer)
     out = []
     for r, (i, epoch, row) in enumerate(reader.locate(rows, position)):
         if i not in provs:

@@ -312,9 +312,9 @@ def explain(
     epoch, first = order.locate(step, origin)
     tok = None
     if text:
-        from wdstream.tokenizer import load_tokenizer
+        from wdstream.tokenizer import index_tokenizer
 
-        tok = load_tokenizer(index.tokenizer["name"], "tiktoken")
+        tok = index_tokenizer(index.tokenizer)
     rows = []
     for r in range(cfg.global_batch):
         pieces = row_pieces(prov, order, epoch, first + r)
