@@ -182,11 +182,12 @@ def _ray_workers_running(task: str) -> list[int]:
     return found
 
 
-def test_worker_killed_mid_task_is_retried_and_output_identical(
-    cluster: Any, corpus: Path, local_outputs: dict[str, Path], tmp_path: Path
-) -> None:
-    # The first input is a FIFO at the path the reference read as a file: its task blocks
-    # reading it, so the kill lands mid-task; the retry is then fed the same bytes.
+def _inputs_with_fifo(corpus: Path, tmp_path: Path) -> tuple[Path, Path, bytes]:
+    """The corpus behind symlinks, its reference pack, then ``c.jsonl`` turned into a FIFO.
+
+    The FIFO sits at the path the reference read as a file: its task blocks reading it, so
+    a fault lands mid-task; the test then feeds it the same bytes.
+    """
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     for p in corpus.iterdir():
@@ -196,9 +197,10 @@ def test_worker_killed_mid_task_is_retried_and_output_identical(
     content = (corpus / "c.jsonl").read_bytes()
     (inputs / "c.jsonl").unlink()
     os.mkfifo(inputs / "c.jsonl")
-    out = tmp_path / "out"
-    errors: list[BaseException] = []
+    return inputs, reference, content
 
+
+def _pack_in_thread(inputs: Path, out: Path, errors: list[BaseException]) -> threading.Thread:
     def run() -> None:
         try:
             pack([str(inputs)], str(out), on_error="skip", lines=True, engine="ray", **_OPTS)
@@ -207,23 +209,33 @@ def test_worker_killed_mid_task_is_retried_and_output_identical(
 
     thread = threading.Thread(target=run)
     thread.start()
-    killed: list[int] = []
-    deadline = time.monotonic() + 60
-    while not killed and time.monotonic() < deadline:
+    return thread
+
+
+def _blocked_task(timeout: float = 60) -> int:
+    """The pid of a tokenising worker that stays busy (the one reading the FIFO)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         for pid in _ray_workers_running("tokenize_piece"):
-            # Only the task blocked on the FIFO stays running for long.
             time.sleep(0.5)
             if pid in _ray_workers_running("tokenize_piece"):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                break
+                return pid
         time.sleep(0.05)
-    assert killed, "no tokenising worker found to kill"
+    raise AssertionError("no tokenising worker found blocked on its input")
+
+
+def test_worker_killed_mid_task_is_retried_and_output_identical(
+    cluster: Any, corpus: Path, tmp_path: Path
+) -> None:
+    inputs, reference, content = _inputs_with_fifo(corpus, tmp_path)
+    errors: list[BaseException] = []
+    thread = _pack_in_thread(inputs, tmp_path / "out", errors)
+    os.kill(_blocked_task(), signal.SIGKILL)
     with open(inputs / "c.jsonl", "wb") as fifo:  # opens once the retry reads the FIFO
         fifo.write(content)
     thread.join(timeout=120)
     assert not thread.is_alive() and not errors, errors
-    assert _digests(out) == _digests(reference)
+    assert _digests(tmp_path / "out") == _digests(reference)
 
 
 def test_killed_driver_rerun_resumes_byte_identical(
