@@ -67,8 +67,9 @@ class ShardCutter:
         shard_bytes, shard_samples: the pack's shard limits.
         dtype: the on-disk token dtype name (sample sizes depend on it).
         first_shard, first_sample, first_doc, doc_offset: where numbering continues (resume).
-        piece_of: maps global token indices to piece numbers (``np.searchsorted`` over the
-            pieces' first indices) and back to their first index.
+
+    :meth:`add` and :meth:`close` take ``piece_starts``, the global first token of every piece
+    laid out so far, to tell which pieces a shard's tokens come from.
     """
 
     def __init__(
@@ -135,6 +136,7 @@ class ShardCutter:
             cont=[bool(s.cont) for s, _, _ in samples],
             new_docs=[int(s.new_docs) for s, _, _ in samples],
             starts=[st for _, st, _ in samples],
+            offsets=[s.offset for s, _, _ in samples],
             piece_offsets=[piece_starts[p] for p in pieces],
         )
         cut = CutShard(plan, samples[-1][2], pieces, tokens_per_piece)
