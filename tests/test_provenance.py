@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 import tiktoken
@@ -428,3 +429,38 @@ def test_text_inputs_record_numbers(tmp_path: Path) -> None:
     assert [prov.document(d) for d in range(5)] == [
         (str(a), 1), (str(a), 2), (str(b), 1), (str(b), 3), (str(b), 4)
     ]  # fmt: skip
+
+
+def test_bestfit_rows_trace_back_to_their_lines(inputs: list[Path], tmp_path: Path) -> None:
+    """Best-fit rows hold a block's documents out of input order (a block here spans both
+    files): the tables number documents in row order, lines go back (version 2 tables), and
+    every piece of every row explained re-tokenises from its line; the rest is padding."""
+    out = tmp_path / "bestfit"
+    wdstream.pack([str(p) for p in inputs], str(out), **{**KW, "mode": "bestfit",
+                                                         "bestfit_buffer": 16})  # fmt: skip
+    versions = {msgpack.unpackb(p.read_bytes())["version"] for p in out.glob("*.prov")}
+    assert 2 in versions
+    prov = Provenance(str(out))
+    whole: dict[int, list[Any]] = {}
+    for shard, entry in enumerate(prov.index.shards):
+        for sample in range(entry.samples):
+            for p in prov.pieces(shard, sample):
+                whole.setdefault(p.document, []).append(p)
+    assert sorted(whole) == list(range(prov.index.total_documents))
+    lines = [(ps[0].file, ps[0].line) for _, ps in sorted(whole.items())]
+    assert len(set(lines)) == len(lines) and lines != sorted(lines)
+    for ps in whole.values():
+        assert ps[-1].doc_end == len(_doc_tokens(ps[0].file, ps[0].line))
+    rows = _Rows(out, 2, 2, seed=4, seq_len=SEQ, mask_doc_ends=False)
+    for step in (0, 3, 9):
+        got = rows(step)
+        exp = explain(str(out), step, batch_size=2, world_size=2, seed=4)
+        for r, row in enumerate(exp.rows):
+            at = 0
+            for p in row.pieces:
+                assert p.row_start == at
+                want = _doc_tokens(p.file, p.line)[p.doc_start : p.doc_end]
+                assert np.array_equal(got[r, p.row_start : p.row_end], want), (step, r, p)
+                at = p.row_end
+            tail = got[r, at:]  # padding; its last token is a label, -100 on padding
+            assert at > 0 and ((tail == EOT) | (tail == -100)).all()

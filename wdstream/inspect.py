@@ -243,11 +243,12 @@ def _verify_shard(
                     f"{int(prov.sample_doc[k])} token {int(prov.sample_offset[k])}, the samples "
                     f"say document {doc} token {off}"
                 )
-        n = smp.doc_lens[-1] if smp.doc_lens else 0
-        report._doc_tokens = off + n if smp.cont and len(smp.doc_lens) == 1 else n
-        tokens += len(smp.tokens)
         pad = 1 if index.mode == "bestfit" else 0  # a best-fit row's last piece: padding
-        docs += len(smp.doc_lens) - pad - (1 if smp.cont else 0)
+        pieces = smp.doc_lens[: len(smp.doc_lens) - pad]
+        n = pieces[-1] if pieces else 0
+        report._doc_tokens = off + n if smp.cont and len(pieces) == 1 else n
+        tokens += len(smp.tokens)
+        docs += len(pieces) - (1 if smp.cont else 0)
     if hashlib.sha256(data).hexdigest() != shard.sha256:
         return f"{where}: sha256 differs from index.json"
     # After the hash: a damaged header is reported as such; a shard that hashes right but

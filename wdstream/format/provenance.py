@@ -29,6 +29,14 @@ A msgpack map; integer arrays are ``[width, bin]`` pairs of little-endian unsign
 
 ``sample_doc`` is relative (``0`` is the document begun in an earlier shard), so the table
 holds about 1-2 bytes per document and 3-6 per sample (measured in ``docs/FORMAT.md``).
+
+Documents are numbered in the order they start in the samples. In concat and docs modes that
+is input order; a best-fit row (``--mode bestfit``) holds documents of one block out of
+input order, so a run of one file's documents may go back in lines, and a file may come back
+after another. ``files``/``file_docs`` are therefore *runs* (a name may repeat), and a table
+whose lines go back inside a run is written as version 2, with ``"lines": [w, bin]`` (each
+document's line) in place of ``file_first_line`` and ``line_steps``. Version 1 is written
+whenever it can be (every concat and docs pack), so those tables are unchanged.
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ import numpy as np
 
 __all__ = ["PROVENANCE_SUFFIX", "PROVENANCE_VERSION", "ShardProvenance", "provenance_name"]
 
-PROVENANCE_VERSION = 1
+PROVENANCE_VERSION = 1  # the writer's baseline layout (version 2 only for lines that go back)
+_LINES_VERSION = 2  # per-document lines: a best-fit table whose lines go back inside a run
 PROVENANCE_SUFFIX = ".prov"
 _WIDTHS = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
@@ -71,8 +80,8 @@ class ShardProvenance:
     """The provenance of one shard (see the module docstring)."""
 
     first_doc: int  # global number of the first document that starts in this shard
-    files: tuple[str, ...]  # input files of the documents starting here, in order
-    file_docs: np.ndarray  # int64 per file: its documents here
+    files: tuple[str, ...]  # per run of documents from one input file: the file, in order
+    file_docs: np.ndarray  # int64 per run: its documents
     lines: np.ndarray  # int64 per document starting here: 1-based line (record)
     sample_doc: np.ndarray  # int64 per sample: global document of its first piece
     sample_offset: np.ndarray  # int64 per sample: that piece's first token in the document
@@ -104,16 +113,20 @@ class ShardProvenance:
             steps[starts[self.file_docs > 0]] = 0
         first_line = self.lines[starts] if len(self.lines) else np.zeros(0, np.int64)
         rel = self.sample_doc - self.first_doc + 1
+        lines: dict[str, list[int | bytes]] = (
+            {"file_first_line": _pack_uints(first_line), "line_steps": _pack_uints(steps)}
+            if not len(steps) or int(steps.min()) >= 0
+            else {"lines": _pack_uints(self.lines)}
+        )
         return msgpack.packb(
             {
-                "version": PROVENANCE_VERSION,
+                "version": PROVENANCE_VERSION if "line_steps" in lines else _LINES_VERSION,
                 "first_doc": self.first_doc,
                 "documents": self.documents,
                 "samples": len(self.sample_doc),
                 "files": list(self.files),
                 "file_docs": _pack_uints(self.file_docs),
-                "file_first_line": _pack_uints(first_line),
-                "line_steps": _pack_uints(steps),
+                **lines,
                 "sample_doc": _pack_uints(rel),
                 "sample_offset": _pack_uints(self.sample_offset),
             }
@@ -124,40 +137,46 @@ class ShardProvenance:
         """Parse a ``.prov`` table.
 
         Raises:
-            ValueError: if the bytes are not a consistent provenance table of version 1.
+            ValueError: if the bytes are not a consistent provenance table of version 1 or 2.
         """
         try:
             obj = msgpack.unpackb(data, raw=False)
-            if not isinstance(obj, dict) or obj.get("version") != PROVENANCE_VERSION:
-                got = obj.get("version") if isinstance(obj, dict) else type(obj).__name__
-                raise ValueError(f"version {got!r}, this wdstream reads {PROVENANCE_VERSION}")
+            version = obj.get("version") if isinstance(obj, dict) else type(obj).__name__
+            if version not in (PROVENANCE_VERSION, _LINES_VERSION):
+                raise ValueError(
+                    f"version {version!r}, this wdstream reads {PROVENANCE_VERSION} and "
+                    f"{_LINES_VERSION}"
+                )
             first, n_docs, n_samples = obj["first_doc"], obj["documents"], obj["samples"]
             files = tuple(obj["files"])
+            by_steps = ("file_first_line", "line_steps")
+            line_keys = ("lines",) if version == _LINES_VERSION else by_steps
             arrays = {
                 k: _unpack_uints(obj[k], k)
-                for k in ("file_docs", "file_first_line", "line_steps", "sample_doc",
-                          "sample_offset")
-            }  # fmt: skip
+                for k in ("file_docs", *line_keys, "sample_doc", "sample_offset")
+            }
         except (msgpack.UnpackException, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a wdstream provenance table: {exc}") from exc
-        file_docs, steps = arrays["file_docs"], arrays["line_steps"]
+        file_docs = arrays["file_docs"]
+        lines = arrays["lines"] if version == _LINES_VERSION else arrays["line_steps"]
         if not all(isinstance(f, str) for f in files) or not (
-            len(files) == len(file_docs) == len(arrays["file_first_line"])
-            and int(file_docs.sum()) == len(steps) == n_docs
+            len(files) == len(file_docs)
+            and (version == _LINES_VERSION or len(arrays["file_first_line"]) == len(files))
+            and int(file_docs.sum()) == len(lines) == n_docs
             and len(arrays["sample_doc"]) == len(arrays["sample_offset"]) == n_samples
         ):
             raise ValueError("not a wdstream provenance table: array lengths disagree")
-        cum = np.cumsum(steps)
-        starts = np.concatenate([[0], np.cumsum(file_docs)[:-1]]).astype(np.int64)
-        base = np.repeat(
-            cum[starts[file_docs > 0]] if n_docs else cum[:0], file_docs[file_docs > 0]
-        )
-        first_line = np.repeat(arrays["file_first_line"][file_docs > 0], file_docs[file_docs > 0])
+        if version == PROVENANCE_VERSION:
+            cum = np.cumsum(lines)
+            starts = np.concatenate([[0], np.cumsum(file_docs)[:-1]]).astype(np.int64)
+            used = file_docs > 0
+            base = np.repeat(cum[starts[used]] if n_docs else cum[:0], file_docs[used])
+            lines = cum - base + np.repeat(arrays["file_first_line"][used], file_docs[used])
         return cls(
             first_doc=int(first),
             files=files,
             file_docs=file_docs,
-            lines=cum - base + first_line,
+            lines=lines,
             sample_doc=arrays["sample_doc"] + int(first) - 1,
             sample_offset=arrays["sample_offset"],
         )
@@ -172,14 +191,15 @@ class ShardProvenance:
         sample_doc: Sequence[int],
         sample_offset: Sequence[int],
     ) -> ShardProvenance:
-        """The table from per-document ``(file index into names, line)`` lists, in order."""
+        """The table from per-document ``(file index into names, line)`` lists, in the order
+        the documents start in the samples (runs of one file become one ``files`` entry)."""
         files = np.asarray(doc_files, dtype=np.int64)
-        if len(files) > 1 and bool(np.any(np.diff(files) < 0)):
-            raise ValueError("documents must come in input file order")
-        used, counts = np.unique(files, return_counts=True)
+        cut = np.flatnonzero(np.diff(files)) + 1 if len(files) else np.zeros(0, np.int64)
+        run_starts = np.concatenate([[0], cut]).astype(np.int64) if len(files) else cut
+        counts = np.diff(np.concatenate([run_starts, [len(files)]])) if len(files) else cut
         return cls(
             first_doc=first_doc,
-            files=tuple(names[int(f)] for f in used),
+            files=tuple(names[int(f)] for f in files[run_starts]),
             file_docs=counts.astype(np.int64),
             lines=np.asarray(doc_lines, dtype=np.int64),
             sample_doc=np.asarray(sample_doc, dtype=np.int64),

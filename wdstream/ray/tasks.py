@@ -93,6 +93,7 @@ class ShardPlan:
     cont: list[bool]
     new_docs: list[int]
     starts: list[list[tuple[int, int]]]  # (file, record) of the documents starting per sample
+    offsets: list[int | None]  # per sample: its first piece's offset, where the packer knows it
     piece_offsets: list[int]  # first global token of each piece array passed to the task
 
 
@@ -166,7 +167,7 @@ def write_shard(job: ShardJob, plan: ShardPlan, *pieces: np.ndarray) -> dict[str
         for k, n in enumerate(plan.sample_tokens):
             writer.add(
                 tokens[at : at + n], plan.doc_lens[k], plan.cont[k], plan.new_docs[k], None,
-                plan.starts[k],
+                plan.starts[k], plan.offsets[k],
             )  # fmt: skip
             at += n
         writer.close()

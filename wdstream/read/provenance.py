@@ -83,12 +83,6 @@ class Provenance:
         if self.source.index is None:
             raise ValueError("provenance needs a dataset root with index.json, not shard URLs")
         self.index = self.source.index
-        if self.index.mode == "bestfit":
-            raise WdstreamError(
-                f"{self.source.urls[0][0]}: a bestfit dataset has no provenance tables (its "
-                "rows hold documents out of input order; docs/PACK.md); Loader.batch_at(step) "
-                "still gives any step's rows"
-            )
         if any(s.provenance is None for s in self.index.shards):
             raise WdstreamError(
                 f"{self.source.urls[0][0]}: packed without provenance tables (by a wdstream "
@@ -167,7 +161,8 @@ class Provenance:
         _, lens = self.source.read(shard, sample, sample + 1, with_docs=True)
         doc, offset = int(table.sample_doc[sample]), int(table.sample_offset[sample])
         out, start = [], 0
-        for i, n in enumerate(lens[0]):
+        # A best-fit sample's last piece is its padding, not a document.
+        for i, n in enumerate(lens[0][:-1] if self.index.mode == "bestfit" else lens[0]):
             d, o = doc + i, offset if i == 0 else 0
             file, line = self.document(d)
             out.append(DocumentPiece(shard, sample, d, file, line, start, start + n, o, o + n))

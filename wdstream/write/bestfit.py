@@ -228,4 +228,5 @@ class BestFitPacker:
                 len(new),
                 (pos[0], k),
                 new,
+                row[0][1],
             )

@@ -334,11 +334,7 @@ def pack(
         resumed_shards = len(journal.entries)
 
         new_packer = partial(sample_builder, mode, seq_len, bestfit_buffer, bos_id, eos_id)
-        # Best-fit rows hold documents out of input order, which provenance tables
-        # (documents numbered in input order) cannot describe: none are written.
-        provenance = (
-            None if mode == "bestfit" else ["<stdin>" if f.path == "-" else f.path for f in files]
-        )
+        provenance = ["<stdin>" if f.path == "-" else f.path for f in files]
         show = sys.stderr.isatty() if progress is None else progress
         if engine == "ray":
             try:
@@ -489,12 +485,12 @@ def _write_shards(
                 flat, lens, positions = _drop_packed(flat, lens, positions, start, emitted, packer)
             first = False
             for s in packer.add(flat, lens, positions):
-                writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts)
+                writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
             bar.update(reader.source_bytes, len(lens), len(flat))
         if first and start is not None:
             raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
         for s in packer.flush():
-            writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts)
+            writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
         writer.close()
     except BaseException:
         writer.abort()

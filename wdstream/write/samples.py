@@ -37,6 +37,9 @@ class PackedSample:
     new_docs: int  # documents whose first token is in this sample
     end: tuple[Any, int]  # (position of the last document touched, its tokens emitted so far)
     starts: list[Any]  # positions of the ``new_docs`` documents that start here (provenance)
+    # The first piece's token offset in its document, where the packer knows it (best-fit
+    # rows: their padding keeps the writer from counting it); None: the writer counts it.
+    offset: int | None = None
 
 
 class ConcatPacker:

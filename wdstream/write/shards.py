@@ -168,10 +168,13 @@ class ShardWriter:
         new_docs: int,
         state: Any,
         starts: Sequence[Any] = (),
+        offset: int | None = None,
     ) -> None:
         """Append one sample; ``state`` is what the journal needs if the shard ends here;
         ``starts``: the input :class:`~wdstream.write.inputs.Position` of each of the
-        ``new_docs`` documents that start in it (used with ``provenance``)."""
+        ``new_docs`` documents that start in it (used with ``provenance``); ``offset``: its
+        first piece's token offset in its document when the packer knows it (best-fit rows,
+        whose trailing padding piece is not a document), else counted here."""
         data = encode_sample(tokens, doc_lens, cont)
         member = sample_member(self.next_sample, data, self._suffix)
         if starts_new_shard(
@@ -189,13 +192,21 @@ class ShardWriter:
         self._state = state
         self.next_sample += 1
         if self._inputs is not None:
-            self._track(doc_lens, cont, new_docs, starts)
+            self._track(doc_lens, cont, new_docs, starts, offset)
 
-    def _track(self, doc_lens: list[int], cont: bool, new_docs: int, starts: Sequence[Any]) -> None:
+    def _track(
+        self,
+        doc_lens: list[int],
+        cont: bool,
+        new_docs: int,
+        starts: Sequence[Any],
+        known: int | None,
+    ) -> None:
         """Provenance of one sample: its first piece's document and offset, its new documents."""
         if len(starts) != new_docs:
             raise ValueError(f"{new_docs} documents start in the sample, got {len(starts)} starts")
-        first, offset = (self._next_doc - 1, self._doc_tokens) if cont else (self._next_doc, 0)
+        counted = self._doc_tokens if known is None else known
+        first, offset = (self._next_doc - 1, counted) if cont else (self._next_doc, 0)
         self._sample_doc.append(first)
         self._sample_off.append(offset)
         for p in starts:  # Position: (file, record, ...); lines are 1-based like messages
