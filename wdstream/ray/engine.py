@@ -172,9 +172,9 @@ class _Driver:
         self.job, self.journal, self.start, self.emitted = job, journal, start, emitted
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.ahead = _AHEAD_PER_CPU * cpus + 1
-        self.pieces = pieces or split_pieces(
-            job.files, _piece_bytes(job.files, cpus), job.lines, start
-        )
+        if pieces is None:
+            pieces = split_pieces(job.files, _piece_bytes(job.files, cpus), job.lines, start)
+        self.pieces = pieces
         at = start or Position(0, 0, 0, 0, 0, 0)
         self.totals = Totals(at.empty, at.bad, at.input_bytes, 0, list(bad), cpus)
         entries = journal.entries
