@@ -111,7 +111,8 @@ class ShardCutter:
         self._open.append((sample, starts, end))
         self._size += member
         self.next_sample += 1
-        offset = self._doc_tokens if sample.cont else 0
+        counted = self._doc_tokens if sample.offset is None else sample.offset
+        offset = counted if sample.cont else 0  # as ShardWriter tracks provenance
         self._next_doc += sample.new_docs
         self._doc_tokens = doc_tokens_after(offset, sample.doc_lens, sample.cont)
         return done
