@@ -238,13 +238,17 @@ def test_worker_killed_mid_task_is_retried_and_output_identical(
     assert _digests(tmp_path / "out") == _digests(reference)
 
 
+@pytest.mark.parametrize("mode", ["concat", "bestfit"])
 def test_killed_driver_rerun_resumes_byte_identical(
-    cluster: Any, tmp_path: Path, local_outputs: dict[str, Path]
+    cluster: Any, tmp_path: Path, mode: str
 ) -> None:
     src = tmp_path / "in.jsonl"
     docs = make_corpus(3000, seed=5)
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
-    opts = {**_OPTS, "shard_size": "32KB"}
+    # bestfit: small blocks, so the resume point falls inside a block of several shards' rows
+    opts = {**_OPTS, "shard_size": "32KB", "mode": mode, "bestfit_buffer": 200}
+    if mode != "bestfit":
+        del opts["bestfit_buffer"]
     reference = tmp_path / "reference"
     pack([str(src)], str(reference), **opts)
     out = tmp_path / "out"
