@@ -355,3 +355,21 @@ def test_failed_shard_write_raises_the_store_error(cluster: Any, tmp_path: Path)
         pack([str(src)], str(out), engine="ray", **{**_OPTS, "shard_size": "32KB"})
     journal = json.loads((out / ".wdstream-pack.json").read_text())
     assert [s["name"] for s in journal["shards"]] == ["data-000000.tar"]
+
+
+@pytest.mark.parametrize("kind", ["hf", "spm"])
+def test_tokenizer_files_on_ray_are_byte_identical(
+    cluster: Any, corpus: Path, tmp_path: Path, kind: str
+) -> None:
+    # Workers rebuild a file tokenizer from its recipe (path + sha256) on every node.
+    from tests.tokenizer_files import build_hf_bpe, build_spm
+
+    pytest.importorskip("tokenizers" if kind == "hf" else "sentencepiece")
+    texts = make_corpus(300, seed=1)
+    build = build_hf_bpe if kind == "hf" else build_spm
+    spec = build(tmp_path / "tok", texts)
+    src = corpus / "c.jsonl"
+    opts = {**_OPTS, "tokenizer": str(spec)}
+    pack([str(src)], str(tmp_path / "local"), **opts)
+    pack([str(src)], str(tmp_path / "ray"), engine="ray", **opts)
+    assert _digests(tmp_path / "ray") == _digests(tmp_path / "local")
