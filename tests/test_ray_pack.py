@@ -38,7 +38,7 @@ from tests.fixtures_remote import (  # noqa: F401 - fixtures used by name
 # Read by Ray when it is imported: "0" keeps every address on the loopback interface
 # (127.0.0.1 is otherwise replaced by the machine's address), so nothing leaves the host.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402  (the dev extra installs ray[data]: these tests run in CI)
 
 from wdstream.errors import InputError, WdstreamError  # noqa: E402
 from wdstream.write.pack import pack  # noqa: E402
@@ -287,9 +287,7 @@ def test_killed_driver_rerun_resumes_byte_identical(
 
 
 def test_ray_data_sink_writes_the_shards_pack_writes(cluster: Any, tmp_path: Path) -> None:
-    # Ray Data needs pandas and pyarrow (what the ray[data] extra installs).
-    pytest.importorskip("ray.data", reason="Ray Data needs ray[data] (pandas, pyarrow)")
-    import ray.data
+    import ray.data  # pandas and pyarrow: the ray[data] extra
 
     import wdstream.ray
 
@@ -364,7 +362,6 @@ def test_tokenizer_files_on_ray_are_byte_identical(
     # Workers rebuild a file tokenizer from its recipe (path + sha256) on every node.
     from tests.tokenizer_files import build_hf_bpe, build_spm
 
-    pytest.importorskip("tokenizers" if kind == "hf" else "sentencepiece")
     texts = make_corpus(300, seed=1)
     build = build_hf_bpe if kind == "hf" else build_spm
     spec = build(tmp_path / "tok", texts)
