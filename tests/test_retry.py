@@ -85,6 +85,18 @@ def test_budget_counts_failures_without_progress() -> None:
     assert "truncated body: 0 of 8000 bytes" in err.cause and "s3://b/k.tar" in str(err)
 
 
+def test_a_cut_that_brought_bytes_resumes_at_once() -> None:
+    # Every response cut after 500 new bytes: no sleep at all; a failure without progress
+    # after progress sleeps the first backoff again, not a grown one.
+    sleeps: list[float] = []
+    fetch = FlakyFetch([500] * 10 + [None], error=ConnectionResetError("reset"))
+    assert _retrier(retries=1, sleeps=sleeps).read(fetch, "u", 0, 8_000) == DATA[:8_000]
+    assert sleeps == [] and len(fetch.calls) == 11
+    stalled = FlakyFetch([500, 0, 500, 0, None], error=ConnectionResetError("reset"))
+    assert _retrier(retries=1, sleeps=sleeps).read(stalled, "u", 0, 8_000) == DATA[:8_000]
+    assert len(sleeps) == 2 and max(sleeps) <= 0.1
+
+
 def test_offset_in_error_is_the_first_missing_byte() -> None:
     fetch = FlakyFetch([700, 0, 0, 0], error=ConnectionResetError("reset"))
     with pytest.raises(RemoteReadError, match="at byte 1700 .*ConnectionResetError: reset"):

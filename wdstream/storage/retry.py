@@ -6,11 +6,12 @@ of chunks. When the body stops early (connection reset, read timeout, a proxy th
 the response) the loop asks only for the bytes still missing::
 
     want [0, 100)   GET bytes=0-99   -> 60 bytes, then the connection resets
-                    sleep (backoff + jitter)
                     GET bytes=60-99  -> 40 bytes           -> return the 100 bytes
 
-The retry budget counts consecutive failures *without progress*; a response that brought
-new bytes resets it, so a long read over a flaky link finishes while a dead endpoint fails
+A response that brought new bytes is resumed at once (the link works; a backoff there made a
+proxy that cuts every body after 100 bytes cost 0.2 s per 100 bytes). Only failures *without
+progress* sleep (backoff + jitter) and count against the retries and the time budget, so a
+long read over a flaky link finishes while a dead endpoint fails
 after ``retries`` attempts, or once ``budget`` seconds have passed without progress, with a
 :class:`RemoteReadError` naming the URL, the byte offset and the last cause. Socket timeouts
 alone cannot stop a server that trickles a byte at a time (every byte restarts the read
@@ -341,11 +342,12 @@ class Retrier:
                         f"read of {url} at byte {pos} failed (not retried): {describe(exc)}",
                         url, describe(exc), pos,
                     ) from None  # fmt: skip
-                if pos > before and not isinstance(exc, _DeadlineExceeded):
-                    failures, since = 1, self.clock()
-                else:
-                    failures += 1
                 what = f"read of {url} at byte {pos}"
+                if pos > before and not isinstance(exc, _DeadlineExceeded):
+                    failures, since = 0, self.clock()  # progress: resume at once
+                    log.debug("%s cut after new bytes (%s); resuming", what, describe(exc))
+                    continue
+                failures += 1
                 counted = "attempts without progress"
                 self._pause(exc, failures, since, what, RemoteReadError, url, pos, counted)
         return b"".join(parts)
