@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.processes import kill_ranks_after_state
 from wdstream import Loader
 from wdstream.testing import write_synthetic_dataset
 
@@ -69,17 +69,8 @@ def test_state_of_two_ranks_continues_on_one_and_on_four(tmp_path: Path) -> None
     steps_per_epoch = len(Loader(root, batch_size=G, num_workers=0, **OPTS))
     assert KILL_AT < steps_per_epoch < KILL_AT + AFTER  # the checked steps cross an epoch
 
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, root, out, "killed")) for r in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.time() + 150
-    while not os.path.exists(f"{out}/state.json"):
-        assert time.time() < deadline and all(p.is_alive() for p in procs)
-        time.sleep(0.1)
-    for p in procs:
-        os.kill(p.pid, signal.SIGKILL)
-        p.join()
+    ranks = [(r, 2, root, out, "killed") for r in range(2)]
+    kill_ranks_after_state(_rank_main, ranks, f"{out}/state.json")
 
     # The uninterrupted 2-rank run, step by step (each rank's reader alone computes it).
     full = []

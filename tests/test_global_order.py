@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wdstream import Loader, StateMismatchError
-from wdstream.testing import write_synthetic_dataset
+from wdstream.testing import restored_after, write_synthetic_dataset
 
 WIN = {"shuffle_window": 10, "shuffle_lanes": 3}
 
@@ -254,14 +254,6 @@ def test_dataset_under_stateful_dataloader_with_workers(concat_root: str, stop: 
 
     ref = [rows(b) for b in make()]
     assert len(ref) == len(loader(concat_root))
-    dl = make()
-    it = iter(dl)
-    for _ in range(stop):
-        next(it)
-    state = json.loads(json.dumps(dl.state_dict(), default=int))
-    del it
-    fresh = make()
-    fresh.load_state_dict(state)
-    rest = [rows(b) for b in fresh]
+    rest = [rows(b) for b in restored_after(make, stop)]
     assert len(rest) == len(ref) - stop
     assert all(np.array_equal(a, b) for a, b in zip(rest, ref[stop:], strict=True))

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 import wdstream
 from wdstream import Loader, StateMismatchError, TokenDataset
-from wdstream.testing import write_synthetic_dataset
+from wdstream.testing import restored_after, write_synthetic_dataset
 
 KW = {"shuffle_window": 16, "shuffle_lanes": 4}
 
@@ -158,15 +158,7 @@ def test_dataset_with_stateful_dataloader(root: str) -> None:
     dl = make()
     ref = [rows_of(b) for b in dl]
     for stop in [0, 1, 5, len(ref) - 1]:
-        dl = make()
-        it = iter(dl)
-        for _ in range(stop):
-            next(it)
-        state = json.loads(json.dumps(dl.state_dict(), default=int))
-        del it
-        fresh = make()
-        fresh.load_state_dict(state)
-        rest = [rows_of(b) for b in fresh]
+        rest = [rows_of(b) for b in restored_after(make, stop)]
         assert len(rest) == len(ref) - stop
         assert all(np.array_equal(a, b) for a, b in zip(rest, ref[stop:], strict=True)), stop
 

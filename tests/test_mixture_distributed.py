@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.processes import kill_ranks_after_state
 from wdstream import Loader
 from wdstream.testing import write_synthetic_dataset
 
@@ -68,17 +68,8 @@ def test_mixture_state_of_two_killed_ranks_continues_on_two_and_one(tmp_path: Pa
     write_synthetic_dataset(sources["code"], n_docs=4, sample_tokens=33, seed=1)
     out = str(tmp_path)
 
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, sources, out, "killed")) for r in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.time() + 150
-    while not os.path.exists(f"{out}/state.json"):
-        assert time.time() < deadline and all(p.is_alive() for p in procs)
-        time.sleep(0.1)
-    for p in procs:
-        os.kill(p.pid, signal.SIGKILL)
-        p.join()
+    ranks = [(r, 2, sources, out, "killed") for r in range(2)]
+    kill_ranks_after_state(_rank_main, ranks, f"{out}/state.json")
 
     reference = Loader(sources, batch_size=G, num_workers=0, **OPTS)
     want = []

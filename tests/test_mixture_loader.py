@@ -9,6 +9,7 @@ read at 16 (rows straddle its samples).
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wdstream import Loader, StateMismatchError
-from wdstream.testing import write_synthetic_dataset
+from wdstream.testing import restored_after, write_synthetic_dataset
 
 SEQ = 16
 OPTS: dict[str, Any] = dict(seq_len=SEQ, shuffle_window=12, shuffle_lanes=2, seed=5)
@@ -45,12 +46,7 @@ def _rows(batch: dict[str, torch.Tensor]) -> np.ndarray:
 
 
 def _take(loader: Loader, n: int) -> list[dict[str, torch.Tensor]]:
-    out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == n:
-            break
-    return out
+    return list(itertools.islice(loader, n))
 
 
 def _same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
@@ -322,15 +318,7 @@ def test_mixture_dataset_under_stateful_dataloader_with_workers(
 
     ref = list(make())
     assert len(ref) > 10 and all("source" in b for b in ref)
-    dl = make()
-    it = iter(dl)
-    for _ in range(stop):
-        next(it)
-    state = json.loads(json.dumps(dl.state_dict(), default=int))
-    del it
-    fresh = make()
-    fresh.load_state_dict(state)
-    _same(list(fresh), ref[stop:])
+    _same(list(restored_after(make, stop)), ref[stop:])
 
 
 def test_another_global_batch_mid_iteration_keeps_its_end(sources: dict[str, str]) -> None:

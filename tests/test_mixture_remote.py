@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from tests.servers import FileServer
+from tests.test_mixture_loader import _take
 from wdstream import Loader
 from wdstream.testing import write_synthetic_dataset
 
@@ -17,15 +18,6 @@ pytest_plugins = ["tests.fixtures_remote"]
 
 OPTS = dict(seq_len=16, batch_size=4, num_workers=0, chunk_batches=2, shuffle_window=8,
             shuffle_lanes=2, weights={"web": 0.5, "code": 0.25, "math": 0.25})  # fmt: skip
-
-
-def _take(loader: Loader, n: int) -> list[dict[str, torch.Tensor]]:
-    out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == n:
-            break
-    return out
 
 
 def test_mixture_across_local_s3_and_http(

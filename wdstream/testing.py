@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -27,7 +27,12 @@ from wdstream.format.index import FORMAT_VERSION, DatasetIndex, ShardEntry
 from wdstream.storage import open_store
 from wdstream.write.shards import ShardWriter
 
-__all__ = ["assert_resumes_exactly", "synthetic_doc_lengths", "write_synthetic_dataset"]
+__all__ = [
+    "assert_resumes_exactly",
+    "restored_after",
+    "synthetic_doc_lengths",
+    "write_synthetic_dataset",
+]
 
 
 def synthetic_doc_lengths(n_docs: int, seed: int = 0, lo: int = 1, hi: int = 300) -> list[int]:
@@ -141,6 +146,27 @@ class _Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def __iter__(self) -> Iterator[Any]: ...
+
+
+_S = TypeVar("_S", bound=_Stateful)
+
+
+def restored_after(make: Callable[[], _S], stop: int) -> _S:
+    """A fresh ``make()`` that loaded the state another one saved after ``stop`` items, the
+    state passed through JSON (numpy integers as ints) the way a checkpoint would carry it.
+
+    For loaders whose state is only taken between items (torchdata's ``StatefulDataLoader``
+    over workers); :func:`assert_resumes_exactly` checks every position of one pass instead.
+    """
+    first = make()
+    it = iter(first)
+    for _ in range(stop):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict(), default=int))
+    del it
+    fresh = make()
+    fresh.load_state_dict(state)
+    return fresh
 
 
 def _canon(item: Any) -> Any:
