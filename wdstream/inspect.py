@@ -30,6 +30,7 @@ from wdstream.read.shards import (
     store_sha256,
 )
 from wdstream.storage import Store, open_store, split_url
+from wdstream.write.shards import doc_tokens_after
 
 __all__ = ["SamplePreview", "dataset_stats", "preview_samples", "verify_dataset"]
 
@@ -117,7 +118,7 @@ def dataset_stats(root: str | Store) -> dict[str, Any]:
     for _, _, smp in iter_samples(store, index):
         if bestfit:  # the last piece of a best-fit row is its padding
             padding += smp.doc_lens[-1]
-        for j, n in enumerate(smp.doc_lens[:-1] if bestfit else smp.doc_lens):
+        for j, n in enumerate(index.document_pieces(smp.doc_lens)):
             if j == 0 and smp.cont:
                 current += n
                 pieces += 1
@@ -243,10 +244,8 @@ def _verify_shard(
                     f"{int(prov.sample_doc[k])} token {int(prov.sample_offset[k])}, the samples "
                     f"say document {doc} token {off}"
                 )
-        pad = 1 if index.mode == "bestfit" else 0  # a best-fit row's last piece: padding
-        pieces = smp.doc_lens[: len(smp.doc_lens) - pad]
-        n = pieces[-1] if pieces else 0
-        report._doc_tokens = off + n if smp.cont and len(pieces) == 1 else n
+        pieces = index.document_pieces(smp.doc_lens)
+        report._doc_tokens = doc_tokens_after(off, pieces, smp.cont) if pieces else 0
         tokens += len(smp.tokens)
         docs += len(pieces) - (1 if smp.cont else 0)
     if hashlib.sha256(data).hexdigest() != shard.sha256:

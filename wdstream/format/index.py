@@ -89,6 +89,11 @@ class DatasetIndex:
         """Documents over all shards."""
         return sum(s.documents for s in self.shards)
 
+    def document_pieces(self, doc_lens: tuple[int, ...]) -> tuple[int, ...]:
+        """A sample's document piece lengths: ``doc_lens`` less a best-fit row's last entry,
+        which is its padding (``--mode bestfit``), not a document."""
+        return doc_lens[:-1] if self.mode == "bestfit" else doc_lens
+
     def to_json(self) -> str:
         """Serialise with sorted keys, so equal datasets give byte-identical indexes."""
         obj = asdict(self)

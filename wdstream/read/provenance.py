@@ -161,8 +161,7 @@ class Provenance:
         _, lens = self.source.read(shard, sample, sample + 1, with_docs=True)
         doc, offset = int(table.sample_doc[sample]), int(table.sample_offset[sample])
         out, start = [], 0
-        # A best-fit sample's last piece is its padding, not a document.
-        for i, n in enumerate(lens[0][:-1] if self.index.mode == "bestfit" else lens[0]):
+        for i, n in enumerate(self.index.document_pieces(lens[0])):
             d, o = doc + i, offset if i == 0 else 0
             file, line = self.document(d)
             out.append(DocumentPiece(shard, sample, d, file, line, start, start + n, o, o + n))

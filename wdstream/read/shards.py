@@ -207,10 +207,9 @@ def documents(root: str | Store) -> Iterator[np.ndarray]:
     store = root if isinstance(root, Store) else open_store(root)
     index = read_index(store)
     parts: list[np.ndarray] = []
-    padded = index.mode == "bestfit"
     for shard, k, sample in iter_samples(store, index):
         pos = 0
-        for j, n in enumerate(sample.doc_lens[:-1] if padded else sample.doc_lens):
+        for j, n in enumerate(index.document_pieces(sample.doc_lens)):
             piece = sample.tokens[pos : pos + n]
             pos += n
             if j == 0 and sample.cont:
