@@ -224,13 +224,33 @@ def _blocked_task(timeout: float = 60) -> int:
     raise AssertionError("no tokenising worker found blocked on its input")
 
 
+def _kill_and_reap(pid: int, timeout: float = 30) -> None:
+    """SIGKILL ``pid`` and wait until it has exited (gone, or a zombie: its files closed).
+
+    ``os.kill`` only queues the signal. A worker blocked opening the FIFO already counts as
+    its reader, so a writer opening it before the worker is gone pairs with the dying
+    reader and gets a broken pipe instead of the retried task.
+    """
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"worker {pid} still alive {timeout} s after SIGKILL")
+
+
 def test_worker_killed_mid_task_is_retried_and_output_identical(
     cluster: Any, corpus: Path, tmp_path: Path
 ) -> None:
     inputs, reference, content = _inputs_with_fifo(corpus, tmp_path)
     errors: list[BaseException] = []
     thread = _pack_in_thread(inputs, tmp_path / "out", errors)
-    os.kill(_blocked_task(), signal.SIGKILL)
+    _kill_and_reap(_blocked_task())
     with open(inputs / "c.jsonl", "wb") as fifo:  # opens once the retry reads the FIFO
         fifo.write(content)
     thread.join(timeout=120)
