@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -39,7 +40,11 @@ import numpy as np
 from wdstream.read.plan import EpochPlan, WindowGeometry
 from wdstream.read.source import ShardSource
 
-__all__ = ["GlobalOrder", "OrderConfig", "Origin"]
+__all__ = ["GlobalOrder", "OrderConfig", "Origin", "TokenSpans"]
+
+# ``(epoch, t0, t1)`` -> the token ranges ``[a, b)`` of ``[t0, t1)`` of the epoch's stream
+# that one consumer will read (see ``GlobalOrder.check_only``).
+TokenSpans = Callable[[int, int, int], list[tuple[int, int]]]
 
 _WINDOW_CACHE = 4  # windows' metadata kept per process (a few KB each)
 _DATA_CACHE = 2  # windows' sample views kept per process (the current one and the next)
@@ -118,6 +123,7 @@ class GlobalOrder:
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
         self._readahead: ThreadPoolExecutor | None = None
+        self._read_spans: TokenSpans | None = None  # None: verify every sample read
 
     def __getstate__(self) -> dict[str, object]:
         return {"source": self.source, "cfg": self.cfg}
@@ -250,6 +256,18 @@ class GlobalOrder:
             if not fut.cancel():
                 fut.exception()  # a read still running: wait, so no view outlives this call
 
+    def check_only(self, read_spans: TokenSpans | None) -> None:
+        """Verify only the samples behind the token ranges ``read_spans`` names (``None``:
+        every sample of a window read).
+
+        A window is read whole (a few large ranged reads), but a torch worker cuts only its
+        own chunks from it; the other workers verify theirs. Without this every worker would
+        checksum every sample of each window, ``num_workers`` times the work. Set it only
+        where this order fills nothing but those ranges (a worker's private copy).
+        """
+        self.release()
+        self._read_spans = read_spans
+
     def _submit(self, key: tuple[int, int, bool]) -> Future[_WindowData]:
         if self._readahead is None:
             self._readahead = ThreadPoolExecutor(1, thread_name_prefix="wdstream-readahead")
@@ -260,7 +278,12 @@ class GlobalOrder:
     def _load_data(self, epoch: int, w: int, with_docs: bool) -> _WindowData:
         plan, win = self.plan(epoch), self.window(epoch, w)
         pieces = [pc for p, q in self.geometry.spans(w) for pc in plan.pieces(p, q)]
-        parts = self.source.read_pieces(pieces, with_docs)
+        checks = None
+        if self._read_spans is not None and self.source.checksums:
+            used = _samples_used(win, self._read_spans(epoch, win.begin, win.end))
+            bounds = np.cumsum([0] + [b - a for _, a, b in pieces])
+            checks = [used[i:j] for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
+        parts = self.source.read_pieces(pieces, with_docs, checks)
         toks = [t for ts, _ in parts for t in ts]
         docs = [d for _, ds in parts for d in ds]
         order = win.order.tolist()
@@ -303,3 +326,15 @@ class GlobalOrder:
                 flat_ds[o + starts] = True
                 flat_ds[o] = True  # a sample boundary, or a row start inside a sample
             o += take
+
+
+def _samples_used(win: _Window, spans: list[tuple[int, int]]) -> np.ndarray:
+    """Which of the window's samples (lane order, as read) the token ``spans`` touch."""
+    starts = win.begin + win.starts
+    emitted = np.zeros(len(win.positions), dtype=bool)
+    for a, b in spans:
+        first = int(np.searchsorted(starts, a, side="right")) - 1
+        emitted[max(first, 0) : int(np.searchsorted(starts, b, side="left"))] = True
+    used = np.empty_like(emitted)
+    used[win.order] = emitted
+    return used

@@ -20,7 +20,8 @@ global batch the run continues from the same row of the same epoch (``origin``).
 from __future__ import annotations
 
 import copy
-import itertools
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -231,23 +232,52 @@ class GlobalReader:
         ``cursors`` holds ``{"step": k + 1}`` after each step ``k``.
         """
         B, T1 = self.batch_size, self.row_tokens
+        reads = _OwnRows(self, position.copy(), worker, workers) if workers > 1 else None
+        self.order.check_only(reads.spans if reads is not None else None)
+        try:
+            for mine, (first, n) in enumerate(self._own_chunks(position, worker, workers)):
+                if reads is not None:
+                    reads.forget_before(first)
+                ref, tokens, positions = buffer(mine, n * B)
+                doc = np.empty((n * B, T1), dtype=bool) if self.doc_boundaries else None
+                cursors = self.fill_chunk(first, n, position, tokens.numpy(), doc)
+                if doc is not None and positions is not None:
+                    positions.numpy()[:] = position_ids(doc)
+                yield ref, tokens, positions, cursors
+        finally:
+            self.order.check_only(None)
+
+    def _own_chunks(
+        self, position: GlobalPosition, worker: int, workers: int
+    ) -> Iterator[tuple[int, int]]:
+        """``(first step, steps)`` of this worker's chunks from ``position`` on; at each
+        yield ``position`` already names the worker's next chunk (see :meth:`chunks`)."""
         own_share = workers > 1 and position.worker == (worker, workers)
         position.worker = (worker, workers) if workers > 1 else None
         if not self._skip(position, 0 if own_share else worker):
             return
-        for mine in itertools.count():
+        while True:
             n = self.chunk_size(position)
             first = position.step
             position.step += n
             ended = not self._skip(position, workers - 1)
-            ref, tokens, positions = buffer(mine, n * B)
-            doc = np.empty((n * B, T1), dtype=bool) if self.doc_boundaries else None
-            cursors = self.fill_chunk(first, n, position, tokens.numpy(), doc)
-            if doc is not None and positions is not None:
-                positions.numpy()[:] = position_ids(doc)
-            yield ref, tokens, positions, cursors
+            yield first, n
             if ended:
                 return
+
+    def rank_spans(self, first: int, n: int, origin: Origin) -> list[tuple[int, int, int]]:
+        """``(epoch, t0, t1)``: the epoch token ranges of this rank's rows of steps
+        ``[first, first + n)``, adjacent ranges merged."""
+        B, T1 = self.batch_size, self.row_tokens
+        out: list[tuple[int, int, int]] = []
+        for step in range(first, first + n):
+            epoch, row = self.order.locate(step, origin)
+            t0 = (row + self.rank * B) * T1
+            if out and out[-1][0] == epoch and out[-1][2] == t0:
+                out[-1] = (epoch, out[-1][1], t0 + B * T1)
+            else:
+                out.append((epoch, t0, t0 + B * T1))
+        return out
 
     def fill_chunk(
         self,
@@ -278,6 +308,48 @@ class GlobalReader:
     def release(self) -> None:
         """Drop cached window data (the end of an iteration)."""
         self.order.release()
+
+
+class _OwnRows:
+    """The epoch token ranges one torch worker's chunks will read, known ahead of the reads.
+
+    The read-ahead thread asks (``spans``) for the window it is about to read, which lies
+    ahead of the chunk being filled: the worker's chunks are walked ahead, on a copy of its
+    position, with the very generator that schedules them.
+    """
+
+    def __init__(
+        self, reader: GlobalReader, position: GlobalPosition, worker: int, workers: int
+    ) -> None:
+        self._reader, self._origin = reader, position.origin
+        self._chunks = reader._own_chunks(position, worker, workers)
+        self._known: deque[tuple[int, int, int, int]] = deque()  # (epoch, t0, t1, last step)
+        self._ended = False
+        self._lock = threading.Lock()  # asked by the read-ahead thread, pruned by the filler
+
+    def spans(self, epoch: int, t0: int, t1: int) -> list[tuple[int, int]]:
+        """The ranges of ``[t0, t1)`` of ``epoch`` this worker's chunks read."""
+        with self._lock:
+            while not self._ended and (not self._known or self._known[-1][:2] < (epoch, t1)):
+                try:
+                    first, n = next(self._chunks)
+                except StopIteration:
+                    self._ended = True
+                    break
+                last = first + n - 1
+                for e, a, b in self._reader.rank_spans(first, n, self._origin):
+                    self._known.append((e, a, b, last))
+            return [
+                (max(a, t0), min(b, t1))
+                for e, a, b, _ in self._known
+                if e == epoch and a < t1 and b > t0
+            ]
+
+    def forget_before(self, step: int) -> None:
+        """Drop the ranges of chunks before ``step`` (filled: no window will need them)."""
+        with self._lock:
+            while self._known and self._known[0][3] < step:
+                self._known.popleft()
 
 
 def _worker(value: Any) -> tuple[int, int] | None:

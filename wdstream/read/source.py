@@ -254,36 +254,54 @@ class ShardSource:
         return self._sidecar(shard)[0].tokens[a:b].astype(np.int64)
 
     def read_pieces(
-        self, pieces: list[tuple[int, int, int]], with_docs: bool
+        self,
+        pieces: list[tuple[int, int, int]],
+        with_docs: bool,
+        checks: list[np.ndarray] | None = None,
     ) -> list[tuple[list[np.ndarray], list[tuple[int, ...]]]]:
         """:meth:`read` of every ``(shard, a, b)`` piece of a window, in order.
 
         Locally one after the other; from a remote store concurrently: a window touches one
         span per lane (and shard), so over S3/HTTP its reads would otherwise pay one round
-        trip each, and issued together they cost about one.
+        trip each, and issued together they cost about one. ``checks``, per piece, limits
+        the checksum verification as :meth:`read`'s ``check`` does.
         """
+        each = checks if checks is not None else [None] * len(pieces)
         if not self.remote or len(pieces) < 2:
-            return [self.read(*pc, with_docs=with_docs) for pc in pieces]
+            return [
+                self.read(*pc, with_docs=with_docs, check=c)
+                for pc, c in zip(pieces, each, strict=True)
+            ]
         with self._lock:
             if self._fetch_pool is None:
                 self._fetch_pool = ThreadPoolExecutor(
                     _REMOTE_READS, thread_name_prefix="wdstream-fetch"
                 )
 
-        def read(piece: tuple[int, int, int]) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
-            shard, a, b = piece
-            return self.read(shard, a, b, with_docs=with_docs)
+        def read(
+            piece: tuple[tuple[int, int, int], np.ndarray | None],
+        ) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
+            (shard, a, b), check = piece
+            return self.read(shard, a, b, with_docs=with_docs, check=check)
 
-        return list(self._fetch_pool.map(read, pieces))
+        return list(self._fetch_pool.map(read, zip(pieces, each, strict=True)))
 
     def read(
-        self, shard: int, a: int, b: int, with_docs: bool = True
+        self,
+        shard: int,
+        a: int,
+        b: int,
+        with_docs: bool = True,
+        check: np.ndarray | None = None,
     ) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
         """Decode samples ``[a, b)`` of ``shard`` with one ranged read.
 
         Args:
             with_docs: also decode each sample's document pieces. Without them the token
                 arrays are found in place (``tokens_views``), with no msgpack unpacking.
+            check: (bool, one per sample) verify only these samples' checksums: the ones
+                this reader uses, when other processes use (and verify) the rest. Default:
+                all of them.
 
         Returns:
             ``(tokens, doc_lens)``: per sample a read-only token array (a view into the read
@@ -297,11 +315,16 @@ class ShardSource:
             raise CorruptShardError(f"{self.where(shard)}: short read at byte {begin + len(buf)}")
         offs = sidecar.offsets[a:b].astype(np.int64) - begin
         if self.checksums and sidecar.crc32c is not None:
-            bad = first_bad_sample(buf, offs, sidecar.sizes[a:b], sidecar.crc32c[a:b])
+            spans, sizes, crcs = offs, sidecar.sizes[a:b], sidecar.crc32c[a:b]
+            which = None if check is None else np.flatnonzero(check)
+            if which is not None:
+                spans, sizes, crcs = spans[which], sizes[which], crcs[which]
+            bad = first_bad_sample(buf, spans, sizes, crcs)
             if bad is not None:
+                at = a + (bad if which is None else int(which[bad]))
                 raise CorruptShardError(
-                    f"{self.where(shard)}: sample {a + bad} at byte "
-                    f"{int(sidecar.offsets[a + bad])}: checksum mismatch (corrupt bytes)"
+                    f"{self.where(shard)}: sample {at} at byte "
+                    f"{int(sidecar.offsets[at])}: checksum mismatch (corrupt bytes)"
                 )
         views = None if with_docs else tokens_views(buf, offs, sidecar.sizes[a:b])
         toks: list[np.ndarray]

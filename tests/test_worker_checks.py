@@ -1,0 +1,112 @@
+"""Each torch worker verifies the samples its own chunks use, and together they verify all.
+
+A window is read whole by every worker that cuts chunks from it; checking only the samples a
+worker uses divides the checksum work by the worker count. These tests hold the two halves
+of that promise: the workers' checked rows partition the rank's rows (for fresh, resumed and
+re-based positions, several ranks and worker counts), and a flipped byte in any sample an
+epoch reads is still refused with several workers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wdstream import CorruptShardError, Loader
+from wdstream.format.sidecar import ShardSidecar
+from wdstream.read.sequence import GlobalPosition, GlobalReader, _OwnRows
+from wdstream.read.shards import read_index
+from wdstream.storage import open_store
+from wdstream.testing import write_synthetic_dataset
+
+WIN = {"shuffle_window": 10, "shuffle_lanes": 3}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = str(tmp_path_factory.mktemp("concat"))
+    write_synthetic_dataset(d, n_docs=80, sample_tokens=17, samples_per_shard=7)
+    return d
+
+
+def loader(root: str, world: int, rank: int, **kw: object) -> Loader:
+    opts = dict(seq_len=16, batch_size=6 // world, rank=rank, world_size=world, seed=7,
+                num_workers=0, order="global", chunk_batches=2, **WIN)  # fmt: skip
+    return Loader(root, **{**opts, **kw})  # type: ignore[arg-type]
+
+
+def rank_rows(reader: GlobalReader, position: GlobalPosition) -> set[tuple[int, int]]:
+    """``(epoch, row)`` of every row this rank reads from ``position`` to the iteration end."""
+    order, B = reader.order, reader.batch_size
+    assert position.iter_stop is not None
+    end = order.epoch_end_step(position.iter_stop - 1, position.origin)
+    out = set()
+    for step in range(position.step, end):
+        epoch, row = order.locate(step, position.origin)
+        out |= {(epoch, row + reader.rank * B + i) for i in range(B)}
+    return out
+
+
+def checked_rows(
+    reader: GlobalReader, position: GlobalPosition, worker: int, workers: int
+) -> set[tuple[int, int]]:
+    """``(epoch, row)`` of the rows ``worker`` verifies, asked window by window."""
+    own = _OwnRows(reader, position.copy(), worker, workers)
+    T1, order = reader.row_tokens, reader.order
+    assert position.iter_stop is not None
+    out = set()
+    for epoch in range(position.iter_stop):
+        end = order.rows_per_epoch * T1
+        for a, b in own.spans(epoch, 0, end):
+            assert a % T1 == 0 and b % T1 == 0  # whole rows
+            out |= {(epoch, r) for r in range(a // T1, b // T1)}
+    return out
+
+
+@pytest.mark.parametrize("world,rank", [(1, 0), (2, 1), (3, 2)])
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("start", ["fresh", "resumed", "other global batch"])
+def test_workers_checked_rows_partition_the_ranks_rows(
+    root: str, world: int, rank: int, workers: int, start: str
+) -> None:
+    ld = loader(root, world, rank)
+    if start != "fresh":
+        saver = loader(root, 1, 0, batch_size=4 if start == "other global batch" else 6)
+        it = iter(saver)
+        for _ in range(5):
+            next(it)
+        ld.load_state_dict(json.loads(json.dumps(saver.state_dict())))
+    reader = ld.dataset.sequence
+    assert reader is not None and isinstance(ld.dataset.position, GlobalPosition)
+    position = ld.dataset.position.copy()
+    reader.begin(position, 2)
+    want = rank_rows(reader, position)
+    parts = [checked_rows(reader, position, w, workers) for w in range(workers)]
+    assert sum(len(p) for p in parts) == len(set().union(*parts))  # disjoint
+    assert set().union(*parts) == want
+
+
+def test_a_flip_in_any_sample_an_epoch_reads_is_refused_with_workers(
+    root: str, tmp_path: Path
+) -> None:
+    clean = [b for b in loader(root, 1, 0, epochs=1)]
+    read = sorted({int(t) // 17 for b in clean for t in b["input_ids"][:, 0]})
+    index = read_index(open_store(root))
+    firsts = np.cumsum([0] + [s.samples for s in index.shards])
+    for k in read[:: max(1, len(read) // 6)]:  # six samples spread over the epoch
+        shard = int(np.searchsorted(firsts, k, side="right")) - 1
+        entry, j = index.shards[shard], k - int(firsts[shard])
+        sidecar = ShardSidecar.from_bytes((Path(root) / entry.sidecar).read_bytes())
+        copy = tmp_path / f"flip{k}"
+        shutil.copytree(root, copy)
+        data = bytearray((copy / entry.name).read_bytes())
+        data[int(sidecar.offsets[j]) + 20] ^= 0x10  # a token byte
+        (copy / entry.name).write_bytes(bytes(data))
+        with pytest.raises(CorruptShardError) as info:
+            for _ in loader(str(copy), 1, 0, epochs=1, num_workers=2):
+                pass
+        assert f"sample {j} at byte {int(sidecar.offsets[j])}" in str(info.value)
