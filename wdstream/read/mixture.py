@@ -284,6 +284,12 @@ class MixtureReader(GlobalReader):
         b = self.batch_size
         return [{"step": first + i + 1, "source": src[i * b : (i + 1) * b]} for i in range(n)]
 
+    def _own_rows(self, position: GlobalPosition, worker: int, workers: int) -> None:
+        """None: a mixture's worker verifies every sample it reads. Its chunks' rows come
+        from every source, and a rare source's next rows may lie arbitrarily far ahead, so
+        they are not walked ahead as a single order's are."""
+        return None
+
     def release(self) -> None:
         for order in self.orders:
             order.release()

@@ -232,8 +232,9 @@ class GlobalReader:
         ``cursors`` holds ``{"step": k + 1}`` after each step ``k``.
         """
         B, T1 = self.batch_size, self.row_tokens
-        reads = _OwnRows(self, position.copy(), worker, workers) if workers > 1 else None
-        self.order.check_only(reads.spans if reads is not None else None)
+        reads = self._own_rows(position, worker, workers)
+        if reads is not None:
+            self.order.check_only(reads.spans)
         try:
             for mine, (first, n) in enumerate(self._own_chunks(position, worker, workers)):
                 if reads is not None:
@@ -245,7 +246,12 @@ class GlobalReader:
                     positions.numpy()[:] = position_ids(doc)
                 yield ref, tokens, positions, cursors
         finally:
-            self.order.check_only(None)
+            if reads is not None:
+                self.order.check_only(None)
+
+    def _own_rows(self, position: GlobalPosition, worker: int, workers: int) -> _OwnRows | None:
+        """What this worker verifies: its own rows (None: all it reads, as one worker)."""
+        return _OwnRows(self, position.copy(), worker, workers) if workers > 1 else None
 
     def _own_chunks(
         self, position: GlobalPosition, worker: int, workers: int
