@@ -9,6 +9,7 @@ epoch reads is still refused with several workers.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from wdstream import CorruptShardError, Loader
 from wdstream.format.sidecar import ShardSidecar
+from wdstream.read.mixture_checks import MixtureOwnRows
 from wdstream.read.sequence import GlobalPosition, GlobalReader, _OwnRows
 from wdstream.read.shards import read_index
 from wdstream.storage import open_store
@@ -108,5 +110,83 @@ def test_a_flip_in_any_sample_an_epoch_reads_is_refused_with_workers(
         (copy / entry.name).write_bytes(bytes(data))
         with pytest.raises(CorruptShardError) as info:
             for _ in loader(str(copy), 1, 0, epochs=1, num_workers=2):
+                pass
+        assert f"sample {j} at byte {int(sidecar.offsets[j])}" in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("mix")
+    write_synthetic_dataset(str(root / "web"), n_docs=50, sample_tokens=17, samples_per_shard=9)
+    write_synthetic_dataset(str(root / "code"), n_docs=6, sample_tokens=17, samples_per_shard=5)
+    write_synthetic_dataset(str(root / "books"), n_docs=40, sample_tokens=33, samples_per_shard=6)
+    return {name: str(root / name) for name in ("web", "code", "books")}
+
+
+@pytest.mark.parametrize("world,rank", [(1, 0), (2, 1)])
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("resumed", [False, True])
+def test_mixture_workers_checked_rows_partition_the_ranks_rows(
+    mixture: dict[str, str], world: int, rank: int, workers: int, resumed: bool
+) -> None:
+    """Each source's rows this rank reads in 60 steps, across a schedule boundary, are
+    verified by exactly one worker."""
+    weights = [
+        (0, {"web": 0.5, "code": 0.3, "books": 0.2}),
+        (23, {"web": 1, "code": 3, "books": 1}),
+    ]
+    opts = dict(seq_len=16, shuffle_window=12, shuffle_lanes=2, seed=5, chunk_batches=2)
+    ld = Loader(mixture, weights=weights, batch_size=6 // world, rank=rank, world_size=world,
+                **opts)  # type: ignore[arg-type]  # fmt: skip
+    if resumed:
+        saver = Loader(mixture, weights=weights, batch_size=6, **opts)  # type: ignore[arg-type]
+        it = iter(saver)
+        for _ in range(7):
+            next(it)
+        ld.load_state_dict(json.loads(json.dumps(saver.state_dict())))
+    reader, position = ld.dataset.mixture, ld.dataset.position
+    assert reader is not None and isinstance(position, GlobalPosition)
+    steps = range(position.step, position.step + 60)
+    want = set()
+    for s in steps:
+        src, idx = reader.schedule(position).locate(reader.rank_rows(s, 1, position.origin))
+        want |= set(zip(src.tolist(), idx.tolist(), strict=True))
+    T1 = reader.row_tokens
+    parts = []
+    for w in range(workers):
+        own = MixtureOwnRows(reader, position, w, workers)
+        got = set()
+        for i, R in enumerate(reader.rows_per_epoch):
+            for epoch in range(1 + max(k for j, k in want if j == i) // R):
+                for a, b in own.spans(i, epoch, 0, R * T1):
+                    assert a % T1 == 0 and b % T1 == 0  # whole rows
+                    got |= {(i, epoch * R + k) for k in range(a // T1, b // T1)}
+        parts.append(got & want)
+    assert sum(len(p) for p in parts) == len(set().union(*parts))  # disjoint
+    assert set().union(*parts) == want
+
+
+def test_a_flip_in_a_mixture_source_is_refused_with_workers(
+    mixture: dict[str, str], tmp_path: Path
+) -> None:
+    opts = dict(weights={"web": 0.5, "code": 0.3, "books": 0.2}, batch_size=6, seq_len=16,
+                shuffle_window=12, shuffle_lanes=2, seed=5, chunk_batches=2)  # fmt: skip
+    batches = list(itertools.islice(Loader(mixture, **opts), 30))  # type: ignore[arg-type]
+    web = sorted({int(t) // 17 for b in batches for t, s in
+                  zip(b["input_ids"][:, 0], b["source"], strict=True) if s == 0})  # fmt: skip
+    index = read_index(open_store(mixture["web"]))
+    firsts = np.cumsum([0] + [s.samples for s in index.shards])
+    for k in web[:: max(1, len(web) // 3)]:
+        shard = int(np.searchsorted(firsts, k, side="right")) - 1
+        entry, j = index.shards[shard], k - int(firsts[shard])
+        sidecar = ShardSidecar.from_bytes((Path(mixture["web"]) / entry.sidecar).read_bytes())
+        copy = tmp_path / f"web{k}"
+        shutil.copytree(mixture["web"], copy)
+        data = bytearray((copy / entry.name).read_bytes())
+        data[int(sidecar.offsets[j]) + 20] ^= 0x10  # a token byte
+        (copy / entry.name).write_bytes(bytes(data))
+        sources = {**mixture, "web": str(copy)}
+        with pytest.raises(CorruptShardError) as info:
+            for _ in itertools.islice(Loader(sources, num_workers=2, **opts), 30):  # type: ignore[arg-type]
                 pass
         assert f"sample {j} at byte {int(sidecar.offsets[j])}" in str(info.value)

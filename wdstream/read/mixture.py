@@ -26,6 +26,7 @@ can re-weight its future (annealing), while any change to its past is refused.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import StateMismatchError
+from wdstream.read.mixture_checks import MixtureOwnRows
 from wdstream.read.mixture_schedule import Piece, Schedule, parse_weights
 from wdstream.read.mixture_sources import source_seed
 from wdstream.read.mixture_spec import MixtureSpec
@@ -284,11 +286,20 @@ class MixtureReader(GlobalReader):
         b = self.batch_size
         return [{"step": first + i + 1, "source": src[i * b : (i + 1) * b]} for i in range(n)]
 
-    def _own_rows(self, position: GlobalPosition, worker: int, workers: int) -> None:
-        """None: a mixture's worker verifies every sample it reads. Its chunks' rows come
-        from every source, and a rare source's next rows may lie arbitrarily far ahead, so
-        they are not walked ahead as a single order's are."""
-        return None
+    def _verify_own_rows(
+        self, position: GlobalPosition, worker: int, workers: int
+    ) -> MixtureOwnRows | None:
+        """With several workers, each source's order verifies only this worker's rows."""
+        if workers <= 1:
+            return None
+        scope = MixtureOwnRows(self, position, worker, workers)
+        for i, order in enumerate(self.orders):
+            order.check_only(functools.partial(scope.spans, i))
+        return scope
+
+    def _verify_all_rows(self) -> None:
+        for order in self.orders:
+            order.check_only(None)
 
     def release(self) -> None:
         for order in self.orders:

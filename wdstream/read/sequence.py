@@ -24,7 +24,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -232,13 +232,11 @@ class GlobalReader:
         ``cursors`` holds ``{"step": k + 1}`` after each step ``k``.
         """
         B, T1 = self.batch_size, self.row_tokens
-        reads = self._own_rows(position, worker, workers)
-        if reads is not None:
-            self.order.check_only(reads.spans)
+        scope = self._verify_own_rows(position, worker, workers)
         try:
             for mine, (first, n) in enumerate(self._own_chunks(position, worker, workers)):
-                if reads is not None:
-                    reads.forget_before(first)
+                if scope is not None:
+                    scope.forget_before(first)
                 ref, tokens, positions = buffer(mine, n * B)
                 doc = np.empty((n * B, T1), dtype=bool) if self.doc_boundaries else None
                 cursors = self.fill_chunk(first, n, position, tokens.numpy(), doc)
@@ -246,12 +244,23 @@ class GlobalReader:
                     positions.numpy()[:] = position_ids(doc)
                 yield ref, tokens, positions, cursors
         finally:
-            if reads is not None:
-                self.order.check_only(None)
+            if scope is not None:
+                self._verify_all_rows()
 
-    def _own_rows(self, position: GlobalPosition, worker: int, workers: int) -> _OwnRows | None:
-        """What this worker verifies: its own rows (None: all it reads, as one worker)."""
-        return _OwnRows(self, position.copy(), worker, workers) if workers > 1 else None
+    def _verify_own_rows(
+        self, position: GlobalPosition, worker: int, workers: int
+    ) -> RowScope | None:
+        """With several workers, make this one verify only the samples of its own rows
+        (the others verify theirs); returns what to tell as chunks are filled, or None."""
+        if workers <= 1:
+            return None
+        reads = _OwnRows(self, position.copy(), worker, workers)
+        self.order.check_only(reads.spans)
+        return reads
+
+    def _verify_all_rows(self) -> None:
+        """Back to verifying every sample read (the iteration ended)."""
+        self.order.check_only(None)
 
     def _own_chunks(
         self, position: GlobalPosition, worker: int, workers: int
@@ -314,6 +323,13 @@ class GlobalReader:
     def release(self) -> None:
         """Drop cached window data (the end of an iteration)."""
         self.order.release()
+
+
+class RowScope(Protocol):
+    """What a worker verifying only its own rows is told as its chunks are filled."""
+
+    def forget_before(self, step: int) -> None:
+        """Chunks before ``step`` are filled: no window read from now on serves them."""
 
 
 class _OwnRows:
