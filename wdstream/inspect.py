@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import CorruptShardError, IncompleteDatasetError, IndexValidationError
+from wdstream.format.checksum import running_checksum
 from wdstream.format.index import DatasetIndex, ShardEntry
 from wdstream.format.provenance import ShardProvenance
 from wdstream.format.sample import SAMPLE_SUFFIXES, Sample
@@ -253,6 +254,7 @@ def _verify_shard(
     # After the hash: a damaged header is reported as such; a shard that hashes right but
     # is misnamed was moved, renamed or written by another tool.
     problem = _members_problem(data, sidecar, first, SAMPLE_SUFFIXES[index.version])
+    problem = problem or _running_problem(data, sidecar)
     if problem:
         return f"{where}: {problem}"
     if tokens != shard.tokens or docs != shard.documents:
@@ -285,6 +287,22 @@ def _provenance(store: Store, shard: ShardEntry, first_doc: int) -> ShardProvena
             f"{(first_doc, shard.documents, shard.samples)}"
         )
     return prov
+
+
+def _running_problem(data: memoryview, sidecar: ShardSidecar) -> str | None:
+    """First sample whose running checksum in the sidecar is not the shard's, or None."""
+    if sidecar.crc32c_run is None:
+        return None
+    ends = (sidecar.offsets.astype(np.int64) + sidecar.sizes).tolist()
+    run = pos = 0
+    for k, (end, want) in enumerate(zip(ends, sidecar.crc32c_run.tolist(), strict=True)):
+        run, pos = running_checksum(data[pos:end], run), end
+        if run != want:
+            return (
+                f"sample {k}: the shard's running CRC32C to byte {end} is {run}, the sidecar "
+                f"says {want}"
+            )
+    return None
 
 
 def _members_problem(

@@ -25,7 +25,7 @@ import braceexpand
 import numpy as np
 
 from wdstream.errors import CorruptShardError
-from wdstream.format.checksum import first_bad_sample
+from wdstream.format.checksum import Corruption, find_corruption
 from wdstream.format.index import DatasetIndex
 from wdstream.format.sample import decode_sample, tokens_views
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
@@ -193,6 +193,18 @@ class ShardSource:
         """URL of a shard, for messages."""
         return self._stores.url(*self.urls[shard])
 
+    def _corruption_message(self, shard: int, bad: Corruption) -> str:
+        if bad.sample is None:
+            return (
+                f"{self.where(shard)}: bytes from {bad.byte} between samples (tar headers or "
+                "padding) fail the running checksum (corrupt bytes; `wdstream verify` scans "
+                "the whole shard)"
+            )
+        return (
+            f"{self.where(shard)}: sample {bad.sample} at byte {bad.byte}: checksum mismatch "
+            "(corrupt bytes)"
+        )
+
     def _sidecar(self, shard: int) -> tuple[ShardSidecar, np.ndarray]:
         with self._lock:
             hit = self._cache.get(shard)
@@ -299,33 +311,30 @@ class ShardSource:
         Args:
             with_docs: also decode each sample's document pieces. Without them the token
                 arrays are found in place (``tokens_views``), with no msgpack unpacking.
-            check: (bool, one per sample) verify only these samples' checksums: the ones
-                this reader uses, when other processes use (and verify) the rest. Default:
-                all of them.
+            check: (bool, one per sample) the samples this reader uses, when other processes
+                use (and verify) the rest: a read holding none of them is not verified. With
+                running checksums a read is otherwise verified whole (one call); without,
+                only these samples are. Default: all of them.
 
         Returns:
             ``(tokens, doc_lens)``: per sample a read-only token array (a view into the read
             buffer) and its piece lengths (empty when ``with_docs`` is False).
         """
         sidecar, _ = self._sidecar(shard)
-        begin, end = sidecar.byte_range(a, b)
+        verify = self.checksums and sidecar.crc32c is not None
+        verify = verify and (check is None or bool(check.any()))
+        by_run = verify and sidecar.crc32c_run is not None
+        # A run check starts at the end of the previous sample's data: a header earlier.
+        begin, end = sidecar.run_check(a, b)[:2] if by_run else sidecar.byte_range(a, b)
         root, name = self.urls[shard]
         buf = self._store(root).read_range_view(name, begin, end)
         if len(buf) != end - begin:
             raise CorruptShardError(f"{self.where(shard)}: short read at byte {begin + len(buf)}")
         offs = sidecar.offsets[a:b].astype(np.int64) - begin
-        if self.checksums and sidecar.crc32c is not None:
-            spans, sizes, crcs = offs, sidecar.sizes[a:b], sidecar.crc32c[a:b]
-            which = None if check is None else np.flatnonzero(check)
-            if which is not None:
-                spans, sizes, crcs = spans[which], sizes[which], crcs[which]
-            bad = first_bad_sample(buf, spans, sizes, crcs)
+        if verify:
+            bad = find_corruption(buf, begin, sidecar, a, b, check)
             if bad is not None:
-                at = a + (bad if which is None else int(which[bad]))
-                raise CorruptShardError(
-                    f"{self.where(shard)}: sample {at} at byte "
-                    f"{int(sidecar.offsets[at])}: checksum mismatch (corrupt bytes)"
-                )
+                raise CorruptShardError(self._corruption_message(shard, bad))
         views = None if with_docs else tokens_views(buf, offs, sidecar.sizes[a:b])
         toks: list[np.ndarray]
         docs: list[tuple[int, ...]] = []

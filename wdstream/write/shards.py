@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.format.checksum import sample_checksum
+from wdstream.format.checksum import running_checksum, sample_checksum
 from wdstream.format.index import FORMAT_VERSION, ShardEntry
 from wdstream.format.provenance import ShardProvenance, provenance_name
 from wdstream.format.sample import SAMPLE_SUFFIXES, encode_sample
@@ -143,6 +143,8 @@ class ShardWriter:
         self._sizes: list[int] = []
         self._tokens: list[int] = []
         self._crcs: list[int] | None = [] if version >= 2 else None
+        self._runs: list[int] = []  # running CRC32C of the shard to each sample's data end
+        self._run = 0  # running CRC32C of the shard's members so far
         self._suffix = SAMPLE_SUFFIXES[version]
         self._size = 0
         self._docs = 0
@@ -186,6 +188,9 @@ class ShardWriter:
         self._tokens.append(len(tokens))
         if self._crcs is not None:
             self._crcs.append(sample_checksum(data))
+            view, data_end = memoryview(member), BLOCK + len(data)
+            self._runs.append(running_checksum(view[:data_end], self._run))
+            self._run = running_checksum(view[data_end:], self._runs[-1])
         self._members.append(member)
         self._size += len(member)
         self._docs += new_docs
@@ -224,6 +229,7 @@ class ShardWriter:
             sizes=np.asarray(self._sizes, dtype=np.uint32),
             tokens=np.asarray(self._tokens, dtype=np.uint32),
             crc32c=None if self._crcs is None else np.asarray(self._crcs, dtype=np.uint32),
+            crc32c_run=None if self._crcs is None else np.asarray(self._runs, dtype=np.uint32),
         ).to_bytes()
         prov = None
         if self._inputs is not None:
@@ -248,6 +254,7 @@ class ShardWriter:
         state = self._state
         self._members, self._offsets, self._sizes, self._tokens = [], [], [], []
         self._crcs = None if self._crcs is None else []
+        self._runs, self._run = [], 0
         self._size = self._docs = 0
         self.next_shard += 1
         self._raise_failed()
