@@ -103,6 +103,30 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+def _wait_until_quiet(root: Path, quiet_s: float = 1.0, limit_s: float = 60.0) -> None:
+    """Wait until no task of a killed driver still writes under ``root``: Ray stops a dead
+    driver's tasks a moment after it dies, and until then their ``.partial`` files come
+    and go (a copy of the folder could list one that vanishes before it is read)."""
+    deadline = time.monotonic() + limit_s
+    last: list[tuple[str, int]] = []
+    still_since = time.monotonic()
+    while time.monotonic() < deadline:
+        now = []
+        for p in root.iterdir():
+            try:
+                now.append((p.name, p.stat().st_size))
+            except FileNotFoundError:
+                now.append((p.name, -1))  # a file that vanished as it was listed
+        now.sort()
+        busy = any(name.endswith(".partial") for name, _ in now)
+        if now != last or busy:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= quiet_s:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"tasks still writing under {root} after {limit_s} s")
+
+
 def _digests(root: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())}
 
