@@ -23,6 +23,7 @@ from benchlib import (
     memory,
     mixture,
     pack,
+    pack_large,
     ray_pack,
     read,
     remote,
@@ -37,6 +38,7 @@ from benchlib.runner import run_child
 
 PARTS = {
     "pack": pack,
+    "pack_large": pack_large,
     "read": read,
     "resume": resume,
     "sequence": sequence,
@@ -46,7 +48,7 @@ PARTS = {
     "mixture": mixture,
     "ray_pack": ray_pack,
 }
-QUICK_SKIPS = ("memory",)
+QUICK_SKIPS = ("memory", "pack_large")
 
 
 class Bench:
@@ -100,7 +102,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="tools/bench.py", description="wdstream against its peers, in one run."
     )
-    p.add_argument("--quick", action="store_true", help="8 MB corpus, 1 round, no memory part")
+    p.add_argument(
+        "--quick", action="store_true", help="8 MB corpus, 1 round, no memory or pack_large part"
+    )
     p.add_argument("--mb", type=float, help="corpus size in MB of text (default 28, quick 8)")
     p.add_argument("--repeats", type=int, help="interleaved rounds (default 3, quick 1)")
     p.add_argument("--read-batches", type=int, help="measured batches per read (default 360)")

@@ -16,6 +16,7 @@ from benchlib import (
     memory,
     mixture,
     pack,
+    pack_large,
     ray_pack,
     read,
     remote,
@@ -26,12 +27,24 @@ from benchlib.common import COMMITTED_REPORT, SAMPLE, SHARD_BYTES
 from benchlib.tables import table
 
 HANDWRITTEN = ("## Run to run", "## Notes from development")
-SECTIONS = (pack, read, checksums, resume, sequence, memory, remote, bestfit, mixture, ray_pack)
+SECTIONS = (
+    pack,
+    pack_large,
+    read,
+    checksums,
+    resume,
+    sequence,
+    memory,
+    remote,
+    bestfit,
+    mixture,
+    ray_pack,
+)
 REPRODUCE = """\
 ```
 bash tools/setup_bench_env.sh /work/benchvenv   # separate venv: peers pin numpy<2.2, need torchvision
 /work/benchvenv/bin/python tools/bench.py --output docs/BENCHMARKS.md   # full: 28 MB, 3 rounds
-/work/benchvenv/bin/python tools/bench.py --quick   # 8 MB, 1 round, no memory part
+/work/benchvenv/bin/python tools/bench.py --quick   # 8 MB, 1 round, no memory or pack_large part
 ```
 
 Without `--output` a run writes `out/BENCHMARKS.md` (gitignored) and the raw results to
