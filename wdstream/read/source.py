@@ -312,9 +312,8 @@ class ShardSource:
             with_docs: also decode each sample's document pieces. Without them the token
                 arrays are found in place (``tokens_views``), with no msgpack unpacking.
             check: (bool, one per sample) the samples this reader uses, when other processes
-                use (and verify) the rest: a read holding none of them is not verified. With
-                running checksums a read is otherwise verified whole (one call); without,
-                only these samples are. Default: all of them.
+                use (and verify) the rest: only these are verified, with running checksums
+                one call per run of consecutive ones. Default: all of them.
 
         Returns:
             ``(tokens, doc_lens)``: per sample a read-only token array (a view into the read
