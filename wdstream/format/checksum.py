@@ -75,7 +75,7 @@ def find_corruption(
     if sidecar.crc32c is None:
         return None
     if sidecar.crc32c_run is not None:
-        failed = _first_failed_run(buf, begin, sidecar, start, stop, check)
+        failed = _first_failed_run(buf, begin, sidecar, sidecar.crc32c_run, start, stop, check)
         if failed is None:
             return None
         start, stop, check = failed[0], failed[1], None  # name the culprit inside the run
@@ -97,18 +97,19 @@ def _first_failed_run(
     buf: memoryview,
     begin: int,
     sidecar: ShardSidecar,
+    run: np.ndarray,
     start: int,
     stop: int,
     check: np.ndarray | None,
 ) -> tuple[int, int] | None:
     """The first run of consecutive samples (those ``check`` marks, all by default) of
-    ``[start, stop)`` whose bytes fail the running checksum, as ``(first, stop)``."""
+    ``[start, stop)`` whose bytes fail the running checksums ``run`` (the sidecar's), as
+    ``(first, stop)``."""
     if check is None:
         firsts, stops = np.array([start]), np.array([stop])
     else:
         edges = np.diff(np.concatenate([[0], check.astype(np.int8), [0]]))
         firsts, stops = start + np.flatnonzero(edges == 1), start + np.flatnonzero(edges == -1)
-    run = sidecar.crc32c_run if sidecar.crc32c_run is not None else np.zeros(0, np.uint32)
 
     def data_end(k: np.ndarray) -> np.ndarray:
         return sidecar.offsets[k].astype(np.int64) + sidecar.sizes[k]
