@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from wdstream.format.index import DatasetIndex, ShardEntry
-from wdstream.format.sample import decode_sample, encode_sample, tokens_views
+from wdstream.format.sample import LocatedTokens, decode_sample, encode_sample, find_token_spans
 from wdstream.format.sidecar import ShardSidecar, scan_tar
 from wdstream.format.tar import END_OF_ARCHIVE, _fast_header, _tarfile_header, member_bytes
 
@@ -40,25 +40,26 @@ def _pack_many(
     dtype=st.sampled_from(["<u2", "<u4"]),
     align=st.sampled_from([1, 512]),
 )
-def test_tokens_views_equal_full_decode(lengths: list[int], dtype: str, align: int) -> None:
+def test_token_spans_equal_full_decode(lengths: list[int], dtype: str, align: int) -> None:
     data, offsets, sizes, arrays = _pack_many(lengths, dtype, align=align)
-    views = tokens_views(memoryview(data), np.array(offsets), np.array(sizes))
-    assert views is not None
+    spans = find_token_spans(memoryview(data), np.array(offsets), np.array(sizes))
+    assert spans is not None
+    # In place (one phase, align=512) or copied (phases differ, align=1): the same tokens.
+    views = LocatedTokens.in_buffer(memoryview(data), spans).views()
     for view, want, off, size in zip(views, arrays, offsets, sizes, strict=True):
         assert view.dtype == want.dtype and np.array_equal(view, want)
         assert np.array_equal(decode_sample(data[off : off + size]).tokens, want)
 
 
-def test_tokens_views_refuses_other_layouts() -> None:
+def test_token_spans_refuse_other_layouts() -> None:
     other_order = msgpack.packb(
         {"dtype": "uint32", "tokens": b"abcd", "doc_lens": [1], "cont": False}
     )
-    assert (
-        tokens_views(memoryview(other_order), np.array([0]), np.array([len(other_order)])) is None
-    )
+    size = np.array([len(other_order)])
+    assert find_token_spans(memoryview(other_order), np.array([0]), size) is None
     good = encode_sample(np.arange(3, dtype="<u2"), [3], False)
     truncated = good[:-1]
-    assert tokens_views(memoryview(truncated), np.array([0]), np.array([len(good)])) is None
+    assert find_token_spans(memoryview(truncated), np.array([0]), np.array([len(good)])) is None
 
 
 def test_sample_rejects_inconsistent_pieces() -> None:

@@ -23,11 +23,13 @@ import numpy as np
 __all__ = [
     "DTYPES",
     "SAMPLE_SUFFIXES",
+    "LocatedTokens",
     "Sample",
+    "TokenSpans",
     "decode_sample",
     "encode_sample",
+    "find_token_spans",
     "token_dtype_for_vocab",
-    "tokens_views",
 ]
 
 DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
@@ -78,7 +80,7 @@ def encode_sample(tokens: np.ndarray, doc_lens: list[int] | tuple[int, ...], con
 
 
 # The writer emits the map keys in a fixed order, so a sample starts with these bytes followed
-# by a msgpack bin header; ``tokens_views`` relies on that to find the token bytes in place.
+# by a msgpack bin header; ``find_token_spans`` relies on that to find the token bytes in place.
 _TOKENS_PREFIX = b"\x84\xa6tokens"
 # msgpack bin8/16/32 marker byte -> bytes of its big-endian length (0: not a bin marker).
 _WIDTH_OF_MARKER = np.zeros(256, dtype=np.int64)
@@ -86,20 +88,83 @@ _WIDTH_OF_MARKER[[0xC4, 0xC5, 0xC6]] = [1, 2, 4]
 _DTYPE_FIELDS = {b"\xa5dtype\xa6" + n.encode(): d for n, d in DTYPES.items()}
 
 
-def tokens_views(
-    data: memoryview, offsets: np.ndarray, sizes: np.ndarray
-) -> list[np.ndarray] | None:
-    """Zero-copy token views of many samples of one buffer at once (the window read path).
+@dataclass(frozen=True)
+class TokenSpans:
+    """Where the token arrays of consecutive samples lie in a buffer: byte ``start[i]``,
+    ``count[i]`` tokens of ``dtype`` (found by :func:`find_token_spans`)."""
 
-    ``offsets``/``sizes`` locate each sample's msgpack bytes in ``data``. Instead of unpacking,
-    it checks that every sample has the canonical layout the writer produces (``tokens``
-    first, then ``dtype``) with a few vectorised numpy operations, so the per-sample Python
-    cost is one ``np.frombuffer``. Returns None if any sample has another layout (or the
-    samples mix dtypes); the caller then decodes sample by sample.
+    start: np.ndarray  # int64[n], bytes
+    count: np.ndarray  # int64[n], tokens
+    dtype: np.dtype
+
+    def shifted(self, a: int, b: int, by: int) -> TokenSpans:
+        """Samples ``[a, b)`` in a buffer that begins ``by`` bytes later."""
+        return TokenSpans(self.start[a:b] - by, self.count[a:b], self.dtype)
+
+
+@dataclass(frozen=True)
+class LocatedTokens:
+    """The token arrays of consecutive samples: sample ``i`` is
+    ``base[first[i] : first[i] + count[i]]``.
+
+    One array and two index vectors instead of one numpy view per sample: a reader that
+    copies rows out of a window creates a view only for the pieces it copies, so a torch
+    worker that uses half of a window pays no Python object per sample it skips.
+    """
+
+    base: np.ndarray
+    first: np.ndarray  # int64[n]
+    count: np.ndarray  # int64[n]
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    def views(self) -> list[np.ndarray]:
+        """One read-only view per sample."""
+        base = self.base
+        spans = zip(self.first.tolist(), self.count.tolist(), strict=True)
+        return [base[f : f + c] for f, c in spans]
+
+    @classmethod
+    def of_arrays(cls, arrays: list[np.ndarray]) -> LocatedTokens:
+        """Samples decoded one by one, copied into one array (the slow, rare layouts)."""
+        count = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+        base = np.concatenate(arrays) if arrays else np.zeros(0, dtype=DTYPES["uint32"])
+        return cls(base, first, count)
+
+    @classmethod
+    def in_buffer(cls, data: memoryview, spans: TokenSpans) -> LocatedTokens:
+        """The samples ``spans`` locates in ``data``, in place."""
+        size, n = spans.dtype.itemsize, len(spans.start)
+        shift = int(spans.start[0]) % size if n else 0
+        if n and int((spans.start % size != shift).sum()):
+            # Token bytes at different phases (not the writer's layout): no common view.
+            arrays = [
+                np.frombuffer(data, dtype=spans.dtype, count=c, offset=o)
+                for o, c in zip(spans.start.tolist(), spans.count.tolist(), strict=True)
+            ]
+            return cls.of_arrays(arrays)
+        # Every sample's tokens start at the same byte phase (the writer's case: tar members
+        # are 512-byte aligned and the headers have one width): one view of the whole buffer.
+        base = np.frombuffer(data, dtype=spans.dtype, count=(len(data) - shift) // size,
+                             offset=shift)  # fmt: skip
+        return cls(base, (spans.start - shift) // size, spans.count)
+
+
+def find_token_spans(data: memoryview, offsets: np.ndarray, sizes: np.ndarray) -> TokenSpans | None:
+    """Where the token arrays of many samples of one buffer lie, without unpacking them.
+
+    ``offsets``/``sizes`` locate each sample's msgpack bytes in ``data``. It checks that
+    every sample has the canonical layout the writer produces (``tokens`` first, then
+    ``dtype``) with a few vectorised numpy operations, so no Python work is done per sample.
+    Returns None if any sample has another layout (or the samples mix dtypes); the caller
+    then decodes sample by sample.
     """
     n = len(offsets)
     if n == 0:
-        return []
+        empty = np.zeros(0, dtype=np.int64)
+        return TokenSpans(empty, empty, DTYPES["uint32"])
     raw = np.frombuffer(data, dtype=np.uint8)
     offs = offsets.astype(np.int64)
     ends = offs + sizes.astype(np.int64)
@@ -124,20 +189,7 @@ def tokens_views(
     dtype = _DTYPE_FIELDS.get(fields[0].tobytes())
     if dtype is None or not (fields == fields[0]).all() or int((length % dtype.itemsize).sum()):
         return None
-    size = dtype.itemsize
-    counts = (length // size).tolist()
-    shift = int(starts[0]) % size
-    if int((starts % size != shift).sum()):
-        return [
-            np.frombuffer(data, dtype=dtype, count=c, offset=o)
-            for o, c in zip(starts.tolist(), counts, strict=True)
-        ]
-    # Every sample's tokens start at the same byte phase (the writer's case: tar members are
-    # 512-byte aligned and the headers have one width): slice one view of the whole buffer,
-    # about 5x cheaper per sample than a buffer export each.
-    base = np.frombuffer(data, dtype=dtype, count=(len(raw) - shift) // size, offset=shift)
-    firsts = ((starts - shift) // size).tolist()
-    return [base[f : f + c] for f, c in zip(firsts, counts, strict=True)]
+    return TokenSpans(starts, length // dtype.itemsize, dtype)
 
 
 def decode_sample(data: bytes | memoryview) -> Sample:

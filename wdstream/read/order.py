@@ -87,7 +87,14 @@ class _Window:
 
 @dataclass(frozen=True)
 class _WindowData:
-    tokens: list[np.ndarray]  # token views of the window's samples, emitted order
+    """The window's samples, emitted order: sample ``i`` is
+    ``bases[base_of[i]][first[i] : first[i] + its tokens]`` (no view per sample: a torch
+    worker copies only its own rows out of a window, a view per sample cost more than the
+    copies)."""
+
+    bases: list[np.ndarray]  # token arrays the samples lie in: one per piece read
+    base_of: list[int]
+    first: list[int]
     pieces: list[tuple[int, ...]]  # their document piece lengths (empty unless asked for)
 
 
@@ -283,11 +290,17 @@ class GlobalOrder:
             used = _samples_used(win, self._read_spans(epoch, win.begin, win.end))
             bounds = np.cumsum([0] + [b - a for _, a, b in pieces])
             checks = [used[i:j] for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
-        parts = self.source.read_pieces(pieces, with_docs, checks)
-        toks = [t for ts, _ in parts for t in ts]
-        docs = [d for _, ds in parts for d in ds]
-        order = win.order.tolist()
-        return _WindowData([toks[k] for k in order], [docs[k] for k in order] if with_docs else [])
+        order = win.order
+        if with_docs:
+            parts = self.source.read_pieces(pieces, True, checks)
+            toks = [t for ts, _ in parts for t in ts]
+            docs = [d for _, ds in parts for d in ds]
+            return _WindowData(toks, order.tolist(), [0] * len(order), [docs[k] for k in order])
+        located = self.source.located_pieces(pieces, checks)
+        base_of = np.repeat(np.arange(len(located)), [len(x) for x in located])
+        first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
+        bases = [x.base for x in located]
+        return _WindowData(bases, base_of[order].tolist(), first[order].tolist(), [])
 
     def row_segments(self, epoch: int, row: int) -> list[tuple[int, int, int]]:
         """``(epoch position, first token in the sample, tokens)`` of the sample pieces that
@@ -317,11 +330,10 @@ class GlobalOrder:
             data = windows.get(w)
             if data is None:
                 data = windows[w] = self._window_data(epoch, w, with_docs)
-            toks = data.tokens[i]
-            pieces = data.pieces[i] if with_docs else ()
-            flat[o : o + take] = toks[off : off + take]
+            base, at = data.bases[data.base_of[i]], data.first[i] + off
+            flat[o : o + take] = base[at : at + take]
             if flat_ds is not None:
-                starts = np.concatenate([[0], np.cumsum(pieces)[:-1]]) - off
+                starts = np.concatenate([[0], np.cumsum(data.pieces[i])[:-1]]) - off
                 starts = starts[(starts >= 0) & (starts < take)]
                 flat_ds[o + starts] = True
                 flat_ds[o] = True  # a sample boundary, or a row start inside a sample

@@ -17,9 +17,9 @@ import fnmatch
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import braceexpand
 import numpy as np
@@ -27,13 +27,15 @@ import numpy as np
 from wdstream.errors import CorruptShardError
 from wdstream.format.checksum import Corruption, find_corruption
 from wdstream.format.index import DatasetIndex
-from wdstream.format.sample import decode_sample, tokens_views
+from wdstream.format.sample import LocatedTokens, TokenSpans, decode_sample, find_token_spans
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.shards import decode_span, parse_sidecar, read_index, sidecar_from_tar
 from wdstream.read.stores import CACHE_OPTIONS, StoreCache, fingerprint
 from wdstream.storage import Store, open_store, split_url
 
 __all__ = ["ShardSource", "expand_urls"]
+
+_T = TypeVar("_T")
 
 _REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
 _SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
@@ -99,6 +101,8 @@ class ShardSource:
         self._stores = StoreCache(**store_options)
         self._fetch_pool: ThreadPoolExecutor | None = None
         self._cache: OrderedDict[int, tuple[ShardSidecar, np.ndarray]] = OrderedDict()
+        # Local shards: where each sample's tokens lie (None: not the writer's layout).
+        self._layouts: OrderedDict[int, TokenSpans | None] = OrderedDict()
         self._lock = threading.Lock()
         self.index: DatasetIndex | None = None
         is_root = (
@@ -168,6 +172,7 @@ class ShardSource:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_cache"] = OrderedDict()
+        state["_layouts"] = OrderedDict()
         state["_fetch_pool"] = None  # threads are per process
         del state["_lock"]
         return state
@@ -271,32 +276,92 @@ class ShardSource:
         with_docs: bool,
         checks: list[np.ndarray] | None = None,
     ) -> list[tuple[list[np.ndarray], list[tuple[int, ...]]]]:
-        """:meth:`read` of every ``(shard, a, b)`` piece of a window, in order.
+        """:meth:`read` of every ``(shard, a, b)`` piece of a window, in order (see
+        :meth:`located_pieces` for how they are issued)."""
+
+        def read(shard: int, a: int, b: int, check: np.ndarray | None) -> Any:
+            return self.read(shard, a, b, with_docs=with_docs, check=check)
+
+        return self._each_piece(read, pieces, checks)
+
+    def located_pieces(
+        self, pieces: list[tuple[int, int, int]], checks: list[np.ndarray] | None = None
+    ) -> list[LocatedTokens]:
+        """:meth:`read_located` of every ``(shard, a, b)`` piece of a window, in order.
 
         Locally one after the other; from a remote store concurrently: a window touches one
         span per lane (and shard), so over S3/HTTP its reads would otherwise pay one round
         trip each, and issued together they cost about one. ``checks``, per piece, limits
         the checksum verification as :meth:`read`'s ``check`` does.
         """
+        return self._each_piece(self.read_located, pieces, checks)
+
+    def _each_piece(
+        self,
+        read: Callable[[int, int, int, np.ndarray | None], _T],
+        pieces: list[tuple[int, int, int]],
+        checks: list[np.ndarray] | None,
+    ) -> list[_T]:
         each = checks if checks is not None else [None] * len(pieces)
         if not self.remote or len(pieces) < 2:
-            return [
-                self.read(*pc, with_docs=with_docs, check=c)
-                for pc, c in zip(pieces, each, strict=True)
-            ]
+            return [read(*pc, c) for pc, c in zip(pieces, each, strict=True)]
         with self._lock:
             if self._fetch_pool is None:
                 self._fetch_pool = ThreadPoolExecutor(
                     _REMOTE_READS, thread_name_prefix="wdstream-fetch"
                 )
+        jobs = [self._fetch_pool.submit(read, *pc, c) for pc, c in zip(pieces, each, strict=True)]
+        return [job.result() for job in jobs]
 
-        def read(
-            piece: tuple[tuple[int, int, int], np.ndarray | None],
-        ) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
-            (shard, a, b), check = piece
-            return self.read(shard, a, b, with_docs=with_docs, check=check)
+    def read_located(
+        self, shard: int, a: int, b: int, check: np.ndarray | None = None
+    ) -> LocatedTokens:
+        """The token arrays of samples ``[a, b)`` of ``shard``, one ranged read, found in
+        place where the samples have the writer's layout (no msgpack unpacking), else decoded.
 
-        return list(self._fetch_pool.map(read, zip(pieces, each, strict=True)))
+        Args:
+            check: (bool, one per sample) the samples this reader uses, when other processes
+                use (and verify) the rest: only these are verified, with running checksums
+                one call per run of consecutive ones. Default: all of them.
+        """
+        buf, begin, sidecar = self._checked_range(shard, a, b, check)
+        spans = self._token_spans(shard, sidecar, a, b, buf, begin)
+        if spans is not None:
+            located = LocatedTokens.in_buffer(buf, spans)
+        else:
+            # A layout other than the writer's: unpack each sample.
+            samples = decode_span(buf, begin, sidecar, a, b, self.where(shard))
+            located = LocatedTokens.of_arrays([s.tokens for s in samples])
+        self._check_counts(shard, sidecar.tokens[a:b], located.count)
+        return located
+
+    def _token_spans(
+        self, shard: int, sidecar: ShardSidecar, a: int, b: int, buf: memoryview, begin: int
+    ) -> TokenSpans | None:
+        """Where the tokens of samples ``[a, b)`` lie in ``buf`` (shard bytes from ``begin``).
+
+        Remote reads are searched each time. A local shard is searched once, whole, and the
+        result kept with its sidecar: every read of it is a view of the same mapped bytes,
+        and searching each window's pieces anew cost more than copying their rows.
+        """
+        if self.remote:
+            offs = sidecar.offsets[a:b].astype(np.int64) - begin
+            return find_token_spans(buf, offs, sidecar.sizes[a:b])
+        with self._lock:
+            found = shard in self._layouts
+            layout = self._layouts.get(shard)
+            if found:
+                self._layouts.move_to_end(shard)
+        if not found:
+            root, name = self.urls[shard]
+            end = sidecar.byte_range(0, len(sidecar))[1] if len(sidecar) else 0
+            whole = self._store(root).read_range_view(name, 0, end)
+            layout = find_token_spans(whole, sidecar.offsets.astype(np.int64), sidecar.sizes)
+            with self._lock:
+                self._layouts[shard] = layout
+                while len(self._layouts) > _SIDECAR_CACHE:
+                    self._layouts.popitem(last=False)
+        return None if layout is None else layout.shifted(a, b, begin)
 
     def read(
         self,
@@ -310,15 +375,27 @@ class ShardSource:
 
         Args:
             with_docs: also decode each sample's document pieces. Without them the token
-                arrays are found in place (``tokens_views``), with no msgpack unpacking.
-            check: (bool, one per sample) the samples this reader uses, when other processes
-                use (and verify) the rest: only these are verified, with running checksums
-                one call per run of consecutive ones. Default: all of them.
+                arrays are found in place (:meth:`read_located`).
+            check: the samples to verify, as for :meth:`read_located`.
 
         Returns:
             ``(tokens, doc_lens)``: per sample a read-only token array (a view into the read
             buffer) and its piece lengths (empty when ``with_docs`` is False).
         """
+        if not with_docs:
+            return self.read_located(shard, a, b, check).views(), []
+        buf, begin, sidecar = self._checked_range(shard, a, b, check)
+        samples = list(decode_span(buf, begin, sidecar, a, b, self.where(shard)))
+        toks = [s.tokens for s in samples]
+        counts = np.fromiter((len(t) for t in toks), dtype=np.int64, count=len(toks))
+        self._check_counts(shard, sidecar.tokens[a:b], counts)
+        return toks, [s.doc_lens for s in samples]
+
+    def _checked_range(
+        self, shard: int, a: int, b: int, check: np.ndarray | None
+    ) -> tuple[memoryview, int, ShardSidecar]:
+        """The bytes of samples ``[a, b)`` (one ranged read), verified against their
+        checksums (those ``check`` marks); returns ``(buffer, its shard offset, sidecar)``."""
         sidecar, _ = self._sidecar(shard)
         verify = self.checksums and sidecar.crc32c is not None
         verify = verify and (check is None or bool(check.any()))
@@ -329,23 +406,12 @@ class ShardSource:
         buf = self._store(root).read_range_view(name, begin, end)
         if len(buf) != end - begin:
             raise CorruptShardError(f"{self.where(shard)}: short read at byte {begin + len(buf)}")
-        offs = sidecar.offsets[a:b].astype(np.int64) - begin
         if verify:
             bad = find_corruption(buf, begin, sidecar, a, b, check)
             if bad is not None:
                 raise CorruptShardError(self._corruption_message(shard, bad))
-        views = None if with_docs else tokens_views(buf, offs, sidecar.sizes[a:b])
-        toks: list[np.ndarray]
-        docs: list[tuple[int, ...]] = []
-        if views is not None:
-            toks = views
-        else:
-            # Document pieces wanted, or a layout other than the writer's: unpack each sample.
-            samples = list(decode_span(buf, begin, sidecar, a, b, self.where(shard)))
-            toks = [s.tokens for s in samples]
-            if with_docs:
-                docs = [s.doc_lens for s in samples]
-        want = sidecar.tokens[a:b]
-        if any(len(t) != w for t, w in zip(toks, want.tolist(), strict=True)):
+        return buf, begin, sidecar
+
+    def _check_counts(self, shard: int, want: np.ndarray, got: np.ndarray) -> None:
+        if not np.array_equal(want, got):
             raise CorruptShardError(f"{self.where(shard)}: token counts disagree with the sidecar")
-        return toks, docs
