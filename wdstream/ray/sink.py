@@ -174,7 +174,6 @@ class Sink(Datasink[tuple[int, PieceDocs, Any]]):
                 pad_id=self.eos_id or 0, name=self.name, shard_bytes=self.shard_bytes,
                 shard_samples=self.shard_samples, output=self.url,
                 store_options=self.store_options, provenance=None, progress=self.progress,
-                address=None,
             )  # fmt: skip
             totals = write_tokenized(job, journal, given)
             entries = tuple(journal.entries)

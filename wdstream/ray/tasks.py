@@ -24,7 +24,7 @@ from wdstream.format.index import ShardEntry
 from wdstream.format.sample import DTYPES
 from wdstream.ray.pieces import Piece, PieceDocs, read_piece
 from wdstream.storage import Store, open_store
-from wdstream.tokenizer import Tokenizer
+from wdstream.tokenizer import Tokenizer, load_tokenizer
 from wdstream.write.inputs import InputFile
 from wdstream.write.shards import ShardWriter, shard_names
 from wdstream.write.tokenpool import encode_flat
@@ -36,6 +36,7 @@ __all__ = [
     "cached_tokenizer",
     "check_shard",
     "tokenize_piece",
+    "warm_up",
     "write_shard",
 ]
 
@@ -97,13 +98,30 @@ class ShardPlan:
     piece_offsets: list[int]  # first global token of each piece array passed to the task
 
 
+def warm_up(spec: str, backend: str) -> None:
+    """Import this module and load the pack's tokenizer into this worker's cache, early: a
+    pack runs it on every CPU while the driver loads the tokenizer itself, instead of each
+    worker's first task paying it. The driver's own load reports any error."""
+    try:
+        tok = load_tokenizer(spec, backend)
+    except Exception:  # noqa: BLE001, S110 - the driver's load raises it, naming what was tried
+        return
+    build, args = tok.__reduce__()
+    _tokenizers.setdefault(_recipe_key((build, tuple(args))), tok)
+
+
 def cached_tokenizer(recipe: Recipe) -> Tokenizer:
     """The tokenizer ``recipe`` rebuilds, built once per worker process."""
-    build, args = recipe
-    key = (build.__module__, build.__qualname__, repr(args))
+    key = _recipe_key(recipe)
     if key not in _tokenizers:
+        build, args = recipe
         _tokenizers[key] = build(*args)
     return _tokenizers[key]
+
+
+def _recipe_key(recipe: Recipe) -> tuple[str, str, str]:
+    build, args = recipe
+    return build.__module__, build.__qualname__, repr(args)
 
 
 def _store(url: str, options: dict[str, Any]) -> Store:

@@ -297,7 +297,10 @@ def pack(
     output_store = open_store(output, create=True, **(store_options or {}))
     with _naming_full_disk(output_store.child_url(LOCK_NAME)):
         lock = acquire(output_store, force_unlock)
+    session = None
     try:
+        if engine == "ray":
+            session = _ray_session(ray_address, (tokenizer, backend))  # workers warm up now
         output_store.remove_partials()  # under the lock: leftovers of a killed run only
         store = _NamingFullDisk(output_store)
         if store.exists(INDEX_NAME) and not overwrite:
@@ -337,19 +340,14 @@ def pack(
         provenance = ["<stdin>" if f.path == "-" else f.path for f in files]
         show = sys.stderr.isatty() if progress is None else progress
         if engine == "ray":
-            try:
-                from wdstream.ray.engine import RayPackJob, run  # Ray: only for this engine
-            except ModuleNotFoundError as exc:
-                raise ImportError(
-                    f"engine='ray' needs Ray ({exc.name} is missing): pip install 'wdstream[ray]'"
-                ) from exc
+            from wdstream.ray.engine import RayPackJob, run
 
             job = RayPackJob(
                 files=files, text_key=text_key, lines=lines, on_error=on_error, errors=errors,
                 tokenizer=tok, bos_id=bos_id, eos_id=eos_id, dtype=dtype,
                 new_packer=new_packer, pad_id=eos_id or 0, name=name, shard_bytes=shard_bytes,
                 shard_samples=shard_samples, output=output, store_options=store_options or {},
-                provenance=provenance, progress=show, address=ray_address,
+                provenance=provenance, progress=show,
             )  # fmt: skip
             reader: Any = run(job, journal, start, emitted, bad_locations)
             workers, pool_kind = reader.cpus, "ray"
@@ -405,7 +403,20 @@ def pack(
         _delete_shards_from(store, name, len(entries))
         return PackResult(index, time.perf_counter() - t0, resumed_shards, workers, pool_kind)
     finally:
+        if session is not None:
+            session.close()
         lock.release()
+
+
+def _ray_session(address: str | None, tokenizer: tuple[str, str]) -> Any:
+    """Connect to (or start) Ray for a pack (:class:`wdstream.ray.engine.RaySession`)."""
+    try:
+        from wdstream.ray.engine import RaySession  # Ray: only for this engine
+    except ModuleNotFoundError as exc:
+        raise ImportError(
+            f"engine='ray' needs Ray ({exc.name} is missing): pip install 'wdstream[ray]'"
+        ) from exc
+    return RaySession(address, tokenizer)
 
 
 def sample_builder(
