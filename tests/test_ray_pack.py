@@ -8,7 +8,6 @@ cluster's nodes carry their own.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -16,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +32,16 @@ from tests.fixtures_remote import (  # noqa: F401 - fixtures used by name
     moto_endpoint,
     s3_bucket,
 )
+from tests.ray_support import (
+    NODE,
+    PACK_OPTS,
+    blocked_task,
+    digests,
+    inputs_with_fifo,
+    kill_and_reap,
+    pack_in_thread,
+    write_corpus,
+)
 
 # Read by Ray when it is imported: "0" keeps every address on the loopback interface
 # (127.0.0.1 is otherwise replaced by the machine's address), so nothing leaves the host.
@@ -42,13 +50,6 @@ import ray  # noqa: E402  (the dev extra installs ray[data]: these tests run in 
 
 from wdstream.errors import InputError, WdstreamError  # noqa: E402
 from wdstream.write.pack import pack  # noqa: E402
-
-_NODE: dict[str, Any] = {
-    "num_cpus": 1,
-    "object_store_memory": 80 << 20,
-    "node_ip_address": "127.0.0.1",
-}
-_OPTS: dict[str, Any] = {"seq_len": 255, "shard_size": "96KB", "workers": 0, "progress": False}
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +67,8 @@ def cluster(moto_endpoint: str) -> Iterator[Any]:  # noqa: F811
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)  # inherited by the nodes' worker processes
-        c = Cluster(initialize_head=True, head_node_args={**_NODE, "include_dashboard": False})
-        c.add_node(**_NODE)
+        c = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
+        c.add_node(**NODE)
         c.wait_for_nodes()
         ray.init(address=c.address, log_to_driver=False)
         try:
@@ -77,36 +78,12 @@ def cluster(moto_endpoint: str) -> Iterator[Any]:  # noqa: F811
             c.shutdown()
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Inputs exercising every kind of piece: a JSONL large enough to be cut into byte
-    ranges (with bad, blank and empty records), a gzip file, plain JSONL, ``.txt`` lines."""
-    d = tmp_path_factory.mktemp("ray-inputs")
-    docs = make_corpus(2100, seed=2)
-    with open(d / "a-big.jsonl", "w", encoding="utf-8") as f:
-        for i, t in enumerate(docs[:1500]):
-            f.write(json.dumps({"text": t}) + "\n")
-            if i % 97 == 5:
-                f.write("{bad json\n")
-            if i % 89 == 3:
-                f.write("\n")
-            if i % 101 == 7:
-                f.write(json.dumps({"text": ""}) + "\n")
-    assert (d / "a-big.jsonl").stat().st_size > 2 * (256 << 10)  # more than one range
-    with gzip.open(d / "b.jsonl.gz", "wt", encoding="utf-8") as f:
-        for t in docs[1500:1600]:
-            f.write(json.dumps({"text": t}) + "\n")
-    with open(d / "c.jsonl", "w", encoding="utf-8") as f:
-        for t in docs[1600:1800]:
-            f.write(json.dumps({"text": t}) + "\n")
-    (d / "d.txt").write_text("\n".join(t.replace("\n", " ") for t in docs[1800:]) + "\n")
-    return d
-
-
 def _wait_until_quiet(root: Path, quiet_s: float = 1.0, limit_s: float = 60.0) -> None:
-    """Wait until no task of a killed driver still writes under ``root``: Ray stops a dead
-    driver's tasks a moment after it dies, and until then their ``.partial`` files come
-    and go (a copy of the folder could list one that vanishes before it is read)."""
+    """Wait until no task of a killed driver still writes under ``root`` (the listing, sizes
+    included, unchanged for ``quiet_s``): Ray stops a dead driver's tasks a moment after it
+    dies, and until then their ``.partial`` files come and go (a copy of the folder could
+    list one that vanishes before it is read). A task killed mid-write leaves its
+    ``.partial`` behind for good; the rerun removes it under the lock."""
     deadline = time.monotonic() + limit_s
     last: list[tuple[str, int]] = []
     still_since = time.monotonic()
@@ -118,8 +95,7 @@ def _wait_until_quiet(root: Path, quiet_s: float = 1.0, limit_s: float = 60.0) -
             except FileNotFoundError:
                 now.append((p.name, -1))  # a file that vanished as it was listed
         now.sort()
-        busy = any(name.endswith(".partial") for name, _ in now)
-        if now != last or busy:
+        if now != last:
             last, still_since = now, time.monotonic()
         elif time.monotonic() - still_since >= quiet_s:
             return
@@ -127,8 +103,9 @@ def _wait_until_quiet(root: Path, quiet_s: float = 1.0, limit_s: float = 60.0) -
     raise AssertionError(f"tasks still writing under {root} after {limit_s} s")
 
 
-def _digests(root: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())}
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("ray-inputs"))
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +114,7 @@ def local_outputs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     out = {}
     for mode in ("concat", "docs", "bestfit"):
         root = tmp_path_factory.mktemp(f"local-{mode}")
-        pack([str(corpus)], str(root), mode=mode, on_error="skip", lines=True, **_OPTS)
+        pack([str(corpus)], str(root), mode=mode, on_error="skip", lines=True, **PACK_OPTS)
         out[mode] = root
     return out
 
@@ -147,12 +124,18 @@ def test_ray_pack_is_byte_identical_to_local(
     cluster: Any, corpus: Path, local_outputs: dict[str, Path], tmp_path: Path, mode: str
 ) -> None:
     result = pack(
-        [str(corpus)], str(tmp_path), mode=mode, on_error="skip", lines=True, engine="ray", **_OPTS
+        [str(corpus)],
+        str(tmp_path),
+        mode=mode,
+        on_error="skip",
+        lines=True,
+        engine="ray",
+        **PACK_OPTS,
     )
     assert result.pool == "ray" and result.workers == 2
-    expected = _digests(local_outputs[mode])
+    expected = digests(local_outputs[mode])
     assert len([n for n in expected if n.endswith(".tar")]) > 3  # several shards to compare
-    assert _digests(tmp_path) == expected
+    assert digests(tmp_path) == expected
     stats = json.loads((tmp_path / "index.json").read_text())["stats"]
     assert stats["records_skipped"] > 3 and stats["empty_documents_skipped"] > 3
 
@@ -164,9 +147,9 @@ def test_bad_record_in_a_later_range_is_named_by_its_line(cluster: Any, tmp_path
     src.write_text("\n".join(lines) + "\n")
     assert src.stat().st_size > 2 * (256 << 10)
     with pytest.raises(InputError) as local:
-        pack([str(src)], str(tmp_path / "local"), **_OPTS)
+        pack([str(src)], str(tmp_path / "local"), **PACK_OPTS)
     with pytest.raises(InputError) as on_ray:
-        pack([str(src)], str(tmp_path / "ray"), engine="ray", **_OPTS)
+        pack([str(src)], str(tmp_path / "ray"), engine="ray", **PACK_OPTS)
     assert f"{src}:701:" in str(local.value)
     assert str(on_ray.value) == str(local.value)
 
@@ -178,7 +161,14 @@ def test_ray_pack_to_s3_is_byte_identical(
     s3_bucket: str,  # noqa: F811
     aws_env: str,  # noqa: F811
 ) -> None:
-    pack([str(corpus)], f"s3://{s3_bucket}/ds", on_error="skip", lines=True, engine="ray", **_OPTS)
+    pack(
+        [str(corpus)],
+        f"s3://{s3_bucket}/ds",
+        on_error="skip",
+        lines=True,
+        engine="ray",
+        **PACK_OPTS,
+    )
     s3 = boto3.client("s3", endpoint_url=aws_env)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket)["Contents"]]
     got = {
@@ -187,99 +177,22 @@ def test_ray_pack_to_s3_is_byte_identical(
         ).hexdigest()
         for k in keys
     }
-    assert got == _digests(local_outputs["concat"])
+    assert got == digests(local_outputs["concat"])
     assert not s3.list_multipart_uploads(Bucket=s3_bucket).get("Uploads")
-
-
-def _ray_workers_running(task: str) -> list[int]:
-    """Pids of worker processes whose title says they run ``task`` now."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if cmdline.startswith(f"ray::{task}".encode()):
-            found.append(int(entry.name))
-    return found
-
-
-def _inputs_with_fifo(corpus: Path, tmp_path: Path) -> tuple[Path, Path, bytes]:
-    """The corpus behind symlinks, its reference pack, then ``c.jsonl`` turned into a FIFO.
-
-    The FIFO sits at the path the reference read as a file: its task blocks reading it, so
-    a fault lands mid-task; the test then feeds it the same bytes.
-    """
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
-    for p in corpus.iterdir():
-        (inputs / p.name).symlink_to(p)
-    reference = tmp_path / "reference"
-    pack([str(inputs)], str(reference), on_error="skip", lines=True, **_OPTS)
-    content = (corpus / "c.jsonl").read_bytes()
-    (inputs / "c.jsonl").unlink()
-    os.mkfifo(inputs / "c.jsonl")
-    return inputs, reference, content
-
-
-def _pack_in_thread(inputs: Path, out: Path, errors: list[BaseException]) -> threading.Thread:
-    def run() -> None:
-        try:
-            pack([str(inputs)], str(out), on_error="skip", lines=True, engine="ray", **_OPTS)
-        except BaseException as exc:  # reported by the test thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
-
-
-def _blocked_task(timeout: float = 60) -> int:
-    """The pid of a tokenising worker that stays busy (the one reading the FIFO)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in _ray_workers_running("tokenize_piece"):
-            time.sleep(0.5)
-            if pid in _ray_workers_running("tokenize_piece"):
-                return pid
-        time.sleep(0.05)
-    raise AssertionError("no tokenising worker found blocked on its input")
-
-
-def _kill_and_reap(pid: int, timeout: float = 30) -> None:
-    """SIGKILL ``pid`` and wait until it has exited (gone, or a zombie: its files closed).
-
-    ``os.kill`` only queues the signal. A worker blocked opening the FIFO already counts as
-    its reader, so a writer opening it before the worker is gone pairs with the dying
-    reader and gets a broken pipe instead of the retried task.
-    """
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return
-        if state in ("Z", "X"):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"worker {pid} still alive {timeout} s after SIGKILL")
 
 
 def test_worker_killed_mid_task_is_retried_and_output_identical(
     cluster: Any, corpus: Path, tmp_path: Path
 ) -> None:
-    inputs, reference, content = _inputs_with_fifo(corpus, tmp_path)
+    inputs, reference, content = inputs_with_fifo(corpus, tmp_path)
     errors: list[BaseException] = []
-    thread = _pack_in_thread(inputs, tmp_path / "out", errors)
-    _kill_and_reap(_blocked_task())
+    thread = pack_in_thread(inputs, tmp_path / "out", errors)
+    kill_and_reap(blocked_task())
     with open(inputs / "c.jsonl", "wb") as fifo:  # opens once the retry reads the FIFO
         fifo.write(content)
     thread.join(timeout=120)
     assert not thread.is_alive() and not errors, errors
-    assert _digests(tmp_path / "out") == _digests(reference)
+    assert digests(tmp_path / "out") == digests(reference)
 
 
 @pytest.mark.parametrize("mode", ["concat", "bestfit"])
@@ -290,7 +203,7 @@ def test_killed_driver_rerun_resumes_byte_identical(
     docs = make_corpus(3000, seed=5)
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
     # bestfit: small blocks, so the resume point falls inside a block of several shards' rows
-    opts = {**_OPTS, "shard_size": "32KB", "mode": mode, "bestfit_buffer": 200}
+    opts = {**PACK_OPTS, "shard_size": "32KB", "mode": mode, "bestfit_buffer": 200}
     if mode != "bestfit":
         del opts["bestfit_buffer"]
     reference = tmp_path / "reference"
@@ -312,6 +225,7 @@ def test_killed_driver_rerun_resumes_byte_identical(
         time.sleep(0.02)
     child.wait(timeout=30)
     assert child.returncode == -signal.SIGKILL, "the pack finished before it could be killed"
+    _wait_until_quiet(out)
     assert not (out / "index.json").exists()
     kept = len(json.loads(journal.read_text())["shards"])
     # A copy whose first kept shard was altered in place (same size): the rerun checks
@@ -327,7 +241,7 @@ def test_killed_driver_rerun_resumes_byte_identical(
 
     result = pack([str(src)], str(out), engine="ray", **opts)
     assert result.resumed_shards == kept >= 2
-    assert _digests(out) == _digests(reference)
+    assert digests(out) == digests(reference)
 
 
 def test_ray_data_sink_writes_the_shards_pack_writes(cluster: Any, tmp_path: Path) -> None:
@@ -339,7 +253,7 @@ def test_ray_data_sink_writes_the_shards_pack_writes(cluster: Any, tmp_path: Pat
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     reference = tmp_path / "reference"
-    pack([str(src)], str(reference), **_OPTS)
+    pack([str(src)], str(reference), **PACK_OPTS)
 
     ctx = ray.data.DataContext.get_current()
     ordered, ctx.execution_options.preserve_order = ctx.execution_options.preserve_order, True
@@ -350,9 +264,9 @@ def test_ray_data_sink_writes_the_shards_pack_writes(cluster: Any, tmp_path: Pat
         ds.write_datasink(wdstream.ray.Sink(str(out), seq_len=255, shard_size="96KB"))
     finally:
         ctx.execution_options.preserve_order = ordered
-    shards = {n: d for n, d in _digests(reference).items() if n.endswith((".tar", ".idx"))}
+    shards = {n: d for n, d in digests(reference).items() if n.endswith((".tar", ".idx"))}
     assert len(shards) > 6
-    got = _digests(out)
+    got = digests(out)
     assert {n: d for n, d in got.items() if n.endswith((".tar", ".idx"))} == shards
     index = json.loads((out / "index.json").read_text())
     assert index["stats"]["empty_documents_skipped"] == 1
@@ -374,7 +288,7 @@ def test_cli_pack_engine_ray(
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "[cl100k_base/" in result.output and "ray]" in result.output
-    assert _digests(out) == _digests(local_outputs["concat"])
+    assert digests(out) == digests(local_outputs["concat"])
 
 
 def test_one_progress_bar_on_the_driver(
@@ -382,7 +296,7 @@ def test_one_progress_bar_on_the_driver(
 ) -> None:
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_corpus(200, seed=3)))
-    pack([str(src)], str(tmp_path / "out"), engine="ray", **{**_OPTS, "progress": True})
+    pack([str(src)], str(tmp_path / "out"), engine="ray", **{**PACK_OPTS, "progress": True})
     err = capsys.readouterr().err
     assert "pack: 100%" in err and "docs/s" in err and "tok/s" in err
 
@@ -394,7 +308,7 @@ def test_failed_shard_write_raises_the_store_error(cluster: Any, tmp_path: Path)
     out.mkdir()
     (out / "data-000001.tar").mkdir()  # the second shard cannot be renamed into place
     with pytest.raises(OSError, match="data-000001.tar"):
-        pack([str(src)], str(out), engine="ray", **{**_OPTS, "shard_size": "32KB"})
+        pack([str(src)], str(out), engine="ray", **{**PACK_OPTS, "shard_size": "32KB"})
     journal = json.loads((out / ".wdstream-pack.json").read_text())
     assert [s["name"] for s in journal["shards"]] == ["data-000000.tar"]
 
@@ -410,7 +324,7 @@ def test_tokenizer_files_on_ray_are_byte_identical(
     build = build_hf_bpe if kind == "hf" else build_spm
     spec = build(tmp_path / "tok", texts)
     src = corpus / "c.jsonl"
-    opts = {**_OPTS, "tokenizer": str(spec)}
+    opts = {**PACK_OPTS, "tokenizer": str(spec)}
     pack([str(src)], str(tmp_path / "local"), **opts)
     pack([str(src)], str(tmp_path / "ray"), engine="ray", **opts)
-    assert _digests(tmp_path / "ray") == _digests(tmp_path / "local")
+    assert digests(tmp_path / "ray") == digests(tmp_path / "local")

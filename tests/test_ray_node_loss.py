@@ -1,0 +1,102 @@
+"""A Ray node lost mid-pack: its tasks are retried on the node left, and the output is still
+byte-identical to the local engine's.
+
+Its own cluster (a head with no CPUs, so every task runs on one of two worker nodes of one
+CPU each, all on 127.0.0.1): the test removes the node whose worker is blocked reading one
+input (a FIFO), with every process of that node killed (raylet, workers, object store), then
+feeds the FIFO to the retried task on the other node. Token arrays that lived in the lost
+node's object store are rebuilt from lineage.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.ray_support import (
+    NODE,
+    blocked_task,
+    digests,
+    inputs_with_fifo,
+    pack_in_thread,
+    write_corpus,
+)
+
+# Read by Ray when it is imported: "0" keeps every address on the loopback interface.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+import ray  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def two_worker_nodes() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={**NODE, "num_cpus": 0,
+                                                     "include_dashboard": False})  # fmt: skip
+    c.add_node(**NODE)
+    c.add_node(**NODE)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _node_running(cluster: Any, worker_pid: int) -> Any:
+    """The cluster node whose raylet started worker ``worker_pid``."""
+    raylet = _parent(worker_pid)
+    for node in cluster.worker_nodes:
+        if any(p.process.pid == raylet for p in node.all_processes.get("raylet", [])):
+            return node
+    raise AssertionError(f"worker {worker_pid} belongs to no worker node (raylet {raylet})")
+
+
+def _wait_gone(pid: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"worker {pid} still alive {timeout} s after its node was removed")
+
+
+def _wait_alive_nodes(n: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while len([x for x in ray.nodes() if x["Alive"]]) != n:
+        assert time.monotonic() < deadline, f"Ray still counts {ray.nodes()} nodes"
+        time.sleep(0.1)
+
+
+def test_node_lost_mid_pack_is_retried_and_output_identical(
+    two_worker_nodes: Any, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    inputs, reference, content = inputs_with_fifo(write_corpus(corpus), tmp_path)
+    errors: list[BaseException] = []
+    thread = pack_in_thread(inputs, tmp_path / "out", errors)
+    worker = blocked_task()
+    node = _node_running(two_worker_nodes, worker)
+    two_worker_nodes.remove_node(node, allow_graceful=False)
+    _wait_gone(worker)
+    _wait_alive_nodes(2)  # the head and one worker node: Ray saw the loss
+    with open(inputs / "c.jsonl", "wb") as fifo:  # opens once the retry reads the FIFO
+        fifo.write(content)
+    thread.join(timeout=180)
+    assert not thread.is_alive() and not errors, errors
+    assert digests(tmp_path / "out") == digests(reference)
