@@ -75,7 +75,7 @@ def find_corruption(
     if sidecar.crc32c is None:
         return None
     if sidecar.crc32c_run is not None:
-        failed = _first_failed_run(buf, begin, sidecar, sidecar.crc32c_run, start, stop, check)
+        failed = _first_failed_run(buf, begin, sidecar, start, stop, check)
         if failed is None:
             return None
         start, stop, check = failed[0], failed[1], None  # name the culprit inside the run
@@ -97,30 +97,25 @@ def _first_failed_run(
     buf: memoryview,
     begin: int,
     sidecar: ShardSidecar,
-    run: np.ndarray,
     start: int,
     stop: int,
     check: np.ndarray | None,
 ) -> tuple[int, int] | None:
     """The first run of consecutive samples (those ``check`` marks, all by default) of
-    ``[start, stop)`` whose bytes fail the running checksums ``run`` (the sidecar's), as
-    ``(first, stop)``."""
+    ``[start, stop)`` whose bytes fail the sidecar's running checksums, as ``(first, stop)``."""
     if check is None:
         firsts, stops = np.array([start]), np.array([stop])
     else:
-        edges = np.diff(np.concatenate([[0], check.astype(np.int8), [0]]))
-        firsts, stops = start + np.flatnonzero(edges == 1), start + np.flatnonzero(edges == -1)
-
-    def data_end(k: np.ndarray) -> np.ndarray:
-        return sidecar.offsets[k].astype(np.int64) + sidecar.sizes[k]
-
-    prev = np.maximum(firsts - 1, 0)
-    lows = np.where(firsts > 0, data_end(prev), 0) - begin
-    seeds = np.where(firsts > 0, run[prev], 0)
-    highs, wants = data_end(stops - 1) - begin, run[stops - 1]
+        # Where the mask flips: run starts and ends alternate.
+        flips = np.flatnonzero(np.diff(check, prepend=False, append=False)) + start
+        firsts, stops = flips[0::2], flips[1::2]
+    ends, values = sidecar.run_bounds
+    runs = zip(
+        (ends[firsts] - begin).tolist(), (ends[stops] - begin).tolist(),
+        values[firsts].tolist(), values[stops].tolist(), strict=True,
+    )  # fmt: skip
     crc = crc32c.crc32c
-    spans = zip(lows.tolist(), highs.tolist(), seeds.tolist(), wants.tolist(), strict=True)
-    for k, (lo, hi, seed, want) in enumerate(spans):
+    for k, (lo, hi, seed, want) in enumerate(runs):
         # One call per run; the package releases the GIL for long runs.
         if crc(buf[lo:hi], seed) != want:
             return int(firsts[k]), int(stops[k])

@@ -20,6 +20,7 @@ out of ``index.json`` so the dataset index stays small with millions of samples.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import msgpack
 import numpy as np
@@ -56,6 +57,22 @@ class ShardSidecar:
             raise IndexError(f"sample range [{start}, {stop}) outside shard of {len(self)}")
         return int(self.offsets[start]), int(self.offsets[stop - 1]) + int(self.sizes[stop - 1])
 
+    @cached_property
+    def run_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ends, values)``, int64[n + 1]: for each ``k``, where sample ``k - 1``'s data
+        ends and the running CRC32C there (0 and 0 for ``k = 0``), so samples ``[a, b)``
+        check as ``crc32c(shard[ends[a]:ends[b]], values[a]) == values[b]`` (vectorised
+        :meth:`run_check`, made once per sidecar).
+
+        Raises:
+            ValueError: if this sidecar has no running checksums.
+        """
+        if self.crc32c_run is None:
+            raise ValueError("sidecar has no running checksums")
+        ends = self.offsets.astype(np.int64) + self.sizes
+        zero = np.zeros(1, dtype=np.int64)
+        return np.concatenate([zero, ends]), np.concatenate([zero, self.crc32c_run])
+
     def run_check(self, start: int, stop: int) -> tuple[int, int, int, int]:
         """``(begin, end, seed, expected)`` to check samples ``[start, stop)`` in one call:
         ``crc32c(shard[begin:end], seed) == expected``, where ``[begin, end)`` runs from the
@@ -65,14 +82,9 @@ class ShardSidecar:
         Raises:
             ValueError: if this sidecar has no running checksums.
         """
-        run = self.crc32c_run
-        if run is None:
-            raise ValueError("sidecar has no running checksums")
+        ends, values = self.run_bounds
         _, end = self.byte_range(start, stop)
-        if start == 0:
-            return 0, end, 0, int(run[stop - 1])
-        begin = int(self.offsets[start - 1]) + int(self.sizes[start - 1])
-        return begin, end, int(run[start - 1]), int(run[stop - 1])
+        return int(ends[start]), end, int(values[start]), int(values[stop])
 
     def to_bytes(self) -> bytes:
         """Serialise to the msgpack sidecar format (version 2 with checksums, else 1)."""
