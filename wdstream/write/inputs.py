@@ -223,7 +223,9 @@ def _open_binary(path: str) -> tuple[IO[bytes], IO[bytes]]:
     """The decompressed stream of ``path`` and the file itself (what progress counts)."""
     if path == STDIN:
         return sys.stdin.buffer, sys.stdin.buffer
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    # 1 MB of buffer: reading lines through the default 8 KB one took 0.09 s per 100 MB of
+    # 13 KB JSON lines in the packing process, 0.02 s with it.
+    raw = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed by the caller
     return decompressed(raw, path), raw
 
 
