@@ -116,20 +116,31 @@ def blocked_task(timeout: float = 60) -> int:
 
 
 def kill_and_reap(pid: int, timeout: float = 30) -> None:
-    """SIGKILL ``pid`` and wait until it has exited (gone, or a zombie: its files closed).
+    """SIGKILL ``pid`` and wait until it has exited (:func:`wait_exited`).
 
     ``os.kill`` only queues the signal. A worker blocked opening the FIFO already counts as
     its reader, so a writer opening it before the worker is gone pairs with the dying
     reader and gets a broken pipe instead of the retried task.
     """
     os.kill(pid, signal.SIGKILL)
+    wait_exited(pid, "SIGKILL", timeout)
+
+
+def wait_exited(pid: int, after: str, timeout: float = 30) -> None:
+    """Wait until ``pid`` has exited (gone, or a zombie: its files closed); ``after`` names
+    what should have ended it, for the error."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = proc_stat(pid)[0]
         except (OSError, IndexError):
             return
         if state in ("Z", "X"):
             return
         time.sleep(0.01)
-    raise AssertionError(f"worker {pid} still alive {timeout} s after SIGKILL")
+    raise AssertionError(f"worker {pid} still alive {timeout} s after {after}")
+
+
+def proc_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name: state, parent pid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -24,6 +24,8 @@ from tests.ray_support import (
     digests,
     inputs_with_fifo,
     pack_in_thread,
+    proc_stat,
+    wait_exited,
     write_corpus,
 )
 
@@ -49,30 +51,13 @@ def two_worker_nodes() -> Iterator[Any]:
         c.shutdown()
 
 
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
 def _node_running(cluster: Any, worker_pid: int) -> Any:
     """The cluster node whose raylet started worker ``worker_pid``."""
-    raylet = _parent(worker_pid)
+    raylet = int(proc_stat(worker_pid)[1])
     for node in cluster.worker_nodes:
         if any(p.process.pid == raylet for p in node.all_processes.get("raylet", [])):
             return node
     raise AssertionError(f"worker {worker_pid} belongs to no worker node (raylet {raylet})")
-
-
-def _wait_gone(pid: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return
-        if state in ("Z", "X"):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"worker {pid} still alive {timeout} s after its node was removed")
 
 
 def _wait_alive_nodes(n: int, timeout: float = 60) -> None:
@@ -93,7 +78,7 @@ def test_node_lost_mid_pack_is_retried_and_output_identical(
     worker = blocked_task()
     node = _node_running(two_worker_nodes, worker)
     two_worker_nodes.remove_node(node, allow_graceful=False)
-    _wait_gone(worker)
+    wait_exited(worker, "its node was removed")
     _wait_alive_nodes(2)  # the head and one worker node: Ray saw the loss
     with open(inputs / "c.jsonl", "wb") as fifo:  # opens once the retry reads the FIFO
         fifo.write(content)

@@ -293,9 +293,9 @@ def _running_problem(data: memoryview, sidecar: ShardSidecar) -> str | None:
     """First sample whose running checksum in the sidecar is not the shard's, or None."""
     if sidecar.crc32c_run is None:
         return None
-    ends = (sidecar.offsets.astype(np.int64) + sidecar.sizes).tolist()
+    ends, values = (x[1:].tolist() for x in sidecar.run_bounds)
     run = pos = 0
-    for k, (end, want) in enumerate(zip(ends, sidecar.crc32c_run.tolist(), strict=True)):
+    for k, (end, want) in enumerate(zip(ends, values, strict=True)):
         run, pos = running_checksum(data[pos:end], run), end
         if run != want:
             return (

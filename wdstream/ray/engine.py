@@ -150,11 +150,11 @@ class RaySession:
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         warm = ray.remote(num_cpus=1, max_retries=0)(warm_up)
-        self._warming = [warm.remote(*tokenizer) for _ in range(cpus)]  # never awaited
+        for _ in range(cpus):
+            warm.remote(*tokenizer)  # not awaited: it only fills the worker's caches
 
     def close(self) -> None:
         """Shut down a Ray instance this session started (one it found is left running)."""
-        self._warming.clear()
         if self.started:
             ray.shutdown()
 
