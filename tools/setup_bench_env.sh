@@ -26,7 +26,7 @@ PIP="$VENV/bin/pip"
 "$PIP" install -q \
     "numpy<2.2" "xxhash<4" "transformers<5" Brotli python-snappy zstd catalogue tqdm \
     lightning-utilities filelock tifffile obstore boto3 requests pillow \
-    "psutil>=5.9" "moto[server]>=5.0" "bpe-openai>=0.1.4" "torch==2.14.1" "torchvision==0.29.1"
+    "psutil>=5.9" "moto[server]>=5.0" "webdataset>=0.2.86" "bpe-openai>=0.1.4" "torch==2.14.1" "torchvision==0.29.1"
 # so that tests/test_bench_smoke.py runs here with psutil and the peers (its PSS and
 # mosaicml/litdata tests skip in the dev venv, which has neither)
 "$PIP" install -q "pytest>=8" "pytest-timeout>=2.2" "hypothesis>=6.100"

@@ -18,6 +18,7 @@ tokens, and packing continues exactly as before (no carry buffer to save).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,8 +68,9 @@ class ConcatPacker:
         starts = ends - piece_lens
         size = self.sample_tokens
         n_full = len(stream) // size
+        ends_list, starts_list = ends.tolist(), starts.tolist()  # bisect per sample, not numpy
         for k in range(n_full):
-            yield self._sample(stream, starts, ends, pos, k * size, (k + 1) * size)
+            yield self._sample(stream, starts_list, ends_list, pos, k * size, (k + 1) * size)
         cut = n_full * size
         first = int(np.searchsorted(ends, cut, side="right"))
         if n_full and first < len(pos):
@@ -84,19 +86,19 @@ class ConcatPacker:
     def _sample(
         self,
         stream: np.ndarray,
-        starts: np.ndarray,
-        ends: np.ndarray,
+        starts: list[int],
+        ends: list[int],
         pos: list[Any],
         a: int,
         b: int,
     ) -> PackedSample:
-        i0 = int(np.searchsorted(ends, a, side="right"))
-        i1 = int(np.searchsorted(starts, b, side="left"))
-        doc_lens = (np.minimum(ends[i0:i1], b) - np.maximum(starts[i0:i1], a)).tolist()
+        i0 = bisect.bisect_right(ends, a)
+        i1 = bisect.bisect_left(starts, b)
+        doc_lens = [min(e, b) - max(s, a) for s, e in zip(starts[i0:i1], ends[i0:i1], strict=True)]
         first_cont = a > starts[i0] or (i0 == 0 and self._cont)
         first_new = i0 + (1 if first_cont else 0)
         last = i1 - 1
-        emitted = b - int(starts[last]) + (self._pre if last == 0 else 0)
+        emitted = b - starts[last] + (self._pre if last == 0 else 0)
         return PackedSample(
             stream[a:b], doc_lens, bool(first_cont), i1 - first_new, (pos[last], emitted),
             pos[first_new:i1],
@@ -107,7 +109,8 @@ class ConcatPacker:
         if len(self._carry):
             n = len(self._carry)
             ends = np.cumsum(np.asarray(self._lens, dtype=np.int64))
-            yield self._sample(self._carry, ends - np.asarray(self._lens), ends, self._pos, 0, n)
+            starts = ends - np.asarray(self._lens)
+            yield self._sample(self._carry, starts.tolist(), ends.tolist(), self._pos, 0, n)
             self._carry = self._carry[:0]
             self._lens, self._pos, self._pre, self._cont = [], [], 0, False
 

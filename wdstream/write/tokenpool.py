@@ -25,6 +25,7 @@ ranks. Until a worker is up the packing thread encodes batches itself.
 
 from __future__ import annotations
 
+import array
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
@@ -48,14 +49,34 @@ M = TypeVar("M")
 _worker: tuple[Any, int | None, int | None, str] | None = None
 
 
+# A C unsigned int of 4 bytes (every platform torch runs on); ``array`` turns a list of
+# Python ints into it ~3x faster than ``np.array`` does.
+_UINT32 = "I" if array.array("I").itemsize == 4 else "L"
+
+
 class _BpeEncoder:
     """Just the bpe-openai binding: process workers need nothing else of a Tokenizer."""
 
     def __init__(self, name: str) -> None:
         self._tok = _bpe_binding(name)
 
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.array(self._tok.encode(t), dtype=np.uint32) for t in texts]
+    def encode_flat(
+        self, texts: list[str], bos_id: int | None, eos_id: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """All ids of ``texts`` (BOS/EOS added) as one uint32 array, and each document's
+        length. The binding returns lists of ints: they go straight into one ``array``
+        (per document ``np.array`` cost ~10 % of the encoding itself)."""
+        flat = array.array(_UINT32)
+        lens = np.empty(len(texts), dtype=np.int64)
+        for i, text in enumerate(texts):
+            ids = self._tok.encode(text)
+            if bos_id is not None:
+                flat.append(bos_id)
+            flat.extend(ids)
+            if eos_id is not None:
+                flat.append(eos_id)
+            lens[i] = len(ids) + (bos_id is not None) + (eos_id is not None)
+        return np.frombuffer(flat, dtype=np.uint32), lens
 
 
 def encode_flat(
@@ -66,6 +87,9 @@ def encode_flat(
     dtype: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Encode ``texts``; return all ids (BOS/EOS added) concatenated, and each document's length."""
+    if isinstance(tok, _BpeEncoder):
+        flat, lens = tok.encode_flat(texts, bos_id, eos_id)
+        return flat.astype(dtype, copy=False), lens
     arrays = tok.encode_batch(texts)
     pieces: list[np.ndarray] = []
     bos = None if bos_id is None else np.array([bos_id], dtype=np.uint32)
