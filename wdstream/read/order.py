@@ -36,9 +36,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from crc32c import crc32c as _crc32c
 
 from wdstream.read.plan import EpochPlan, WindowGeometry
-from wdstream.read.source import ShardSource
+from wdstream.read.source import CopyChecks, ShardSource
 
 __all__ = ["GlobalOrder", "OrderConfig", "Origin", "TokenSpans"]
 
@@ -96,6 +97,30 @@ class _WindowData:
     base_of: list[int]
     first: list[int]
     pieces: list[tuple[int, ...]]  # their document piece lengths (empty unless asked for)
+    # Samples still to verify when first copied (a worker of several), else None.
+    unverified: _CopyTimeChecks | None = None
+
+
+@dataclass(frozen=True)
+class _CopyTimeChecks:
+    """Emitted sample ``i`` is ``reads[read_of[i]].buf[offset[i]:][:size[i]]`` with CRC32C
+    ``crc[i]`` (plain lists: this is looked up once per copied row); ``pending[i]`` until
+    the filling thread has verified it."""
+
+    reads: list[CopyChecks]
+    read_of: list[int]
+    offset: list[int]
+    size: list[int]
+    crc: list[int]
+    pending: list[bool]
+
+    def verify(self, i: int, source: ShardSource) -> None:
+        """Verify emitted sample ``i`` (raises :class:`CorruptShardError` naming it)."""
+        read, at = self.reads[self.read_of[i]], self.offset[i]
+        # GIL held (mode 0): one short sum of cached bytes, no hand-off to another thread.
+        if _crc32c(read.buf[at : at + self.size[i]], 0, 0) != self.crc[i]:
+            source.report_corrupt(read, int(np.searchsorted(read.offsets, at)))
+        self.pending[i] = False
 
 
 class GlobalOrder:
@@ -264,13 +289,15 @@ class GlobalOrder:
                 fut.exception()  # a read still running: wait, so no view outlives this call
 
     def check_only(self, read_spans: TokenSpans | None) -> None:
-        """Verify only the samples behind the token ranges ``read_spans`` names (``None``:
-        every sample of a window read).
+        """Make this order a torch worker's, one of several (``None``: the only consumer).
 
-        A window is read whole (a few large ranged reads), but a torch worker cuts only its
-        own chunks from it; the other workers verify theirs. Without this every worker would
-        checksum every sample of each window, ``num_workers`` times the work. Set it only
-        where this order fills nothing but those ranges (a worker's private copy).
+        A window is read whole (a few large ranged reads), but a worker cuts only its own
+        chunks from it; the other workers verify theirs. Token windows then verify each
+        sample at its first copy (:meth:`_load_unverified`); document windows verify, in
+        the read-ahead, only the samples behind the token ranges ``read_spans`` names.
+        Without this every worker would checksum every sample of each window,
+        ``num_workers`` times the work. Set it only where this order fills nothing but
+        those ranges (a worker's private copy).
         """
         self.release()
         self._read_spans = read_spans
@@ -291,6 +318,8 @@ class GlobalOrder:
             bounds = np.cumsum([0] + [b - a for _, a, b in pieces])
             checks = [used[i:j] for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
         order = win.order
+        if not with_docs and self._read_spans is not None:
+            return self._load_unverified(pieces, order)
         if with_docs:
             parts = self.source.read_pieces(pieces, True, checks)
             toks = [t for ts, _ in parts for t in ts]
@@ -301,6 +330,32 @@ class GlobalOrder:
         first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
         bases = [x.base for x in located]
         return _WindowData(bases, base_of[order].tolist(), first[order].tolist(), [])
+
+    def _load_unverified(
+        self, pieces: list[tuple[int, int, int]], order: np.ndarray
+    ) -> _WindowData:
+        """A torch worker's window (one of several workers): it copies scattered samples,
+        and verifies each right after its first copy (:meth:`fill`), while the bytes are
+        in the cache. Checked by a read-ahead thread instead, in runs of the samples it
+        uses, the sums cost 2-3x more there: every run is a GIL hand-off between that
+        thread and the filling one, on cores the other workers already keep busy."""
+        reads = self.source.located_pieces_unverified(pieces)
+        located = [tokens for tokens, _ in reads]
+        base_of = np.repeat(np.arange(len(located)), [len(x) for x in located])
+        first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
+        checks = [c for _, c in reads]
+        unverified = None
+        if all(c is not None for c in checks):
+            ok = [c for c in checks if c is not None]
+            offs, sizes, crcs = (
+                np.concatenate([getattr(c, k) for c in ok]) for k in ("offsets", "sizes", "crcs")
+            )
+            unverified = _CopyTimeChecks(
+                ok, base_of[order].tolist(), offs[order].tolist(), sizes[order].tolist(),
+                crcs[order].tolist(), [True] * len(order),
+            )  # fmt: skip
+        bases = [x.base for x in located]
+        return _WindowData(bases, base_of[order].tolist(), first[order].tolist(), [], unverified)
 
     def row_segments(self, epoch: int, row: int) -> list[tuple[int, int, int]]:
         """``(epoch position, first token in the sample, tokens)`` of the sample pieces that
@@ -332,6 +387,9 @@ class GlobalOrder:
                 data = windows[w] = self._window_data(epoch, w, with_docs)
             base, at = data.bases[data.base_of[i]], data.first[i] + off
             flat[o : o + take] = base[at : at + take]
+            unverified = data.unverified
+            if unverified is not None and unverified.pending[i]:
+                unverified.verify(i, self.source)
             if flat_ds is not None:
                 starts = np.concatenate([[0], np.cumsum(data.pieces[i])[:-1]]) - off
                 starts = starts[(starts >= 0) & (starts < take)]

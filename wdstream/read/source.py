@@ -19,6 +19,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import braceexpand
@@ -33,12 +34,28 @@ from wdstream.read.shards import decode_span, parse_sidecar, read_index, sidecar
 from wdstream.read.stores import CACHE_OPTIONS, StoreCache, fingerprint
 from wdstream.storage import Store, open_store, split_url
 
-__all__ = ["ShardSource", "expand_urls"]
+__all__ = ["CopyChecks", "ShardSource", "expand_urls"]
 
 _T = TypeVar("_T")
 
 _REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
 _SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
+
+
+@dataclass(frozen=True)
+class CopyChecks:
+    """The per-sample checksums of one ranged read that its copier verifies itself: sample
+    ``i`` of the read (sample ``first + i`` of ``shard``) is ``buf[offsets[i]:][:sizes[i]]``
+    with CRC32C ``crcs[i]``; ``buf`` begins at shard byte ``begin`` (see
+    :meth:`ShardSource.read_located_unverified`)."""
+
+    buf: memoryview
+    begin: int
+    shard: int
+    first: int
+    offsets: np.ndarray  # int64[n], in ``buf``
+    sizes: np.ndarray  # int64[n]
+    crcs: np.ndarray  # uint32[n]
 
 
 def expand_urls(source: str | Sequence[str], **store_options: Any) -> list[str]:
@@ -313,6 +330,47 @@ class ShardSource:
         jobs = [self._fetch_pool.submit(read, *pc, c) for pc, c in zip(pieces, each, strict=True)]
         return [job.result() for job in jobs]
 
+    def located_pieces_unverified(
+        self, pieces: list[tuple[int, int, int]]
+    ) -> list[tuple[LocatedTokens, CopyChecks | None]]:
+        """:meth:`read_located_unverified` of every ``(shard, a, b)`` piece of a window, issued
+        as :meth:`located_pieces` issues its reads."""
+
+        def read(
+            shard: int, a: int, b: int, _: np.ndarray | None
+        ) -> tuple[LocatedTokens, CopyChecks | None]:
+            return self.read_located_unverified(shard, a, b)
+
+        return self._each_piece(read, pieces, None)
+
+    def read_located_unverified(
+        self, shard: int, a: int, b: int
+    ) -> tuple[LocatedTokens, CopyChecks | None]:
+        """:meth:`read_located` with the checksums left to the caller: the samples' tokens,
+        and what verifies each one (None when checks are off or the shard has none).
+
+        For a copier that uses scattered samples of a read (a torch worker cutting its own
+        chunks from a window): checking each sample right after copying it sums bytes the
+        copy just brought into the cache, one call per sample, with no other thread involved.
+        The caller must verify every sample it copies before handing the copy on.
+        """
+        buf, begin, sidecar = self._checked_range(shard, a, b, None, verify=False)
+        located = self._located(shard, sidecar, a, b, buf, begin)
+        if not self.checksums or sidecar.crc32c is None:
+            return located, None
+        offsets = sidecar.offsets[a:b].astype(np.int64) - begin
+        crcs = sidecar.crc32c[a:b]
+        return located, CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs)
+
+    def report_corrupt(self, checks: CopyChecks, i: int) -> None:
+        """Raise for sample ``i`` of ``checks``' read, which failed its checksum.
+
+        Raises:
+            CorruptShardError: always, naming the shard, the sample and its byte offset.
+        """
+        bad = Corruption(checks.first + i, checks.begin + int(checks.offsets[i]))
+        raise CorruptShardError(self._corruption_message(checks.shard, bad))
+
     def read_located(
         self, shard: int, a: int, b: int, check: np.ndarray | None = None
     ) -> LocatedTokens:
@@ -325,6 +383,12 @@ class ShardSource:
                 one call per run of consecutive ones. Default: all of them.
         """
         buf, begin, sidecar = self._checked_range(shard, a, b, check)
+        return self._located(shard, sidecar, a, b, buf, begin)
+
+    def _located(
+        self, shard: int, sidecar: ShardSidecar, a: int, b: int, buf: memoryview, begin: int
+    ) -> LocatedTokens:
+        """The tokens of samples ``[a, b)`` read into ``buf`` (shard bytes from ``begin``)."""
         spans = self._token_spans(shard, sidecar, a, b, buf, begin)
         if spans is not None:
             located = LocatedTokens.in_buffer(buf, spans)
@@ -392,12 +456,13 @@ class ShardSource:
         return toks, [s.doc_lens for s in samples]
 
     def _checked_range(
-        self, shard: int, a: int, b: int, check: np.ndarray | None
+        self, shard: int, a: int, b: int, check: np.ndarray | None, verify: bool = True
     ) -> tuple[memoryview, int, ShardSidecar]:
         """The bytes of samples ``[a, b)`` (one ranged read), verified against their
-        checksums (those ``check`` marks); returns ``(buffer, its shard offset, sidecar)``."""
+        checksums (those ``check`` marks; none without ``verify``); returns ``(buffer, its
+        shard offset, sidecar)``."""
         sidecar, _ = self._sidecar(shard)
-        verify = self.checksums and sidecar.crc32c is not None
+        verify = verify and self.checksums and sidecar.crc32c is not None
         verify = verify and (check is None or bool(check.any()))
         by_run = verify and sidecar.crc32c_run is not None
         # A run check starts at the end of the previous sample's data: a header earlier.
