@@ -20,7 +20,7 @@ python3 -m venv "$VENV"
 PIP="$VENV/bin/pip"
 "$PIP" install -q --upgrade pip
 "$PIP" install -q "torch==2.14.1" "torchvision==0.29.1"
-"$PIP" install -q -e "$ROOT"
+"$PIP" install -q -e "$ROOT[ray]"   # the ray_pack part runs Ray (ray[data])
 # the peers, without their cloud SDKs
 "$PIP" install -q --no-deps "mosaicml-streaming==0.13.0" "litdata==0.2.76"
 "$PIP" install -q \
