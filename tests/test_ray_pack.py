@@ -49,6 +49,8 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray  # noqa: E402  (the dev extra installs ray[data]: these tests run in CI)
 
 from wdstream.errors import InputError, WdstreamError  # noqa: E402
+from wdstream.ray.pieces import split_pieces  # noqa: E402
+from wdstream.write.inputs import InputFile  # noqa: E402
 from wdstream.write.pack import pack  # noqa: E402
 
 
@@ -138,6 +140,24 @@ def test_ray_pack_is_byte_identical_to_local(
     assert digests(tmp_path) == expected
     stats = json.loads((tmp_path / "index.json").read_text())["stats"]
     assert stats["records_skipped"] > 3 and stats["empty_documents_skipped"] > 3
+
+
+@pytest.mark.parametrize("size", [1, 999, 1000, 1001, 2999, 10_000])
+def test_split_pieces_cuts_each_file_into_equal_ranges(size: int) -> None:
+    """A splittable file becomes ceil(size / piece_bytes) contiguous ranges that differ by at
+    most a byte (no short remainder task); compressed files and small ones stay whole."""
+    files = [InputFile("a.jsonl", size), InputFile("b.jsonl.zst", 5000), InputFile("c.jsonl", 7)]
+    pieces = split_pieces(files, 1000, lines=True, start=None)
+    ranges = [(p.start, p.end) for p in pieces if p.file == 0]
+    if size <= 1000:
+        assert [p.whole for p in pieces if p.file == 0] == [True]
+    else:
+        assert len(ranges) == -(-size // 1000)
+        assert ranges[0][0] == 0 and ranges[-1][1] == size
+        assert all(b == c for (_, b), (c, _) in zip(ranges, ranges[1:], strict=False))
+        lengths = [b - a for a, b in ranges]
+        assert max(lengths) <= 1000 and max(lengths) - min(lengths) <= 1
+    assert [(p.file, p.whole) for p in pieces if p.file > 0] == [(1, True), (2, True)]
 
 
 def test_bad_record_in_a_later_range_is_named_by_its_line(cluster: Any, tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ __all__ = ["RayPackJob", "RaySession", "Totals", "run", "write_tokenized"]
 
 _MAX_LOCATIONS = 10  # skipped-record locations kept, as DocumentReader keeps
 _MIN_PIECE, _MAX_PIECE = 256 << 10, 64 << 20  # bytes of input per tokenising task
-_PIECES_PER_CPU = 4  # pieces per CPU over the whole input (more: better balance, more tasks)
+_PIECES_PER_CPU = 8  # pieces per CPU over the whole input (more: better balance, more tasks)
 _AHEAD_PER_CPU = 2  # tasks of each kind in flight per CPU
 _RETRIES = 5  # per task, on a worker or node dying (Ray's system failures)
 

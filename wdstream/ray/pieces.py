@@ -87,7 +87,8 @@ class PieceDocs:
 def split_pieces(
     files: list[InputFile], piece_bytes: int, lines: bool, start: Position | None
 ) -> list[Piece]:
-    """Cut the inputs into pieces of about ``piece_bytes`` (whole files below that size).
+    """Cut the inputs into pieces of at most about ``piece_bytes``, each file into equal parts
+    (whole files below that size).
 
     Raises:
         InputError: for stdin, which cluster workers cannot read.
@@ -108,7 +109,10 @@ def split_pieces(
         if not splittable or size - at <= piece_bytes:
             pieces.append(Piece(i, at, None, True, resume, size - (at if splittable else 0)))
             continue
-        cuts = list(range(at, size, piece_bytes)) + [size]
+        # Equal parts of at most piece_bytes (not piece_bytes and a remainder): a short
+        # last part per file only adds a task, and equal tasks leave the least idle tail.
+        parts = -(-(size - at) // piece_bytes)
+        cuts = [at + (size - at) * k // parts for k in range(parts)] + [size]
         for k, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
             pieces.append(Piece(i, a, b, False, resume if k == 0 else None, b - a))
     return pieces
