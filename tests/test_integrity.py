@@ -89,9 +89,22 @@ def test_random_bit_flips_are_refused_or_harmless(
     assert results.count("refused") >= 20, results
 
 
+@pytest.mark.parametrize(
+    "how",
+    [
+        {},
+        {"return_doc_boundaries": True},
+        {"num_workers": 2},
+        {"num_workers": 2, "return_doc_boundaries": True},
+    ],
+    ids=["tokens", "documents", "tokens-2-workers", "documents-2-workers"],
+)
 def test_flip_in_token_bytes_names_shard_sample_and_offset(
-    clean: tuple[str, np.ndarray], tmp_path: Path
+    clean: tuple[str, np.ndarray], tmp_path: Path, how: dict[str, object]
 ) -> None:
+    """Refused however the rows are read: token windows (at 0 workers checked by the
+    read-ahead, with workers at each sample's first copy) and document windows (decoded);
+    with checks off the flipped token is delivered on every path."""
     root, _ = clean
     shard = read_index(open_store(root)).shards[1]
     sidecar = ShardSidecar.from_bytes((Path(root) / shard.sidecar).read_bytes())
@@ -99,13 +112,13 @@ def test_flip_in_token_bytes_names_shard_sample_and_offset(
     token_byte = int(sidecar.offsets[k]) + 20  # past the "tokens" key and bin header
     copy = flipped_copy(root, tmp_path / "c", shard.name, token_byte * 8)
     with pytest.raises(CorruptShardError) as info:
-        read_epoch(copy)
+        read_epoch(copy, **how)
     msg = str(info.value)
     assert shard.name in msg and f"sample {k} at byte {int(sidecar.offsets[k])}" in msg
     assert "checksum mismatch" in msg
     # Off for storage that checksums its own reads: the flipped token is then delivered.
-    changed = read_epoch(copy, checksums=False)
-    assert not np.array_equal(changed, read_epoch(root))
+    changed = read_epoch(copy, checksums=False, **how)
+    assert not np.array_equal(changed, read_epoch(root, **how))
 
 
 def test_sidecar_offsets_that_alias_another_sample_are_refused(

@@ -156,9 +156,18 @@ def read_samples(
 
 
 def decode_span(
-    data: memoryview, begin: int, sidecar: ShardSidecar, start: int, stop: int, where: str
+    data: memoryview,
+    begin: int,
+    sidecar: ShardSidecar,
+    start: int,
+    stop: int,
+    where: str,
+    verify: bool = True,
 ) -> Iterator[Sample]:
     """Decode samples ``[start, stop)`` from ``data``, the shard's bytes from offset ``begin``.
+
+    ``verify``: check each sample's CRC32C (when the sidecar has them); False where the
+    caller has verified the bytes already or was asked not to (``checksums=False``).
 
     Raises:
         CorruptShardError: naming ``where``, the sample and its byte offset, as
@@ -170,7 +179,7 @@ def decode_span(
         if off + size - begin > len(data):
             raise CorruptShardError(f"{at}: shard ends early (truncated?)")
         raw = data[off - begin : off - begin + size]
-        if sidecar.crc32c is not None and sample_checksum(raw) != int(sidecar.crc32c[k]):
+        if verify and sidecar.crc32c is not None and sample_checksum(raw) != int(sidecar.crc32c[k]):
             raise CorruptShardError(f"{at}: checksum mismatch (corrupt bytes)")
         try:
             sample = decode_sample(raw)
