@@ -190,3 +190,29 @@ def test_a_flip_in_a_mixture_source_is_refused_with_workers(
             for _ in itertools.islice(Loader(sources, num_workers=2, **opts), 30):  # type: ignore[arg-type]
                 pass
         assert f"sample {j} at byte {int(sidecar.offsets[j])}" in str(info.value)
+
+
+def test_a_flip_is_refused_with_workers_when_a_window_mixes_unchecked_shards(
+    root: str, tmp_path: Path
+) -> None:
+    """A shard read without checksums (here: no sidecar, so it is scanned) in the same window
+    as checked shards must not turn the checks off for the others' samples."""
+    copy = tmp_path / "mixed"
+    shutil.copytree(root, copy)
+    index = read_index(open_store(root))
+    (copy / index.shards[0].sidecar).unlink()  # shard 0: scanned, read unchecked
+    entry = index.shards[2]
+    sidecar = ShardSidecar.from_bytes((copy / entry.sidecar).read_bytes())
+    data = bytearray((copy / entry.name).read_bytes())
+    data[int(sidecar.offsets[3]) + 20] ^= 0x10  # a token byte of a checked shard's sample
+    (copy / entry.name).write_bytes(bytes(data))
+    urls = [str(copy / s.name) for s in index.shards]
+    # shuffle_window 1000: one window holds every shard's samples.
+    opts = dict(seq_len=16, batch_size=6, seed=7, order="global", chunk_batches=2, epochs=1,
+                shuffle_window=1000, shuffle_lanes=3)  # fmt: skip
+    with pytest.warns(UserWarning, match="read unchecked"):
+        with pytest.raises(CorruptShardError) as info:
+            for _ in Loader(urls, num_workers=2, **opts):  # type: ignore[arg-type]
+                pass
+    assert entry.name in str(info.value)
+    assert f"sample 3 at byte {int(sidecar.offsets[3])}" in str(info.value)

@@ -103,12 +103,14 @@ class _WindowData:
 
 @dataclass(frozen=True)
 class _CopyTimeChecks:
-    """Emitted sample ``i`` is ``reads[read_of[i]].buf[offset[i]:][:size[i]]`` with CRC32C
-    ``crc[i]`` (plain lists: this is looked up once per copied row); ``pending[i]`` until
-    the filling thread has verified it."""
+    """Emitted sample ``i`` is sample ``index[i]`` of read ``reads[read_of[i]]``, its bytes
+    ``buf[offset[i]:][:size[i]]`` with CRC32C ``crc[i]`` (plain lists: this is looked up once
+    per copied row); ``pending[i]`` until the filling thread has verified it (never for a
+    read without checksums: a v1 or sidecar-less shard, read unchecked with a warning)."""
 
-    reads: list[CopyChecks]
+    reads: list[CopyChecks | None]
     read_of: list[int]
+    index: list[int]
     offset: list[int]
     size: list[int]
     crc: list[int]
@@ -117,9 +119,10 @@ class _CopyTimeChecks:
     def verify(self, i: int, source: ShardSource) -> None:
         """Verify emitted sample ``i`` (raises :class:`CorruptShardError` naming it)."""
         read, at = self.reads[self.read_of[i]], self.offset[i]
+        assert read is not None, "only samples of checked reads are pending"
         # GIL held (mode 0): one short sum of cached bytes, no hand-off to another thread.
         if _crc32c(read.buf[at : at + self.size[i]], 0, 0) != self.crc[i]:
-            source.report_corrupt(read, int(np.searchsorted(read.offsets, at)))
+            source.report_corrupt(read, self.index[i])
         self.pending[i] = False
 
 
@@ -155,7 +158,9 @@ class GlobalOrder:
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
         self._readahead: ThreadPoolExecutor | None = None
-        self._read_spans: TokenSpans | None = None  # None: verify every sample read
+        # None: the only consumer, verifying every sample read; else a worker of several
+        # (see check_only).
+        self._read_spans: TokenSpans | None = None
 
     def __getstate__(self) -> dict[str, object]:
         return {"source": self.source, "cfg": self.cfg}
@@ -312,14 +317,14 @@ class GlobalOrder:
     def _load_data(self, epoch: int, w: int, with_docs: bool) -> _WindowData:
         plan, win = self.plan(epoch), self.window(epoch, w)
         pieces = [pc for p, q in self.geometry.spans(w) for pc in plan.pieces(p, q)]
+        order = win.order
+        if not with_docs and self._read_spans is not None:
+            return self._load_unverified(pieces, order)
         checks = None
         if self._read_spans is not None and self.source.checksums:
             used = _samples_used(win, self._read_spans(epoch, win.begin, win.end))
             bounds = np.cumsum([0] + [b - a for _, a, b in pieces])
             checks = [used[i:j] for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
-        order = win.order
-        if not with_docs and self._read_spans is not None:
-            return self._load_unverified(pieces, order)
         if with_docs:
             parts = self.source.read_pieces(pieces, True, checks)
             toks = [t for ts, _ in parts for t in ts]
@@ -341,18 +346,23 @@ class GlobalOrder:
         thread and the filling one, on cores the other workers already keep busy."""
         reads = self.source.located_pieces_unverified(pieces)
         located = [tokens for tokens, _ in reads]
-        base_of = np.repeat(np.arange(len(located)), [len(x) for x in located])
-        first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
         checks = [c for _, c in reads]
+        counts = [len(x) for x in located]
+        base_of = np.repeat(np.arange(len(located)), counts)
+        first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
         unverified = None
-        if all(c is not None for c in checks):
-            ok = [c for c in checks if c is not None]
-            offs, sizes, crcs = (
-                np.concatenate([getattr(c, k) for c in ok]) for k in ("offsets", "sizes", "crcs")
-            )
+        if any(c is not None for c in checks):
+
+            def column(name: str) -> list[int]:
+                parts = [np.zeros(n, dtype=np.int64) if c is None else getattr(c, name)
+                         for c, n in zip(checks, counts, strict=True)]  # fmt: skip
+                return np.concatenate(parts)[order].tolist()
+
+            index = np.concatenate([np.arange(n) for n in counts])
+            checked = np.repeat([c is not None for c in checks], counts)
             unverified = _CopyTimeChecks(
-                ok, base_of[order].tolist(), offs[order].tolist(), sizes[order].tolist(),
-                crcs[order].tolist(), [True] * len(order),
+                checks, base_of[order].tolist(), index[order].tolist(), column("offsets"),
+                column("sizes"), column("crcs"), checked[order].tolist(),
             )  # fmt: skip
         bases = [x.base for x in located]
         return _WindowData(bases, base_of[order].tolist(), first[order].tolist(), [], unverified)

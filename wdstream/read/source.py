@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import braceexpand
 import numpy as np
@@ -362,7 +362,7 @@ class ShardSource:
         crcs = sidecar.crc32c[a:b]
         return located, CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs)
 
-    def report_corrupt(self, checks: CopyChecks, i: int) -> None:
+    def report_corrupt(self, checks: CopyChecks, i: int) -> NoReturn:
         """Raise for sample ``i`` of ``checks``' read, which failed its checksum.
 
         Raises:

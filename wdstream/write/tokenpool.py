@@ -49,9 +49,9 @@ M = TypeVar("M")
 _worker: tuple[Any, int | None, int | None, str] | None = None
 
 
-# A C unsigned int of 4 bytes (every platform torch runs on); ``array`` turns a list of
-# Python ints into it ~3x faster than ``np.array`` does.
-_UINT32 = "I" if array.array("I").itemsize == 4 else "L"
+# The array typecode of a 4-byte unsigned int ("I" on every platform torch runs on);
+# ``array`` turns a list of Python ints into it ~3x faster than ``np.array`` does.
+_UINT32 = next(code for code in "ILH" if array.array(code).itemsize == 4)
 
 
 class _BpeEncoder:
