@@ -119,8 +119,12 @@ def flipped(src: str, dst: Path, name: str, bit: int) -> str:
     return str(dst)
 
 
-def flips(kind: str, n: int, seed: int) -> Callable[[Path, float], Iterator[Attempt]]:
-    """Random single-bit flips in sample bytes of tars, anywhere in tars, or in sidecars."""
+def flips(
+    kind: str, n: int, seed: int, **read: object
+) -> Callable[[Path, float], Iterator[Attempt]]:
+    """Random single-bit flips in sample bytes of tars, anywhere in tars, or in sidecars;
+    the epoch read with ``read``'s Loader options on top of ``READ`` (e.g. 2 workers, which
+    verify the samples they copy)."""
 
     def attempts(work: Path, scale: float) -> Iterator[Attempt]:
         root, want = clean_dataset(work)
@@ -135,10 +139,10 @@ def flips(kind: str, n: int, seed: int) -> Callable[[Path, float], Iterator[Atte
                 bit = int(sc.offsets[k]) * 8 + int(rng.integers(int(sc.sizes[k]) * 8))
             else:
                 bit = int(rng.integers((Path(root) / name).stat().st_size * 8))
-            dst = work / f"{kind}-{i}"
+            dst = work / f"{kind}-{seed}-{i}"  # one folder per attempt of every attack
 
             def attempt(dst: Path = dst, name: str = name, bit: int = bit) -> str:
-                return compare(lambda: read_rows(flipped(root, dst, name, bit)), want)
+                return compare(lambda: read_rows(flipped(root, dst, name, bit), **read), want)
 
             yield attempt
 
@@ -529,6 +533,8 @@ def shuffled_short_sample(work: Path, scale: float) -> Iterator[Attempt]:
 
 ATTACKS = [
     Attack("bit flip in sample bytes (.tar)", "1 random bit inside a sample's msgpack bytes, whole epoch read", flips("sample", 350, 1)),
+    Attack("bit flip in sample bytes, 2 workers", "as above, the epoch read by 2 torch workers (each verifies the samples it copies, at the copy)", flips("sample", 100, 4, num_workers=2)),
+    Attack("bit flip in sample bytes, 2 workers, document windows", "as above with `return_doc_boundaries=True` (decoded windows, verified in the read-ahead)", flips("sample", 50, 5, num_workers=2, return_doc_boundaries=True)),
     Attack("bit flip anywhere in a .tar", "1 random bit anywhere (headers, padding, data)", flips("tar", 100, 2)),
     Attack("bit flip in a sidecar (.idx)", "1 random bit anywhere in the sidecar", flips("idx", 150, 3)),
     Attack("edited index.json", "14 edits (counts, duplicates, swaps, inf/NaN, names leaving the root, ...), Loader and `verify`", index_edits),
