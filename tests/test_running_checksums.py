@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from wdstream import CorruptShardError, Loader
+from wdstream.format.checksum import crc32c as fast_crc32c
 from wdstream.format.checksum import find_corruption
 from wdstream.format.sidecar import ShardSidecar
 from wdstream.format.tar import BLOCK
@@ -53,6 +54,22 @@ def flip_byte(root: Path, name: str, byte: int) -> None:
     data = bytearray((root / name).read_bytes())
     data[byte] ^= 0x10
     (root / name).write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 15, 16, 64, 4095, 8196, 16383, 16384, 70001])
+def test_the_reader_sums_agree_with_the_crc32c_package(length: int) -> None:
+    """The reader's CRC32C (``fastcrc``) equals the ``crc32c`` package's, from seed 0 and
+    continued from any running value, on bytes, memoryviews and read-only numpy buffers, on
+    both sides of the length where the GIL starts being released."""
+    data = np.random.default_rng(length).integers(0, 256, size=length, dtype=np.uint8)
+    data.flags.writeable = False
+    for buf in (data.tobytes(), memoryview(data), data):
+        assert fast_crc32c(buf) == crc32c.crc32c(data.tobytes())
+        for seed in (0, 1, 0x1EDC6F41, 0xFFFFFFFF):
+            assert fast_crc32c(buf, seed) == crc32c.crc32c(data.tobytes(), seed)
+    half = length // 2
+    running = fast_crc32c(data[half:], fast_crc32c(data[:half]))
+    assert running == crc32c.crc32c(data.tobytes())
 
 
 def test_running_values_are_the_shard_prefix_checksums(clean: tuple[Path, np.ndarray]) -> None:

@@ -36,8 +36,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from crc32c import crc32c as _crc32c
 
+from wdstream.format.checksum import crc32c
 from wdstream.read.plan import EpochPlan, WindowGeometry
 from wdstream.read.source import CopyChecks, ShardSource
 
@@ -103,27 +103,26 @@ class _WindowData:
 
 @dataclass(frozen=True)
 class _CopyTimeChecks:
-    """Emitted sample ``i`` is sample ``index[i]`` of read ``reads[read_of[i]]``, its bytes
-    ``buf[offset[i]:][:size[i]]`` with CRC32C ``crc[i]`` (plain lists: this is looked up once
-    per copied row); ``pending[i]`` until the filling thread has verified it (never for a
-    read without checksums: a v1 or sidecar-less shard, read unchecked with a warning)."""
+    """Emitted sample ``i`` is bytes ``[start[i], end[i])`` of ``reads[r].buf``, where ``r`` is
+    its read (``_WindowData.base_of[i]``), with CRC32C ``want[i]``; ``want[i]`` is -1 once the
+    filling thread has verified it, and from the start for a read without checksums (a v1 or
+    sidecar-less shard, read unchecked with a warning). Plain lists: looked up once per
+    copied row, and three columns are all a window builds for them."""
 
     reads: list[CopyChecks | None]
-    read_of: list[int]
-    index: list[int]
-    offset: list[int]
-    size: list[int]
-    crc: list[int]
-    pending: list[bool]
+    start: list[int]
+    end: list[int]
+    want: list[int]
 
-    def verify(self, i: int, source: ShardSource) -> None:
-        """Verify emitted sample ``i`` (raises :class:`CorruptShardError` naming it)."""
-        read, at = self.reads[self.read_of[i]], self.offset[i]
-        assert read is not None, "only samples of checked reads are pending"
-        # GIL held (mode 0): one short sum of cached bytes, no hand-off to another thread.
-        if _crc32c(read.buf[at : at + self.size[i]], 0, 0) != self.crc[i]:
-            source.report_corrupt(read, self.index[i])
-        self.pending[i] = False
+    def verify(self, i: int, read: int, source: ShardSource) -> None:
+        """Verify emitted sample ``i`` of read ``read`` (raises :class:`CorruptShardError`
+        naming it)."""
+        checks, start = self.reads[read], self.start[i]
+        assert checks is not None, "only samples of checked reads are pending"
+        # GIL held (below 16 KiB): one short sum of cached bytes, no hand-off to a thread.
+        if crc32c(checks.buf[start : self.end[i]]) != self.want[i]:
+            source.report_corrupt(checks, start)
+        self.want[i] = -1
 
 
 class GlobalOrder:
@@ -348,24 +347,22 @@ class GlobalOrder:
         located = [tokens for tokens, _ in reads]
         checks = [c for _, c in reads]
         counts = [len(x) for x in located]
-        base_of = np.repeat(np.arange(len(located)), counts)
+        base_of = np.repeat(np.arange(len(located)), counts)[order].tolist()
         first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
         unverified = None
         if any(c is not None for c in checks):
 
-            def column(name: str) -> list[int]:
-                parts = [np.zeros(n, dtype=np.int64) if c is None else getattr(c, name)
+            def column(part: Callable[[CopyChecks], np.ndarray]) -> list[int]:
+                parts = [np.full(n, -1, dtype=np.int64) if c is None else part(c)
                          for c, n in zip(checks, counts, strict=True)]  # fmt: skip
                 return np.concatenate(parts)[order].tolist()
 
-            index = np.concatenate([np.arange(n) for n in counts])
-            checked = np.repeat([c is not None for c in checks], counts)
             unverified = _CopyTimeChecks(
-                checks, base_of[order].tolist(), index[order].tolist(), column("offsets"),
-                column("sizes"), column("crcs"), checked[order].tolist(),
+                checks, column(lambda c: c.offsets), column(lambda c: c.offsets + c.sizes),
+                column(lambda c: c.crcs),
             )  # fmt: skip
         bases = [x.base for x in located]
-        return _WindowData(bases, base_of[order].tolist(), first[order].tolist(), [], unverified)
+        return _WindowData(bases, base_of, first[order].tolist(), [], unverified)
 
     def row_segments(self, epoch: int, row: int) -> list[tuple[int, int, int]]:
         """``(epoch position, first token in the sample, tokens)`` of the sample pieces that
@@ -398,8 +395,8 @@ class GlobalOrder:
             base, at = data.bases[data.base_of[i]], data.first[i] + off
             flat[o : o + take] = base[at : at + take]
             unverified = data.unverified
-            if unverified is not None and unverified.pending[i]:
-                unverified.verify(i, self.source)
+            if unverified is not None and unverified.want[i] >= 0:
+                unverified.verify(i, data.base_of[i], self.source)
             if flat_ds is not None:
                 starts = np.concatenate([[0], np.cumsum(data.pieces[i])[:-1]]) - off
                 starts = starts[(starts >= 0) & (starts < take)]

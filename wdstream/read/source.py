@@ -362,13 +362,15 @@ class ShardSource:
         crcs = sidecar.crc32c[a:b]
         return located, CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs)
 
-    def report_corrupt(self, checks: CopyChecks, i: int) -> NoReturn:
-        """Raise for sample ``i`` of ``checks``' read, which failed its checksum.
+    def report_corrupt(self, checks: CopyChecks, start: int) -> NoReturn:
+        """Raise for the sample of ``checks``' read that begins at byte ``start`` of its
+        buffer, which failed its checksum.
 
         Raises:
             CorruptShardError: always, naming the shard, the sample and its byte offset.
         """
-        bad = Corruption(checks.first + i, checks.begin + int(checks.offsets[i]))
+        i = int(np.searchsorted(checks.offsets, start))
+        bad = Corruption(checks.first + i, checks.begin + start)
         raise CorruptShardError(self._corruption_message(checks.shard, bad))
 
     def read_located(

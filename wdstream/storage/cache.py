@@ -48,8 +48,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import BinaryIO
 
-import crc32c
-
+from wdstream.format.checksum import crc32c
 from wdstream.storage.base import Store
 
 __all__ = ["BLOCK", "CachedStore", "parse_cache_limit"]
@@ -205,7 +204,7 @@ class CachedStore(Store):
             return None
         raw = memoryview(mapped) if mapped is not None else memoryview(b"")
         n = len(raw) - _TRAILER.size
-        if n < 0 or _TRAILER.unpack_from(raw, n) != (crc32c.crc32c(raw[:n]), n):
+        if n < 0 or _TRAILER.unpack_from(raw, n) != (crc32c(raw[:n]), n):
             self._drop(path)
             return None
         try:
@@ -250,7 +249,7 @@ class CachedStore(Store):
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
-                f.write(_TRAILER.pack(crc32c.crc32c(data), len(data)))
+                f.write(_TRAILER.pack(crc32c(data), len(data)))
             os.replace(tmp, path)
         except OSError as exc:
             _unlink_quietly(tmp)
