@@ -12,9 +12,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from wdstream.format.index import DatasetIndex, ShardEntry
-from wdstream.format.sample import LocatedTokens, decode_sample, encode_sample, find_token_spans
+from wdstream.format.sample import (
+    LocatedTokens,
+    decode_sample,
+    encode_sample,
+    encoded_size,
+    find_token_spans,
+)
 from wdstream.format.sidecar import ShardSidecar, scan_tar
-from wdstream.format.tar import END_OF_ARCHIVE, _fast_header, _tarfile_header, member_bytes
+from wdstream.format.tar import (
+    END_OF_ARCHIVE,
+    _fast_header,
+    _tarfile_header,
+    member_bytes,
+    member_size,
+)
 
 
 def _pack_many(
@@ -138,3 +150,22 @@ def test_patched_tar_header_equals_tarfile(name: str, size: int) -> None:
 def test_member_bytes_long_names_go_through_tarfile() -> None:
     name = "d/" * 60 + "x.msgpack"
     assert member_bytes(name, b"ab")[:512] == _tarfile_header(name, 2)
+
+
+@given(
+    pieces=st.lists(st.integers(0, 70_000), min_size=1, max_size=20),
+    dtype=st.sampled_from(["<u2", "<u4"]),
+    cont=st.booleans(),
+)
+def test_encoded_size_is_the_encoding_length(pieces: list[int], dtype: str, cont: bool) -> None:
+    """Sizes laid out ahead (the Ray driver) equal the encoded samples' lengths, across
+    msgpack's bin 8/16/32 token headers and every int width of the piece lengths."""
+    tokens = np.zeros(sum(pieces), dtype=dtype)
+    want = len(encode_sample(tokens, pieces, cont))
+    assert encoded_size(len(tokens), np.dtype(dtype), pieces, cont) == want
+
+
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 70_000])
+@pytest.mark.parametrize("name", ["000000000007.mp", "d/" * 60 + "x.mp"])
+def test_member_size_is_the_member_length(name: str, size: int) -> None:
+    assert member_size(name, size) == len(member_bytes(name, b"x" * size))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import numpy as np
 import pytest
 
 from tests.conftest import make_corpus
@@ -49,6 +50,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray  # noqa: E402  (the dev extra installs ray[data]: these tests run in CI)
 
 from wdstream.errors import InputError, WdstreamError  # noqa: E402
+from wdstream.ray.layout import _joined, index_runs  # noqa: E402
 from wdstream.ray.pieces import split_pieces  # noqa: E402
 from wdstream.write.inputs import InputFile  # noqa: E402
 from wdstream.write.pack import pack  # noqa: E402
@@ -140,6 +142,31 @@ def test_ray_pack_is_byte_identical_to_local(
     assert digests(tmp_path) == expected
     stats = json.loads((tmp_path / "index.json").read_text())["stats"]
     assert stats["records_skipped"] > 3 and stats["empty_documents_skipped"] > 3
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_shards_joined_runs_give_back_its_samples_indices(seed: int) -> None:
+    """The runs a shard plan ships (per-sample runs, joined where one continues the one
+    before, across samples too) expand to exactly the samples' token indices in order:
+    consecutive documents, jumps, and bestfit's padding (-1)."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(rng.integers(1, 12)):
+        parts = []
+        for _ in range(rng.integers(1, 5)):
+            n = int(rng.integers(1, 40))
+            start = -1 if rng.random() < 0.2 else int(rng.integers(0, 10_000))
+            parts.append(np.full(n, -1) if start < 0 else np.arange(start, start + n))
+        samples.append(np.concatenate(parts))
+    if seed % 2:  # a concat-like shard: one arange cut into samples
+        whole = np.arange(500, 500 + sum(len(x) for x in samples))
+        samples = np.split(whole, np.cumsum([len(x) for x in samples])[:-1])
+    runs = _joined(np.concatenate([index_runs(x) for x in samples]))
+    expanded = [np.full(n, -1) if a < 0 else np.arange(a, a + n) for a, n in runs.tolist()]
+    assert np.array_equal(np.concatenate(expanded), np.concatenate(samples))
+    assert not (runs[1:, 0] == runs[:-1].sum(axis=1))[runs[:-1, 0] >= 0].any()
+    if seed % 2:
+        assert runs.tolist() == [[500, sum(len(x) for x in samples)]]
 
 
 @pytest.mark.parametrize("size", [1, 999, 1000, 1001, 2999, 10_000])

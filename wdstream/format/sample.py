@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+_NAME_OF_DTYPE = {dtype: name for name, dtype in DTYPES.items()}
 
 # Member name suffix of a sample, by format version.
 SAMPLE_SUFFIXES: dict[int, str] = {1: ".msgpack", 2: ".mp"}
@@ -69,14 +70,35 @@ def encode_sample(tokens: np.ndarray, doc_lens: list[int] | tuple[int, ...], con
     Raises:
         ValueError: if the piece lengths do not add up to the token count or the dtype is unknown.
     """
-    dtype_name = next((n for n, d in DTYPES.items() if d == tokens.dtype), None)
-    if dtype_name is None:
-        raise ValueError(f"token dtype must be one of {list(DTYPES)}, got {tokens.dtype}")
     if sum(doc_lens) != len(tokens):
         raise ValueError(f"doc_lens sum {sum(doc_lens)} != {len(tokens)} tokens")
-    return msgpack.packb(
-        {"tokens": tokens.tobytes(), "dtype": dtype_name, "doc_lens": list(doc_lens), "cont": cont}
-    )
+    return msgpack.packb(_sample_map(tokens.tobytes(), tokens.dtype, doc_lens, cont))
+
+
+def encoded_size(
+    n_tokens: int, dtype: np.dtype, doc_lens: list[int] | tuple[int, ...], cont: bool
+) -> int:
+    """``len(encode_sample(tokens, doc_lens, cont))`` for ``n_tokens`` tokens of ``dtype``,
+    without building the token bytes: the map is encoded around empty tokens, and the bin
+    header grows from msgpack's bin 8 to bin 16 or bin 32 with the token bytes."""
+    n_bytes = n_tokens * dtype.itemsize
+    head = len(msgpack.packb(_sample_map(b"", dtype, doc_lens, cont)))
+    return head + n_bytes + _bin_header(n_bytes) - _bin_header(0)
+
+
+def _sample_map(
+    token_bytes: bytes, dtype: np.dtype, doc_lens: list[int] | tuple[int, ...], cont: bool
+) -> dict[str, object]:
+    """The map a sample is encoded as, its keys in the writer's fixed order."""
+    dtype_name = _NAME_OF_DTYPE.get(dtype)
+    if dtype_name is None:
+        raise ValueError(f"token dtype must be one of {list(DTYPES)}, got {dtype}")
+    return {"tokens": token_bytes, "dtype": dtype_name, "doc_lens": list(doc_lens), "cont": cont}
+
+
+def _bin_header(n_bytes: int) -> int:
+    """Bytes of msgpack's header for a bin of ``n_bytes`` (marker and length)."""
+    return 2 if n_bytes < 1 << 8 else 3 if n_bytes < 1 << 16 else 5
 
 
 # The writer emits the map keys in a fixed order, so a sample starts with these bytes followed

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import tarfile
 
-__all__ = ["BLOCK", "END_OF_ARCHIVE", "member_bytes", "padded_size", "parse_header"]
+__all__ = [
+    "BLOCK",
+    "END_OF_ARCHIVE",
+    "member_bytes",
+    "member_size",
+    "padded_size",
+    "parse_header",
+]
 
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
@@ -55,11 +62,24 @@ def member_bytes(name: str, data: bytes) -> bytes:
         ValueError: if ``name`` does not fit a ustar header.
     """
     encoded = name.encode("utf-8")
-    if len(encoded) <= 100 and len(data) < 8**11:
+    if _fits_template(encoded, len(data)):
         header = _fast_header(encoded, len(data))
     else:
         header = _tarfile_header(name, len(data))
     return header + data + b"\0" * (padded_size(len(data)) - len(data))
+
+
+def member_size(name: str, size: int) -> int:
+    """``len(member_bytes(name, data))`` for ``size`` bytes of data, without building it (an
+    engine that lays shards out ahead of writing them needs only the sizes)."""
+    encoded = name.encode("utf-8")
+    header = BLOCK if _fits_template(encoded, size) else len(_tarfile_header(name, size))
+    return header + padded_size(size)
+
+
+def _fits_template(name: bytes, size: int) -> bool:
+    """Whether one plain ustar header block holds ``name`` and ``size`` (``_fast_header``)."""
+    return len(name) <= 100 and size < 8**11
 
 
 def parse_header(block: bytes) -> tuple[str, int] | None:

@@ -12,8 +12,9 @@ position, and its tokens are a list of index runs into the pieces' arrays::
 
 :class:`ShardCutter` then cuts samples into shards with the local writer's rule
 (:func:`~wdstream.write.shards.starts_new_shard` on each sample's tar member size, computed
-by encoding the sample's metadata around zeros of its length), and tracks the document
-numbering the provenance tables continue from. A shard plan is handed to one task, which
+from its metadata without building its bytes: :func:`~wdstream.format.sample.encoded_size`,
+:func:`~wdstream.write.shards.sample_member_size`), and tracks the document numbering the
+provenance tables continue from. A shard plan is handed to one task, which
 writes that shard and nothing else.
 """
 
@@ -24,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.format.sample import DTYPES, encode_sample
+from wdstream.format.sample import DTYPES, encoded_size
 from wdstream.ray.tasks import ShardPlan
 from wdstream.write.samples import PackedSample
-from wdstream.write.shards import doc_tokens_after, sample_member, starts_new_shard
+from wdstream.write.shards import doc_tokens_after, sample_member_size, starts_new_shard
 
 __all__ = ["CutShard", "ShardCutter", "index_runs"]
 
@@ -41,7 +42,7 @@ def index_runs(idx: np.ndarray) -> np.ndarray:
     """
     if not len(idx):
         return np.zeros((0, 2), dtype=np.int64)
-    if idx[0] >= 0 and (len(idx) == 1 or (np.diff(idx) == 1).all()):  # concat, docs: one run
+    if idx[0] >= 0 and (idx[1:] - idx[:-1] == 1).all():  # concat, docs: one run
         return np.array([[idx[0], len(idx)]], dtype=np.int64)
     pad = idx < 0
     same = np.where(pad[1:], pad[:-1], ~pad[:-1] & (np.diff(idx) == 1))
@@ -83,7 +84,7 @@ class ShardCutter:
         doc_offset: int,
     ) -> None:
         self.shard_bytes, self.shard_samples = shard_bytes, shard_samples
-        self._zeros = np.zeros(0, dtype=DTYPES[dtype])
+        self._dtype = DTYPES[dtype]
         self.next_shard, self.next_sample = first_shard, first_sample
         self._next_doc, self._doc_tokens = first_doc, doc_offset
         self._open: list[tuple[PackedSample, list[tuple[int, int]], Any]] = []
@@ -91,11 +92,8 @@ class ShardCutter:
         self._shard_doc, self._shard_offset = first_doc, doc_offset
 
     def _member_size(self, sample: PackedSample) -> int:
-        n = len(sample.tokens)
-        if len(self._zeros) < n:
-            self._zeros = np.zeros(max(n, 2 * len(self._zeros)), dtype=self._zeros.dtype)
-        data = encode_sample(self._zeros[:n], sample.doc_lens, sample.cont)
-        return len(sample_member(self.next_sample, data))
+        size = encoded_size(len(sample.tokens), self._dtype, sample.doc_lens, sample.cont)
+        return sample_member_size(self.next_sample, size)
 
     def add(
         self, sample: PackedSample, starts: list[tuple[int, int]], end: Any, piece_starts: list[int]
@@ -123,7 +121,7 @@ class ShardCutter:
 
     def _cut(self, piece_starts: list[int]) -> CutShard:
         samples = self._open
-        runs = np.concatenate([index_runs(np.asarray(s.tokens)) for s, _, _ in samples])
+        runs = _joined(np.concatenate([index_runs(np.asarray(s.tokens)) for s, _, _ in samples]))
         tokens_per_piece = _tokens_per_piece(runs, piece_starts)
         pieces = sorted(tokens_per_piece)
         plan = ShardPlan(
@@ -145,6 +143,23 @@ class ShardCutter:
         self._open, self._size = [], 0
         self._shard_doc, self._shard_offset = self._next_doc, self._doc_tokens
         return cut
+
+
+def _joined(runs: np.ndarray) -> np.ndarray:
+    """``runs`` with each run that continues the one before it (consecutive indices, or
+    padding after padding) merged into it: runs may span samples (a task cuts samples by
+    ``sample_tokens``), so a concat shard is one run.
+
+    >>> _joined(np.array([[4, 3], [7, 2], [-1, 1], [-1, 2], [0, 1]])).tolist()
+    [[4, 5], [-1, 3], [0, 1]]
+    """
+    if len(runs) < 2:
+        return runs
+    first, count = runs[:, 0], runs[:, 1]
+    pad = first < 0
+    follows = np.where(pad[1:], pad[:-1], ~pad[:-1] & (first[:-1] + count[:-1] == first[1:]))
+    heads = np.concatenate(([0], np.flatnonzero(~follows) + 1))
+    return np.stack((first[heads], np.add.reduceat(count, heads)), axis=1).astype(np.int64)
 
 
 def _tokens_per_piece(runs: np.ndarray, piece_starts: list[int]) -> dict[int, int]:

@@ -24,7 +24,7 @@ from wdstream.format.index import FORMAT_VERSION, ShardEntry
 from wdstream.format.provenance import ShardProvenance, provenance_name
 from wdstream.format.sample import SAMPLE_SUFFIXES, encode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
-from wdstream.format.tar import BLOCK, END_OF_ARCHIVE, member_bytes
+from wdstream.format.tar import BLOCK, END_OF_ARCHIVE, member_bytes, member_size
 from wdstream.storage import Store
 
 __all__ = [
@@ -71,7 +71,18 @@ def shard_names(name: str, i: int) -> tuple[str, str]:
 
 def sample_member(index: int, data: bytes, suffix: str = SAMPLE_SUFFIXES[FORMAT_VERSION]) -> bytes:
     """The tar member of sample number ``index`` (global) holding the encoded ``data``."""
-    return member_bytes(f"{index:012d}{suffix}", data)
+    return member_bytes(_sample_name(index, suffix), data)
+
+
+def sample_member_size(
+    index: int, data_size: int, suffix: str = SAMPLE_SUFFIXES[FORMAT_VERSION]
+) -> int:
+    """``len(sample_member(index, data))`` for ``data_size`` bytes of encoded sample."""
+    return member_size(_sample_name(index, suffix), data_size)
+
+
+def _sample_name(index: int, suffix: str) -> str:
+    return f"{index:012d}{suffix}"
 
 
 def starts_new_shard(
