@@ -14,9 +14,10 @@ Sidecars also store the shard's running CRC32C at the end of every sample's data
 checks a run of samples it read with one call over the run's bytes (the GIL released once:
 ``fastcrc`` releases it for 16 KiB and more), not one call per sample: against a busy
 training loop in the same process, per-sample hand-offs between threads cost more than the
-sums. The per-sample values then only name the bad sample once a run fails. A torch worker of several, which
-copies scattered samples of each window, instead checks each sample against its per-sample
-value right after copying it (``read/order.py``), in its own thread, on cached bytes.
+sums. The per-sample values then only name the bad sample once a run fails. A torch worker
+of several, which copies scattered samples of each window, instead checks each sample
+against its per-sample value right after copying it (``read/order.py``), in its own thread,
+on cached bytes.
 """
 
 from __future__ import annotations
