@@ -177,6 +177,36 @@ def test_resume_in_process_after_interrupt(
         assert (out / "data-000006.prov").read_bytes() == (ref / "data-000006.prov").read_bytes()
 
 
+def test_stopped_after_publishing_index_json_rerun_finishes(
+    tmp_path: Path, big_input: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pack stopped after writing index.json but before removing its journal (SIGKILL in
+    that window; found by tools/faults.py): the rerun of the same command finishes it
+    (exit 0, byte-identical), while another command is still refused."""
+    kw = dict(seq_len=31, shard_size="8KB", workers=0)
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    wdstream.pack([str(big_input)], str(ref), **kw)  # type: ignore[arg-type]
+    real_delete = LocalStore.delete
+
+    def delete(self: LocalStore, name: str) -> None:
+        if name == JOURNAL_NAME:
+            raise KeyboardInterrupt  # stopped right after index.json was published
+        real_delete(self, name)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalStore, "delete", delete)
+        with pytest.raises(KeyboardInterrupt):
+            wdstream.pack([str(big_input)], str(out), **kw)  # type: ignore[arg-type]
+    assert (out / "index.json").exists() and (out / JOURNAL_NAME).exists()
+    with pytest.raises(wdstream.WdstreamError, match=r"different command"):
+        wdstream.pack([str(big_input)], str(out), seq_len=63, shard_size="8KB", workers=0)
+    res = wdstream.pack([str(big_input)], str(out), **kw)  # type: ignore[arg-type]
+    assert res.resumed_shards == len(res.index.shards)
+    assert _files(out) == _files(ref) and not (out / JOURNAL_NAME).exists()
+    with pytest.raises(wdstream.WdstreamError, match=r"already holds a complete dataset"):
+        wdstream.pack([str(big_input)], str(out), **kw)  # type: ignore[arg-type]
+
+
 def _interrupted_writer(victim: str) -> Callable[..., AbstractContextManager[BinaryIO]]:
     """``LocalStore.writer`` that raises KeyboardInterrupt once ``victim``'s bytes are written
     (before the rename that would publish it), as a Ctrl-C in the middle of a write would."""

@@ -397,11 +397,15 @@ def _pack_input(work: Path) -> tuple[Path, Path]:
     return src, ref
 
 
-def _rerun_ok(src: Path, out: Path) -> bool:
-    """Rerun the same pack command; True when it exits 0 (no traceback)."""
+def _rerun(src: Path, out: Path) -> str | None:
+    """Rerun the same pack command; None when it exits 0 with no traceback, else what went
+    wrong (its exit status and last line)."""
     cmd = [sys.executable, "-m", "wdstream.cli", *_pack_args(src, out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    return proc.returncode == 0 and "Traceback" not in proc.stderr
+    if proc.returncode == 0 and "Traceback" not in proc.stderr:
+        return None
+    said = (proc.stderr.strip().splitlines() or [""])[-1]
+    return f"{'traceback' if 'Traceback' in proc.stderr else 'exit'} {proc.returncode}: {said}"
 
 
 def _same_tree(a: Path, b: Path) -> bool:
@@ -426,8 +430,16 @@ def killed_packs(work: Path, scale: float) -> Iterator[Attempt]:
                     break
                 time.sleep(0.005)
             proc.wait()
-            if not _rerun_ok(src, out):
-                return "crash"
+            failed = _rerun(src, out)
+            # Killed once it had finished (index.json published, journal removed), it left a
+            # complete dataset, which the rerun refuses to overwrite and says so: fine.
+            finished = (
+                failed is not None
+                and failed.startswith("exit")
+                and ("already holds a complete dataset" in failed)
+            )
+            if failed is not None and not finished:
+                return f"crash: the rerun failed ({failed})"
             return "handled" if _same_tree(out, ref) else "silent wrong"
 
         yield attempt
@@ -445,8 +457,9 @@ def failed_shard_write(work: Path, scale: float) -> Iterator[Attempt]:
             blocker.rmdir()
             if first != "clear error":
                 return first
-            if not _rerun_ok(src, out):
-                return "crash"
+            failed = _rerun(src, out)
+            if failed is not None:
+                return f"crash: the rerun failed ({failed})"
             return "handled" if _same_tree(out, ref) else "silent wrong"
 
         yield attempt

@@ -303,7 +303,10 @@ def pack(
             session = _ray_session(ray_address, (tokenizer, backend))  # workers warm up now
         output_store.remove_partials()  # under the lock: leftovers of a killed run only
         store = _NamingFullDisk(output_store)
-        if store.exists(INDEX_NAME) and not overwrite:
+        # index.json beside a journal: a pack stopped between publishing index.json and
+        # removing its journal. The journal resumes it (the same command only, see
+        # Journal.load), every shard committed, which writes the same index.json again.
+        if store.exists(INDEX_NAME) and not overwrite and not store.exists(JOURNAL_NAME):
             raise WdstreamError(
                 f"{store.child_url(INDEX_NAME)} exists: {output} already holds a complete dataset; "
                 "pack into a fresh output or pass --overwrite"
