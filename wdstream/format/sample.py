@@ -28,6 +28,7 @@ __all__ = [
     "TokenSpans",
     "decode_sample",
     "encode_sample",
+    "encoded_size",
     "find_token_spans",
     "token_dtype_for_vocab",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "doc_tokens_after",
     "parse_size",
     "sample_member",
+    "sample_member_size",
     "shard_names",
     "starts_new_shard",
 ]
