@@ -114,11 +114,12 @@ def test_unknown_name_suggests_and_lists_offline_names() -> None:
 def test_bpe_worker_encoder_flat_ids_equal_tiktoken(bos: int | None, eos: int | None) -> None:
     """The process workers' bpe-openai path (ids gathered straight into one array) gives the
     tiktoken backend's flat ids and document lengths, BOS/EOS and empty documents included."""
-    from wdstream.write.tokenpool import _BpeEncoder, encode_flat
+    from wdstream.tokenizer import BpeEncoder
+    from wdstream.write.tokenpool import encode_flat
 
     texts = [CHECK_TEXT, "", "x", CHECK_TEXT[::-1] * 3, "  \n\t naïve café 日本語 🙂"]
     reference = load_tokenizer("cl100k_base", "tiktoken")
-    fast_ids, fast_lens = encode_flat(_BpeEncoder("cl100k_base"), texts, bos, eos, "uint32")
+    fast_ids, fast_lens = encode_flat(BpeEncoder("cl100k_base"), texts, bos, eos, "uint32")
     ids, lens = encode_flat(reference, texts, bos, eos, "uint32")
     assert fast_ids.dtype == np.uint32 and fast_lens.dtype == np.int64
     np.testing.assert_array_equal(fast_ids, ids)

@@ -28,6 +28,7 @@ Two backends encode the same ids:
 
 from __future__ import annotations
 
+import array
 import binascii
 import difflib
 import functools
@@ -45,6 +46,7 @@ from wdstream.tokenizers.base import Tokenizer
 __all__ = [
     "BACKENDS",
     "CHECK_TEXT",
+    "BpeEncoder",
     "TiktokenTokenizer",
     "Tokenizer",
     "TokenizerError",
@@ -247,6 +249,43 @@ def _bpe_binding(name: str) -> Any:
     return bindings.tokenizer_for_encoding(name)
 
 
+# The array typecode of a 4-byte unsigned int ("I" on every platform torch runs on).
+_UINT32 = next(code for code in "IL" if array.array(code).itemsize == 4)
+
+
+class BpeEncoder:
+    """Just the bpe-openai binding of encoding ``name``: what a process worker needs of a
+    :class:`TiktokenTokenizer` whose backend is bpe-openai (never tiktoken's ranks)."""
+
+    def __init__(self, name: str) -> None:
+        self._tok = _bpe_binding(name)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (special-token text encoded as ordinary text)."""
+        ids: list[int] = self._tok.encode(text)
+        return ids
+
+    def encode_flat(
+        self, texts: list[str], bos_id: int | None, eos_id: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """All ids of ``texts`` (BOS/EOS added) as one uint32 array, and each document's
+        length. The binding returns lists of ints: ``array.fromlist`` sizes the array once
+        per list and converts in C, ~5 ns per id, where ``extend`` appends one id at a time
+        (~12 ns) and a ``np.array`` per document costs ~20 ns."""
+        flat = array.array(_UINT32)
+        lens = np.empty(len(texts), dtype=np.int64)
+        extra = (bos_id is not None) + (eos_id is not None)
+        for i, text in enumerate(texts):
+            ids = self._tok.encode(text)
+            if bos_id is not None:
+                flat.append(bos_id)
+            flat.fromlist(ids)
+            if eos_id is not None:
+                flat.append(eos_id)
+            lens[i] = len(ids) + extra
+        return np.frombuffer(flat, dtype=np.uint32), lens
+
+
 class TiktokenTokenizer(Tokenizer):
     """A tiktoken encoding. Picklable: it reloads itself (cheaply) in worker processes.
 
@@ -255,6 +294,7 @@ class TiktokenTokenizer(Tokenizer):
         backend: ``"tiktoken"`` or ``"bpe-openai"``, the one actually encoding.
         eos_id: id of ``<|endoftext|>`` (None if the encoding has none); there is no BOS.
         ranks_sha256: canonical hash of the ranks (see module docstring).
+        bpe: the bpe-openai encoder when that is the backend, else None.
     """
 
     def __init__(self, spec: str, backend: str = "tiktoken") -> None:
@@ -265,7 +305,7 @@ class TiktokenTokenizer(Tokenizer):
         self.n_vocab: int = self._enc.n_vocab
         self.eos_id: int | None = self._enc._special_tokens.get(ENDOFTEXT)
         self.backend = backend
-        self._bpe = _bpe_binding(self.name) if backend == "bpe-openai" else None
+        self.bpe = BpeEncoder(self.name) if backend == "bpe-openai" else None
 
     @property
     def ranks_sha256(self) -> str:
@@ -277,8 +317,8 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text`` as ``uint32``; special-token text is encoded as ordinary text."""
-        if self._bpe is not None:
-            return np.array(self._bpe.encode(text), dtype=np.uint32)
+        if self.bpe is not None:
+            return np.array(self.bpe.encode(text), dtype=np.uint32)
         ids = self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
         return ids.astype(np.uint32, copy=False)
 
