@@ -57,6 +57,103 @@ def test_ranges_equal_the_object_then_come_from_disk(
     assert (again.hits, again.misses) == (21, 0)
 
 
+def test_holds_range_tells_cached_blocks_from_missing_ones(
+    s3_object: tuple[str, bytes], tmp_path: Path
+) -> None:
+    url, _ = s3_object
+    inner = open_store(url)
+    assert not inner.holds_range("obj.bin", 0, 10)  # a remote store holds nothing
+    store = CachedStore(inner, str(tmp_path / "c"), "1GB", block=BLOCK)
+    assert not store.holds_range("obj.bin", BLOCK, 3 * BLOCK)
+    store.read_range("obj.bin", BLOCK + 7, 3 * BLOCK - 7)  # blocks 1 and 2
+    assert store.holds_range("obj.bin", BLOCK, 3 * BLOCK)
+    assert store.holds_range("obj.bin", BLOCK + 100, BLOCK + 100)  # empty range in a block
+    assert not store.holds_range("obj.bin", BLOCK, 3 * BLOCK + 1)  # block 3 is not cached
+    assert not store.holds_range("obj.bin", BLOCK - 1, 2 * BLOCK)
+    other = CachedStore(open_store(url), str(tmp_path / "c"), "1GB", block=BLOCK)
+    assert other.holds_range("obj.bin", BLOCK, 3 * BLOCK)  # on disk, not mapped here
+    for path in _blocks(tmp_path / "c"):
+        path.unlink()
+    assert not other.holds_range("obj.bin", BLOCK, 3 * BLOCK)
+
+
+def test_second_pass_from_the_cache_reads_serially_and_keeps_token_spans(
+    s3_bucket: str,
+    tmp_path: Path,
+    corpus_docs: list[str],
+    write_jsonl: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reads the node cache holds skip the fetch threads, and a remote shard's token spans
+    are searched once: the second pass over the same pieces equals the local dataset's
+    tokens with no search and no fetch pool."""
+    import wdstream.read.source as source_module
+    from wdstream.read.source import ShardSource
+
+    url = f"s3://{s3_bucket}/spans"
+    src = write_jsonl(tmp_path / "in.jsonl", corpus_docs[:60])
+    local = tmp_path / "local"
+    for out in (url, str(local)):
+        wdstream.pack(str(src), out, seq_len=64, shard_size="48KB", workers=0, progress=False)
+    reference = ShardSource(str(local))
+    assert len(reference) >= 3
+    pieces = [(s, a, min(a + 5, int(reference.samples[s])))
+              for s in range(len(reference)) for a in range(0, int(reference.samples[s]), 5)]  # fmt: skip
+    want = [r.views() for r in reference.located_pieces(pieces)]
+    searches: list[int] = []
+    real_search = source_module.find_token_spans
+
+    def counted(*args: Any) -> Any:
+        searches.append(1)
+        return real_search(*args)
+
+    monkeypatch.setattr(source_module, "find_token_spans", counted)
+    remote = ShardSource(url, cache_dir=str(tmp_path / "cache"))
+    windows = [pieces[i : i + 4] for i in range(0, len(pieces), 4)]
+
+    def read_all() -> list[list[Any]]:
+        return [r.views() for w in windows for r in remote.located_pieces(w)]
+
+    def same(got: list[list[Any]]) -> bool:
+        return all(
+            len(g) == len(w) and all((x == y).all() for x, y in zip(g, w, strict=True))
+            for g, w in zip(got, want, strict=True)
+        )
+
+    assert same(read_all())
+    assert len(searches) == len(pieces) and remote._fetch_pool is not None
+    remote._fetch_pool.shutdown()
+    remote._fetch_pool, searches[:] = None, []
+    assert same(read_all())
+    assert searches == [] and remote._fetch_pool is None
+
+
+def test_kept_token_spans_never_skip_the_checksums(
+    s3_bucket: str, tmp_path: Path, corpus_docs: list[str], write_jsonl: Callable[..., Path]
+) -> None:
+    """A flip in a remote shard after its spans were kept (a later read, new bytes) is
+    still refused by the sample's CRC32C, naming the shard and sample."""
+    from wdstream.errors import CorruptShardError
+    from wdstream.read.source import ShardSource
+
+    url = f"s3://{s3_bucket}/flip"
+    src = write_jsonl(tmp_path / "in.jsonl", corpus_docs[:30])
+    wdstream.pack(str(src), url, seq_len=64, shard_size="48KB", workers=0, progress=False)
+    remote = ShardSource(url)
+    n = int(remote.samples[0])
+    first = remote.located_pieces([(0, 0, n), (1, 0, 1)])[0].views()
+    s3 = boto3.client("s3")
+    key = "flip/" + remote.urls[0][1]
+    data = bytearray(s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read())
+    sidecar, _ = remote._sidecar(0)
+    at = int(sidecar.offsets[3]) + int(sidecar.sizes[3]) // 2  # inside sample 3's tokens
+    data[at] ^= 0x10
+    s3.put_object(Bucket=s3_bucket, Key=key, Body=bytes(data))
+    with pytest.raises(CorruptShardError, match=r"sample 3 .*checksum"):
+        remote.located_pieces([(0, 0, n), (1, 0, 1)])
+    assert len(first) == n
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
 def test_damaged_block_is_dropped_and_fetched_again(
     s3_object: tuple[str, bytes], tmp_path: Path, damage: str

@@ -118,7 +118,8 @@ class ShardSource:
         self._stores = StoreCache(**store_options)
         self._fetch_pool: ThreadPoolExecutor | None = None
         self._cache: OrderedDict[int, tuple[ShardSidecar, np.ndarray]] = OrderedDict()
-        # Local shards: where each sample's tokens lie (None: not the writer's layout).
+        # Where each sample's tokens lie in its shard (None: not the writer's layout; a
+        # remote shard's start of -1: not searched yet), see _token_spans.
         self._layouts: OrderedDict[int, TokenSpans | None] = OrderedDict()
         self._lock = threading.Lock()
         self.index: DatasetIndex | None = None
@@ -320,7 +321,7 @@ class ShardSource:
         checks: list[np.ndarray] | None,
     ) -> list[_T]:
         each = checks if checks is not None else [None] * len(pieces)
-        if not self.remote or len(pieces) < 2:
+        if not self.remote or len(pieces) < 2 or self._held(pieces):
             return [read(*pc, c) for pc, c in zip(pieces, each, strict=True)]
         with self._lock:
             if self._fetch_pool is None:
@@ -329,6 +330,23 @@ class ShardSource:
                 )
         jobs = [self._fetch_pool.submit(read, *pc, c) for pc, c in zip(pieces, each, strict=True)]
         return [job.result() for job in jobs]
+
+    def _held(self, pieces: list[tuple[int, int, int]]) -> bool:
+        """Whether the stores hold every piece's bytes locally (a node cache's hits): those
+        reads pay no round trip to hide, and reading them on the fetch threads measured
+        ~15 % slower than one after the other (the threads contend for the GIL). Only
+        sidecars already in memory are consulted; a shard not read yet counts as remote."""
+        for shard, a, b in pieces:
+            if b <= a:
+                continue
+            with self._lock:
+                hit = self._cache.get(shard)
+            if hit is None:
+                return False
+            root, name = self.urls[shard]
+            if not self._store(root).holds_range(name, *hit[0].byte_range(a, b)):
+                return False
+        return True
 
     def located_pieces_unverified(
         self, pieces: list[tuple[int, int, int]]
@@ -407,13 +425,17 @@ class ShardSource:
     ) -> TokenSpans | None:
         """Where the tokens of samples ``[a, b)`` lie in ``buf`` (shard bytes from ``begin``).
 
-        Remote reads are searched each time. A local shard is searched once, whole, and the
-        result kept with its sidecar: every read of it is a view of the same mapped bytes,
-        and searching each window's pieces anew cost more than copying their rows.
+        A local shard is searched once, whole, and the result kept with its sidecar: every
+        read of it is a view of the same mapped bytes, and searching each window's pieces
+        anew cost more than copying their rows. A remote shard is never read whole: each
+        read searches the samples it is the first to hold, and their spans join the shard's
+        kept layout, so later reads (the next epoch, a node cache's local-speed reads) skip
+        the search. Shards are immutable, and a span is only kept when the samples' bytes
+        have the writer's layout, checked by :func:`find_token_spans` (the 13-byte ``dtype``
+        field must follow each sample's tokens exactly).
         """
         if self.remote:
-            offs = sidecar.offsets[a:b].astype(np.int64) - begin
-            return find_token_spans(buf, offs, sidecar.sizes[a:b])
+            return self._remote_token_spans(shard, sidecar, a, b, buf, begin)
         with self._lock:
             found = shard in self._layouts
             layout = self._layouts.get(shard)
@@ -424,11 +446,40 @@ class ShardSource:
             end = sidecar.byte_range(0, len(sidecar))[1] if len(sidecar) else 0
             whole = self._store(root).read_range_view(name, 0, end)
             layout = find_token_spans(whole, sidecar.offsets.astype(np.int64), sidecar.sizes)
-            with self._lock:
-                self._layouts[shard] = layout
-                while len(self._layouts) > _SIDECAR_CACHE:
-                    self._layouts.popitem(last=False)
+            self._keep_layout(shard, layout)
         return None if layout is None else layout.shifted(a, b, begin)
+
+    def _remote_token_spans(
+        self, shard: int, sidecar: ShardSidecar, a: int, b: int, buf: memoryview, begin: int
+    ) -> TokenSpans | None:
+        """:meth:`_token_spans` of a remote shard: kept spans where every sample of the read
+        has one (a start of -1 marks a sample not searched yet), else a search of ``buf``."""
+        with self._lock:
+            layout = self._layouts.get(shard)
+            if layout is not None:
+                self._layouts.move_to_end(shard)
+        if layout is not None and bool((layout.start[a:b] >= 0).all()):
+            return layout.shifted(a, b, begin)
+        offsets = sidecar.offsets[a:b].astype(np.int64) - begin
+        spans = find_token_spans(buf, offsets, sidecar.sizes[a:b])
+        if spans is None:
+            return None
+        with self._lock:
+            layout = self._layouts.get(shard)
+            if layout is None or layout.dtype != spans.dtype:
+                n = len(sidecar)
+                layout = TokenSpans(np.full(n, -1, np.int64), np.zeros(n, np.int64), spans.dtype)
+            layout.start[a:b] = spans.start + begin
+            layout.count[a:b] = spans.count
+        self._keep_layout(shard, layout)
+        return spans
+
+    def _keep_layout(self, shard: int, layout: TokenSpans | None) -> None:
+        with self._lock:
+            self._layouts[shard] = layout
+            self._layouts.move_to_end(shard)
+            while len(self._layouts) > _SIDECAR_CACHE:
+                self._layouts.popitem(last=False)
 
     def read(
         self,

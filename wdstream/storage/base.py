@@ -39,6 +39,12 @@ class Store(abc.ABC):
         """
         return memoryview(self.read_range(name, start, end))
 
+    def holds_range(self, name: str, start: int, end: int) -> bool:
+        """Whether bytes ``[start, end)`` of ``name`` are at hand without a network round
+        trip (a node-local cache holding them). Readers issue remote reads concurrently to
+        hide their latency, and reads with none to hide one after the other."""
+        return False
+
     @abc.abstractmethod
     def size(self, name: str) -> int:
         """Size in bytes. Raises FileNotFoundError if it does not exist."""

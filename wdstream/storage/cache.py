@@ -166,6 +166,16 @@ class CachedStore(Store):
             offset = 0
         return memoryview(b"".join(parts))
 
+    def holds_range(self, name: str, start: int, end: int) -> bool:
+        """Whether every block of ``[start, end)`` is mapped in this process or cached on
+        disk (a block evicted meanwhile is just a miss when it is read)."""
+        for k in range(start // self.block, max(end - 1, start) // self.block + 1):
+            with self._lock:
+                mapped = (name, k) in self._maps
+            if not mapped and not os.path.exists(self._path(name, k)):
+                return False
+        return True
+
     def _path(self, name: str, k: int) -> str:
         return os.path.join(self._dir, f"{name}.{k:08d}{_SUFFIX}")
 
