@@ -50,7 +50,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray  # noqa: E402  (the dev extra installs ray[data]: these tests run in CI)
 
 from wdstream.errors import InputError, WdstreamError  # noqa: E402
-from wdstream.ray.layout import _joined, index_runs  # noqa: E402
+from wdstream.ray.layout import _consecutive_runs, _joined, index_runs  # noqa: E402
 from wdstream.ray.pieces import split_pieces  # noqa: E402
 from wdstream.write.inputs import InputFile  # noqa: E402
 from wdstream.write.pack import pack  # noqa: E402
@@ -167,6 +167,21 @@ def test_a_shards_joined_runs_give_back_its_samples_indices(seed: int) -> None:
     assert not (runs[1:, 0] == runs[:-1].sum(axis=1))[runs[:-1, 0] >= 0].any()
     if seed % 2:
         assert runs.tolist() == [[500, sum(len(x) for x in samples)]]
+
+
+def test_consecutive_runs_equal_the_full_search_and_refuse_anything_else() -> None:
+    """The concat and docs layouts' shortcut (a run from each sample's first index and
+    length) ships the runs the full search finds, and a sample that is not one run, or
+    padding, is a driver error, not a wrong shard."""
+    whole = np.arange(700, 700 + 5000)
+    samples = np.split(whole, [2049, 4098, 4100])
+    want = _joined(np.concatenate([index_runs(x) for x in samples]))
+    assert _joined(_consecutive_runs(samples)).tolist() == want.tolist() == [[700, 5000]]
+    docs = [np.arange(0, 30), np.arange(30, 31), np.arange(31, 90)]
+    assert _consecutive_runs(docs).tolist() == [[0, 30], [30, 1], [31, 59]]
+    for bad in ([np.array([5, 6, 8, 9])], [np.array([3, 2, 1, 4])], [np.array([-1, -1])]):
+        with pytest.raises(RuntimeError, match="not one consecutive run"):
+            _consecutive_runs(bad)
 
 
 @pytest.mark.parametrize("size", [1, 999, 1000, 1001, 2999, 10_000])

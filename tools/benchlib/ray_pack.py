@@ -127,7 +127,7 @@ def driver_cost(samples: int = 20000, shards: int = 400) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     lens = rng.integers(50, 3000, size=samples * (SEQ_LEN + 1) // 1500 + 1)
     packer = sample_builder("concat", SEQ_LEN, 1, None, 100257, np.dtype(np.int64), -1)
-    cutter = ShardCutter(SHARD_BYTES, None, "uint32", 0, 0, 0, 0)
+    cutter = ShardCutter(SHARD_BYTES, None, "uint32", 0, 0, 0, 0, consecutive=True)
     starts = [0]
     t0 = time.perf_counter()
     n, at = 0, 0
