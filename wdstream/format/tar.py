@@ -43,16 +43,20 @@ def _tarfile_header(name: str, size: int) -> bytes:
 # which showed up as 10 % of a pack's main-process time). The result is byte-identical to
 # ``_tarfile_header`` (tested); long names still go through ``tarfile``.
 _TEMPLATE = _tarfile_header("", 0)
-_NAME, _SIZE, _CHKSUM = slice(0, 100), slice(124, 136), slice(148, 156)
+# The template cut around the three fields a header changes: name [0, 100), size
+# [124, 136) and checksum [148, 156). The checksum is the sum of the header's bytes with its
+# own field read as spaces; the fixed parts' share is summed once here, so a header costs
+# the sum of its name and size bytes instead of all 512 (~1.5 us less per sample).
+_MIDDLE, _BEFORE_SUM, _TAIL = _TEMPLATE[100:124], _TEMPLATE[136:148], _TEMPLATE[156:]
+_FIXED_SUM = sum(_MIDDLE) + sum(_BEFORE_SUM) + sum(_TAIL) + 8 * ord(" ")
 
 
 def _fast_header(name: bytes, size: int) -> bytes:
-    header = bytearray(_TEMPLATE)
-    header[_NAME] = name.ljust(100, b"\0")
-    header[_SIZE] = b"%011o\0" % size
-    header[_CHKSUM] = b" " * 8
-    header[_CHKSUM] = b"%06o\0 " % sum(header)
-    return bytes(header)
+    size_field = b"%011o\0" % size
+    checksum = b"%06o\0 " % (_FIXED_SUM + sum(name) + sum(size_field))
+    return b"".join(
+        (name.ljust(100, b"\0"), _MIDDLE, size_field, _BEFORE_SUM, checksum, _TAIL)
+    )
 
 
 def member_bytes(name: str, data: bytes) -> bytes:
@@ -66,7 +70,7 @@ def member_bytes(name: str, data: bytes) -> bytes:
         header = _fast_header(encoded, len(data))
     else:
         header = _tarfile_header(name, len(data))
-    return header + data + b"\0" * (padded_size(len(data)) - len(data))
+    return b"".join((header, data, b"\0" * (padded_size(len(data)) - len(data))))
 
 
 def member_size(name: str, size: int) -> int:
