@@ -54,9 +54,7 @@ _FIXED_SUM = sum(_MIDDLE) + sum(_BEFORE_SUM) + sum(_TAIL) + 8 * ord(" ")
 def _fast_header(name: bytes, size: int) -> bytes:
     size_field = b"%011o\0" % size
     checksum = b"%06o\0 " % (_FIXED_SUM + sum(name) + sum(size_field))
-    return b"".join(
-        (name.ljust(100, b"\0"), _MIDDLE, size_field, _BEFORE_SUM, checksum, _TAIL)
-    )
+    return b"".join((name.ljust(100, b"\0"), _MIDDLE, size_field, _BEFORE_SUM, checksum, _TAIL))
 
 
 def member_bytes(name: str, data: bytes) -> bytes:
