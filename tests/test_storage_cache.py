@@ -65,16 +65,20 @@ def test_holds_range_tells_cached_blocks_from_missing_ones(
     assert not inner.holds_range("obj.bin", 0, 10)  # a remote store holds nothing
     store = CachedStore(inner, str(tmp_path / "c"), "1GB", block=BLOCK)
     assert not store.holds_range("obj.bin", BLOCK, 3 * BLOCK)
-    store.read_range("obj.bin", BLOCK + 7, 3 * BLOCK - 7)  # blocks 1 and 2
-    assert store.holds_range("obj.bin", BLOCK, 3 * BLOCK)
+    store.read_range("obj.bin", BLOCK + 7, 3 * BLOCK - 7)  # blocks 1 and 2, fetched
+    assert not store.holds_range("obj.bin", BLOCK, 3 * BLOCK)  # on disk, mapped at next read
+    store.read_range("obj.bin", BLOCK + 7, 3 * BLOCK - 7)
+    assert store.holds_range("obj.bin", BLOCK, 3 * BLOCK) and store.misses == 2
     assert store.holds_range("obj.bin", BLOCK + 100, BLOCK + 100)  # empty range in a block
     assert not store.holds_range("obj.bin", BLOCK, 3 * BLOCK + 1)  # block 3 is not cached
     assert not store.holds_range("obj.bin", BLOCK - 1, 2 * BLOCK)
     other = CachedStore(open_store(url), str(tmp_path / "c"), "1GB", block=BLOCK)
-    assert other.holds_range("obj.bin", BLOCK, 3 * BLOCK)  # on disk, not mapped here
+    assert not other.holds_range("obj.bin", BLOCK, 3 * BLOCK)  # on disk, not mapped here yet
+    other.read_range("obj.bin", BLOCK, 3 * BLOCK)  # maps and checks them: no GET
+    assert other.holds_range("obj.bin", BLOCK, 3 * BLOCK) and other.misses == 0
     for path in _blocks(tmp_path / "c"):
         path.unlink()
-    assert not other.holds_range("obj.bin", BLOCK, 3 * BLOCK)
+    assert other.holds_range("obj.bin", BLOCK, 3 * BLOCK)  # mapped: still at hand
 
 
 def test_second_pass_from_the_cache_reads_serially_and_keeps_token_spans(
@@ -84,9 +88,9 @@ def test_second_pass_from_the_cache_reads_serially_and_keeps_token_spans(
     write_jsonl: Callable[..., Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Reads the node cache holds skip the fetch threads, and a remote shard's token spans
-    are searched once: the second pass over the same pieces equals the local dataset's
-    tokens with no search and no fetch pool."""
+    """Reads of blocks the node cache has mapped skip the fetch threads, and a remote
+    shard's token spans are searched once: later passes over the same pieces equal the
+    local dataset's tokens with no search, and once the blocks are mapped, no fetch pool."""
     import wdstream.read.source as source_module
     from wdstream.read.source import ShardSource
 
@@ -120,11 +124,14 @@ def test_second_pass_from_the_cache_reads_serially_and_keeps_token_spans(
             for g, w in zip(got, want, strict=True)
         )
 
-    assert same(read_all())
+    assert same(read_all())  # fetches every block: through the fetch threads
     assert len(searches) == len(pieces) and remote._fetch_pool is not None
+    searches.clear()
+    assert same(read_all())  # maps the cached blocks (threads again), searches nothing
+    assert searches == []
     remote._fetch_pool.shutdown()
-    remote._fetch_pool, searches[:] = None, []
-    assert same(read_all())
+    remote._fetch_pool = None
+    assert same(read_all())  # every block mapped: one read after the other
     assert searches == [] and remote._fetch_pool is None
 
 

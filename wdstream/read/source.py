@@ -332,10 +332,10 @@ class ShardSource:
         return [job.result() for job in jobs]
 
     def _held(self, pieces: list[tuple[int, int, int]]) -> bool:
-        """Whether the stores hold every piece's bytes locally (a node cache's hits): those
-        reads pay no round trip to hide, and reading them on the fetch threads measured
-        ~15 % slower than one after the other (the threads contend for the GIL). Only
-        sidecars already in memory are consulted; a shard not read yet counts as remote."""
+        """Whether the stores hold every piece's bytes at hand (a node cache's mapped
+        blocks): those reads pay no round trip to hide, and reading them on the fetch threads
+        measured ~15 % slower than one after the other (the threads contend for the GIL).
+        Only sidecars already in memory are consulted; a shard not read yet counts as remote."""
         for shard, a, b in pieces:
             if b <= a:
                 continue
