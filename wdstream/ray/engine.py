@@ -50,7 +50,6 @@ from wdstream.ray.tasks import (
 )
 from wdstream.storage import open_store
 from wdstream.tokenizer import Tokenizer
-from wdstream.write.bestfit import BestFitPacker
 from wdstream.write.inputs import InputFile, Position
 from wdstream.write.journal import Journal
 from wdstream.write.pack import _drop_packed
@@ -210,7 +209,7 @@ class _Driver:
             job.shard_bytes, job.shard_samples, job.dtype, first_shard=len(entries),
             first_sample=sum(e.samples for e in entries),
             first_doc=sum(e.documents for e in entries), doc_offset=emitted,
-            consecutive=not isinstance(self.packer, BestFitPacker),
+            consecutive=self.packer.in_order,
         )  # fmt: skip
         self.piece_starts: list[int] = []  # global first token of each piece laid out
         self.doc_starts: list[int] = []  # global first document of each piece laid out

@@ -165,6 +165,9 @@ class BestFitPacker:
             padding id (pack passes it), else 1.
     """
 
+    # Rows reorder documents and end in padding: not consecutive slices of the tokens.
+    in_order = False
+
     def __init__(
         self,
         sample_tokens: int,

@@ -46,6 +46,10 @@ class PackedSample:
 class ConcatPacker:
     """Packs documents into samples of exactly ``sample_tokens`` tokens."""
 
+    # Every sample is a consecutive slice of the documents' concatenated tokens (the Ray
+    # driver then ships each sample's tokens as one run, wdstream.ray.layout.ShardCutter).
+    in_order = True
+
     def __init__(self, sample_tokens: int, dtype: np.dtype) -> None:
         if sample_tokens < 1:
             raise ValueError(f"sample_tokens must be >= 1, got {sample_tokens}")
@@ -123,6 +127,8 @@ class ConcatPacker:
 
 class DocsPacker:
     """One document per sample."""
+
+    in_order = True  # as ConcatPacker: each sample one consecutive slice of the tokens
 
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype = dtype
