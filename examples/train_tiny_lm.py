@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 import wdstream
-from wdstream.read.shards import read_index
+from wdstream.read.sources.shards import read_index
 from wdstream.storage import open_store
 
 

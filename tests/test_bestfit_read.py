@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import wdstream
 from tests.conftest import make_corpus
 from tests.test_pack import EOT, raw_samples
-from wdstream.read.rows import IGNORE_INDEX, RowLabels, row_labels
+from wdstream.read.batches.rows import IGNORE_INDEX, RowLabels, row_labels
 from wdstream.testing import assert_resumes_exactly
 from wdstream.write.bestfit import BestFitPacker
 

@@ -1,4 +1,4 @@
-"""Length-bucketed token-budget batches (``wdstream.read.buckets``) over a docs-mode pack."""
+"""Length-bucketed token-budget batches (``wdstream.read.batches.buckets``) over a docs-mode pack."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 import wdstream
 from tests.conftest import make_corpus
 from wdstream.errors import StateMismatchError
-from wdstream.read.buckets import BucketedBatches, bucket_plan
-from wdstream.read.rows import IGNORE_INDEX
+from wdstream.read.batches.buckets import BucketedBatches, bucket_plan
+from wdstream.read.batches.rows import IGNORE_INDEX
 from wdstream.testing import assert_resumes_exactly
 
 

@@ -20,8 +20,8 @@ import pytest
 from wdstream import CorruptShardError, IncompleteDatasetError, Loader
 from wdstream.format.index import JOURNAL_NAME, ShardEntry
 from wdstream.format.sidecar import ShardSidecar
-from wdstream.read.shards import read_index
-from wdstream.read.source import ShardSource
+from wdstream.read.sources.packed import ShardSource
+from wdstream.read.sources.shards import read_index
 from wdstream.storage import open_store
 from wdstream.testing import write_synthetic_dataset
 from wdstream.write.shards import ShardWriter

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from wdstream.read.mixture_interleave import MAX_PERIOD, Interleave, exact_weights
-from wdstream.read.mixture_schedule import Piece, Schedule, parse_weights
+from wdstream.read.mixture.interleave import MAX_PERIOD, Interleave, exact_weights
+from wdstream.read.mixture.schedule import Piece, Schedule, parse_weights
 
 # Weights as people write them: small integers, or decimals of up to 3 digits (some 0).
 _weight = st.one_of(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from wdstream import Loader
-from wdstream.read.mixture_spec import read_spec
+from wdstream.read.mixture.spec import read_spec
 from wdstream.testing import write_synthetic_dataset
 
 OPTS = dict(seq_len=16, batch_size=4, num_workers=0, shuffle_window=8, shuffle_lanes=2)

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wdstream.read.context import ReaderConfig
-from wdstream.read.plan import EpochPlan, WindowGeometry
-from wdstream.read.source import ShardSource
-from wdstream.read.stream import ReaderContext, TokenStream, start_cursor
+from wdstream.read.order.plan import EpochPlan, WindowGeometry
+from wdstream.read.order.streams import ReaderContext, TokenStream, start_cursor
+from wdstream.read.order.streams_context import ReaderConfig
+from wdstream.read.sources.packed import ShardSource
 from wdstream.testing import assert_resumes_exactly, write_synthetic_dataset
 
 

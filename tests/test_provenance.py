@@ -26,7 +26,7 @@ from tests.conftest import make_corpus
 from tests.test_pack_resume import _files, _interrupted_writer
 from wdstream.cli import main
 from wdstream.format.provenance import ShardProvenance
-from wdstream.read.order import Origin
+from wdstream.read.order.global_order import Origin
 from wdstream.read.provenance import Explanation, Provenance, explain, explanation_lines
 from wdstream.storage import LocalStore
 

@@ -10,7 +10,7 @@ import pytest
 
 import wdstream
 from wdstream.errors import CorruptShardError
-from wdstream.read.shards import iter_samples, read_index, read_samples, read_sidecar
+from wdstream.read.sources.shards import iter_samples, read_index, read_samples, read_sidecar
 from wdstream.storage import open_store
 
 

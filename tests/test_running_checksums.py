@@ -23,7 +23,7 @@ from wdstream.format.checksum import find_corruption
 from wdstream.format.sidecar import ShardSidecar
 from wdstream.format.tar import BLOCK
 from wdstream.inspect import verify_dataset
-from wdstream.read.shards import read_index
+from wdstream.read.sources.shards import read_index
 from wdstream.storage import open_store
 from wdstream.testing import write_synthetic_dataset
 

@@ -15,7 +15,7 @@ import pytest
 
 from wdstream.format.sample import encode_sample
 from wdstream.format.tar import END_OF_ARCHIVE, member_bytes
-from wdstream.read.source import ShardSource
+from wdstream.read.sources.packed import ShardSource
 
 
 def _other_order(tokens: np.ndarray) -> bytes:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from wdstream import Loader
-from wdstream.read.source import expand_urls
+from wdstream.read.sources.packed import expand_urls
 from wdstream.testing import write_synthetic_dataset
 
 pytest_plugins = ["tests.fixtures_remote"]

@@ -91,8 +91,8 @@ def test_second_pass_from_the_cache_reads_serially_and_keeps_token_spans(
     """Reads of blocks the node cache has mapped skip the fetch threads, and a remote
     shard's token spans are searched once: later passes over the same pieces equal the
     local dataset's tokens with no search, and once the blocks are mapped, no fetch pool."""
-    import wdstream.read.source as source_module
-    from wdstream.read.source import ShardSource
+    import wdstream.read.sources.packed as source_module
+    from wdstream.read.sources.packed import ShardSource
 
     url = f"s3://{s3_bucket}/spans"
     src = write_jsonl(tmp_path / "in.jsonl", corpus_docs[:60])
@@ -141,7 +141,7 @@ def test_kept_token_spans_never_skip_the_checksums(
     """A flip in a remote shard after its spans were kept (a later read, new bytes) is
     still refused by the sample's CRC32C, naming the shard and sample."""
     from wdstream.errors import CorruptShardError
-    from wdstream.read.source import ShardSource
+    from wdstream.read.sources.packed import ShardSource
 
     url = f"s3://{s3_bucket}/flip"
     src = write_jsonl(tmp_path / "in.jsonl", corpus_docs[:30])
@@ -290,7 +290,7 @@ def test_options_are_checked(tmp_path: Path) -> None:
     for bad in ("lots", "0", -1, "5XB"):
         with pytest.raises(ValueError, match="cache_limit"):
             parse_cache_limit(bad)
-    from wdstream.read.stores import StoreCache
+    from wdstream.read.sources.stores import StoreCache
 
     with pytest.raises(ValueError, match="cache_limit needs cache_dir"):
         StoreCache(cache_limit="1GB")

@@ -9,7 +9,7 @@ import torch
 import webdataset as wds
 
 import wdstream
-from wdstream.read.shards import iter_samples, read_index
+from wdstream.read.sources.shards import iter_samples, read_index
 from wdstream.storage import open_store
 from wdstream.testing import write_synthetic_dataset
 

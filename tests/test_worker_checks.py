@@ -19,9 +19,9 @@ import pytest
 
 from wdstream import CorruptShardError, Loader
 from wdstream.format.sidecar import ShardSidecar
-from wdstream.read.mixture_checks import MixtureOwnRows
-from wdstream.read.sequence import GlobalPosition, GlobalReader, _OwnRows
-from wdstream.read.shards import read_index
+from wdstream.read.mixture.checks import MixtureOwnRows
+from wdstream.read.order.global_sequence import GlobalPosition, GlobalReader, _OwnRows
+from wdstream.read.sources.shards import read_index
 from wdstream.storage import open_store
 from wdstream.testing import write_synthetic_dataset
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from wdstream import Loader, WdstreamError  # noqa: E402
 from wdstream.format.sidecar import ShardSidecar  # noqa: E402
-from wdstream.read.shards import read_index  # noqa: E402
+from wdstream.read.sources.shards import read_index  # noqa: E402
 from wdstream.storage import open_store  # noqa: E402
 from wdstream.testing import write_synthetic_dataset  # noqa: E402
 

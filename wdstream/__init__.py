@@ -27,24 +27,24 @@ from wdstream.format.index import DatasetIndex, ShardEntry
 from wdstream.format.wds import wds_decoder
 
 if TYPE_CHECKING:
-    from wdstream.read.dataset import TokenDataset
-    from wdstream.read.loader import Loader
-    from wdstream.read.mixture_inspect import explain_mixture
+    from wdstream.read.mixture.inspect import explain_mixture
+    from wdstream.read.order.global_sequence import global_batch_at
     from wdstream.read.provenance import explain
-    from wdstream.read.sequence import global_batch_at
-    from wdstream.read.shards import documents
+    from wdstream.read.sources.shards import documents
+    from wdstream.read.torch.dataset import TokenDataset
+    from wdstream.read.torch.loader import Loader
     from wdstream.write.pack import PackResult, pack
 
 # The reader imports torch (~2 s); the writer's tokenizer processes import this package too
 # and must not pay for it, so these names are imported on first use (PEP 562).
 _LAZY = {
-    "Loader": "wdstream.read.loader",
+    "Loader": "wdstream.read.torch.loader",
     "PackResult": "wdstream.write.pack",
-    "TokenDataset": "wdstream.read.dataset",
-    "documents": "wdstream.read.shards",
+    "TokenDataset": "wdstream.read.torch.dataset",
+    "documents": "wdstream.read.sources.shards",
     "explain": "wdstream.read.provenance",
-    "explain_mixture": "wdstream.read.mixture_inspect",
-    "global_batch_at": "wdstream.read.sequence",
+    "explain_mixture": "wdstream.read.mixture.inspect",
+    "global_batch_at": "wdstream.read.order.global_sequence",
     "pack": "wdstream.write.pack",
 }
 

@@ -223,7 +223,7 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
 
     ROOT may be a mixture spec (.json / .toml): per-source counts and the schedule."""
     from wdstream.inspect import dataset_stats
-    from wdstream.read.mixture_spec import is_mixture
+    from wdstream.read.mixture.spec import is_mixture
     from wdstream.storage import open_store
 
     if is_mixture(root):
@@ -316,7 +316,7 @@ def explain(
     """Where every row of global step STEP came from: rank, shard, sample, file:line.
 
     DATASET may be a mixture spec (.json / .toml): each row also names its source."""
-    from wdstream.read.mixture_spec import is_mixture
+    from wdstream.read.mixture.spec import is_mixture
     from wdstream.read.provenance import explain as run_explain
     from wdstream.read.provenance import explanation_lines
 
@@ -345,14 +345,14 @@ def explain(
 
 def _mixture_store_options(spec: str, remote: dict[str, Any]) -> dict[str, Any]:
     """The storage options of a spec's remote sources (from its first remote one)."""
-    from wdstream.read.mixture_spec import read_spec
+    from wdstream.read.mixture.spec import read_spec
 
     urls = list(read_spec(spec).sources.values())
     return _store_options(next((u for u in urls if "://" in u), spec), **remote)
 
 
 def _mixture_stats(spec: str, as_json: bool, remote: dict[str, Any]) -> None:
-    from wdstream.read.mixture_inspect import mixture_stats, mixture_stats_lines
+    from wdstream.read.mixture.inspect import mixture_stats, mixture_stats_lines
 
     try:
         s = mixture_stats(spec, **_mixture_store_options(spec, remote))
@@ -368,7 +368,7 @@ def _mixture_stats(spec: str, as_json: bool, remote: dict[str, Any]) -> None:
 def _explain_mixture(
     spec: str, step: int, saved: Any, text: bool, remote: dict[str, Any], **options: Any
 ) -> None:
-    from wdstream.read.mixture_inspect import explain_mixture, mixture_explanation_lines
+    from wdstream.read.mixture.inspect import explain_mixture, mixture_explanation_lines
 
     try:
         result = explain_mixture(spec, step, state=saved, text=text, **options,

@@ -21,7 +21,7 @@ from wdstream.format.provenance import ShardProvenance
 from wdstream.format.sample import SAMPLE_SUFFIXES, Sample
 from wdstream.format.sidecar import ShardSidecar
 from wdstream.format.tar import BLOCK, END_OF_ARCHIVE
-from wdstream.read.shards import (
+from wdstream.read.sources.shards import (
     decode_span,
     iter_samples,
     read_index,

@@ -147,7 +147,7 @@ def random_batches(rows: np.ndarray, budget: int, seed: int = 0) -> list[np.ndar
 
 def bucket_padding(lens: np.ndarray, seq_len: int = 8192, budget: int = BUDGET) -> dict[str, Any]:
     """Padding of bucketed vs random batches of the same documents and budget."""
-    from wdstream.read.buckets import bucket_plan
+    from wdstream.read.batches.buckets import bucket_plan
 
     rows = np.minimum(lens - 1, seq_len)
     bucketed = bucket_plan(rows, budget, seed=0, epoch=0)
@@ -164,7 +164,7 @@ def bucket_padding(lens: np.ndarray, seq_len: int = 8192, budget: int = BUDGET) 
 def read_buckets(b: Bench, files: list[str]) -> dict[str, Any]:
     """Tokens/s of ``BucketedBatches`` over a docs-mode pack of the bench corpus."""
     import wdstream
-    from wdstream.read.buckets import BucketedBatches
+    from wdstream.read.batches.buckets import BucketedBatches
 
     out = str(b.work / "out" / "bf-docs")
     wdstream.pack(files, out, mode="docs", workers=b.cores, shard_size=SHARD_BYTES,

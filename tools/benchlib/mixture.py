@@ -106,7 +106,7 @@ def _random_draws(p: np.ndarray, n: int) -> tuple[str, np.ndarray]:
 
 
 def _proportions() -> dict[str, Any]:
-    from wdstream.read.mixture_interleave import Interleave, exact_weights
+    from wdstream.read.mixture.interleave import Interleave, exact_weights
 
     p = np.array(list(PROPORTIONS.values()))
     inter = Interleave(exact_weights(list(PROPORTIONS.values()), list(PROPORTIONS)))

@@ -17,7 +17,7 @@ from benchlib.common import BATCH, SAMPLE, SEQ_LEN
 
 # what a reader's first batch needs imported (imports are not part of its start-up time)
 MODULES = {
-    "wdstream": "wdstream.read.loader",  # the package imports its reader lazily
+    "wdstream": "wdstream.read.torch.loader",  # the package imports its reader lazily
     "mosaicml": "streaming",
     "litdata": "litdata",
     "webdataset": "webdataset",

@@ -284,7 +284,7 @@ def _lengths_fit_mode(obj: dict[str, Any]) -> _Problem:
 
 def _pad_fits_mode(obj: dict[str, Any]) -> _Problem:
     # Best-fit rows end in padding; readers find it as the row's trailing run of pad_id
-    # after its last document's EOS, so the pad id is the EOS id (wdstream.read.rows).
+    # after its last document's EOS, so the pad id is the EOS id (wdstream.read.batches.rows).
     mode, pad_id, eos_id = obj["mode"], obj.get("pad_id"), obj["eos_id"]
     if mode != "bestfit":
         if pad_id is not None:

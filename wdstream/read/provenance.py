@@ -8,7 +8,7 @@ offset its first piece begins at. :class:`Provenance` turns ``(shard, sample)`` 
     -> [DocumentPiece(shard=3, sample=17, document=1041, file='in.jsonl', line=1042,
                       sample_start=0, sample_end=12, doc_start=2036, doc_end=2048), ...]
 
-:func:`explain` locates the rows of a global step (:class:`~wdstream.read.order.GlobalOrder`,
+:func:`explain` locates the rows of a global step (:class:`~wdstream.read.order.global_order.GlobalOrder`,
 exactly as ``Loader(..., order="global")`` reads them) and lists, for every row, the rank it
 goes to and each piece: shard, sample, ``file:line``, its token span in the row and in its
 document, and optionally its decoded text.
@@ -27,8 +27,8 @@ import numpy as np
 
 from wdstream.errors import CorruptShardError, StateMismatchError, WdstreamError
 from wdstream.format.provenance import ShardProvenance
-from wdstream.read.order import GlobalOrder, OrderConfig, Origin
-from wdstream.read.source import ShardSource
+from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.sources.packed import ShardSource
 from wdstream.storage import Store, open_store
 from wdstream.words import count
 
@@ -230,7 +230,7 @@ def _order_and_origin(
     """The order of ``cfg``; with a saved state, the origin that run counts steps from."""
     if state is None:
         return GlobalOrder(source, cfg), Origin()
-    from wdstream.read.sequence import GlobalReader  # torch: only for a state
+    from wdstream.read.order.global_sequence import GlobalReader  # torch: only for a state
 
     reader = GlobalReader(source, cfg, 0, cfg.global_batch, 1, False)
     return reader.order, reader.position_of(state).origin  # checks dataset, seed, ...

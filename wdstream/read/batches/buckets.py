@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.rows import IGNORE_INDEX
-from wdstream.read.source import ShardSource
+from wdstream.read.batches.rows import IGNORE_INDEX
+from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["BUCKETS_STATE_VERSION", "BucketedBatches", "bucket_plan"]
 

@@ -1,6 +1,6 @@
 """``Loader``: batches for the training loop, with an exact resumable cursor.
 
-The loader runs :class:`~wdstream.read.dataset.TokenDataset` in chunk mode (``K`` batches per
+The loader runs :class:`~wdstream.read.torch.dataset.TokenDataset` in chunk mode (``K`` batches per
 worker message, one int32 tensor), slices each chunk into ``[B, T]`` int64 ``input_ids`` /
 ``labels`` in the main process, and records a batch's stream cursor only when the batch is
 handed to the caller, so batches prefetched by workers but not consumed are never lost::
@@ -29,10 +29,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.buckets import BucketedBatches
-from wdstream.read.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
-from wdstream.read.sequence import GlobalPosition
-from wdstream.read.source import ShardSource
+from wdstream.read.batches.buckets import BucketedBatches
+from wdstream.read.order.global_sequence import GlobalPosition
+from wdstream.read.sources.packed import ShardSource
+from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.tokenizer import Tokenizer
 
 __all__ = ["Loader"]
@@ -123,7 +123,7 @@ class Loader:
             ``doc_ids`` (int32 [B, T], -1 on padding).
         mask_doc_ends: -100 as the target after each document's last token; None (default):
             on for ``--mode bestfit`` datasets, off otherwise. Best-fit padding targets are
-            always -100 (``wdstream.read.rows``).
+            always -100 (``wdstream.read.batches.rows``).
         drop_last: must be True: every rank yields the same number of full batches and the
             remainder is left out (see ``docs/READER.md``).
         multiprocessing_context: torch ``DataLoader`` option (e.g. ``"spawn"``).
@@ -152,7 +152,7 @@ class Loader:
             included; rows capped at ``seq_len``), with ``attention_mask``; ``batch_size``,
             workers and the global order do not apply (read in this process). Same batch
             count on every rank, exact resume, also on another world size
-            (:mod:`wdstream.read.buckets`).
+            (:mod:`wdstream.read.batches.buckets`).
         store_options: passed to the storage backend.
     """
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.read.mixture_spec import MixtureSpec
-from wdstream.read.source import ShardSource
+from wdstream.read.mixture.spec import MixtureSpec
+from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["open_sources", "source_seed"]
 

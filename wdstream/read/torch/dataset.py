@@ -1,6 +1,6 @@
 """``TokenDataset``: the resumable ``IterableDataset`` of token batches.
 
-A rank's data is ``streams`` independent :class:`~wdstream.read.stream.TokenStream` s served
+A rank's data is ``streams`` independent :class:`~wdstream.read.order.streams.TokenStream` s served
 round-robin in chunks of ``K`` batches (chunks are aligned to multiples of ``K`` inside
 each epoch, the last chunk of an epoch may be shorter)::
 
@@ -28,15 +28,15 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.context import ReaderConfig, StreamContext
-from wdstream.read.mixture import MixtureReader
-from wdstream.read.mixture_sources import open_sources
-from wdstream.read.mixture_spec import is_mixture, mixture_spec
-from wdstream.read.order import OrderConfig, Origin
-from wdstream.read.rows import IGNORE_INDEX, RowLabels, doc_ids, row_labels
-from wdstream.read.sequence import GlobalPosition, GlobalReader
-from wdstream.read.source import ShardSource
-from wdstream.read.state import (
+from wdstream.read.batches.rows import IGNORE_INDEX, RowLabels, doc_ids, row_labels
+from wdstream.read.mixture.reader import MixtureReader
+from wdstream.read.mixture.sources import open_sources
+from wdstream.read.mixture.spec import is_mixture, mixture_spec
+from wdstream.read.order.global_order import OrderConfig, Origin
+from wdstream.read.order.global_sequence import GlobalPosition, GlobalReader
+from wdstream.read.order.streams import ReaderContext
+from wdstream.read.order.streams_context import ReaderConfig, StreamContext
+from wdstream.read.order.streams_state import (
     STATE_VERSION,
     Position,
     check_iter_stop,
@@ -44,9 +44,9 @@ from wdstream.read.state import (
     mismatch,
     parse_state,
 )
-from wdstream.read.stream import ReaderContext
-from wdstream.read.text.source import TextSource
-from wdstream.read.text.stream import TextContext
+from wdstream.read.order.text_streams import TextContext
+from wdstream.read.sources.packed import ShardSource
+from wdstream.read.sources.text import TextSource
 from wdstream.tokenizer import Tokenizer
 
 __all__ = ["Chunk", "TokenDataset", "chunk_to_batches", "resolve_order", "resolve_rank"]
@@ -107,7 +107,7 @@ def chunk_to_batches(
     ``position_ids`` (int64 [B, T]), ``cu_seqlens`` (int32, flat over the batch: the start
     of every piece plus ``B * T`` at the end) and ``doc_ids`` (int32 [B, T], -1 on padding)
     are added when ``positions`` is given. ``labels``: the dataset's target rule
-    (:mod:`wdstream.read.rows`: -100 on best-fit padding and, if chosen, document ends).
+    (:mod:`wdstream.read.batches.rows`: -100 on best-fit padding and, if chosen, document ends).
     """
     n = tokens.shape[0] // batch_size * batch_size
     # One int64 conversion per chunk, not per batch: each batch is a contiguous row slice of
@@ -169,7 +169,7 @@ class TokenDataset(IterableDataset):
             batch.
         mask_doc_ends: -100 as the target after each document's last token; None: on for
             ``--mode bestfit`` datasets (whose padding targets are always -100), off
-            otherwise (``wdstream.read.rows``).
+            otherwise (``wdstream.read.batches.rows``).
         tokenizer: read raw text (JSON Lines, ``.txt`` or text tar shards) and tokenize it on
             the fly with this tokenizer (see ``docs/READER.md``, "Raw text"); None: ``source``
             is packed token shards.
@@ -359,7 +359,7 @@ class TokenDataset(IterableDataset):
     def position_of(self, state: dict[str, Any]) -> Position | GlobalPosition:
         """Check ``state`` against this reader and its epoch plans; return its position.
 
-        Everything a state holds is checked (``wdstream.read.state``): shape and types,
+        Everything a state holds is checked (``wdstream.read.order.streams_state``): shape and types,
         the config, every cursor against the plan (one sidecar read or so per stream for
         docs-mode shards), the round-robin turns, the iteration's stop and ``chunk_left``.
 

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.read.context import ReaderConfig, copy_window
-from wdstream.read.plan import EpochPlan, WindowGeometry
-from wdstream.read.source import ShardSource
-from wdstream.read.state import mismatch
+from wdstream.read.order.plan import EpochPlan, WindowGeometry
+from wdstream.read.order.streams_context import ReaderConfig, copy_window
+from wdstream.read.order.streams_state import mismatch
+from wdstream.read.sources.packed import ShardSource
 
 __all__ = [
     "CURSOR_KEYS",

@@ -1,10 +1,10 @@
 """A mixture of packed datasets as one global batch sequence: exact proportions, per-source
 epochs, weight schedules, O(1) resume and elastic resume.
 
-Every source ``i`` is its own global row stream (:class:`~wdstream.read.order.GlobalOrder`
+Every source ``i`` is its own global row stream (:class:`~wdstream.read.order.global_order.GlobalOrder`
 with a global batch of 1 row, seeded by ``SeedSequence([seed, i])``): epochs of ``R_i``
 rows, each shuffled on its own, one after the other. The schedule
-(:mod:`~wdstream.read.mixture_schedule`) decides which source gives each row of the one
+(:mod:`~wdstream.read.mixture.schedule`) decides which source gives each row of the one
 endless mixture sequence, and that row's index in its source, in O(1)::
 
     mixture rows   0    1    2    3    4    5    6    7 ...     (interleave 0.6 / 0.4)
@@ -34,14 +34,14 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.mixture_checks import MixtureOwnRows
-from wdstream.read.mixture_schedule import Piece, Schedule, parse_weights
-from wdstream.read.mixture_sources import source_seed
-from wdstream.read.mixture_spec import MixtureSpec
-from wdstream.read.mixture_state import MIXTURE_STATE_VERSION, parse_mixture_state
-from wdstream.read.order import GlobalOrder, OrderConfig, Origin
-from wdstream.read.sequence import GlobalPosition, GlobalReader
-from wdstream.read.source import ShardSource
+from wdstream.read.mixture.checks import MixtureOwnRows
+from wdstream.read.mixture.schedule import Piece, Schedule, parse_weights
+from wdstream.read.mixture.sources import source_seed
+from wdstream.read.mixture.spec import MixtureSpec
+from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_state
+from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.global_sequence import GlobalPosition, GlobalReader
+from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["MixturePosition", "MixtureReader"]
 

@@ -1,8 +1,8 @@
 """The interface between ``TokenDataset`` and a source kind's per-rank token streams.
 
 ``TokenDataset`` serves ``streams`` cursors round-robin for two kinds of source: packed shards
-(:class:`wdstream.read.stream.ReaderContext`) and raw text tokenised on the fly
-(:class:`wdstream.read.text.stream.TextContext`). Both implement :class:`StreamContext`,
+(:class:`wdstream.read.order.streams.ReaderContext`) and raw text tokenised on the fly
+(:class:`wdstream.read.order.text_streams.TextContext`). Both implement :class:`StreamContext`,
 whose streams implement :class:`Stream`; this module writes that contract down, with the
 configuration both take and the copy both use to cut rows out of a window.
 """

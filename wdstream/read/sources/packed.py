@@ -30,8 +30,8 @@ from wdstream.format.checksum import Corruption, find_corruption
 from wdstream.format.index import DatasetIndex
 from wdstream.format.sample import LocatedTokens, TokenSpans, decode_sample, find_token_spans
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
-from wdstream.read.shards import decode_span, parse_sidecar, read_index, sidecar_from_tar
-from wdstream.read.stores import CACHE_OPTIONS, StoreCache, fingerprint
+from wdstream.read.sources.shards import decode_span, parse_sidecar, read_index, sidecar_from_tar
+from wdstream.read.sources.stores import CACHE_OPTIONS, StoreCache, fingerprint
 from wdstream.storage import Store, open_store, split_url
 
 __all__ = ["CopyChecks", "ShardSource", "expand_urls"]

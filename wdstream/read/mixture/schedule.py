@@ -3,7 +3,7 @@
 ``weights`` is one ``{name: weight}`` (one piece from step 0) or a list of
 ``(step, {name: weight})`` pieces. Piece ``j`` starts at global row ``row_j`` (its step
 times the global batch, counted from the run's origin) and interleaves its sources exactly
-from there (:class:`~wdstream.read.mixture_interleave.Interleave`); every source keeps one
+from there (:class:`~wdstream.read.mixture.interleave.Interleave`); every source keeps one
 row counter across pieces::
 
     pieces (0, web .6 code .4), (1000, web .2 code .8); G = 64
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.read.mixture_interleave import Interleave, exact_weights
+from wdstream.read.mixture.interleave import Interleave, exact_weights
 
 __all__ = ["Piece", "Schedule", "parse_weights"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from wdstream.read.mixture import MixtureReader
-    from wdstream.read.sequence import GlobalPosition
+    from wdstream.read.mixture.reader import MixtureReader
+    from wdstream.read.order.global_sequence import GlobalPosition
 
 __all__ = ["MixtureOwnRows"]
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.mixture_interleave import exact_weights
-from wdstream.read.mixture_schedule import Piece
-from wdstream.read.order import Origin
-from wdstream.read.state import dict_field, int_field, mismatch, same_value
+from wdstream.read.mixture.interleave import exact_weights
+from wdstream.read.mixture.schedule import Piece
+from wdstream.read.order.global_order import Origin
+from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
 
 __all__ = ["MIXTURE_STATE_VERSION", "SavedMixture", "parse_mixture_state"]
 

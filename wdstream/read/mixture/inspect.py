@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import WdstreamError
-from wdstream.read.mixture import MixtureReader
-from wdstream.read.mixture_schedule import parse_weights
-from wdstream.read.mixture_sources import open_sources
-from wdstream.read.mixture_spec import MixtureSpec, read_spec
-from wdstream.read.order import OrderConfig, Origin
+from wdstream.read.mixture.reader import MixtureReader
+from wdstream.read.mixture.schedule import parse_weights
+from wdstream.read.mixture.sources import open_sources
+from wdstream.read.mixture.spec import MixtureSpec, read_spec
+from wdstream.read.order.global_order import OrderConfig, Origin
 from wdstream.read.provenance import (
     Provenance,
     RowPiece,

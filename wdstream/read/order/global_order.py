@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from wdstream.format.checksum import crc32c
-from wdstream.read.plan import EpochPlan, WindowGeometry
-from wdstream.read.source import CopyChecks, ShardSource
+from wdstream.read.order.plan import EpochPlan, WindowGeometry
+from wdstream.read.sources.packed import CopyChecks, ShardSource
 
 __all__ = ["GlobalOrder", "OrderConfig", "Origin", "TokenSpans"]
 

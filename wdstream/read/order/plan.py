@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wdstream.read.source import ShardSource
+from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["EpochPlan", "WindowGeometry"]
 

@@ -1,6 +1,6 @@
 """A rank's share of the global batch sequence, its resume state, and random access.
 
-The order itself is :mod:`wdstream.read.order`; this module serves it to one rank: chunks of
+The order itself is :mod:`wdstream.read.order.global_order`; this module serves it to one rank: chunks of
 ``K`` consecutive steps (aligned to multiples of ``K`` inside an epoch, so the next chunk's
 size follows from the step alone), chunk ``j`` of an iteration made by torch worker
 ``j % num_workers`` -- torch hands chunks over in worker order, so every worker count gives
@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.order import GlobalOrder, OrderConfig, Origin
-from wdstream.read.source import ShardSource
-from wdstream.read.state import dict_field, int_field, mismatch, same_value
+from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
+from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["GLOBAL_STATE_VERSION", "GlobalPosition", "GlobalReader", "global_batch_at"]
 
