@@ -221,7 +221,7 @@ def _stream_tokens(src: str, rank: int, epoch: int) -> dict[int, tuple[np.ndarra
     for s, tokens, _, cursors in ds.iter_chunks():
         assert tokens.shape[0] == len(cursors) * B
         out[s].append(tokens.numpy().ravel().copy())
-    return {s: (np.concatenate(v), ds._ctx.files(epoch, s)) for s, v in out.items()}
+    return {s: (np.concatenate(v), ds.sequence.ctx.files(epoch, s)) for s, v in out.items()}
 
 
 @pytest.mark.parametrize("epoch", [0, 1])
@@ -252,7 +252,7 @@ def test_cursor_points_at_a_record(corpus, tok) -> None:
         next(it)
     c = ld.state_dict()["streams"][0]
     assert c["window"] > 0 and c["byte"] > 0
-    f = ld.dataset._ctx.files(c["epoch"], 0)[c["file"]]
+    f = ld.dataset.sequence.ctx.files(c["epoch"], 0)[c["file"]]
     path = ld.dataset.source.where(f)
     raw = Path(path).read_bytes()
     line = raw[c["byte"] :].split(b"\n", 1)[0]
@@ -262,7 +262,7 @@ def test_cursor_points_at_a_record(corpus, tok) -> None:
 def test_file_order_differs_by_epoch(corpus) -> None:
     ds = TokenDataset(corpus["jsonl"], SEQ, B, tokenizer="cl100k_base", world_size=2, rank=0,
                       streams=1, seed=0)  # fmt: skip
-    orders = {tuple(ds._ctx.files(e, 0)) for e in range(6)}
+    orders = {tuple(ds.sequence.ctx.files(e, 0)) for e in range(6)}
     assert len(orders) > 1
 
 

@@ -22,13 +22,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from wdstream.format.index import DatasetIndex
 
-__all__ = ["IGNORE_INDEX", "RowLabels", "doc_end_mask", "doc_ids", "padding_mask", "row_labels"]
+__all__ = [
+    "IGNORE_INDEX",
+    "RowLabels",
+    "doc_end_mask",
+    "doc_ids",
+    "padding_mask",
+    "position_ids",
+    "row_labels",
+]
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
+
+
+def position_ids(doc_start: np.ndarray) -> np.ndarray:
+    """Per-row positions restarting at every piece start and at each row start."""
+    starts = doc_start[:, :-1].copy()
+    starts[:, 0] = True
+    idx = np.arange(starts.shape[1], dtype=np.int32)
+    last = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
+    return idx - last
 
 
 def padding_mask(rows: torch.Tensor, pad_id: int) -> torch.Tensor:

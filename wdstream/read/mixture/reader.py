@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +40,10 @@ from wdstream.read.mixture.schedule import Piece, Schedule, parse_weights
 from wdstream.read.mixture.sources import source_seed
 from wdstream.read.mixture.spec import MixtureSpec
 from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_state
+from wdstream.read.order.base import ChunkBuffers, FilledChunk
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
-from wdstream.read.order.global_sequence import GlobalPosition, GlobalReader
+from wdstream.read.order.global_sequence import GlobalPosition
+from wdstream.read.order.steps import StepChunks
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["MixturePosition", "MixtureReader"]
@@ -67,7 +70,7 @@ class MixturePosition(GlobalPosition):
         return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces)
 
 
-class MixtureReader(GlobalReader):
+class MixtureReader:
     """One rank's view of a mixture's global sequence (see the module docstring).
 
     Args:
@@ -111,6 +114,7 @@ class MixtureReader(GlobalReader):
         self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
         self._schedules: dict[tuple[Piece, ...], Schedule] = {}
         self._scratch: np.ndarray | None = None  # rows grouped by source, reused per chunk
+        self.steps = StepChunks(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -202,8 +206,29 @@ class MixtureReader(GlobalReader):
         stop = position.iter_stop if position.iter_stop is not None else self.stop_step(position)
         return stop - position.step
 
-    def _stopped(self, position: GlobalPosition) -> bool:
+    def length(self, position: GlobalPosition) -> int:
+        return self.iteration_length(position)
+
+    def stopped(self, position: GlobalPosition) -> bool:
+        """Whether the iteration ends at ``position`` (its stop step reached)."""
         return position.iter_stop is not None and position.step >= position.iter_stop
+
+    def chunks(
+        self,
+        position: GlobalPosition,
+        worker: tuple[int, int] | None,
+        buffers: ChunkBuffers,
+        epochs: int | None,
+    ) -> Iterator[FilledChunk]:
+        """This process's chunks from ``position`` on (:meth:`StepChunks.chunks`); each
+        cursor also carries its batch's ``source`` indices."""
+        wid, nw = worker if worker is not None else (0, 1)
+        self.begin(position, epochs)
+        try:
+            yield from self.steps.chunks(position, wid, nw, buffers)
+        finally:
+            self.release()
+        position.iter_stop = None  # finished: the next iter() continues after it
 
     def chunk_size(self, position: GlobalPosition) -> int:
         """Steps to the next multiple of K (or the iteration's stop)."""
@@ -286,7 +311,7 @@ class MixtureReader(GlobalReader):
         b = self.batch_size
         return [{"step": first + i + 1, "source": src[i * b : (i + 1) * b]} for i in range(n)]
 
-    def _verify_own_rows(
+    def verify_own_rows(
         self, position: GlobalPosition, worker: int, workers: int
     ) -> MixtureOwnRows | None:
         """With several workers, each source's order verifies only this worker's rows."""
@@ -297,7 +322,7 @@ class MixtureReader(GlobalReader):
             order.check_only(functools.partial(scope.spans, i))
         return scope
 
-    def _verify_all_rows(self) -> None:
+    def verify_all_rows(self) -> None:
         for order in self.orders:
             order.check_only(None)
 
@@ -305,7 +330,20 @@ class MixtureReader(GlobalReader):
         for order in self.orders:
             order.release()
 
+    def fill_step(
+        self,
+        step: int,
+        position: GlobalPosition,
+        tokens: np.ndarray,
+        doc_start: np.ndarray | None,
+    ) -> np.ndarray:
+        """This rank's rows of global ``step`` under ``position``'s schedule; their sources."""
+        return self.fill_rows(self.rank_rows(step, 1, position.origin), position, tokens, doc_start)
+
     # ---- state -------------------------------------------------------------------------
+    def position_from_dict(self, d: dict[str, Any]) -> MixturePosition:
+        return MixturePosition.from_dict(d)
+
     def config(self) -> dict[str, Any]:
         c = self.cfg
         return {

@@ -22,15 +22,17 @@ from __future__ import annotations
 import copy
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
 from wdstream.errors import StateMismatchError
+from wdstream.read.order.base import ChunkBuffers, Cursor, FilledChunk
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.steps import RowScope, StepChunks
 from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
 from wdstream.read.sources.packed import ShardSource
 
@@ -63,6 +65,13 @@ class GlobalPosition:
         worker = tuple(d["worker"]) if d["worker"] is not None else None
         return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker)
 
+    def hand_over(self, stream: int, cursors: list[Cursor], j: int) -> None:
+        """Batch ``j`` of a chunk reached the caller: the next step is the one after it."""
+        self.step = cursors[j]["step"]
+
+    def pass_turn(self, stream: int) -> None:
+        """The global order has no streams and no empty chunks: nothing to record."""
+
 
 class GlobalReader:
     """One rank's view of the global sequence.
@@ -89,6 +98,7 @@ class GlobalReader:
         self.row_tokens = self.order.row_tokens
         self.rank, self.batch_size = rank, batch_size
         self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
+        self.steps = StepChunks(self)
 
     # ---- counts ------------------------------------------------------------------------
     def epoch_of(self, position: GlobalPosition) -> int:
@@ -97,6 +107,10 @@ class GlobalReader:
     def batches_per_epoch(self, epoch: int) -> int:
         """Steps (batches of every rank) in ``epoch``."""
         return self.order.steps_per_epoch
+
+    def length(self, position: GlobalPosition) -> int:
+        """Steps in ``position``'s epoch."""
+        return self.batches_per_epoch(self.epoch_of(position))
 
     def begin(self, position: GlobalPosition, epochs: int | None) -> int | None:
         """Set the stop epoch of the iteration starting at ``position`` (kept mid-iteration)."""
@@ -174,6 +188,9 @@ class GlobalReader:
             )
         return position
 
+    def position_from_dict(self, d: dict[str, Any]) -> GlobalPosition:
+        return GlobalPosition.from_dict(d)
+
     def _rebase(self, step: int, origin: Origin, old_g: int) -> Origin:
         """Where ``step`` stands under the old global batch: the new run's origin."""
         old = GlobalOrder(
@@ -195,6 +212,16 @@ class GlobalReader:
         k = self.chunk_batches
         return min(k - (position.step - start) % k, end - position.step)
 
+    def fill_step(
+        self,
+        step: int,
+        position: GlobalPosition,
+        tokens: np.ndarray,
+        doc_start: np.ndarray | None,
+    ) -> None:
+        """This rank's rows of global step ``step``, counted from ``position``'s origin."""
+        self.fill(step, position.origin, tokens, doc_start)
+
     def fill(
         self, step: int, origin: Origin, tokens: np.ndarray, doc_start: np.ndarray | None
     ) -> None:
@@ -202,52 +229,27 @@ class GlobalReader:
         epoch, row = self.order.locate(step, origin)
         self.order.fill(epoch, row + self.rank * self.batch_size, tokens, doc_start)
 
-    def _stopped(self, position: GlobalPosition) -> bool:
+    def stopped(self, position: GlobalPosition) -> bool:
+        """Whether the iteration ends at ``position`` (its stop epoch reached)."""
         return position.iter_stop is not None and self.epoch_of(position) >= position.iter_stop
-
-    def _skip(self, position: GlobalPosition, chunks: int) -> bool:
-        """Move ``position`` past ``chunks`` chunks; False if the iteration ends first."""
-        for _ in range(chunks):
-            if self._stopped(position):
-                return False
-            position.step += self.chunk_size(position)
-        return not self._stopped(position)
 
     def chunks(
         self,
         position: GlobalPosition,
-        worker: int,
-        workers: int,
-        buffer: Callable[[int, int], tuple[Any, torch.Tensor, torch.Tensor | None]],
-        position_ids: Callable[[np.ndarray], np.ndarray],
-    ) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor | None, list[dict[str, Any]]]]:
-        """This worker's chunks from ``position`` on: ``(ref, tokens, positions, cursors)``.
-
-        Chunk ``j`` of the iteration is made by worker ``j % workers``; a worker's own saved
-        share (``position.worker == (worker, workers)``, from ``StatefulDataLoader``) starts
-        with its own next chunk. When a chunk is handed out, ``position`` already names this
-        worker's next chunk, so a state taken then resumes this worker's share exactly; at
-        the end it is where the iteration ends. ``buffer(i, rows)`` gives where this
-        worker's ``i``-th chunk is written (a shared-memory ring slot or a fresh tensor);
-        ``cursors`` holds ``{"step": k + 1}`` after each step ``k``.
-        """
-        B, T1 = self.batch_size, self.row_tokens
-        scope = self._verify_own_rows(position, worker, workers)
+        worker: tuple[int, int] | None,
+        buffers: ChunkBuffers,
+        epochs: int | None,
+    ) -> Iterator[FilledChunk]:
+        """This process's chunks from ``position`` on (:meth:`StepChunks.chunks`)."""
+        wid, nw = worker if worker is not None else (0, 1)
+        self.begin(position, epochs)
         try:
-            for mine, (first, n) in enumerate(self._own_chunks(position, worker, workers)):
-                if scope is not None:
-                    scope.forget_before(first)
-                ref, tokens, positions = buffer(mine, n * B)
-                doc = np.empty((n * B, T1), dtype=bool) if self.doc_boundaries else None
-                cursors = self.fill_chunk(first, n, position, tokens.numpy(), doc)
-                if doc is not None and positions is not None:
-                    positions.numpy()[:] = position_ids(doc)
-                yield ref, tokens, positions, cursors
+            yield from self.steps.chunks(position, wid, nw, buffers)
         finally:
-            if scope is not None:
-                self._verify_all_rows()
+            self.release()
+        position.iter_stop = None  # finished: the next iter() continues after it
 
-    def _verify_own_rows(
+    def verify_own_rows(
         self, position: GlobalPosition, worker: int, workers: int
     ) -> RowScope | None:
         """With several workers, make this one verify only the samples of its own rows
@@ -258,27 +260,9 @@ class GlobalReader:
         self.order.check_only(reads.spans)
         return reads
 
-    def _verify_all_rows(self) -> None:
+    def verify_all_rows(self) -> None:
         """Back to verifying every sample read (the iteration ended)."""
         self.order.check_only(None)
-
-    def _own_chunks(
-        self, position: GlobalPosition, worker: int, workers: int
-    ) -> Iterator[tuple[int, int]]:
-        """``(first step, steps)`` of this worker's chunks from ``position`` on; at each
-        yield ``position`` already names the worker's next chunk (see :meth:`chunks`)."""
-        own_share = workers > 1 and position.worker == (worker, workers)
-        position.worker = (worker, workers) if workers > 1 else None
-        if not self._skip(position, 0 if own_share else worker):
-            return
-        while True:
-            n = self.chunk_size(position)
-            first = position.step
-            position.step += n
-            ended = not self._skip(position, workers - 1)
-            yield first, n
-            if ended:
-                return
 
     def rank_spans(self, first: int, n: int, origin: Origin) -> list[tuple[int, int, int]]:
         """``(epoch, t0, t1)``: the epoch token ranges of this rank's rows of steps
@@ -325,13 +309,6 @@ class GlobalReader:
         self.order.release()
 
 
-class RowScope(Protocol):
-    """What a worker verifying only its own rows is told as its chunks are filled."""
-
-    def forget_before(self, step: int) -> None:
-        """Chunks before ``step`` are filled: no window read from now on serves them."""
-
-
 class _OwnRows:
     """The epoch token ranges one torch worker's chunks will read, known ahead of the reads.
 
@@ -344,7 +321,7 @@ class _OwnRows:
         self, reader: GlobalReader, position: GlobalPosition, worker: int, workers: int
     ) -> None:
         self._reader, self._origin = reader, position.origin
-        self._chunks = reader._own_chunks(position, worker, workers)
+        self._chunks = reader.steps.own(position, worker, workers)
         self._known: deque[tuple[int, int, int, int]] = deque()  # (epoch, t0, t1, last step)
         self._ended = False
         self._lock = threading.Lock()  # asked by the read-ahead thread, pruned by the filler

@@ -5,7 +5,7 @@ A state is a few hundred bytes of JSON (``docs/READER.md``, "Loader state")::
     {"version": 1, "config": {...}, "streams": [<cursor>, <cursor>], "next_stream": 1,
      "chunk_left": 9, "iter_stop": 1, "worker": null}
 
-A :class:`Position` is the part a reader moves through (the cursors, whose turn is next, the
+A :class:`StreamsPosition` is the part a reader moves through (the cursors, whose turn is next, the
 stop epoch of the iteration in progress, the worker a share belongs to); ``config`` comes
 from the reader and ``chunk_left`` from the next stream's cursor, so both only serve to
 check a state against the reader that loads it.
@@ -42,7 +42,7 @@ from wdstream.errors import StateMismatchError
 __all__ = [
     "STATE_KEYS",
     "STATE_VERSION",
-    "Position",
+    "StreamsPosition",
     "check_in_window",
     "check_iter_stop",
     "check_turns",
@@ -64,7 +64,7 @@ _HINT_WORKERS = 64  # worker counts listed when a state's stream count differs
 
 
 @dataclass
-class Position:
+class StreamsPosition:
     """Where a reader is: everything of a state that iteration changes.
 
     Attributes:
@@ -79,8 +79,8 @@ class Position:
     iter_stop: int | None = None
     worker: tuple[int, int] | None = None
 
-    def copy(self) -> Position:
-        return Position(
+    def copy(self) -> StreamsPosition:
+        return StreamsPosition(
             [dict(c) for c in self.cursors], self.next_stream, self.iter_stop, self.worker
         )
 
@@ -116,9 +116,19 @@ class Position:
                 "iter_stop": self.iter_stop, "worker": worker}  # fmt: skip
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Position:
+    def from_dict(cls, d: dict[str, Any]) -> StreamsPosition:
         worker = tuple(d["worker"]) if d["worker"] is not None else None
         return cls(d["cursors"], d["next_stream"], d["iter_stop"], worker)
+
+    def hand_over(self, stream: int, cursors: list[dict[str, Any]], j: int) -> None:
+        """Batch ``j`` of a chunk of ``stream`` reached the caller: its cursor is the
+        stream's, and after the chunk's last batch the turn passes to the next stream."""
+        self.cursors[stream] = cursors[j]
+        self.next_stream = (stream + 1) % len(self.cursors) if j == len(cursors) - 1 else stream
+
+    def pass_turn(self, stream: int) -> None:
+        """``stream`` finished its epochs and passed its turn (raw text)."""
+        self.next_stream = (stream + 1) % len(self.cursors)
 
 
 def _show(value: Any) -> str:
@@ -214,7 +224,7 @@ def _worker(value: Any, n_streams: int) -> tuple[int, int] | None:
 
 def parse_state(
     state: Any, config: dict[str, Any], cursor_keys: Sequence[str]
-) -> tuple[Position, int]:
+) -> tuple[StreamsPosition, int]:
     """Check the shape of ``state`` and that it belongs to the reader of ``config``.
 
     Args:
@@ -247,10 +257,10 @@ def parse_state(
     stop = state["iter_stop"]
     iter_stop = None if stop is None else int_field("iter_stop", stop)
     worker = _worker(state["worker"], n)
-    return Position(cursors, next_stream, iter_stop, worker), chunk_left
+    return StreamsPosition(cursors, next_stream, iter_stop, worker), chunk_left
 
 
-def check_iter_stop(position: Position, epochs: int | None) -> None:
+def check_iter_stop(position: StreamsPosition, epochs: int | None) -> None:
     """Refuse a stop epoch no iteration of equal streams could have at this position.
 
     The iteration in progress stops at ``iter_stop``: no stream is past it, a stream that
@@ -277,7 +287,9 @@ def check_iter_stop(position: Position, epochs: int | None) -> None:
         )  # fmt: skip
 
 
-def check_turns(position: Position, batches_per_stream: Callable[[int], int], k: int) -> None:
+def check_turns(
+    position: StreamsPosition, batches_per_stream: Callable[[int], int], k: int
+) -> None:
     """Refuse cursors that equal streams served in turn, ``k`` batches each, cannot have.
 
     Every stream yields ``batches_per_stream(epoch)`` batches per epoch in chunks aligned
@@ -317,7 +329,7 @@ def check_turns(position: Position, batches_per_stream: Callable[[int], int], k:
 
 
 def _turn_error(
-    position: Position,
+    position: StreamsPosition,
     t: int,
     here: tuple[int, int],
     agree: str,

@@ -20,7 +20,6 @@ Each ``iter()`` runs ``epochs`` epochs from where the previous one stopped (fore
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -30,19 +29,16 @@ from torch.utils.data import DataLoader
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.batches.buckets import BucketedBatches
-from wdstream.read.order.global_sequence import GlobalPosition
-from wdstream.read.sources.packed import ShardSource
+from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
+from wdstream.read.torch.handoff import WorkerHandoff
 from wdstream.tokenizer import Tokenizer
 
 __all__ = ["Loader"]
 
+
 # Bytes of the shared buffer that hands the start position to the workers: a cursor is at
 # most 8 int64 fields in JSON (< 300 bytes), the rest a few numbers.
-_SHARED_BASE_BYTES, _SHARED_CURSOR_BYTES = 1 << 12, 512
-_SHARED_MIXTURE_BYTES = 1 << 18  # a mixture's schedule: thousands of pieces of a few sources
-
-
 def _identity(x: Any) -> Any:
     return x
 
@@ -220,7 +216,6 @@ class Loader:
             return_doc_boundaries=return_doc_boundaries, order=order, mask_doc_ends=mask_doc_ends,
             weights=weights, stop=stop, **text, **store_options,
         )  # fmt: skip
-        self.dataset._yield_chunks = True
         self.epochs = epochs
         self.num_workers = num_workers
         self.device = torch.device(device) if device is not None else None
@@ -231,17 +226,19 @@ class Loader:
             "multiprocessing_context": multiprocessing_context,
         }
         self._dl: DataLoader | None = None
+        self._handoff: WorkerHandoff | None = None
         # The position after the last batch handed to the caller: the dataset runs ahead of
         # it by the chunks prefetched or being sliced, so this is the loader's own.
-        self._handed = self.dataset.position.copy()
+        self._handed: SequencePosition = self.dataset.position.copy()
         self._buckets = None if max_tokens is None else self._bucketed(seq_len, max_tokens, seed)
 
     def _bucketed(self, seq_len: int, max_tokens: int, seed: int) -> BucketedBatches:
         """The token-budget batches of ``max_tokens`` (one packed docs-mode dataset only)."""
-        if not isinstance(self.dataset.source, ShardSource) or self.dataset.mixture is not None:
+        source = self.dataset.source
+        if source is None or source.kind != "packed":
             raise ValueError("max_tokens reads one packed dataset (--mode docs)")
         return BucketedBatches(
-            self.dataset.source, seq_len, max_tokens, seed, self.rank, self.world_size, self.epochs
+            source, seq_len, max_tokens, seed, self.rank, self.world_size, self.epochs
         )
 
     @property
@@ -273,8 +270,7 @@ class Loader:
         """
         if self.dataset.mixture is None:
             raise TypeError("progress: this Loader reads one dataset, not a mixture")
-        assert isinstance(self._handed, GlobalPosition)
-        return self.dataset.mixture.progress(self._handed)
+        return self.dataset.mixture.progress(self._handed)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch (the same on every rank); for a
@@ -284,12 +280,9 @@ class Loader:
             TypeError: for raw text without ``batches_per_epoch`` (no count before reading),
                 or a mixture without a stop rule (it runs forever).
         """
-        if self.dataset.mixture is not None:
-            assert isinstance(self._handed, GlobalPosition)
-            return self.dataset.mixture.iteration_length(self._handed)
         if self._buckets is not None:
             return len(self._buckets)
-        return self.dataset.batches_per_epoch(self.dataset.epoch_of(self._handed))
+        return self.dataset.sequence.length(self._handed)
 
     def state_dict(self) -> dict[str, Any]:
         """Position after the last batch handed out: small and JSON-serialisable."""
@@ -323,34 +316,18 @@ class Loader:
         same time for any step (``order="global"`` only; see ``TokenDataset.batch_at``)."""
         if self._buckets is not None:
             raise TypeError("batch_at: max_tokens batches are counted per epoch, not globally")
-        handed = self._handed if isinstance(self._handed, GlobalPosition) else None
-        batch = self.dataset.batch_at(step, None, handed)
+        batch = self.dataset.batch_at(step, None, self._handed)
         return batch if self.device is None else {k: v.to(self.device) for k, v in batch.items()}
-
-    def _prepare(self) -> None:
-        self.dataset.begin(self._handed)
-        self.dataset.position = self._handed.copy()
 
     def _torch_loader(self) -> DataLoader:
         if self._dl is None:
-            ds = self.dataset
-            size = _SHARED_BASE_BYTES + _SHARED_CURSOR_BYTES * ds.cfg.streams
-            if ds.mixture is not None:  # the position carries the schedule's pieces
-                size += _SHARED_MIXTURE_BYTES
-            ds._shared = torch.zeros(size, dtype=torch.uint8).share_memory_()
-            # A worker runs at most prefetch_factor chunks ahead of the one the main process
-            # is slicing, so prefetch_factor + 2 slots per worker are never overwritten early.
-            c = ds.cfg
-            slots = (self._dl_options["prefetch_factor"] or 2) + 2
-            rows = c.chunk_batches * c.batch_size
-            shape = (self.num_workers, slots, rows)
-            tok = torch.empty((*shape, c.seq_len + 1), dtype=torch.int32).share_memory_()
-            pos = (
-                torch.empty((*shape, c.seq_len), dtype=torch.int32).share_memory_()
-                if c.doc_boundaries
-                else None
-            )
-            ds._ring = (tok, pos)
+            ds, c = self.dataset, self.dataset.cfg
+            self._handoff = WorkerHandoff(
+                self.num_workers, (self._dl_options["prefetch_factor"] or 2) + 2,
+                c.chunk_batches * c.batch_size, c.seq_len, c.doc_boundaries, c.streams,
+                schedule=ds.mixture is not None,
+            )  # fmt: skip
+            ds.use(self._handoff)
             opts = {k: v for k, v in self._dl_options.items() if v is not None}
             self._dl = DataLoader(
                 ds, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **opts,
@@ -358,35 +335,22 @@ class Loader:
         return self._dl
 
     def _chunks(self) -> Iterator[Chunk]:
-        self._prepare()
-        ds = self.dataset
+        """The chunks from the handed position on: read here, or by the workers."""
+        self.dataset.begin(self._handed)  # a state taken mid-iteration keeps this stop
+        position = self._handed.copy()
         if self.num_workers == 0:
-            return ds.iter_chunks()
+            return self.dataset.iter_chunks(position)
         dl = self._torch_loader()
-        blob = json.dumps(ds.position.to_dict()).encode()
-        assert ds._shared is not None
-        if len(blob) + 8 > ds._shared.numel():
-            raise ValueError(
-                f"the reader's position takes {len(blob):,} bytes, more than the "
-                f"{ds._shared.numel() - 8:,} the workers are handed (a schedule of too many "
-                "pieces?); use fewer schedule pieces or num_workers=0"
-            )
-        ds._shared[:8] = torch.frombuffer(
-            bytearray(len(blob).to_bytes(8, "little")), dtype=torch.uint8
-        )
-        ds._shared[8 : 8 + len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-        return iter(dl)
+        assert self._handoff is not None
+        self._handoff.publish(position)
+        return self._resolve(iter(dl))
 
     def _resolve(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
-        """Turn ring-slot references from workers into tensor views of the slot."""
-        ring = self.dataset._ring
-        for s, tokens, pos, cursors in chunks:
-            if isinstance(tokens, tuple | list):
-                assert ring is not None
-                w, slot, rows = tokens
-                tokens = ring[0][w, slot, :rows]
-                pos = ring[1][w, slot, :rows] if ring[1] is not None else None
-            yield s, tokens, pos, cursors
+        """Turn the workers' ring-slot references into tensor views of the slot."""
+        assert self._handoff is not None
+        for s, ref, _, cursors in chunks:
+            tokens, positions = self._handoff.resolve(ref)
+            yield s, tokens, positions, cursors
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if self._buckets is not None:
@@ -397,31 +361,24 @@ class Loader:
                     else {k: v.to(self.device) for k, v in batch.items()}
                 )
             return
-        chunks = self._resolve(self._chunks())
+        chunks = self._chunks()
         cuda = self.device is not None and self.device.type == "cuda"
         if cuda:
             assert self.device is not None
             chunks = _to_device(_pin(chunks), self.device)
         pin = self.pin_memory and not cuda and torch.cuda.is_available()
-        B, S = self.dataset.cfg.batch_size, self.dataset.cfg.streams
+        B = self.dataset.cfg.batch_size
         labels = self.dataset.labels
         handed = self._handed
         for s, tokens, pos, cursors in chunks:
-            n = len(cursors)
-            if isinstance(handed, GlobalPosition):
-                for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin, labels=labels)):
-                    handed.step = cursors[j]["step"]  # recorded as the batch is handed over
-                    if "source" in cursors[j]:  # a mixture: each row's source index
-                        src = torch.from_numpy(cursors[j]["source"])
-                        batch["source"] = src if self.device is None else src.to(self.device)
-                    yield batch
-                continue
-            if n == 0:  # a raw-text stream that finished its epochs passes its turn
-                handed.next_stream = (s + 1) % S
+            if not cursors:  # a raw-text stream that finished its epochs passes its turn
+                handed.pass_turn(s)
                 continue
             for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin, labels=labels)):
                 # Record the position only now, as the batch is handed over.
-                handed.cursors[s] = cursors[j]
-                handed.next_stream = (s + 1) % S if j == n - 1 else s
+                handed.hand_over(s, cursors, j)
+                if "source" in cursors[j]:  # a mixture: each row's source index
+                    src = torch.from_numpy(cursors[j]["source"])
+                    batch["source"] = src if self.device is None else src.to(self.device)
                 yield batch
         handed.iter_stop = None  # finished: the next iter() runs the following epochs

@@ -1,0 +1,225 @@
+"""From a reader's arguments to its parts: a source, a batch sequence and a target rule.
+
+What the arguments select is decided here, once, by their values: a mixture (a mapping or
+a spec file) becomes a :class:`~wdstream.read.mixture.reader.MixtureReader`; one packed
+dataset the global order (:class:`~wdstream.read.order.global_sequence.GlobalReader`) or
+per-rank streams; raw text (a tokenizer given) per-rank streams tokenised on the fly. The
+torch layer receives the parts and knows only their interfaces.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from wdstream.read.batches.rows import RowLabels, row_labels
+from wdstream.read.mixture.reader import MixtureReader
+from wdstream.read.mixture.sources import open_sources
+from wdstream.read.mixture.spec import is_mixture, mixture_spec
+from wdstream.read.order.base import BatchSequence
+from wdstream.read.order.global_order import OrderConfig
+from wdstream.read.order.global_sequence import GlobalReader
+from wdstream.read.order.streams import ReaderContext
+from wdstream.read.order.streams_context import ReaderConfig
+from wdstream.read.order.streams_sequence import StreamsSequence
+from wdstream.read.order.text_streams import TextContext
+from wdstream.read.sources.packed import ShardSource
+from wdstream.read.sources.text import TextSource
+from wdstream.tokenizer import Tokenizer
+
+__all__ = ["ReaderParts", "assemble", "check_sizes", "resolve_order", "resolve_rank"]
+
+
+@dataclass
+class ReaderParts:
+    """What a reader reads: its sequence, the rule turning rows into targets, and either
+    its one source or its mixture."""
+
+    sequence: BatchSequence[Any]
+    labels: RowLabels | None
+    source: ShardSource | TextSource | None
+    mixture: MixtureReader | None
+
+
+def assemble(
+    source: Any,
+    cfg: ReaderConfig,
+    *,
+    order: str,
+    epochs: int | None,
+    tokenizer: str | Tokenizer | None,
+    text_key: str,
+    batches_per_epoch: int | None,
+    on_error: str,
+    eos: bool,
+    tokenize_threads: int | None,
+    mask_doc_ends: bool | None,
+    weights: Any,
+    stop: str | None,
+    store_options: dict[str, Any],
+) -> ReaderParts:
+    """Open ``source`` and build its sequence (``order`` from :func:`resolve_order`)."""
+    if is_mixture(source):
+        spec = mixture_spec(source, weights, stop)
+        sources = open_sources(spec, **store_options)
+        labels = _mixture_labels(spec.names, sources, cfg.seq_len, mask_doc_ends)
+        mixture = MixtureReader(
+            spec, sources, order_config(cfg), cfg.rank, cfg.batch_size, cfg.chunk_batches,
+            cfg.doc_boundaries,
+        )  # fmt: skip
+        return ReaderParts(mixture, labels, None, mixture)
+    if weights is not None or stop is not None:
+        raise ValueError("weights= and stop= are options of a mixture (a mapping of "
+                         "sources or a spec file); this source is one dataset")  # fmt: skip
+    one = _open_source(
+        source, tokenizer, batches_per_epoch, text_key=text_key, on_error=on_error, eos=eos,
+        **store_options,
+    )  # fmt: skip
+    if isinstance(one, TextSource):
+        ctx = TextContext(one, cfg, batches_per_epoch, tokenize_threads)
+        return ReaderParts(StreamsSequence(ctx, cfg, one.fingerprint, epochs), None, one, None)
+    labels = row_labels(one.index, cfg.seq_len, mask_doc_ends)
+    if order == "global":
+        sequence: BatchSequence[Any] = GlobalReader(
+            one, order_config(cfg), cfg.rank, cfg.batch_size, cfg.chunk_batches,
+            cfg.doc_boundaries,
+        )  # fmt: skip
+    else:
+        sequence = StreamsSequence(ReaderContext(one, cfg), cfg, one.fingerprint, epochs)
+    return ReaderParts(sequence, labels, one, None)
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: explicit, else ``torch.distributed``, else env vars, else 0/1."""
+    if rank is None or world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            r, w = dist.get_rank(), dist.get_world_size()
+        else:
+            r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        rank = r if rank is None else rank
+        world_size = w if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    return rank, world_size
+
+
+def check_sizes(**sizes: int) -> None:
+    """Every size given is at least 1.
+
+    Raises:
+        ValueError: naming the first that is not.
+    """
+    for name, v in sizes.items():
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v!r}")
+
+
+def is_text(source: Any, tokenizer: Any) -> bool:
+    """Whether the reader reads raw text (a tokenizer given, or a text source)."""
+    return tokenizer is not None or isinstance(source, TextSource)
+
+
+def _open_source(
+    source: str | Sequence[str] | ShardSource | TextSource,
+    tokenizer: str | Tokenizer | None,
+    batches_per_epoch: int | None,
+    text_key: str,
+    on_error: str,
+    eos: bool,
+    **store_options: Any,
+) -> ShardSource | TextSource:
+    """Packed token shards, or raw text when a tokenizer is given (or a TextSource)."""
+    if isinstance(source, TextSource):
+        return source
+    if tokenizer is not None:
+        if isinstance(source, ShardSource):
+            raise TypeError("tokenizer= reads raw text files, not a ShardSource of token shards")
+        return TextSource(
+            source, tokenizer, text_key=text_key, on_error=on_error, eos=eos, **store_options
+        )
+    if batches_per_epoch is not None:
+        raise ValueError(
+            "batches_per_epoch is for raw-text sources (tokenizer=...); packed shards get "
+            "equal per-rank counts from their index"
+        )
+    return source if isinstance(source, ShardSource) else ShardSource(source, **store_options)
+
+
+def resolve_order(order: str | None, raw_text: bool, streams: int | None) -> str:
+    """The batch order: as given, else global for packed data unless ``streams`` was given.
+
+    Raises:
+        ValueError: for an unknown order, the global order on raw text, or ``streams`` with
+            the global order (it has no per-rank streams).
+    """
+    if order is None:
+        order = "streams" if raw_text or streams is not None else "global"
+    if order not in ("streams", "global"):
+        raise ValueError(f"order must be 'streams' or 'global', got {order!r}")
+    if order == "global" and raw_text:
+        raise ValueError(_GLOBAL_NEEDS_INDEX)
+    if order == "global" and streams is not None:
+        raise ValueError(
+            f"streams={streams} is a setting of order='streams'; the global order's batches "
+            "do not depend on streams or workers"
+        )
+    return order
+
+
+_GLOBAL_NEEDS_INDEX = (
+    "order='global' (and with it batch_at, explain and resuming on another world size) needs "
+    "a packed dataset: its index gives every sample's place. Raw text is read in per-rank "
+    "streams (order='streams'); pack it with `wdstream pack` for the global order"
+)
+
+
+def order_config(cfg: ReaderConfig) -> OrderConfig:
+    """The global order's parameters of a reader's configuration."""
+    return OrderConfig(
+        seq_len=cfg.seq_len, global_batch=cfg.world_size * cfg.batch_size, shuffle=cfg.shuffle,
+        seed=cfg.seed, shuffle_window=cfg.shuffle_window, shuffle_lanes=cfg.shuffle_lanes,
+    )  # fmt: skip
+
+
+def check_mixture_options(
+    tokenizer: Any, order: str | None, streams: int | None, epochs: int | None
+) -> None:
+    """A mixture reads packed sources in the global order and ends by its stop rule.
+
+    Raises:
+        ValueError: naming the option that does not apply to a mixture.
+    """
+    if tokenizer is not None:
+        raise ValueError("a mixture reads packed datasets; pack raw text first (tokenizer=)")
+    if order not in (None, "global") or streams is not None:
+        raise ValueError("a mixture is read in the global order; order='streams' and "
+                         "streams= do not apply")  # fmt: skip
+    if epochs is not None:
+        raise ValueError(
+            "epochs= counts epochs of one dataset; a mixture's sources each walk their own "
+            "epochs: pass stop='first_exhausted' or stop='all_exhausted' (default None: "
+            "forever) instead"
+        )
+
+
+def _mixture_labels(
+    names: list[str], sources: list[ShardSource], seq_len: int, mask_doc_ends: bool | None
+) -> RowLabels | None:
+    """The one target rule of a mixture's rows (every source's must agree).
+
+    Raises:
+        ValueError: naming two sources whose packing needs different target rules.
+    """
+    rules = [row_labels(s.index, seq_len, mask_doc_ends) for s in sources]
+    for name, rule in zip(names, rules, strict=True):
+        if rule != rules[0]:
+            raise ValueError(
+                f"sources {names[0]!r} and {name!r} need different target rules ({rules[0]} "
+                f"vs {rule}); pack them in the same mode, or pass mask_doc_ends"
+            )
+    return rules[0]

@@ -1,0 +1,122 @@
+"""Chunks of global steps for one process: what the global order and a mixture share.
+
+Both serve a rank its rows of global steps in chunks of ``K`` consecutive steps, chunk ``j``
+of an iteration made by torch worker ``j % num_workers`` (torch hands chunks over in worker
+order, so every worker count gives the same batches). They differ in where a chunk ends,
+when an iteration stops and how rows are filled: that is the :class:`StepRows` each gives
+to a :class:`StepChunks` it owns (composition, not a shared base class).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from wdstream.read.batches.rows import position_ids
+from wdstream.read.order.base import ChunkBuffers, FilledChunk
+
+if TYPE_CHECKING:
+    from wdstream.read.order.global_sequence import GlobalPosition
+
+__all__ = ["RowScope", "StepChunks", "StepRows"]
+
+
+class RowScope(Protocol):
+    """What a worker verifying only its own rows is told as its chunks are filled."""
+
+    def forget_before(self, step: int) -> None:
+        """Chunks before ``step`` are filled: no window read from now on serves them."""
+
+
+class StepRows(Protocol):
+    """A rank's rows of a sequence of global steps (the global order, a mixture)."""
+
+    batch_size: int
+    row_tokens: int
+    doc_boundaries: bool
+
+    def chunk_size(self, position: GlobalPosition) -> int:
+        """Steps in the chunk starting at ``position``."""
+
+    def stopped(self, position: GlobalPosition) -> bool:
+        """Whether the iteration ends at ``position``."""
+
+    def fill_chunk(
+        self,
+        first: int,
+        n: int,
+        position: GlobalPosition,
+        tokens: np.ndarray,
+        doc_start: np.ndarray | None,
+    ) -> list[dict[str, Any]]:
+        """This rank's rows of steps ``[first, first + n)``; the cursor after each step."""
+
+    def verify_own_rows(
+        self, position: GlobalPosition, worker: int, workers: int
+    ) -> RowScope | None:
+        """With several workers, make this one verify only the samples of its own rows."""
+
+    def verify_all_rows(self) -> None:
+        """Back to verifying every sample read (the iteration ended)."""
+
+
+class StepChunks:
+    """Walks one process's chunks of a :class:`StepRows`."""
+
+    def __init__(self, rows: StepRows) -> None:
+        self.rows = rows
+
+    def skip(self, position: GlobalPosition, chunks: int) -> bool:
+        """Move ``position`` past ``chunks`` chunks; False if the iteration ends first."""
+        for _ in range(chunks):
+            if self.rows.stopped(position):
+                return False
+            position.step += self.rows.chunk_size(position)
+        return not self.rows.stopped(position)
+
+    def own(self, position: GlobalPosition, worker: int, workers: int) -> Iterator[tuple[int, int]]:
+        """``(first step, steps)`` of this worker's chunks from ``position`` on; at each
+        yield ``position`` already names the worker's next chunk (see :meth:`chunks`)."""
+        own_share = workers > 1 and position.worker == (worker, workers)
+        position.worker = (worker, workers) if workers > 1 else None
+        if not self.skip(position, 0 if own_share else worker):
+            return
+        while True:
+            n = self.rows.chunk_size(position)
+            first = position.step
+            position.step += n
+            ended = not self.skip(position, workers - 1)
+            yield first, n
+            if ended:
+                return
+
+    def chunks(
+        self, position: GlobalPosition, worker: int, workers: int, buffers: ChunkBuffers
+    ) -> Iterator[FilledChunk]:
+        """This worker's chunks from ``position`` on.
+
+        Chunk ``j`` of the iteration is made by worker ``j % workers``; a worker's own saved
+        share (``position.worker == (worker, workers)``, from ``StatefulDataLoader``) starts
+        with its own next chunk. When a chunk is handed out, ``position`` already names this
+        worker's next chunk, so a state taken then resumes this worker's share exactly; at
+        the end it is where the iteration ends. ``cursors`` holds ``{"step": k + 1}`` after
+        each step ``k``.
+        """
+        r = self.rows
+        B, T1 = r.batch_size, r.row_tokens
+        scope = r.verify_own_rows(position, worker, workers)
+        try:
+            for mine, (first, n) in enumerate(self.own(position, worker, workers)):
+                if scope is not None:
+                    scope.forget_before(first)
+                tokens, positions = buffers.take(mine, n * B)
+                doc = np.empty((n * B, T1), dtype=bool) if r.doc_boundaries else None
+                cursors = r.fill_chunk(first, n, position, tokens.numpy(), doc)
+                if doc is not None and positions is not None:
+                    positions.numpy()[:] = position_ids(doc)
+                yield -1, mine, tokens, positions, cursors
+        finally:
+            if scope is not None:
+                r.verify_all_rows()

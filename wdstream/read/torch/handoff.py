@@ -1,0 +1,144 @@
+"""The hand-off between a ``Loader`` and its torch workers, one public object both use.
+
+The loader publishes its position in a shared-memory blob before it starts an iteration
+(workers, persistent or not, read it at every ``iter()``), and gives every worker a ring of
+chunk slots in shared memory (``[workers, slots, K*B, T+1]`` int32, and int32 positions), so
+a worker's message is a slot number instead of a fresh shared-memory tensor (which costs
+more than the data). Without a hand-off (no workers, or ``TokenDataset`` used directly)
+chunks go into fresh tensors (:class:`FreshBuffers`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import torch
+
+from wdstream.read.order.base import SequencePosition
+
+__all__ = ["FreshBuffers", "RingBuffers", "WorkerHandoff"]
+
+_BASE_BYTES, _CURSOR_BYTES = 1 << 12, 512
+_SCHEDULE_BYTES = 1 << 18  # a mixture's schedule: thousands of pieces of a few sources
+
+
+def new_buffer(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:
+    """An uninitialised tensor, allocated straight into shared memory if ``shared`` (as
+    torch's ``default_collate`` does) so sending it to the main process does not copy it."""
+    if not shared:
+        return torch.empty(shape, dtype=dtype)
+    numel = int(np.prod(shape))
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
+    return torch.empty(0, dtype=dtype).new(storage).view(shape)
+
+
+class FreshBuffers:
+    """Fresh tensors per chunk (in shared memory inside a worker without a ring)."""
+
+    def __init__(self, seq_len: int, doc_boundaries: bool, shared: bool) -> None:
+        self.seq_len, self.doc_boundaries, self.shared = seq_len, doc_boundaries, shared
+
+    def take(self, i: int, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if rows == 0:  # a stream passing its turn
+            return torch.empty((0, self.seq_len + 1), dtype=torch.int32), None
+        tokens = new_buffer((rows, self.seq_len + 1), torch.int32, self.shared)
+        positions = (
+            new_buffer((rows, self.seq_len), torch.int32, self.shared)
+            if self.doc_boundaries
+            else None
+        )
+        return tokens, positions
+
+    def reference(self, i: int, tokens: torch.Tensor) -> Any:
+        """What is sent for the chunk: the tensor itself."""
+        return tokens
+
+
+class RingBuffers:
+    """One worker's slots of the shared ring: chunk ``i`` goes into slot ``i % slots``."""
+
+    def __init__(self, ring: tuple[torch.Tensor, torch.Tensor | None], worker: int) -> None:
+        self.ring, self.worker = ring, worker
+
+    def take(self, i: int, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        tokens, positions = self.ring
+        slot = i % tokens.shape[1]
+        pos = positions[self.worker, slot, :rows] if positions is not None else None
+        return tokens[self.worker, slot, :rows], pos
+
+    def reference(self, i: int, tokens: torch.Tensor) -> Any:
+        """What is sent for the chunk: ``(worker, slot, rows)``."""
+        return (self.worker, i % self.ring[0].shape[1], tokens.shape[0])
+
+
+class WorkerHandoff:
+    """The loader's position and the chunk ring, shared with its workers.
+
+    Args:
+        workers: torch workers.
+        slots: ring slots per worker (a worker runs at most ``prefetch_factor`` chunks
+            ahead of the one being sliced, so ``prefetch_factor + 2`` are never overwritten
+            early).
+        rows: rows per chunk (``K * B``).
+        seq_len: T.
+        doc_boundaries: also a ring of positions.
+        streams: streams per rank (each cursor takes room in the position blob).
+        schedule: the position carries a mixture's schedule pieces.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        slots: int,
+        rows: int,
+        seq_len: int,
+        doc_boundaries: bool,
+        streams: int,
+        schedule: bool,
+    ) -> None:
+        size = _BASE_BYTES + _CURSOR_BYTES * streams + (_SCHEDULE_BYTES if schedule else 0)
+        self.blob = torch.zeros(size, dtype=torch.uint8).share_memory_()
+        shape = (workers, slots, rows)
+        tokens = torch.empty((*shape, seq_len + 1), dtype=torch.int32).share_memory_()
+        positions = (
+            torch.empty((*shape, seq_len), dtype=torch.int32).share_memory_()
+            if doc_boundaries
+            else None
+        )
+        self.ring = (tokens, positions)
+
+    def publish(self, position: SequencePosition) -> None:
+        """Write ``position`` for the workers of the next iteration.
+
+        Raises:
+            ValueError: if it does not fit the blob (a schedule of too many pieces).
+        """
+        blob = json.dumps(position.to_dict()).encode()
+        if len(blob) + 8 > self.blob.numel():
+            raise ValueError(
+                f"the reader's position takes {len(blob):,} bytes, more than the "
+                f"{self.blob.numel() - 8:,} the workers are handed (a schedule of too many "
+                "pieces?); use fewer schedule pieces or num_workers=0"
+            )
+        self.blob[:8] = torch.frombuffer(
+            bytearray(len(blob).to_bytes(8, "little")), dtype=torch.uint8
+        )
+        self.blob[8 : 8 + len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+
+    def position(self) -> dict[str, Any]:
+        """The published position, as :meth:`SequencePosition.to_dict` wrote it."""
+        n = int.from_bytes(self.blob[:8].numpy().tobytes(), "little")
+        out: dict[str, Any] = json.loads(self.blob[8 : 8 + n].numpy().tobytes())
+        return out
+
+    def buffers(self, worker: int) -> RingBuffers:
+        """Worker ``worker``'s slots."""
+        return RingBuffers(self.ring, worker)
+
+    def resolve(self, ref: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The tokens and positions of a chunk a worker sent as ``(worker, slot, rows)``."""
+        w, slot, rows = ref
+        pos = self.ring[1][w, slot, :rows] if self.ring[1] is not None else None
+        return self.ring[0][w, slot, :rows], pos
