@@ -37,12 +37,13 @@ __all__ = ["ReaderParts", "assemble", "check_sizes", "resolve_order", "resolve_r
 @dataclass
 class ReaderParts:
     """What a reader reads: its sequence, the rule turning rows into targets, and either
-    its one source or its mixture."""
+    its one source (``packed`` too when that is a packed dataset) or its mixture."""
 
     sequence: BatchSequence[Any]
     labels: RowLabels | None
     source: ShardSource | TextSource | None
     mixture: MixtureReader | None
+    packed: ShardSource | None = None
 
 
 def assemble(
@@ -90,7 +91,7 @@ def assemble(
         )  # fmt: skip
     else:
         sequence = StreamsSequence(ReaderContext(one, cfg), cfg, one.fingerprint, epochs)
-    return ReaderParts(sequence, labels, one, None)
+    return ReaderParts(sequence, labels, one, None, packed=one)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -40,7 +40,7 @@ from wdstream.read.mixture.schedule import Piece, Schedule, parse_weights
 from wdstream.read.mixture.sources import source_seed
 from wdstream.read.mixture.spec import MixtureSpec
 from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_state
-from wdstream.read.order.base import ChunkBuffers, FilledChunk
+from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.global_sequence import GlobalPosition
 from wdstream.read.order.steps import StepChunks
@@ -214,21 +214,11 @@ class MixtureReader:
         return position.iter_stop is not None and position.step >= position.iter_stop
 
     def chunks(
-        self,
-        position: GlobalPosition,
-        worker: tuple[int, int] | None,
-        buffers: ChunkBuffers,
-        epochs: int | None,
+        self, position: GlobalPosition, worker: Worker, buffers: ChunkBuffers, epochs: int | None
     ) -> Iterator[FilledChunk]:
         """This process's chunks from ``position`` on (:meth:`StepChunks.chunks`); each
         cursor also carries its batch's ``source`` indices."""
-        wid, nw = worker if worker is not None else (0, 1)
-        self.begin(position, epochs)
-        try:
-            yield from self.steps.chunks(position, wid, nw, buffers)
-        finally:
-            self.release()
-        position.iter_stop = None  # finished: the next iter() continues after it
+        return self.steps.iterate(position, worker, buffers, epochs)
 
     def chunk_size(self, position: GlobalPosition) -> int:
         """Steps to the next multiple of K (or the iteration's stop)."""
@@ -299,15 +289,10 @@ class MixtureReader:
             self.orders[int(src[a])].fill(int(epoch[a]), int(row[a]), out[a:b], ds)
 
     def fill_chunk(
-        self,
-        first: int,
-        n: int,
-        position: GlobalPosition,
-        tokens: np.ndarray,
-        doc_start: np.ndarray | None,
-    ) -> list[dict[str, Any]]:
+        self, first: int, n: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
+    ) -> list[Cursor]:
         rows = self.rank_rows(first, n, position.origin)
-        src = self.fill_rows(rows, position, tokens, doc_start)
+        src = self.fill_rows(rows, position, tokens, doc)
         b = self.batch_size
         return [{"step": first + i + 1, "source": src[i * b : (i + 1) * b]} for i in range(n)]
 
@@ -331,14 +316,10 @@ class MixtureReader:
             order.release()
 
     def fill_step(
-        self,
-        step: int,
-        position: GlobalPosition,
-        tokens: np.ndarray,
-        doc_start: np.ndarray | None,
+        self, step: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
     ) -> np.ndarray:
         """This rank's rows of global ``step`` under ``position``'s schedule; their sources."""
-        return self.fill_rows(self.rank_rows(step, 1, position.origin), position, tokens, doc_start)
+        return self.fill_rows(self.rank_rows(step, 1, position.origin), position, tokens, doc)
 
     # ---- state -------------------------------------------------------------------------
     def position_from_dict(self, d: dict[str, Any]) -> MixturePosition:

@@ -22,9 +22,19 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
-__all__ = ["BatchSequence", "ChunkBuffers", "FilledChunk", "SequencePosition"]
+__all__ = [
+    "BatchSequence",
+    "ChunkBuffers",
+    "Cursor",
+    "DocStarts",
+    "FilledChunk",
+    "SequencePosition",
+    "Worker",
+]
 
 Cursor = dict[str, Any]
+Worker = tuple[int, int] | None  # (id, num_workers) inside a torch worker, else None
+DocStarts = np.ndarray | None  # bool [rows, T + 1]: where document pieces start, if asked
 # (stream or -1, chunk number in this process, tokens [n*B, T+1], positions [n*B, T] or None,
 # the cursor after each of the n batches)
 FilledChunk = tuple[int, int, torch.Tensor, torch.Tensor | None, list[Cursor]]
@@ -89,17 +99,13 @@ class BatchSequence(Protocol[P]):
         """A position from :meth:`SequencePosition.to_dict` (the worker hand-off)."""
 
     def chunks(
-        self,
-        position: P,
-        worker: tuple[int, int] | None,
-        buffers: ChunkBuffers,
-        epochs: int | None,
+        self, position: P, worker: Worker, buffers: ChunkBuffers, epochs: int | None
     ) -> Iterator[FilledChunk]:
         """This process's chunks from ``position`` on, advancing it; ``worker`` is
         ``(id, num_workers)`` inside a torch worker, None in the main process."""
 
     def fill_step(
-        self, step: int, position: P, tokens: np.ndarray, doc_start: np.ndarray | None
+        self, step: int, position: P, tokens: np.ndarray, doc: DocStarts
     ) -> np.ndarray | None:
         """This rank's rows of global ``step`` into ``tokens`` ([B, T + 1]) as iteration
         from ``position`` gives them; returns each row's source index for a mixture.

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.order.base import ChunkBuffers, Cursor, FilledChunk
+from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.steps import RowScope, StepChunks
 from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
@@ -213,14 +213,10 @@ class GlobalReader:
         return min(k - (position.step - start) % k, end - position.step)
 
     def fill_step(
-        self,
-        step: int,
-        position: GlobalPosition,
-        tokens: np.ndarray,
-        doc_start: np.ndarray | None,
+        self, step: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
     ) -> None:
         """This rank's rows of global step ``step``, counted from ``position``'s origin."""
-        self.fill(step, position.origin, tokens, doc_start)
+        self.fill(step, position.origin, tokens, doc)
 
     def fill(
         self, step: int, origin: Origin, tokens: np.ndarray, doc_start: np.ndarray | None
@@ -234,20 +230,10 @@ class GlobalReader:
         return position.iter_stop is not None and self.epoch_of(position) >= position.iter_stop
 
     def chunks(
-        self,
-        position: GlobalPosition,
-        worker: tuple[int, int] | None,
-        buffers: ChunkBuffers,
-        epochs: int | None,
+        self, position: GlobalPosition, worker: Worker, buffers: ChunkBuffers, epochs: int | None
     ) -> Iterator[FilledChunk]:
         """This process's chunks from ``position`` on (:meth:`StepChunks.chunks`)."""
-        wid, nw = worker if worker is not None else (0, 1)
-        self.begin(position, epochs)
-        try:
-            yield from self.steps.chunks(position, wid, nw, buffers)
-        finally:
-            self.release()
-        position.iter_stop = None  # finished: the next iter() continues after it
+        return self.steps.iterate(position, worker, buffers, epochs)
 
     def verify_own_rows(
         self, position: GlobalPosition, worker: int, workers: int
@@ -279,24 +265,19 @@ class GlobalReader:
         return out
 
     def fill_chunk(
-        self,
-        first: int,
-        n: int,
-        position: GlobalPosition,
-        tokens: np.ndarray,
-        doc_start: np.ndarray | None,
-    ) -> list[dict[str, Any]]:
+        self, first: int, n: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
+    ) -> list[Cursor]:
         """This rank's rows of steps ``[first, first + n)`` into ``tokens`` ([n*B, T + 1]);
         returns the cursor after each step (``{"step": k + 1}``)."""
         B = self.batch_size
         if B == self.order.cfg.global_batch:
             # One rank: the chunk's steps are consecutive rows of one epoch, one copy.
             epoch, row = self.order.locate(first, position.origin)
-            self.order.fill(epoch, row, tokens, doc_start)
+            self.order.fill(epoch, row, tokens, doc)
         else:
             for i in range(n):
                 rows = slice(i * B, (i + 1) * B)
-                ds = None if doc_start is None else doc_start[rows]
+                ds = None if doc is None else doc[rows]
                 self.fill(first + i, position.origin, tokens[rows], ds)
         return [{"step": first + i + 1} for i in range(n)]
 

@@ -10,12 +10,12 @@ to a :class:`StepChunks` it owns (composition, not a shared base class).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from wdstream.read.batches.rows import position_ids
-from wdstream.read.order.base import ChunkBuffers, FilledChunk
+from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 
 if TYPE_CHECKING:
     from wdstream.read.order.global_sequence import GlobalPosition
@@ -43,14 +43,15 @@ class StepRows(Protocol):
     def stopped(self, position: GlobalPosition) -> bool:
         """Whether the iteration ends at ``position``."""
 
+    def begin(self, position: GlobalPosition, epochs: int | None) -> int | None:
+        """Set and return the stop of the iteration starting at ``position``."""
+
+    def release(self) -> None:
+        """Drop cached window data (the end of an iteration)."""
+
     def fill_chunk(
-        self,
-        first: int,
-        n: int,
-        position: GlobalPosition,
-        tokens: np.ndarray,
-        doc_start: np.ndarray | None,
-    ) -> list[dict[str, Any]]:
+        self, first: int, n: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
+    ) -> list[Cursor]:
         """This rank's rows of steps ``[first, first + n)``; the cursor after each step."""
 
     def verify_own_rows(
@@ -91,6 +92,19 @@ class StepChunks:
             yield first, n
             if ended:
                 return
+
+    def iterate(
+        self, position: GlobalPosition, worker: Worker, buffers: ChunkBuffers, epochs: int | None
+    ) -> Iterator[FilledChunk]:
+        """An iteration from ``position`` on: its stop set, this process's chunks
+        (:meth:`chunks`), the cache dropped at its end."""
+        wid, nw = worker if worker is not None else (0, 1)
+        self.rows.begin(position, epochs)
+        try:
+            yield from self.chunks(position, wid, nw, buffers)
+        finally:
+            self.rows.release()
+        position.iter_stop = None  # finished: the next iter() continues after it
 
     def chunks(
         self, position: GlobalPosition, worker: int, workers: int, buffers: ChunkBuffers

@@ -23,7 +23,7 @@ import numpy as np
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.batches.rows import position_ids
-from wdstream.read.order.base import ChunkBuffers, FilledChunk
+from wdstream.read.order.base import ChunkBuffers, DocStarts, FilledChunk, Worker
 from wdstream.read.order.streams_context import ReaderConfig, StreamContext
 from wdstream.read.order.streams_state import (
     STATE_VERSION,
@@ -121,7 +121,7 @@ class StreamsSequence:
 
     # ---- batches -----------------------------------------------------------------------
     def fill_step(
-        self, step: int, position: StreamsPosition, tokens: np.ndarray, doc: np.ndarray | None
+        self, step: int, position: StreamsPosition, tokens: np.ndarray, doc: DocStarts
     ) -> None:
         raise TypeError("batch_at needs order='global' on a packed dataset")
 
@@ -129,7 +129,7 @@ class StreamsSequence:
         """Nothing is cached across iterations (each stream closes its own reads)."""
 
     def _schedule(
-        self, position: StreamsPosition, worker: tuple[int, int] | None, epochs: int | None
+        self, position: StreamsPosition, worker: Worker, epochs: int | None
     ) -> tuple[list[int], int | None]:
         """This process's stream order and the epoch at which this ``iter()`` stops."""
         wid, nw = worker if worker is not None else (0, 1)
@@ -153,11 +153,7 @@ class StreamsSequence:
         return order, stop
 
     def chunks(
-        self,
-        position: StreamsPosition,
-        worker: tuple[int, int] | None,
-        buffers: ChunkBuffers,
-        epochs: int | None,
+        self, position: StreamsPosition, worker: Worker, buffers: ChunkBuffers, epochs: int | None
     ) -> Iterator[FilledChunk]:
         """This process's chunks in round-robin order, advancing ``position``."""
         order, stop = self._schedule(position, worker, epochs)

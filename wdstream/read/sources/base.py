@@ -16,7 +16,6 @@ __all__ = ["Source"]
 class Source(Protocol):
     """One dataset, as a reader sees it."""
 
-    kind: str  # "packed" or "text"
     fingerprint: str  # what a saved state names this dataset by
 
     def __len__(self) -> int:

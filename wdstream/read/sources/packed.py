@@ -110,8 +110,6 @@ class ShardSource:
             (names shard, sample and offset).
     """
 
-    kind = "packed"  # the Source interface (wdstream.read.sources.base)
-
     def __init__(
         self, source: str | Sequence[str], checksums: bool = True, **store_options: Any
     ) -> None:

@@ -112,8 +112,6 @@ class TextSource:
         ValueError: for an empty source or a bad option.
     """
 
-    kind = "text"  # the Source interface (wdstream.read.sources.base)
-
     def __init__(
         self,
         source: str | Sequence[str],

@@ -146,6 +146,7 @@ class TokenDataset(IterableDataset):
         self.labels = parts.labels
         self.source = parts.source  # one dataset (None for a mixture: one per source)
         self.mixture = parts.mixture
+        self.packed = parts.packed  # the source again when it is one packed dataset
         self.random_access = order == "global"
         # Where this dataset is when iterated on its own: advanced by iteration, replaced by
         # ``load_state_dict``. (A Loader keeps its own and passes it to ``iter_chunks``.)

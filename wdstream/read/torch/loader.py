@@ -234,8 +234,8 @@ class Loader:
 
     def _bucketed(self, seq_len: int, max_tokens: int, seed: int) -> BucketedBatches:
         """The token-budget batches of ``max_tokens`` (one packed docs-mode dataset only)."""
-        source = self.dataset.source
-        if source is None or source.kind != "packed":
+        source = self.dataset.packed
+        if source is None:
             raise ValueError("max_tokens reads one packed dataset (--mode docs)")
         return BucketedBatches(
             source, seq_len, max_tokens, seed, self.rank, self.world_size, self.epochs
