@@ -20,6 +20,7 @@ from wdstream.read.batches.rows import RowLabels, row_labels
 from wdstream.read.mixture.reader import MixtureReader
 from wdstream.read.mixture.sources import open_sources
 from wdstream.read.mixture.spec import is_mixture, mixture_spec
+from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import BatchSequence
 from wdstream.read.order.global_order import OrderConfig
 from wdstream.read.order.global_sequence import GlobalReader
@@ -46,26 +47,11 @@ class ReaderParts:
     packed: ShardSource | None = None
 
 
-def assemble(
-    source: Any,
-    cfg: ReaderConfig,
-    *,
-    order: str,
-    epochs: int | None,
-    tokenizer: str | Tokenizer | None,
-    text_key: str,
-    batches_per_epoch: int | None,
-    on_error: str,
-    eos: bool,
-    tokenize_threads: int | None,
-    mask_doc_ends: bool | None,
-    weights: Any,
-    stop: str | None,
-    store_options: dict[str, Any],
-) -> ReaderParts:
+def assemble(source: Any, cfg: ReaderConfig, order: str, opts: ReadOptions) -> ReaderParts:
     """Open ``source`` and build its sequence (``order`` from :func:`resolve_order`)."""
+    mask_doc_ends, store_options = opts.mask_doc_ends, opts.store_options
     if is_mixture(source):
-        spec = mixture_spec(source, weights, stop)
+        spec = mixture_spec(source, opts.weights, opts.stop)
         sources = open_sources(spec, **store_options)
         labels = _mixture_labels(spec.names, sources, cfg.seq_len, mask_doc_ends)
         mixture = MixtureReader(
@@ -73,16 +59,17 @@ def assemble(
             cfg.doc_boundaries,
         )  # fmt: skip
         return ReaderParts(mixture, labels, None, mixture)
-    if weights is not None or stop is not None:
+    if opts.weights is not None or opts.stop is not None:
         raise ValueError("weights= and stop= are options of a mixture (a mapping of "
                          "sources or a spec file); this source is one dataset")  # fmt: skip
     one = _open_source(
-        source, tokenizer, batches_per_epoch, text_key=text_key, on_error=on_error, eos=eos,
-        **store_options,
+        source, opts.tokenizer, opts.batches_per_epoch, text_key=opts.text_key,
+        on_error=opts.on_error, eos=opts.eos, **store_options,
     )  # fmt: skip
     if isinstance(one, TextSource):
-        ctx = TextContext(one, cfg, batches_per_epoch, tokenize_threads)
-        return ReaderParts(StreamsSequence(ctx, cfg, one.fingerprint, epochs), None, one, None)
+        ctx = TextContext(one, cfg, opts.batches_per_epoch, opts.tokenize_threads)
+        text = StreamsSequence(ctx, cfg, one.fingerprint, opts.epochs)
+        return ReaderParts(text, None, one, None)
     labels = row_labels(one.index, cfg.seq_len, mask_doc_ends)
     if order == "global":
         sequence: BatchSequence[Any] = GlobalReader(
@@ -90,7 +77,7 @@ def assemble(
             cfg.doc_boundaries,
         )  # fmt: skip
     else:
-        sequence = StreamsSequence(ReaderContext(one, cfg), cfg, one.fingerprint, epochs)
+        sequence = StreamsSequence(ReaderContext(one, cfg), cfg, one.fingerprint, opts.epochs)
     return ReaderParts(sequence, labels, one, None, packed=one)
 
 

@@ -28,13 +28,13 @@ from wdstream.read.assemble import (
 )
 from wdstream.read.batches.rows import IGNORE_INDEX, RowLabels, doc_ids, position_ids
 from wdstream.read.mixture.spec import is_mixture
+from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.order.global_order import Origin
 from wdstream.read.order.streams_context import ReaderConfig
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.text import TextSource
 from wdstream.read.torch.handoff import FreshBuffers, WorkerHandoff
-from wdstream.tokenizer import Tokenizer
 
 __all__ = ["Chunk", "TokenDataset", "chunk_to_batches", "resolve_order", "resolve_rank"]
 
@@ -53,42 +53,10 @@ class TokenDataset(IterableDataset):
             / ``.toml`` mixture spec (``docs/MIXTURES.md``).
         seq_len: training sequence length T (rows hold T + 1 tokens).
         batch_size: rows per batch B.
-        shuffle: permute shards per epoch and shuffle samples in windows.
-        seed: the one seed of all randomness.
-        rank: this rank (default: ``torch.distributed``, else ``RANK``, else 0).
-        world_size: number of ranks (default: ``torch.distributed``, else ``WORLD_SIZE``, else 1).
-        streams: ``order="streams"``: independent streams of this rank (a multiple of the
-            worker count; default 1). Giving it with ``order=None`` selects that order.
-        epochs: epochs per ``iter()`` (None: forever); each ``iter()`` continues where the last
-            one stopped, so ``for e in range(E): for b in ds`` with ``epochs=1`` walks E epochs.
-        shuffle_window: samples per shuffle window.
-        shuffle_lanes: interleaved lanes a window is drawn from.
-        chunk_batches: batches per message (K); 1 when used directly.
-        return_doc_boundaries: add ``position_ids``, ``cu_seqlens`` and ``doc_ids`` to each
-            batch.
-        mask_doc_ends: -100 as the target after each document's last token; None: on for
-            ``--mode bestfit`` datasets (whose padding targets are always -100), off
-            otherwise (``wdstream.read.batches.rows``).
-        tokenizer: read raw text (JSON Lines, ``.txt`` or text tar shards) and tokenize it on
-            the fly with this tokenizer (see ``docs/READER.md``, "Raw text"); None: ``source``
-            is packed token shards.
-        text_key: raw text: JSON field holding the text (dotted for nested fields).
-        batches_per_epoch: raw text: batches every rank yields per epoch (a multiple of
-            ``streams``; a stream that runs out first raises). Without it each stream stops
-            when its files run out, so ranks may yield different counts.
-        on_error: raw text: ``"raise"`` on a bad record (naming file and line) or ``"skip"``.
-        eos: raw text: append ``<|endoftext|>`` to every document.
-        tokenize_threads: raw text: threads of one batched tokenizer call.
-        order: ``"global"``: one global batch sequence, the same batches for any world size
-            and worker count with the same global batch, resumable on another world size,
-            with ``batch_at`` (packed datasets only; ``docs/READER.md``). ``"streams"``:
-            per-rank streams (the order depends on the world size and ``streams``; the only
-            order for raw text). None (default): global for packed datasets, streams for raw
-            text or when ``streams`` is given.
-        weights: a mixture's ``{name: weight}``, or a schedule ``[(step, {name: weight})]``.
-        stop: a mixture's stop rule: None (forever), ``"first_exhausted"`` or
-            ``"all_exhausted"`` (``docs/MIXTURES.md``).
-        store_options: passed to the storage backend.
+        options: the reader's options as one object; or instead
+        keywords: any field of :class:`~wdstream.read.options.ReadOptions` (shuffle, seed,
+            rank, world_size, order, epochs, tokenizer, weights, ...), documented there; any
+            other keyword is passed to the storage backend.
     """
 
     def __init__(
@@ -96,52 +64,32 @@ class TokenDataset(IterableDataset):
         source: str | Sequence[str] | Mapping[str, str] | ShardSource | TextSource,
         seq_len: int,
         batch_size: int,
-        shuffle: bool = True,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        streams: int | None = None,
-        epochs: int | None = None,
-        shuffle_window: int = 1024,
-        shuffle_lanes: int = 8,
-        chunk_batches: int = 1,
-        return_doc_boundaries: bool = False,
-        tokenizer: str | Tokenizer | None = None,
-        text_key: str = "text",
-        batches_per_epoch: int | None = None,
-        on_error: str = "raise",
-        eos: bool = True,
-        tokenize_threads: int | None = None,
-        order: str | None = None,
-        mask_doc_ends: bool | None = None,
-        weights: Any = None,
-        stop: str | None = None,
-        **store_options: Any,
+        options: ReadOptions | None = None,
+        **keywords: Any,
     ) -> None:
+        if options is not None and keywords:
+            raise TypeError("pass the reader's options as options= or as keywords, not both")
+        opts = options if options is not None else ReadOptions.of(keywords)
+        order, streams, epochs = opts.order, opts.streams, opts.epochs
         if is_mixture(source):
-            check_mixture_options(tokenizer, order, streams, epochs)
+            check_mixture_options(opts.tokenizer, order, streams, epochs)
             order = "global"
-        order = resolve_order(order, is_text(source, tokenizer), streams)
+        order = resolve_order(order, is_text(source, opts.tokenizer), streams)
         streams = 1 if streams is None else streams
         check_sizes(seq_len=seq_len, batch_size=batch_size, streams=streams,
-                    shuffle_window=shuffle_window, shuffle_lanes=shuffle_lanes,
-                    chunk_batches=chunk_batches)  # fmt: skip
+                    shuffle_window=opts.shuffle_window, shuffle_lanes=opts.shuffle_lanes,
+                    chunk_batches=opts.chunk_batches)  # fmt: skip
         if epochs is not None and epochs < 1:
             raise ValueError(f"epochs must be None or >= 1, got {epochs!r}")
-        rank, world_size = resolve_rank(rank, world_size)
+        rank, world_size = resolve_rank(opts.rank, opts.world_size)
         self.cfg = ReaderConfig(
-            seq_len=seq_len, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank,
-            world_size=world_size, streams=streams, shuffle_window=shuffle_window,
-            shuffle_lanes=shuffle_lanes, chunk_batches=chunk_batches,
-            doc_boundaries=return_doc_boundaries,
+            seq_len=seq_len, batch_size=batch_size, shuffle=opts.shuffle, seed=opts.seed,
+            rank=rank, world_size=world_size, streams=streams,
+            shuffle_window=opts.shuffle_window, shuffle_lanes=opts.shuffle_lanes,
+            chunk_batches=opts.chunk_batches, doc_boundaries=opts.return_doc_boundaries,
         )  # fmt: skip
         self.epochs = epochs
-        parts = assemble(
-            source, self.cfg, order=order, epochs=epochs, tokenizer=tokenizer,
-            text_key=text_key, batches_per_epoch=batches_per_epoch, on_error=on_error, eos=eos,
-            tokenize_threads=tokenize_threads, mask_doc_ends=mask_doc_ends, weights=weights,
-            stop=stop, store_options=store_options,
-        )  # fmt: skip
+        parts = assemble(source, self.cfg, order, opts)
         self.sequence = parts.sequence
         self.labels = parts.labels
         self.source = parts.source  # one dataset (None for a mixture: one per source)

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.batches.buckets import BucketedBatches
+from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.torch.handoff import WorkerHandoff
@@ -203,19 +204,16 @@ class Loader:
             raise ValueError(f"streams={streams} must be a multiple of num_workers={num_workers}")
         if tokenizer is not None and tokenize_threads is None:
             tokenize_threads = max(1, (os.cpu_count() or 1) // max(1, num_workers))
-        text = (
-            {"tokenizer": tokenizer, "text_key": text_key, "batches_per_epoch": batches_per_epoch,
-             "on_error": on_error, "eos": eos, "tokenize_threads": tokenize_threads}
-            if tokenizer is not None
-            else {"batches_per_epoch": batches_per_epoch}
+        options = ReadOptions(
+            shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, streams=streams,
+            epochs=epochs, shuffle_window=shuffle_window, shuffle_lanes=shuffle_lanes,
+            chunk_batches=chunk_batches, return_doc_boundaries=return_doc_boundaries,
+            mask_doc_ends=mask_doc_ends, tokenizer=tokenizer, text_key=text_key,
+            batches_per_epoch=batches_per_epoch, on_error=on_error, eos=eos,
+            tokenize_threads=tokenize_threads, order=order, weights=weights, stop=stop,
+            store_options=store_options,
         )  # fmt: skip
-        self.dataset = TokenDataset(
-            source, seq_len, batch_size, shuffle=shuffle, seed=seed, rank=rank,
-            world_size=world_size, streams=streams, epochs=epochs, shuffle_window=shuffle_window,
-            shuffle_lanes=shuffle_lanes, chunk_batches=chunk_batches,
-            return_doc_boundaries=return_doc_boundaries, order=order, mask_doc_ends=mask_doc_ends,
-            weights=weights, stop=stop, **text, **store_options,
-        )  # fmt: skip
+        self.dataset = TokenDataset(source, seq_len, batch_size, options)
         self.epochs = epochs
         self.num_workers = num_workers
         self.device = torch.device(device) if device is not None else None
