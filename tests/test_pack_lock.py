@@ -340,14 +340,63 @@ def test_lock_released_when_pack_fails(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / LOCK_NAME).exists()
 
 
-def test_s3_lock_taken_over_midway_stops_publishing(s3_bucket: str) -> None:  # noqa: F811
-    """A pack whose lock was forced away by another publishes no index.json."""
-    store = open_store(f"s3://{s3_bucket}/ds")
-    first = acquire(store)
-    second = acquire(store, force_unlock=True)
-    with pytest.raises(PackLockedError, match=rf"taken away .* by {second.owner.who} \(--force"):
-        first.verify()
-    first.release()
-    second.verify()  # still the second's
-    second.release()
-    assert not store.exists(LOCK_NAME)
+def test_s3_lock_taken_over_midway_stops_publishing(
+    corpus: Path,
+    s3_bucket: str,  # noqa: F811
+) -> None:
+    """A real pack on the moto server has committed shards when another pack takes its lock
+    with --force-unlock; it writes the rest of its shards but publishes no index.json, and
+    fails naming the new owner, whose lock it leaves alone."""
+    url = f"s3://{s3_bucket}/ds"
+    store = _store(url)
+
+    def committed() -> int:
+        try:
+            return len(json.loads(store.read(JOURNAL_NAME))["shards"])
+        except FileNotFoundError:
+            return 0
+
+    # Small tokenisation batches, so shards commit while the input still arrives.
+    code = (
+        "import sys, wdstream; wdstream.pack(['-'], sys.argv[1], seq_len=31, "
+        "shard_size='8KB', workers=0, batch_bytes=500, progress=False)"
+    )
+    lines = corpus.read_bytes().splitlines(keepends=True)
+    first = subprocess.Popen(
+        [sys.executable, "-c", code, url], stdin=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    second = None
+    try:
+        assert first.stdin is not None and first.stderr is not None
+        first.stdin.write(b"".join(lines[: len(lines) // 2]))
+        first.stdin.flush()
+        _wait_for("a committed shard", lambda: committed() >= 1 or _ended(first))
+        assert first.poll() is None, "the first pack ended early"
+        owner = _owner(url)
+        assert owner is not None and owner.pid == first.pid
+        # Another writer takes the output over and holds it, waiting for its input.
+        second = subprocess.Popen(
+            [*_pack_cmd("-", url), "--force-unlock"], stdin=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        # (--force-unlock deletes the old lock, then creates its own: no owner in between)
+        _wait_for(
+            "the second pack's lock", lambda: _owner(url) not in (owner, None) or _ended(second)
+        )
+        taker = _owner(url)
+        assert taker is not None and taker.pid == second.pid
+        at_takeover = committed()
+        first.stdin.write(b"".join(lines[len(lines) // 2 :]))
+        first.stdin.close()
+        assert first.wait(_DEADLINE) != 0
+        err = first.stderr.read().decode()
+        assert "PackLockedError" in err and f"by {taker.who}" in err, err
+        assert committed() > at_takeover  # it went on writing shards after the takeover
+        assert not store.exists("index.json")  # but published nothing
+        assert _owner(url) == taker  # and left the new owner's lock in place
+        assert second.poll() is None, "the new owner died"
+    finally:
+        for p in (first, second):
+            if p is not None:
+                _stop(p)
+    assert not store.exists("index.json")

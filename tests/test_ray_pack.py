@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -360,7 +361,13 @@ def test_one_progress_bar_on_the_driver(
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_corpus(200, seed=3)))
     pack([str(src)], str(tmp_path / "out"), engine="ray", **{**PACK_OPTS, "progress": True})
     err = capsys.readouterr().err
-    assert "pack: 100%" in err and "docs/s" in err and "tok/s" in err
+    # tqdm redraws a bar in place with "\r" and ends it with one "\n" when it closes: one
+    # bar is one line holding "pack:", whose last drawing is the finished bar.
+    bars = [line for line in err.split("\n") if "pack:" in line]
+    assert len(bars) == 1, f"{len(bars)} bars: {bars!r}"
+    final = bars[0].split("\r")[-1]
+    assert re.fullmatch(r"pack: 100%\|.*docs/s [\d,]+ tok/s\]", final), final
+    assert all(d.startswith("pack: ") for d in bars[0].split("\r") if d), bars[0]
 
 
 def test_failed_shard_write_raises_the_store_error(cluster: Any, tmp_path: Path) -> None:

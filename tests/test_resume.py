@@ -33,19 +33,57 @@ def rows(batch: dict) -> np.ndarray:
     return np.concatenate([batch["input_ids"].numpy(), batch["labels"].numpy()[:, -1:]], axis=1)
 
 
+def _batches(loader: Loader, steps: int | None = None) -> list[dict[str, np.ndarray]]:
+    """Up to ``steps`` batches of one ``iter()`` of ``loader``, as numpy arrays."""
+    out = []
+    for b in loader:
+        out.append({k: v.numpy().copy() for k, v in b.items()})
+        if steps is not None and len(out) == steps:
+            break
+    return out
+
+
+def _same(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> bool:
+    return len(got) == len(want) and all(
+        g.keys() == w.keys() and all(np.array_equal(g[k], w[k]) for k in w)
+        for g, w in zip(got, want, strict=True)
+    )
+
+
 @pytest.mark.parametrize("epochs", [None, 2])
 @pytest.mark.parametrize("streams,chunk", [(1, 1), (3, 2)])
 def test_loader_resumes_at_every_step(concat_root: str, epochs, streams: int, chunk: int) -> None:
-    def make() -> Loader:
+    def make(epochs: int | None = epochs) -> Loader:
         return Loader(concat_root, seq_len=30, batch_size=4, num_workers=0, epochs=epochs,
                       streams=streams, chunk_batches=chunk, seed=5, **KW)  # fmt: skip
 
-    n = len(make())
+    # The uninterrupted run, epoch by epoch: a one-epoch loader walks the next epoch on
+    # each iter(). Two epochs of the same length n, in different orders.
+    one = make(1)
+    n = len(one)
+    per_epoch = [_batches(one) for _ in range(3)]
+    assert [len(e) for e in per_epoch] == [n, n, n] and n > 5
+    assert not _same(per_epoch[0], per_epoch[1])
+    # epochs=2 yields exactly those 2n batches and stops; epochs=None runs on into epoch 2
     steps = 2 * n + 3 if epochs is None else None
+    want = per_epoch[0] + per_epoch[1] + (per_epoch[2][:3] if epochs is None else [])
+    ref = make()
+    states, got = [], []
+    it = iter(ref)
+    for _ in range(2 * n + 10):
+        states.append(json.loads(json.dumps(ref.state_dict())))
+        b = next(it, None)
+        if b is None or len(got) == steps:
+            break
+        got.append({k: v.numpy().copy() for k, v in b.items()})
+    assert len(got) == len(want) and _same(got, want)
+    # restoring the state taken before step i yields exactly batches i.. of that run
     edges = {0, 1, n - 1, n, n + 1, 2 * n - 1, 2 * n}
-    check = sorted(edges | set(range(0, 2 * n, 5)))
-    items = assert_resumes_exactly(make, steps=steps, check_at=check)
-    assert len(items) == 2 * n + 3 if epochs is None else len(items) >= n
+    for i in sorted(edges | set(range(0, 2 * n, 5))):
+        fresh = make()
+        fresh.load_state_dict(states[i])
+        rest = _batches(fresh, None if steps is None else steps - i)
+        assert _same(rest, want[i:]), f"resume at step {i}: {len(rest)} of {len(want) - i}"
 
 
 def test_second_resume_in_same_epoch(docs_root: str) -> None:

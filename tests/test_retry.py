@@ -103,18 +103,55 @@ def test_offset_in_error_is_the_first_missing_byte() -> None:
         _retrier(retries=2).read(fetch, "u", 1_000, 9_000)
 
 
-def test_permanent_errors_are_not_retried() -> None:
+# Every kind of error the retrier must not repeat: those it passes through as they are (a
+# missing object, a refusal, a bad request argument, a store error already decided), and
+# one its backend calls permanent (here RuntimeError), which becomes the store's error.
+_PASSED_THROUGH = [
+    FileNotFoundError("no such object: u"),
+    PermissionError("403 forbidden: u"),
+    ValueError("bad range"),
+    RemoteReadError("already failed", "u", "c", 0),
+    RemoteWriteError("already failed", "u", "c", 0),
+]
+
+
+@pytest.mark.parametrize("error", _PASSED_THROUGH, ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("how", ["read", "call"])
+def test_permanent_errors_are_not_retried(error: Exception, how: str) -> None:
+    # The backend's predicate would retry anything: only the retrier's own rule stops these.
+    sleeps: list[float] = []
+    r = Retrier(RetryPolicy(retries=3, backoff=0.1), lambda exc: True, random.Random(0),
+                sleep=sleeps.append)  # fmt: skip
+    attempts: list[int] = []
+
     def fetch(start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+        attempts.append(start)
+        raise error
+
+    with pytest.raises(type(error)) as info:
+        if how == "read":
+            r.read(fetch, "u", 0, 10)
+        else:
+            r.call(lambda: fetch(0, None), "GET", "u")
+    assert info.value is error  # passed through, not wrapped
+    assert (attempts, sleeps) == ([0], [])
+
+
+@pytest.mark.parametrize("how", ["read", "call"])
+def test_errors_the_backend_calls_permanent_are_not_retried(how: str) -> None:
+    sleeps: list[float] = []
+    attempts: list[int] = []
+
+    def fetch(start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+        attempts.append(start)
         raise RuntimeError("400 bad request")
 
     with pytest.raises(RemoteReadError, match=r"\(not retried\): RuntimeError: 400 bad request"):
-        _retrier().read(fetch, "u", 0, 10)
-
-    def missing(start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
-        raise FileNotFoundError("no such object: u")
-
-    with pytest.raises(FileNotFoundError):
-        _retrier().read(missing, "u", 0, 10)
+        if how == "read":
+            _retrier(sleeps=sleeps).read(fetch, "u", 0, 10)
+        else:
+            _retrier(sleeps=sleeps).call(lambda: fetch(0, None), "GET", "u")
+    assert (attempts, sleeps) == ([0], [])
 
 
 def test_call_retries_then_raises_the_given_error() -> None:
@@ -320,11 +357,17 @@ def test_redact_url(url: str, want: str) -> None:
 def test_redact_text() -> None:
     text = (
         "Max retries exceeded with url: /a/b.tar?sig=SECRET1 (http://bob:SECRET2@h/x) "
-        "headers {'Authorization': 'AWS4-HMAC-SHA256 SECRET3'} password=SECRET4"
+        "headers {'Authorization': 'AWS4-HMAC-SHA256 SECRET3'} password=SECRET4, "
+        "x-amz-security-token: SECRET5 token=SECRET6&part=2"
     )
-    out = redact_text(text)
-    for secret in ("SECRET1", "SECRET2", "SECRET3", "SECRET4"):
-        assert secret not in out
+    assert redact_text(text) == (
+        "Max retries exceeded with url: /a/b.tar?<redacted> (http://***@h/x) "
+        "headers {'Authorization': <redacted>} password=<redacted>, "
+        "x-amz-security-token: <redacted> token=<redacted>&part=2"
+    )
+    # text without secrets is left as it is
+    plain = "GET https://host:8080/data/s-000001.tar failed: HTTP 503 Slow Down (retry 2/5)"
+    assert redact_text(plain) == plain
 
 
 @given(

@@ -7,6 +7,7 @@ ranged reads (short only at the end of the object), sizes, existence, listing, d
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import random
 import threading
@@ -174,6 +175,48 @@ def test_concurrent_read_range(store: Store) -> None:
     assert errors == []
 
 
-def test_local_store_is_the_local_backend(tmp_path: Path) -> None:
-    assert isinstance(open_store(str(tmp_path), retries=3, timeout=1.0), LocalStore)
-    assert isinstance(open_store(f"file://{tmp_path}"), LocalStore)
+@pytest.mark.parametrize("form", ["path", "file-url"])
+def test_local_store_is_the_local_backend(tmp_path: Path, form: str) -> None:
+    """A local path or ``file://`` URL is a folder on disk: what the store writes is there as
+    plain files (read back with pathlib, not the store), a file put there is an object,
+    writes appear by an atomic rename of a hidden partial file, and the remote options are
+    accepted and have nothing to change."""
+    root = tmp_path / "new" / "ds"
+    url = str(root) if form == "path" else f"file://{root}"
+    store = open_store(url, create=True, retries=3, timeout=1.0)
+    assert isinstance(store, LocalStore)
+    assert root.is_dir()  # create=True made the folder itself
+    assert store.url == str(root) and store.child_url("a.tar") == f"{root}/a.tar"
+
+    data = _data(5_000)
+    store.write_bytes("a.tar", data)
+    assert sorted(os.listdir(root)) == ["a.tar"] and (root / "a.tar").read_bytes() == data
+    (root / "b.bin").write_bytes(b"put there by hand")
+    (root / ".hidden").write_bytes(b"not an object")
+    assert store.list() == ["a.tar", "b.bin"]
+    assert store.read("b.bin") == b"put there by hand" and store.size("b.bin") == 17
+    assert store.read_range("a.tar", 10, 20) == data[10:20]
+
+    # Atomic: while written, the object is a hidden partial file; then renamed into place.
+    with store.writer("c.tar") as f:
+        f.write(b"half")
+        f.flush()
+        during = sorted(set(os.listdir(root)) - {"a.tar", "b.bin", ".hidden"})
+        assert len(during) == 1 and during[0].startswith(".c.tar.")
+        assert during[0].endswith(".partial") and not store.exists("c.tar")
+        partial_inode = os.stat(root / during[0]).st_ino
+        f.write(b" and the rest")
+    assert (root / "c.tar").read_bytes() == b"half and the rest"
+    assert os.stat(root / "c.tar").st_ino == partial_inode  # renamed, not copied
+    assert sorted(os.listdir(root)) == [".hidden", "a.tar", "b.bin", "c.tar"]
+    with pytest.raises(RuntimeError), store.writer("d.tar") as f:
+        f.write(b"never finished")
+        raise RuntimeError("writer died")
+    assert sorted(os.listdir(root)) == [".hidden", "a.tar", "b.bin", "c.tar"]
+
+    # A killed writer's partial file is swept by remove_partials; delete removes the file.
+    (root / ".e.tar.999.partial").write_bytes(b"left by a killed pack")
+    assert store.remove_partials() == 1 and not (root / ".e.tar.999.partial").exists()
+    store.delete("a.tar")
+    assert not (root / "a.tar").exists()
+    store.close()

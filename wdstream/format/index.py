@@ -15,7 +15,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from wdstream.format.index_checks import index_error, join_path, show_value, validate_index
+from wdstream.format.index_checks import validate_index
+from wdstream.format.index_rules import index_error, join_path, show_value
 
 __all__ = [
     "FORMAT_NAME",
