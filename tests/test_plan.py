@@ -52,7 +52,7 @@ def test_ranges_pieces_and_tokens(root: str, n_ranges: int, epoch: int) -> None:
     assert plan.range_len == total // n_ranges
     # tokens_before agrees with summing the decoded samples
     seq = [(int(sh), k) for sh in plan.order for k in range(src.samples[sh])]
-    lens = [len(src.read(sh, k, k + 1)[0][0]) for sh, k in seq]
+    lens = [len(src.read([(sh, k, k + 1)])[0].tokens.views()[0]) for sh, k in seq]
     cum = np.concatenate([[0], np.cumsum(lens)])
     for p in [0, 1, 5, total // 2, total - 1, total]:
         assert plan.tokens_before(p) == cum[p]
@@ -66,7 +66,8 @@ def test_docs_mode_tokens_use_sidecars(tmp_path) -> None:
     write_synthetic_dataset(str(tmp_path), n_docs=50, mode="docs", samples_per_shard=6)
     src = ShardSource(str(tmp_path))
     plan = EpochPlan(src, 0, seed=0, shuffle=True, n_ranges=4)
-    lens = [len(t) for sh in plan.order for t in src.read(int(sh), 0, int(src.samples[sh]))[0]]
+    lens = [len(t) for sh in plan.order
+            for t in src.read([(int(sh), 0, int(src.samples[sh]))])[0].tokens.views()]  # fmt: skip
     for p in range(0, len(lens) + 1, 7):
         assert plan.tokens_before(p) == sum(lens[:p])
 

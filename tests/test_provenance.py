@@ -123,7 +123,7 @@ def test_every_document_traces_back_to_its_line(root: Path, inputs: list[Path]) 
     lines = []
     for doc, ps in sorted(pieces.items()):
         got = np.concatenate(
-            [prov.source.read(p.shard, p.sample, p.sample + 1)[0][0][p.sample_start : p.sample_end]
+            [prov.source.read([(p.shard, p.sample, p.sample + 1)])[0].tokens.views()[0][p.sample_start : p.sample_end]
              for p in ps]
         )  # fmt: skip
         assert [p.doc_start for p in ps] == [

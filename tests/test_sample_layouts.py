@@ -39,7 +39,7 @@ def test_read_located_matches_the_packed_tokens(tmp_path: Path, odd: list[int]) 
     _write_shard(tmp_path / "odd-000000.tar", samples)
     source = ShardSource(str(tmp_path / "odd-000000.tar"))  # no sidecar: scanned once
     for a, b in [(0, 6), (2, 5), (3, 4)]:
-        got = source.read_located(0, a, b).views()
+        got = source.read([(0, a, b)])[0].tokens.views()
         assert [t.tolist() for t in got] == [t.tolist() for t in arrays[a:b]]
-        toks, _ = source.read(0, a, b, with_docs=False)
-        assert [t.tolist() for t in toks] == [t.tolist() for t in arrays[a:b]]
+        decoded = source.read([(0, a, b)], docs=True)[0].tokens.views()
+        assert [t.tolist() for t in decoded] == [t.tolist() for t in arrays[a:b]]

@@ -91,7 +91,7 @@ def test_second_pass_from_the_cache_reads_serially_and_keeps_token_spans(
     """Reads of blocks the node cache has mapped skip the fetch threads, and a remote
     shard's token spans are searched once: later passes over the same pieces equal the
     local dataset's tokens with no search, and once the blocks are mapped, no fetch pool."""
-    import wdstream.read.sources.packed as source_module
+    import wdstream.read.sources.layouts as source_module
     from wdstream.read.sources.packed import ShardSource
 
     url = f"s3://{s3_bucket}/spans"
@@ -103,7 +103,7 @@ def test_second_pass_from_the_cache_reads_serially_and_keeps_token_spans(
     assert len(reference) >= 3
     pieces = [(s, a, min(a + 5, int(reference.samples[s])))
               for s in range(len(reference)) for a in range(0, int(reference.samples[s]), 5)]  # fmt: skip
-    want = [r.views() for r in reference.located_pieces(pieces)]
+    want = [r.tokens.views() for r in reference.read(pieces)]
     searches: list[int] = []
     real_search = source_module.find_token_spans
 
@@ -116,7 +116,7 @@ def test_second_pass_from_the_cache_reads_serially_and_keeps_token_spans(
     windows = [pieces[i : i + 4] for i in range(0, len(pieces), 4)]
 
     def read_all() -> list[list[Any]]:
-        return [r.views() for w in windows for r in remote.located_pieces(w)]
+        return [r.tokens.views() for w in windows for r in remote.read(w)]
 
     def same(got: list[list[Any]]) -> bool:
         return all(
@@ -148,7 +148,7 @@ def test_kept_token_spans_never_skip_the_checksums(
     wdstream.pack(str(src), url, seq_len=64, shard_size="48KB", workers=0, progress=False)
     remote = ShardSource(url)
     n = int(remote.samples[0])
-    first = remote.located_pieces([(0, 0, n), (1, 0, 1)])[0].views()
+    first = remote.read([(0, 0, n), (1, 0, 1)])[0].tokens.views()
     s3 = boto3.client("s3")
     key = "flip/" + remote.urls[0][1]
     data = bytearray(s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read())
@@ -157,7 +157,7 @@ def test_kept_token_spans_never_skip_the_checksums(
     data[at] ^= 0x10
     s3.put_object(Bucket=s3_bucket, Key=key, Body=bytes(data))
     with pytest.raises(CorruptShardError, match=r"sample 3 .*checksum"):
-        remote.located_pieces([(0, 0, n), (1, 0, 1)])
+        remote.read([(0, 0, n), (1, 0, 1)])
     assert len(first) == n
 
 

@@ -158,7 +158,7 @@ class Provenance:
         table = self.table(shard)
         if not 0 <= sample < len(table.sample_doc):
             raise IndexError(f"sample {sample} outside shard {shard}'s {len(table.sample_doc)}")
-        _, lens = self.source.read(shard, sample, sample + 1, with_docs=True)
+        lens = self.source.read([(shard, sample, sample + 1)], docs=True)[0].doc_lens
         doc, offset = int(table.sample_doc[sample]), int(table.sample_offset[sample])
         out, start = [], 0
         for i, n in enumerate(self.index.document_pieces(lens[0])):

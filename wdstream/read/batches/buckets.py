@@ -194,7 +194,7 @@ class BucketedBatches:
     def _tokens(self, sample: int) -> np.ndarray:
         shard = int(np.searchsorted(self.first, sample, side="right")) - 1
         k = sample - int(self.first[shard])
-        toks, _ = self.source.read(shard, k, k + 1, with_docs=False)
+        toks = self.source.read([(shard, k, k + 1)])[0].tokens.views()
         return toks[0]
 
     def batch(self, samples: np.ndarray) -> dict[str, torch.Tensor]:

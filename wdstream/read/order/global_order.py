@@ -325,11 +325,11 @@ class GlobalOrder:
             bounds = np.cumsum([0] + [b - a for _, a, b in pieces])
             checks = [used[i:j] for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
         if with_docs:
-            parts = self.source.read_pieces(pieces, True, checks)
-            toks = [t for ts, _ in parts for t in ts]
-            docs = [d for _, ds in parts for d in ds]
+            parts = self.source.read(pieces, docs=True, checks=checks)
+            toks = [t for part in parts for t in part.tokens.views()]
+            docs = [d for part in parts for d in part.doc_lens]
             return _WindowData(toks, order.tolist(), [0] * len(order), [docs[k] for k in order])
-        located = self.source.located_pieces(pieces, checks)
+        located = [part.tokens for part in self.source.read(pieces, checks=checks)]
         base_of = np.repeat(np.arange(len(located)), [len(x) for x in located])
         first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
         bases = [x.base for x in located]
@@ -343,9 +343,9 @@ class GlobalOrder:
         in the cache. Checked by a read-ahead thread instead, in runs of the samples it
         uses, the sums cost 2-3x more there: every run is a GIL hand-off between that
         thread and the filling one, on cores the other workers already keep busy."""
-        reads = self.source.located_pieces_unverified(pieces)
-        located = [tokens for tokens, _ in reads]
-        checks = [c for _, c in reads]
+        reads = self.source.read(pieces, verify=False)
+        located = [part.tokens for part in reads]
+        checks = [part.checks for part in reads]
         counts = [len(x) for x in located]
         base_of = np.repeat(np.arange(len(located)), counts)[order].tolist()
         first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])

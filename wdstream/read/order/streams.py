@@ -201,11 +201,11 @@ class ReaderContext:
         cfg = self.cfg
         toks: list[np.ndarray] = []
         docs: list[tuple[int, ...]] = []
-        for t, d in self.source.read_pieces(
-            self._window_pieces(epoch, stream, w), self.cfg.doc_boundaries
+        for part in self.source.read(
+            self._window_pieces(epoch, stream, w), docs=self.cfg.doc_boundaries
         ):
-            toks += t
-            docs += d
+            toks += part.tokens.views()
+            docs += part.doc_lens
         n = len(toks)
         order = self.window_order(epoch, stream, w, n)
         toks = [toks[i] for i in order]

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import braceexpand
 import numpy as np
@@ -28,15 +28,14 @@ import numpy as np
 from wdstream.errors import CorruptShardError
 from wdstream.format.checksum import Corruption, find_corruption
 from wdstream.format.index import DatasetIndex
-from wdstream.format.sample import LocatedTokens, TokenSpans, decode_sample, find_token_spans
+from wdstream.format.sample import LocatedTokens, decode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
+from wdstream.read.sources.layouts import KeptLayouts
 from wdstream.read.sources.shards import decode_span, parse_sidecar, read_index, sidecar_from_tar
 from wdstream.read.sources.stores import CACHE_OPTIONS, StoreCache, fingerprint
 from wdstream.storage import Store, open_store, split_url
 
-__all__ = ["CopyChecks", "ShardSource", "expand_urls"]
-
-_T = TypeVar("_T")
+__all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]
 
 _REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
 _SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
@@ -47,7 +46,7 @@ class CopyChecks:
     """The per-sample checksums of one ranged read that its copier verifies itself: sample
     ``i`` of the read (sample ``first + i`` of ``shard``) is ``buf[offsets[i]:][:sizes[i]]``
     with CRC32C ``crcs[i]``; ``buf`` begins at shard byte ``begin`` (see
-    :meth:`ShardSource.read_located_unverified`)."""
+    :meth:`ShardSource.read` with ``verify=False``)."""
 
     buf: memoryview
     begin: int
@@ -56,6 +55,17 @@ class CopyChecks:
     offsets: np.ndarray  # int64[n], in ``buf``
     sizes: np.ndarray  # int64[n]
     crcs: np.ndarray  # uint32[n]
+
+
+@dataclass(frozen=True)
+class PieceRead:
+    """What :meth:`ShardSource.read` gives for one piece: the samples' tokens, their
+    document piece lengths (with ``docs``, else empty), and what verifies each sample when
+    the caller checks them (``verify=False``, else None)."""
+
+    tokens: LocatedTokens
+    doc_lens: list[tuple[int, ...]]
+    checks: CopyChecks | None
 
 
 def expand_urls(source: str | Sequence[str], **store_options: Any) -> list[str]:
@@ -120,7 +130,7 @@ class ShardSource:
         self._cache: OrderedDict[int, tuple[ShardSidecar, np.ndarray]] = OrderedDict()
         # Where each sample's tokens lie in its shard (None: not the writer's layout; a
         # remote shard's start of -1: not searched yet), see _token_spans.
-        self._layouts: OrderedDict[int, TokenSpans | None] = OrderedDict()
+        self._layouts = KeptLayouts(_SIDECAR_CACHE)
         self._lock = threading.Lock()
         self.index: DatasetIndex | None = None
         is_root = (
@@ -190,7 +200,6 @@ class ShardSource:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_cache"] = OrderedDict()
-        state["_layouts"] = OrderedDict()
         state["_fetch_pool"] = None  # threads are per process
         del state["_lock"]
         return state
@@ -288,47 +297,48 @@ class ShardSource:
             return np.full(b - a, int(self.sample_tokens or 0), dtype=np.int64)
         return self._sidecar(shard)[0].tokens[a:b].astype(np.int64)
 
-    def read_pieces(
+    def read(
         self,
         pieces: list[tuple[int, int, int]],
-        with_docs: bool,
+        *,
+        docs: bool = False,
         checks: list[np.ndarray] | None = None,
-    ) -> list[tuple[list[np.ndarray], list[tuple[int, ...]]]]:
-        """:meth:`read` of every ``(shard, a, b)`` piece of a window, in order (see
-        :meth:`located_pieces` for how they are issued)."""
+        verify: bool = True,
+    ) -> list[PieceRead]:
+        """The samples of every ``(shard, a, b)`` piece (samples ``[a, b)`` of ``shard``),
+        one ranged read each, in order.
 
-        def read(shard: int, a: int, b: int, check: np.ndarray | None) -> Any:
-            return self.read(shard, a, b, with_docs=with_docs, check=check)
+        Locally the reads go one after the other; from a remote store concurrently: a window
+        touches one span per lane (and shard), so over S3/HTTP its reads would otherwise pay
+        one round trip each, and issued together they cost about one.
 
-        return self._each_piece(read, pieces, checks)
-
-    def located_pieces(
-        self, pieces: list[tuple[int, int, int]], checks: list[np.ndarray] | None = None
-    ) -> list[LocatedTokens]:
-        """:meth:`read_located` of every ``(shard, a, b)`` piece of a window, in order.
-
-        Locally one after the other; from a remote store concurrently: a window touches one
-        span per lane (and shard), so over S3/HTTP its reads would otherwise pay one round
-        trip each, and issued together they cost about one. ``checks``, per piece, limits
-        the checksum verification as :meth:`read`'s ``check`` does.
+        Args:
+            docs: also decode each sample's document pieces (each sample unpacked). Without
+                them the token arrays are found in place where the samples have the
+                writer's layout (no msgpack unpacking), else decoded.
+            checks: per piece, (bool, one per sample) the samples this reader uses, when
+                other processes use (and verify) the rest: only these are verified, with
+                running checksums one call per run of consecutive ones. Default: all.
+            verify: False leaves the checksums to the caller: each read carries what
+                verifies each sample (``PieceRead.checks``, None when checks are off or the
+                shard has none). For a copier that uses scattered samples of a read (a torch
+                worker cutting its own chunks from a window): checking each sample right
+                after copying it sums bytes the copy just brought into the cache. The caller
+                must verify every sample it copies before handing the copy on.
         """
-        return self._each_piece(self.read_located, pieces, checks)
 
-    def _each_piece(
-        self,
-        read: Callable[[int, int, int, np.ndarray | None], _T],
-        pieces: list[tuple[int, int, int]],
-        checks: list[np.ndarray] | None,
-    ) -> list[_T]:
+        def one(shard: int, a: int, b: int, check: np.ndarray | None) -> PieceRead:
+            return self._read_piece(shard, a, b, docs, check, verify)
+
         each = checks if checks is not None else [None] * len(pieces)
         if not self.remote or len(pieces) < 2 or self._held(pieces):
-            return [read(*pc, c) for pc, c in zip(pieces, each, strict=True)]
+            return [one(*pc, c) for pc, c in zip(pieces, each, strict=True)]
         with self._lock:
             if self._fetch_pool is None:
                 self._fetch_pool = ThreadPoolExecutor(
                     _REMOTE_READS, thread_name_prefix="wdstream-fetch"
                 )
-        jobs = [self._fetch_pool.submit(read, *pc, c) for pc, c in zip(pieces, each, strict=True)]
+        jobs = [self._fetch_pool.submit(one, *pc, c) for pc, c in zip(pieces, each, strict=True)]
         return [job.result() for job in jobs]
 
     def _held(self, pieces: list[tuple[int, int, int]]) -> bool:
@@ -348,37 +358,41 @@ class ShardSource:
                 return False
         return True
 
-    def located_pieces_unverified(
-        self, pieces: list[tuple[int, int, int]]
-    ) -> list[tuple[LocatedTokens, CopyChecks | None]]:
-        """:meth:`read_located_unverified` of every ``(shard, a, b)`` piece of a window, issued
-        as :meth:`located_pieces` issues its reads."""
-
-        def read(
-            shard: int, a: int, b: int, _: np.ndarray | None
-        ) -> tuple[LocatedTokens, CopyChecks | None]:
-            return self.read_located_unverified(shard, a, b)
-
-        return self._each_piece(read, pieces, None)
-
-    def read_located_unverified(
-        self, shard: int, a: int, b: int
-    ) -> tuple[LocatedTokens, CopyChecks | None]:
-        """:meth:`read_located` with the checksums left to the caller: the samples' tokens,
-        and what verifies each one (None when checks are off or the shard has none).
-
-        For a copier that uses scattered samples of a read (a torch worker cutting its own
-        chunks from a window): checking each sample right after copying it sums bytes the
-        copy just brought into the cache, one call per sample, with no other thread involved.
-        The caller must verify every sample it copies before handing the copy on.
-        """
-        buf, begin, sidecar = self._checked_range(shard, a, b, None, verify=False)
-        located = self._located(shard, sidecar, a, b, buf, begin)
-        if not self.checksums or sidecar.crc32c is None:
-            return located, None
+    def _read_piece(
+        self, shard: int, a: int, b: int, docs: bool, check: np.ndarray | None, verify: bool
+    ) -> PieceRead:
+        """One piece of :meth:`read`."""
+        buf, begin, sidecar = self._checked_range(shard, a, b, check, verify)
+        if docs:
+            # Verified by _checked_range as asked: not a second CRC pass per sample here.
+            samples = list(decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False))
+            tokens = LocatedTokens.of_arrays([s.tokens for s in samples])
+            self._check_counts(shard, sidecar.tokens[a:b], tokens.count)
+            return PieceRead(tokens, [s.doc_lens for s in samples], None)
+        spans = (
+            self._layouts.of_remote(shard, sidecar, a, b, buf, begin)
+            if self.remote
+            else self._layouts.of_local(shard, sidecar, a, b, begin, self._mapped(shard))
+        )
+        if spans is not None:
+            tokens = LocatedTokens.in_buffer(buf, spans)
+        else:
+            # A layout other than the writer's: unpack each sample (the bytes are verified
+            # already, or are the caller's to verify).
+            odd = decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False)
+            tokens = LocatedTokens.of_arrays([s.tokens for s in odd])
+        self._check_counts(shard, sidecar.tokens[a:b], tokens.count)
+        if verify or not self.checksums or sidecar.crc32c is None:
+            return PieceRead(tokens, [], None)
         offsets = sidecar.offsets[a:b].astype(np.int64) - begin
         crcs = sidecar.crc32c[a:b]
-        return located, CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs)
+        checks = CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs)
+        return PieceRead(tokens, [], checks)
+
+    def _mapped(self, shard: int) -> Callable[[int], memoryview]:
+        """The first ``end`` bytes of a local shard, mapped (its token layout is searched once)."""
+        root, name = self.urls[shard]
+        return lambda end: self._store(root).read_range_view(name, 0, end)
 
     def report_corrupt(self, checks: CopyChecks, start: int) -> NoReturn:
         """Raise for the sample of ``checks``' read that begins at byte ``start`` of its
@@ -390,125 +404,6 @@ class ShardSource:
         i = int(np.searchsorted(checks.offsets, start))
         bad = Corruption(checks.first + i, checks.begin + start)
         raise CorruptShardError(self._corruption_message(checks.shard, bad))
-
-    def read_located(
-        self, shard: int, a: int, b: int, check: np.ndarray | None = None
-    ) -> LocatedTokens:
-        """The token arrays of samples ``[a, b)`` of ``shard``, one ranged read, found in
-        place where the samples have the writer's layout (no msgpack unpacking), else decoded.
-
-        Args:
-            check: (bool, one per sample) the samples this reader uses, when other processes
-                use (and verify) the rest: only these are verified, with running checksums
-                one call per run of consecutive ones. Default: all of them.
-        """
-        buf, begin, sidecar = self._checked_range(shard, a, b, check)
-        return self._located(shard, sidecar, a, b, buf, begin)
-
-    def _located(
-        self, shard: int, sidecar: ShardSidecar, a: int, b: int, buf: memoryview, begin: int
-    ) -> LocatedTokens:
-        """The tokens of samples ``[a, b)`` read into ``buf`` (shard bytes from ``begin``)."""
-        spans = self._token_spans(shard, sidecar, a, b, buf, begin)
-        if spans is not None:
-            located = LocatedTokens.in_buffer(buf, spans)
-        else:
-            # A layout other than the writer's: unpack each sample (the bytes are verified
-            # already, or are the caller's to verify).
-            samples = decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False)
-            located = LocatedTokens.of_arrays([s.tokens for s in samples])
-        self._check_counts(shard, sidecar.tokens[a:b], located.count)
-        return located
-
-    def _token_spans(
-        self, shard: int, sidecar: ShardSidecar, a: int, b: int, buf: memoryview, begin: int
-    ) -> TokenSpans | None:
-        """Where the tokens of samples ``[a, b)`` lie in ``buf`` (shard bytes from ``begin``).
-
-        A local shard is searched once, whole, and the result kept with its sidecar: every
-        read of it is a view of the same mapped bytes, and searching each window's pieces
-        anew cost more than copying their rows. A remote shard is never read whole: each
-        read searches the samples it is the first to hold, and their spans join the shard's
-        kept layout, so later reads (the next epoch, a node cache's local-speed reads) skip
-        the search. Shards are immutable, and a span is only kept when the samples' bytes
-        have the writer's layout, checked by :func:`find_token_spans` (the 13-byte ``dtype``
-        field must follow each sample's tokens exactly).
-        """
-        if self.remote:
-            return self._remote_token_spans(shard, sidecar, a, b, buf, begin)
-        with self._lock:
-            found = shard in self._layouts
-            layout = self._layouts.get(shard)
-            if found:
-                self._layouts.move_to_end(shard)
-        if not found:
-            root, name = self.urls[shard]
-            end = sidecar.byte_range(0, len(sidecar))[1] if len(sidecar) else 0
-            whole = self._store(root).read_range_view(name, 0, end)
-            layout = find_token_spans(whole, sidecar.offsets.astype(np.int64), sidecar.sizes)
-            self._keep_layout(shard, layout)
-        return None if layout is None else layout.shifted(a, b, begin)
-
-    def _remote_token_spans(
-        self, shard: int, sidecar: ShardSidecar, a: int, b: int, buf: memoryview, begin: int
-    ) -> TokenSpans | None:
-        """:meth:`_token_spans` of a remote shard: kept spans where every sample of the read
-        has one (a start of -1 marks a sample not searched yet), else a search of ``buf``."""
-        with self._lock:
-            layout = self._layouts.get(shard)
-            if layout is not None:
-                self._layouts.move_to_end(shard)
-        if layout is not None and bool((layout.start[a:b] >= 0).all()):
-            return layout.shifted(a, b, begin)
-        offsets = sidecar.offsets[a:b].astype(np.int64) - begin
-        spans = find_token_spans(buf, offsets, sidecar.sizes[a:b])
-        if spans is None:
-            return None
-        with self._lock:
-            layout = self._layouts.get(shard)
-            if layout is None or layout.dtype != spans.dtype:
-                n = len(sidecar)
-                layout = TokenSpans(np.full(n, -1, np.int64), np.zeros(n, np.int64), spans.dtype)
-            layout.start[a:b] = spans.start + begin
-            layout.count[a:b] = spans.count
-        self._keep_layout(shard, layout)
-        return spans
-
-    def _keep_layout(self, shard: int, layout: TokenSpans | None) -> None:
-        with self._lock:
-            self._layouts[shard] = layout
-            self._layouts.move_to_end(shard)
-            while len(self._layouts) > _SIDECAR_CACHE:
-                self._layouts.popitem(last=False)
-
-    def read(
-        self,
-        shard: int,
-        a: int,
-        b: int,
-        with_docs: bool = True,
-        check: np.ndarray | None = None,
-    ) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
-        """Decode samples ``[a, b)`` of ``shard`` with one ranged read.
-
-        Args:
-            with_docs: also decode each sample's document pieces. Without them the token
-                arrays are found in place (:meth:`read_located`).
-            check: the samples to verify, as for :meth:`read_located`.
-
-        Returns:
-            ``(tokens, doc_lens)``: per sample a read-only token array (a view into the read
-            buffer) and its piece lengths (empty when ``with_docs`` is False).
-        """
-        if not with_docs:
-            return self.read_located(shard, a, b, check).views(), []
-        buf, begin, sidecar = self._checked_range(shard, a, b, check)
-        # Verified by _checked_range as asked: not a second CRC pass per sample here.
-        samples = list(decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False))
-        toks = [s.tokens for s in samples]
-        counts = np.fromiter((len(t) for t in toks), dtype=np.int64, count=len(toks))
-        self._check_counts(shard, sidecar.tokens[a:b], counts)
-        return toks, [s.doc_lens for s in samples]
 
     def _checked_range(
         self, shard: int, a: int, b: int, check: np.ndarray | None, verify: bool = True
