@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from wdstream.read.mixture.interleave import MAX_PERIOD, Interleave, exact_weights
-from wdstream.read.mixture.schedule import Piece, Schedule, parse_weights
+from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weights
 
 # Weights as people write them: small integers, or decimals of up to 3 digits (some 0).
 _weight = st.one_of(
@@ -112,7 +112,7 @@ def test_schedule_is_exact_from_every_boundary(
         pieces_raw.append((step, dict(zip(_names(k), w, strict=True))))
     _exact_or_skip(first)
     parsed = parse_weights(pieces_raw, _names(k))
-    sched = Schedule([Piece(s, s * g, w) for s, w in parsed])
+    sched = Schedule([SchedulePiece(s, s * g, w) for s, w in parsed])
     end = sched.starts[-1] + 3 * sched.parts[-1].period + 5
     src, idx = sched.locate(np.arange(end, dtype=np.int64))
     counts = _prefix_counts(src, k)

@@ -38,6 +38,7 @@ __all__ = [
     "ExplainedRow",
     "Provenance",
     "RowPiece",
+    "StepQuery",
     "explain",
     "explanation_lines",
     "row_pieces",
@@ -236,6 +237,71 @@ def _order_and_origin(
     return reader.order, reader.position_of(state).origin  # checks dataset, seed, ...
 
 
+@dataclass(frozen=True)
+class StepQuery:
+    """Which global step's rows :func:`explain` (and ``explain_mixture``) is asked about:
+    the Loader options that ordered them, or a saved state to take them from (see
+    :func:`explain` for each field)."""
+
+    batch_size: int | None = None
+    world_size: int = 1
+    seq_len: int | None = None
+    seed: int | None = None
+    shuffle: bool = True
+    shuffle_window: int = 1024
+    shuffle_lanes: int = 8
+    state: dict[str, Any] | None = None
+    text: bool = False
+
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> tuple[StepQuery, dict[str, Any]]:
+        """The query among keyword ``options``, and the rest (store options)."""
+        names = set(cls.__dataclass_fields__)
+        mine = {k: v for k, v in options.items() if k in names}
+        return cls(**mine), {k: v for k, v in options.items() if k not in names}
+
+    def order_config(self, packed_seq_len: int | None) -> tuple[OrderConfig, int]:
+        """The order's parameters and the rows per rank (B), from the state or the options
+        (``seq_len`` defaults to ``packed_seq_len``).
+
+        Raises:
+            ValueError: options that disagree with the state, inconsistent sizes, or no
+                ``seq_len`` or ``batch_size`` to go by.
+            StateMismatchError: a state that is not a global-order or mixture state.
+        """
+        world_size, batch_size = self.world_size, self.batch_size
+        if self.state is not None:
+            cfg = state_order_config(self.state)
+            given = {"seq_len": self.seq_len, "seed": self.seed}
+            clash = [f"{k} {v} (state: {getattr(cfg, k)})" for k, v in given.items()
+                     if v is not None and v != getattr(cfg, k)]  # fmt: skip
+            if clash:
+                raise ValueError(f"options disagree with the state: {', '.join(clash)}")
+            if batch_size is None:
+                batch_size = cfg.global_batch // world_size
+            if world_size * batch_size != cfg.global_batch:
+                raise ValueError(
+                    f"world_size x batch_size = {world_size} x {batch_size} is not the state's "
+                    f"global batch {cfg.global_batch}"
+                )
+        else:
+            seq_len = self.seq_len if self.seq_len is not None else packed_seq_len
+            if seq_len is None:
+                raise ValueError(
+                    "seq_len is needed: no one packed length to default to (a docs-mode "
+                    "dataset, or sources packed at different lengths)"
+                )
+            if batch_size is None:
+                raise ValueError("batch_size is needed (or a state to take the global batch from)")
+            cfg = OrderConfig(seq_len, world_size * batch_size, self.shuffle, self.seed or 0,
+                              self.shuffle_window, self.shuffle_lanes)  # fmt: skip
+        if world_size < 1 or batch_size < 1:
+            raise ValueError(
+                f"world_size and batch_size must be >= 1, got {world_size}, {batch_size}"
+            )
+        return cfg, batch_size
+
+
 def explain(
     dataset: str,
     step: int,
@@ -275,33 +341,11 @@ def explain(
         StateMismatchError: a state of another dataset or configuration.
         WdstreamError: a dataset packed without provenance.
     """
+    query = StepQuery(batch_size, world_size, seq_len, seed, shuffle, shuffle_window,
+                      shuffle_lanes, state, text)  # fmt: skip
     prov = Provenance(dataset, **store_options)
     index = prov.index
-    if state is not None:
-        cfg = state_order_config(state)
-        given = {"seq_len": seq_len, "seed": seed}
-        clash = [f"{k} {v} (state: {getattr(cfg, k)})" for k, v in given.items()
-                 if v is not None and v != getattr(cfg, k)]  # fmt: skip
-        if clash:
-            raise ValueError(f"options disagree with the state: {', '.join(clash)}")
-        if batch_size is None:
-            batch_size = cfg.global_batch // world_size
-        if world_size * batch_size != cfg.global_batch:
-            raise ValueError(
-                f"world_size x batch_size = {world_size} x {batch_size} is not the state's "
-                f"global batch {cfg.global_batch}"
-            )
-    else:
-        seq_len = seq_len if seq_len is not None else index.seq_len
-        if seq_len is None:
-            raise ValueError("seq_len is needed for a docs-mode dataset")
-        if batch_size is None:
-            raise ValueError("batch_size is needed (or a state to take the global batch from)")
-        cfg = OrderConfig(
-            seq_len, world_size * batch_size, shuffle, seed or 0, shuffle_window, shuffle_lanes
-        )
-    if world_size < 1 or batch_size < 1:
-        raise ValueError(f"world_size and batch_size must be >= 1, got {world_size}, {batch_size}")
+    cfg, batch_size = query.order_config(index.seq_len)
     order, origin = _order_and_origin(prov.source, state, cfg)
     epoch, first = order.locate(step, origin)
     tok = None

@@ -22,14 +22,8 @@ from wdstream.read.mixture.reader import MixtureReader
 from wdstream.read.mixture.schedule import parse_weights
 from wdstream.read.mixture.sources import open_sources
 from wdstream.read.mixture.spec import MixtureSpec, read_spec
-from wdstream.read.order.global_order import OrderConfig, Origin
-from wdstream.read.provenance import (
-    Provenance,
-    RowPiece,
-    row_pieces,
-    state_order_config,
-    with_text,
-)
+from wdstream.read.order.global_order import Origin
+from wdstream.read.provenance import Provenance, RowPiece, StepQuery, row_pieces, with_text
 from wdstream.words import count
 
 __all__ = [
@@ -75,55 +69,24 @@ def _spec(spec: str | Path | MixtureSpec) -> MixtureSpec:
 
 
 def explain_mixture(
-    spec: str | Path | MixtureSpec,
-    step: int,
-    *,
-    batch_size: int | None = None,
-    world_size: int = 1,
-    seq_len: int | None = None,
-    seed: int | None = None,
-    shuffle: bool = True,
-    shuffle_window: int = 1024,
-    shuffle_lanes: int = 8,
-    state: dict[str, Any] | None = None,
-    text: bool = False,
-    **store_options: Any,
+    spec: str | Path | MixtureSpec, step: int, **options: Any
 ) -> MixtureExplanation:
     """Every row of global step ``step`` of ``Loader(spec, ...)``: rank, source, the
     source's epoch and row, and (for sources packed with provenance) each piece's
-    ``file:line``. Arguments as :func:`wdstream.read.provenance.explain`; ``seq_len``
+    ``file:line``. Keyword options as :func:`wdstream.read.provenance.explain`
+    (:class:`~wdstream.read.provenance.StepQuery`; the rest are store options); ``seq_len``
     defaults to the sources' packed one when they share it.
 
     Raises:
         ValueError: inconsistent sizes, or no ``seq_len`` to default to.
         StateMismatchError: a state of another mixture or configuration.
     """
+    query, store_options = StepQuery.of(options)
+    state, text = query.state, query.text
     mix = _spec(spec)
     sources = open_sources(mix, **store_options)
-    if state is not None:
-        cfg = state_order_config(state)
-        clash = [f"{k} {v} (state: {getattr(cfg, k)})"
-                 for k, v in {"seq_len": seq_len, "seed": seed}.items()
-                 if v is not None and v != getattr(cfg, k)]  # fmt: skip
-        if clash:
-            raise ValueError(f"options disagree with the state: {', '.join(clash)}")
-        batch_size = cfg.global_batch // world_size if batch_size is None else batch_size
-        if world_size * batch_size != cfg.global_batch:
-            raise ValueError(f"world_size x batch_size = {world_size} x {batch_size} is not the "
-                             f"state's global batch {cfg.global_batch}")  # fmt: skip
-    else:
-        if batch_size is None:
-            raise ValueError("batch_size is needed (or a state to take the global batch from)")
-        if seq_len is None:
-            packed = {s.index.seq_len if s.index else None for s in sources}
-            if len(packed) != 1 or None in packed:
-                raise ValueError("seq_len is needed: the sources are packed at different ones")
-            seq_len = packed.pop()
-        assert seq_len is not None
-        cfg = OrderConfig(seq_len, world_size * batch_size, shuffle, seed or 0, shuffle_window,
-                          shuffle_lanes)  # fmt: skip
-    if world_size < 1 or batch_size < 1:
-        raise ValueError(f"world_size and batch_size must be >= 1, got {world_size}, {batch_size}")
+    packed = {s.index.seq_len if s.index else None for s in sources}
+    cfg, batch_size = query.order_config(packed.pop() if len(packed) == 1 else None)
     reader = MixtureReader(mix, sources, cfg, 0, cfg.global_batch, 1, False)
     position = reader.position_of(state) if state is not None else reader.start(0)
     if step < position.origin.step:
@@ -155,7 +118,7 @@ def explain_mixture(
     piece = sched.pieces[sched.piece_at(int(rows[0]))]
     total = sum(piece.weights)
     weights = {n: (w, total) for n, w in zip(mix.names, piece.weights, strict=True)}
-    return MixtureExplanation(step, cfg.seq_len, cfg.seed, world_size, batch_size,
+    return MixtureExplanation(step, cfg.seq_len, cfg.seed, query.world_size, batch_size,
                               position.origin, weights, tuple(out))  # fmt: skip
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.checks import MixtureOwnRows
-from wdstream.read.mixture.schedule import Piece, Schedule, parse_weights
+from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weights
 from wdstream.read.mixture.sources import source_seed
 from wdstream.read.mixture.spec import MixtureSpec
 from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_state
@@ -54,7 +54,7 @@ class MixturePosition(GlobalPosition):
     """A global position plus the schedule pieces it is read under (the pieces travel with
     the position, so workers and resumed runs use the schedule the state holds)."""
 
-    pieces: tuple[Piece, ...] = field(default_factory=tuple)
+    pieces: tuple[SchedulePiece, ...] = field(default_factory=tuple)
 
     def copy(self) -> MixturePosition:
         return copy.copy(self)
@@ -66,7 +66,7 @@ class MixturePosition(GlobalPosition):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MixturePosition:
         worker = tuple(d["worker"]) if d["worker"] is not None else None
-        pieces = tuple(Piece(s, r, tuple(w)) for s, r, w in d["pieces"])
+        pieces = tuple(SchedulePiece(s, r, tuple(w)) for s, r, w in d["pieces"])
         return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces)
 
 
@@ -112,7 +112,7 @@ class MixtureReader:
         self.row_tokens = cfg.seq_len + 1
         self.rank, self.batch_size = rank, batch_size
         self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
-        self._schedules: dict[tuple[Piece, ...], Schedule] = {}
+        self._schedules: dict[tuple[SchedulePiece, ...], Schedule] = {}
         self._scratch: np.ndarray | None = None  # rows grouped by source, reused per chunk
         self.steps = StepChunks(self)
 
@@ -134,9 +134,11 @@ class MixtureReader:
             sched = self._schedules[position.pieces] = Schedule(position.pieces)
         return sched
 
-    def future_pieces(self, after: int, origin: Origin) -> list[Piece]:
+    def future_pieces(self, after: int, origin: Origin) -> list[SchedulePiece]:
         """The argument schedule's pieces from step ``after`` on, placed by ``origin``."""
-        return [Piece(s, self.row_at(s, origin), w) for s, w in self.schedule_args if s >= after]
+        return [
+            SchedulePiece(s, self.row_at(s, origin), w) for s, w in self.schedule_args if s >= after
+        ]
 
     def start(self, epoch: int) -> MixturePosition:
         if epoch:
@@ -338,18 +340,11 @@ class MixtureReader:
     def state_of(self, position: GlobalPosition) -> dict[str, Any]:
         assert isinstance(position, MixturePosition)
         o = position.origin
-        return {
-            "version": MIXTURE_STATE_VERSION,
-            "order": "mixture",
-            "config": self.config(),
-            "step": position.step,
-            "origin": {"step": o.step, "row": o.row},
-            "schedule": [
-                [p.step, p.row, list(p.weights)] for p in position.pieces if p.step < position.step
-            ],  # fmt: skip
-            "iter_stop": position.iter_stop,
-            "worker": list(position.worker) if position.worker is not None else None,
-        }
+        begun = [
+            [p.step, p.row, list(p.weights)] for p in position.pieces if p.step < position.step
+        ]
+        return position.state(MIXTURE_STATE_VERSION, "mixture", self.config(),
+                              {"step": o.step, "row": o.row}, schedule=begun)  # fmt: skip
 
     def position_of(self, state: Any) -> MixturePosition:
         """Check ``state`` and return the position it continues from here, under the saved

@@ -1,7 +1,7 @@
 """A mixture's weight schedule: pieces of exact interleaves, each from its boundary on.
 
 ``weights`` is one ``{name: weight}`` (one piece from step 0) or a list of
-``(step, {name: weight})`` pieces. Piece ``j`` starts at global row ``row_j`` (its step
+``(step, {name: weight})`` pieces. SchedulePiece ``j`` starts at global row ``row_j`` (its step
 times the global batch, counted from the run's origin) and interleaves its sources exactly
 from there (:class:`~wdstream.read.mixture.interleave.Interleave`); every source keeps one
 row counter across pieces::
@@ -25,11 +25,11 @@ import numpy as np
 
 from wdstream.read.mixture.interleave import Interleave, exact_weights
 
-__all__ = ["Piece", "Schedule", "parse_weights"]
+__all__ = ["SchedulePiece", "Schedule", "parse_weights"]
 
 
 @dataclass(frozen=True)
-class Piece:
+class SchedulePiece:
     """Weights ``weights`` (exact integers, source order) in effect from global step ``step``,
     which begins at global row ``row``."""
 
@@ -106,7 +106,7 @@ class Schedule:
         pieces: the pieces, in order, rows strictly increasing.
     """
 
-    def __init__(self, pieces: Sequence[Piece]) -> None:
+    def __init__(self, pieces: Sequence[SchedulePiece]) -> None:
         assert pieces and pieces[0].row == 0
         self.pieces = tuple(pieces)
         self.starts = [p.row for p in pieces]

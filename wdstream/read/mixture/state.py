@@ -23,7 +23,7 @@ from typing import Any
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.interleave import exact_weights
-from wdstream.read.mixture.schedule import Piece
+from wdstream.read.mixture.schedule import SchedulePiece
 from wdstream.read.order.global_order import Origin
 from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
 
@@ -39,7 +39,7 @@ class SavedMixture:
 
     step: int
     origin: Origin
-    pieces: tuple[Piece, ...]
+    pieces: tuple[SchedulePiece, ...]
     iter_stop: int | None
     worker: tuple[int, int] | None
     global_batch: int
@@ -74,10 +74,10 @@ def _source_diff(saved: Any, mine: list[list[str]]) -> str:
     return f"the state has {len(saved)} sources, this loader {len(mine)}"
 
 
-def _pieces(value: Any, k: int, step: int) -> tuple[Piece, ...]:
+def _pieces(value: Any, k: int, step: int) -> tuple[SchedulePiece, ...]:
     if not isinstance(value, list):
         raise mismatch("schedule", value, "a list of [step, row, weights] expected")
-    out: list[Piece] = []
+    out: list[SchedulePiece] = []
     for j, p in enumerate(value):
         at = f"schedule[{j}]"
         if not isinstance(p, list) or len(p) != 3 or not isinstance(p[2], list):
@@ -95,7 +95,7 @@ def _pieces(value: Any, k: int, step: int) -> tuple[Piece, ...]:
             raise mismatch(f"{at}[2]", p[2], f"weights in lowest terms expected ({list(exact)})")
         if (not out and (s, r) != (0, 0)) or (out and (s <= out[-1].step or r <= out[-1].row)):
             raise mismatch(at, p, "pieces start at step 0, row 0 and increase")
-        out.append(Piece(s, r, w))
+        out.append(SchedulePiece(s, r, w))
     if step > 0 and not out:
         raise mismatch("schedule", value, f"the pieces before step {step} are missing")
     return tuple(out)

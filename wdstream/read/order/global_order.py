@@ -41,11 +41,11 @@ from wdstream.format.checksum import crc32c
 from wdstream.read.order.plan import EpochPlan, WindowGeometry
 from wdstream.read.sources.packed import CopyChecks, ShardSource
 
-__all__ = ["GlobalOrder", "OrderConfig", "Origin", "TokenSpans"]
+__all__ = ["GlobalOrder", "OrderConfig", "Origin", "ReadSpans"]
 
 # ``(epoch, t0, t1)`` -> the token ranges ``[a, b)`` of ``[t0, t1)`` of the epoch's stream
 # that one consumer will read (see ``GlobalOrder.check_only``).
-TokenSpans = Callable[[int, int, int], list[tuple[int, int]]]
+ReadSpans = Callable[[int, int, int], list[tuple[int, int]]]
 
 _WINDOW_CACHE = 4  # windows' metadata kept per process (a few KB each)
 _DATA_CACHE = 2  # windows' sample views kept per process (the current one and the next)
@@ -73,7 +73,7 @@ class Origin:
 
 
 @dataclass(frozen=True)
-class _Window:
+class _OrderWindow:
     positions: np.ndarray  # int64[n]: epoch positions of the window's samples, emitted order
     starts: np.ndarray  # int64[n + 1]: token offsets of those samples inside the window
     begin: int  # token offset of the window in the epoch's stream
@@ -152,14 +152,14 @@ class GlobalOrder:
         self.geometry = WindowGeometry(0, self.n_samples, cfg.shuffle_window, lanes)
         self.n_windows = self.geometry.n_windows
         self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
-        self._windows: OrderedDict[tuple[int, int], _Window] = OrderedDict()
+        self._windows: OrderedDict[tuple[int, int], _OrderWindow] = OrderedDict()
         self._data: OrderedDict[tuple[int, int, bool], Future[_WindowData]] = OrderedDict()
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
         self._readahead: ThreadPoolExecutor | None = None
         # None: the only consumer, verifying every sample read; else a worker of several
         # (see check_only).
-        self._read_spans: TokenSpans | None = None
+        self._read_spans: ReadSpans | None = None
 
     def __getstate__(self) -> dict[str, object]:
         return {"source": self.source, "cfg": self.cfg}
@@ -199,7 +199,7 @@ class GlobalOrder:
                 self._plans.popitem(last=False)
         return plan
 
-    def window(self, epoch: int, w: int) -> _Window:
+    def window(self, epoch: int, w: int) -> _OrderWindow:
         """Window ``w`` of ``epoch``: its samples in emitted order and their token offsets."""
         key = (epoch, w)
         with self._lock:
@@ -221,7 +221,7 @@ class GlobalOrder:
         pos, cnt = pos[order], cnt[order]
         starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
         begin = self.geometry.tokens_before_window(w, plan.tokens_before)
-        win = _Window(pos, starts, begin, order, starts.tolist())
+        win = _OrderWindow(pos, starts, begin, order, starts.tolist())
         with self._lock:
             self._windows[key] = win
             while len(self._windows) > _WINDOW_CACHE:
@@ -292,7 +292,7 @@ class GlobalOrder:
             if not fut.cancel():
                 fut.exception()  # a read still running: wait, so no view outlives this call
 
-    def check_only(self, read_spans: TokenSpans | None) -> None:
+    def check_only(self, read_spans: ReadSpans | None) -> None:
         """Make this order a torch worker's, one of several (``None``: the only consumer).
 
         A window is read whole (a few large ranged reads), but a worker cuts only its own
@@ -405,7 +405,7 @@ class GlobalOrder:
             o += take
 
 
-def _samples_used(win: _Window, spans: list[tuple[int, int]]) -> np.ndarray:
+def _samples_used(win: _OrderWindow, spans: list[tuple[int, int]]) -> np.ndarray:
     """Which of the window's samples (lane order, as read) the token ``spans`` touch."""
     starts = win.begin + win.starts
     emitted = np.zeros(len(win.positions), dtype=bool)

@@ -65,6 +65,15 @@ class GlobalPosition:
         worker = tuple(d["worker"]) if d["worker"] is not None else None
         return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker)
 
+    def state(
+        self, version: int, order: str, config: dict[str, Any], origin: dict[str, int], **more: Any
+    ) -> dict[str, Any]:
+        """The JSON state of this position (the global order's and a mixture's have this form;
+        ``more`` goes between the origin and the iteration's stop)."""
+        worker = list(self.worker) if self.worker is not None else None
+        return {"version": version, "order": order, "config": config, "step": self.step,
+                "origin": origin, **more, "iter_stop": self.iter_stop, "worker": worker}  # fmt: skip
+
     def hand_over(self, stream: int, cursors: list[Cursor], j: int) -> None:
         """Batch ``j`` of a chunk reached the caller: the next step is the one after it."""
         self.step = cursors[j]["step"]
@@ -131,15 +140,8 @@ class GlobalReader:
 
     def state_of(self, position: GlobalPosition) -> dict[str, Any]:
         o = position.origin
-        return {
-            "version": GLOBAL_STATE_VERSION,
-            "order": "global",
-            "config": self.config(),
-            "step": position.step,
-            "origin": {"step": o.step, "epoch": o.epoch, "row": o.row},
-            "iter_stop": position.iter_stop,
-            "worker": list(position.worker) if position.worker is not None else None,
-        }
+        origin = {"step": o.step, "epoch": o.epoch, "row": o.row}
+        return position.state(GLOBAL_STATE_VERSION, "global", self.config(), origin)
 
     def position_of(self, state: Any) -> GlobalPosition:
         """Check ``state`` and return the position it continues from here.

@@ -47,7 +47,7 @@ def start_cursor(epoch: int = 0) -> dict[str, int]:
 
 
 @dataclass
-class _Window:
+class _StreamWindow:
     tokens: np.ndarray  # flat, disk dtype, samples in shuffled order
     starts: np.ndarray  # int64[n + 1], token offset of each sample in ``tokens``
     doc_start: np.ndarray | None  # bool, True where a document piece begins
@@ -196,7 +196,7 @@ class ReaderContext:
                     f"{want['emitted']}, offset {want['offset']}",
                 )  # fmt: skip
 
-    def load_window(self, epoch: int, stream: int, w: int) -> _Window:
+    def load_window(self, epoch: int, stream: int, w: int) -> _StreamWindow:
         """Read window ``w`` (one ranged read per lane and shard) and shuffle it."""
         cfg = self.cfg
         toks: list[np.ndarray] = []
@@ -223,7 +223,7 @@ class ReaderContext:
             doc_start = np.zeros(len(flat), dtype=bool)
             doc_start[at[at < len(flat)]] = True
             doc_start[starts[:-1][lens > 0]] = True
-        return _Window(flat, starts, doc_start)
+        return _StreamWindow(flat, starts, doc_start)
 
 
 class TokenStream:
@@ -233,9 +233,9 @@ class TokenStream:
         self.ctx = ctx
         self.stream = stream
         self._cursor = dict(cursor)
-        self._win: _Window | None = None
+        self._win: _StreamWindow | None = None
         self._pos = 0
-        self._next: tuple[int, int, Future[_Window]] | None = None
+        self._next: tuple[int, int, Future[_StreamWindow]] | None = None
 
     def cursor(self) -> dict[str, int]:
         """The position after the last batch produced (JSON-serialisable)."""
@@ -249,7 +249,7 @@ class TokenStream:
         self._next = None
         self._win = None
 
-    def _fetch(self, epoch: int, w: int) -> _Window:
+    def _fetch(self, epoch: int, w: int) -> _StreamWindow:
         nxt = self._next
         if nxt is not None and nxt[0] == epoch and nxt[1] == w:
             win = nxt[2].result()
@@ -261,7 +261,7 @@ class TokenStream:
         self._next = (ne, nwin, self.ctx.pool.submit(self.ctx.load_window, ne, self.stream, nwin))
         return win
 
-    def _ensure_window(self) -> _Window:
+    def _ensure_window(self) -> _StreamWindow:
         if self._win is None:
             c = self._cursor
             self._win = self._fetch(c["epoch"], c["window"])
