@@ -118,9 +118,9 @@ def driver_cost(samples: int = 20000, shards: int = 400) -> dict[str, Any]:
     import numpy as np
 
     from wdstream.format.index import ShardEntry
+    from wdstream.inputs import InputPosition
     from wdstream.ray.layout import ShardCutter
     from wdstream.storage import open_store
-    from wdstream.write.inputs import Position
     from wdstream.write.journal import Journal
     from wdstream.write.pack import sample_builder
 
@@ -140,7 +140,7 @@ def driver_cost(samples: int = 20000, shards: int = 400) -> dict[str, Any]:
     per_sample = (time.perf_counter() - t0) / max(n, 1)
     with tempfile.TemporaryDirectory() as tmp:
         journal = Journal(open_store(tmp), {"bench": True}, "data")
-        pos = Position(0, 0, 0, 0, 0, 0)
+        pos = InputPosition(0, 0, 0, 0, 0, 0)
         times = []
         for i in range(shards):
             entry = ShardEntry(

@@ -38,6 +38,7 @@ import ray
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import ShardEntry
+from wdstream.inputs import InputFile, InputPosition
 from wdstream.ray.layout import CutShard, ShardCutter
 from wdstream.ray.pieces import Piece, PieceDocs, split_pieces
 from wdstream.ray.tasks import (
@@ -49,8 +50,7 @@ from wdstream.ray.tasks import (
     write_shard,
 )
 from wdstream.storage import open_store
-from wdstream.tokenizer import Tokenizer
-from wdstream.write.inputs import InputFile, Position
+from wdstream.tokenizers import Tokenizer
 from wdstream.write.journal import Journal
 from wdstream.write.pack import _drop_packed
 from wdstream.write.progress import Progress
@@ -114,7 +114,7 @@ class _Placed:
 
 
 def run(
-    job: RayPackJob, journal: Journal, start: Position | None, emitted: int, bad: list[str]
+    job: RayPackJob, journal: Journal, start: InputPosition | None, emitted: int, bad: list[str]
 ) -> Totals:
     """Pack ``job`` on the Ray cluster (connected by a :class:`RaySession`), committing every
     shard to ``journal`` in order.
@@ -192,7 +192,7 @@ class _Driver:
     """One Ray pack: submits tasks, lays out shards in input order, commits them in order."""
 
     def __init__(
-        self, job: RayPackJob, journal: Journal, start: Position | None, emitted: int,
+        self, job: RayPackJob, journal: Journal, start: InputPosition | None, emitted: int,
         bad: list[str], pieces: list[Piece] | None = None,
     ) -> None:  # fmt: skip
         self.job, self.journal, self.start, self.emitted = job, journal, start, emitted
@@ -201,7 +201,7 @@ class _Driver:
         if pieces is None:
             pieces = split_pieces(job.files, _piece_bytes(job.files, cpus), job.lines, start)
         self.pieces = pieces
-        at = start or Position(0, 0, 0, 0, 0, 0)
+        at = start or InputPosition(0, 0, 0, 0, 0, 0)
         self.totals = Totals(at.empty, at.bad, at.input_bytes, 0, list(bad), cpus)
         entries = journal.entries
         self.packer = job.new_packer(np.dtype(np.int64), -1)
@@ -219,7 +219,7 @@ class _Driver:
         self.line_base: dict[int, int] = {}  # per file: record number of the next range
         self.pending: dict[int, tuple[Any, CutShard]] = {}  # shard number -> task, layout
         self.tokens = self.docs = 0
-        self._end: tuple[int, Position] = (-1, Position(0, 0, 0, 0, 0, 0))
+        self._end: tuple[int, InputPosition] = (-1, InputPosition(0, 0, 0, 0, 0, 0))
         self._tokenize = ray.remote(num_cpus=1, num_returns=2, max_retries=_RETRIES)(tokenize_piece)
         self._write = ray.remote(num_cpus=1, max_retries=_RETRIES)(write_shard)
         self._check = ray.remote(num_cpus=1, max_retries=_RETRIES)(check_shard)
@@ -346,12 +346,12 @@ class _Driver:
         idx, lens, kept = _drop_packed(idx, lens, positions, self.start, self.emitted, self.packer)
         return idx, lens, ids[len(ids) - len(kept) :]
 
-    def _position(self, doc: int) -> Position:
+    def _position(self, doc: int) -> InputPosition:
         """The input position of global document ``doc``, with the counters before it."""
         p = self.placed[bisect.bisect_right(self.doc_starts, doc) - 1]
         j = doc - p.first_doc
         d = p.docs
-        pos = Position(
+        pos = InputPosition(
             p.file, p.record + int(d.records[j]), int(d.offsets[j]), p.empty + int(d.empty[j]),
             p.bad + int(d.bad[j]), p.input_bytes + int(d.input_bytes[j]),
         )  # fmt: skip

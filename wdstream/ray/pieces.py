@@ -17,7 +17,7 @@ records are reported as ``(line, why)`` for the same reason, and the driver writ
 message ``path:line: why`` that the local engine writes.
 
 Documents are decided by the same code as the local engine: whole-file pieces are read by
-:class:`~wdstream.write.inputs.DocumentReader` itself, ranges by its record parser
+:class:`~wdstream.inputs.DocumentReader` itself, ranges by its record parser
 (``text_of``, ``decode_bytes``) over the range's lines.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wdstream.errors import InputError
-from wdstream.write.inputs import DocumentReader, InputFile, Position
+from wdstream.inputs import DocumentReader, InputFile, InputPosition
 
 __all__ = ["Piece", "PieceDocs", "read_piece", "split_pieces"]
 
@@ -55,7 +55,7 @@ class Piece:
     start: int
     end: int | None
     whole: bool
-    resume: Position | None
+    resume: InputPosition | None
     source_bytes: int
 
 
@@ -85,7 +85,7 @@ class PieceDocs:
 
 
 def split_pieces(
-    files: list[InputFile], piece_bytes: int, lines: bool, start: Position | None
+    files: list[InputFile], piece_bytes: int, lines: bool, start: InputPosition | None
 ) -> list[Piece]:
     """Cut the inputs into pieces of at most about ``piece_bytes``, each file into equal parts
     (whole files below that size).
@@ -178,19 +178,21 @@ def read_piece(
     return texts, docs
 
 
-def _origin(piece: Piece) -> Position:
+def _origin(piece: Piece) -> InputPosition:
     """Where the piece's reader starts, its counters at zero (the driver adds the rest)."""
     if piece.resume is not None and piece.whole:
-        return Position(0, piece.resume.record, piece.resume.offset, 0, 0, 0)
-    return Position(0, 0, 0, 0, 0, 0)  # not None: a reader of one piece must not judge
+        return InputPosition(0, piece.resume.record, piece.resume.offset, 0, 0, 0)
+    return InputPosition(0, 0, 0, 0, 0, 0)  # not None: a reader of one piece must not judge
     # "nothing to pack", the whole input decides that
 
 
-def _whole(reader: _PieceReader) -> Iterator[tuple[str, Position]]:
+def _whole(reader: _PieceReader) -> Iterator[tuple[str, InputPosition]]:
     yield from reader
 
 
-def _range(reader: _PieceReader, info: InputFile, piece: Piece) -> Iterator[tuple[str, Position]]:
+def _range(
+    reader: _PieceReader, info: InputFile, piece: Piece
+) -> Iterator[tuple[str, InputPosition]]:
     """The documents of the lines starting in ``[piece.start, piece.end)``, numbered from 0.
 
     Mirrors :meth:`DocumentReader._read_lines` line for line (blank lines, the byte-order
@@ -214,7 +216,7 @@ def _range(reader: _PieceReader, info: InputFile, piece: Piece) -> Iterator[tupl
             raw = fh.readline()
             if not raw:
                 break
-            pos = Position(0, record, offset, reader.empty, reader.bad, reader.input_bytes)
+            pos = InputPosition(0, record, offset, reader.empty, reader.bad, reader.input_bytes)
             record += 1
             reader.lines_read = record
             offset += len(raw)

@@ -33,13 +33,13 @@ from wdstream.errors import WdstreamError
 from wdstream.format.checksum import CHECKSUM_NAME
 from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex
 from wdstream.format.sample import token_dtype_for_vocab
+from wdstream.inputs import InputFile
 from wdstream.ray.engine import RayPackJob, write_tokenized
 from wdstream.ray.pieces import PieceDocs
 from wdstream.ray.tasks import cached_tokenizer
 from wdstream.storage import open_store
-from wdstream.tokenizer import load_tokenizer
+from wdstream.tokenizers import load_tokenizer
 from wdstream.write.bestfit import DEFAULT_BUFFER
-from wdstream.write.inputs import InputFile
 from wdstream.write.journal import Journal
 from wdstream.write.lock import acquire
 from wdstream.write.pack import sample_builder, special_ids

@@ -22,10 +22,10 @@ import numpy as np
 
 from wdstream.format.index import ShardEntry
 from wdstream.format.sample import DTYPES
+from wdstream.inputs import InputFile
 from wdstream.ray.pieces import Piece, PieceDocs, read_piece
 from wdstream.storage import Store, open_store
-from wdstream.tokenizer import Tokenizer, load_tokenizer
-from wdstream.write.inputs import InputFile
+from wdstream.tokenizers import Tokenizer, load_tokenizer
 from wdstream.write.shards import ShardWriter, shard_names
 from wdstream.write.tokenpool import encode_flat
 

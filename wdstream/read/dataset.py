@@ -47,7 +47,7 @@ from wdstream.read.state import (
 from wdstream.read.stream import ReaderContext
 from wdstream.read.text.source import TextSource
 from wdstream.read.text.stream import TextContext
-from wdstream.tokenizer import Tokenizer
+from wdstream.tokenizers import Tokenizer
 
 __all__ = ["Chunk", "TokenDataset", "chunk_to_batches", "resolve_order", "resolve_rank"]
 

@@ -33,7 +33,7 @@ from wdstream.read.buckets import BucketedBatches
 from wdstream.read.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.sequence import GlobalPosition
 from wdstream.read.source import ShardSource
-from wdstream.tokenizer import Tokenizer
+from wdstream.tokenizers import Tokenizer
 
 __all__ = ["Loader"]
 

@@ -7,7 +7,7 @@ Pipeline (one packing thread, tokenisation in a pool, writes in a background thr
 
 Resume: after every shard commit the journal ``.wdstream-pack.json`` records the command's
 fingerprint, the committed shards and the input position after the shard's last sample
-(:class:`~wdstream.write.inputs.Position` of the document holding its last token, plus how many of
+(:class:`~wdstream.inputs.InputPosition` of the document holding its last token, plus how many of
 that document's tokens were packed). A rerun of the same command skips straight to that
 record, re-tokenises only that one document, drops its packed tokens, and continues; the
 shards it writes are byte-identical to an uninterrupted run's because packing depends only
@@ -37,11 +37,11 @@ from wdstream.format.checksum import CHECKSUM_NAME
 from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.provenance import PROVENANCE_VERSION, provenance_name
 from wdstream.format.sample import DTYPES, token_dtype_for_vocab
+from wdstream.inputs import DocumentReader, InputFile, InputPosition, expand_inputs
 from wdstream.storage import Store, open_store
-from wdstream.tokenizer import Tokenizer, load_tokenizer
+from wdstream.tokenizers import Tokenizer, load_tokenizer
 from wdstream.words import count
 from wdstream.write.bestfit import DEFAULT_BUFFER, BestFitPacker
-from wdstream.write.inputs import DocumentReader, InputFile, Position, expand_inputs
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.lock import LOCK_NAME, acquire
 from wdstream.write.progress import Progress
@@ -88,9 +88,9 @@ def _peek_texts(files: list[InputFile], text_key: str, lines: bool) -> list[str]
 
 def _batches(
     reader: DocumentReader, batch_chars: int, max_docs: int = 8192
-) -> Iterator[tuple[list[str], list[Position]]]:
+) -> Iterator[tuple[list[str], list[InputPosition]]]:
     texts: list[str] = []
-    positions: list[Position] = []
+    positions: list[InputPosition] = []
     size = 0
     for text, pos in reader:
         texts.append(text)
@@ -223,7 +223,7 @@ def pack(
         output: dataset root (local folder or any URL :func:`wdstream.storage.open_store` takes).
         text_key: JSON field with the text, dotted for nested fields.
         tokenizer: encoding name, ``.tiktoken`` path, Hugging Face ``tokenizer.json`` or
-            SentencePiece ``.model`` (see :func:`wdstream.tokenizer.load_tokenizer`).
+            SentencePiece ``.model`` (see :func:`wdstream.tokenizers.load_tokenizer`).
         backend: ``auto``, ``tiktoken`` or ``bpe-openai``.
         eos: append the EOS id to every document.
         bos: prepend a BOS id (``bos_id``, else the tokenizer's own BOS, else its EOS); giving
@@ -463,14 +463,14 @@ def special_ids(
     return eos_id, bos_id
 
 
-def _resume_point(journal: Journal) -> tuple[Position | None, int, list[str]]:
+def _resume_point(journal: Journal) -> tuple[InputPosition | None, int, list[str]]:
     """Load the journal; ``(record to restart from, its tokens already packed, skipped
     locations before it)``, or ``(None, 0, [])`` for a fresh pack."""
     if not journal.load():
         return None, 0, []
     assert journal.position is not None
     return (
-        Position(*journal.position["position"]),
+        InputPosition(*journal.position["position"]),
         journal.position["emitted"],
         list(journal.position["bad_locations"]),
     )
@@ -483,7 +483,7 @@ def _write_shards(
     writer: ShardWriter,
     bar: Progress,
     batch_bytes: int,
-    start: Position | None,
+    start: InputPosition | None,
     emitted: int,
 ) -> None:
     """Run the pipeline: read, tokenise, pack into samples, write shards; wait for the last.
@@ -517,11 +517,11 @@ def _write_shards(
 def _drop_packed(
     flat: np.ndarray,
     lens: np.ndarray,
-    positions: list[Position],
-    start: Position,
+    positions: list[InputPosition],
+    start: InputPosition,
     emitted: int,
     packer: ConcatPacker | DocsPacker | BestFitPacker,
-) -> tuple[np.ndarray, np.ndarray, list[Position]]:
+) -> tuple[np.ndarray, np.ndarray, list[InputPosition]]:
     """On resume, remove the first document's tokens that are already in committed shards
     (best-fit: the recorded position starts a block, ``emitted`` of whose rows are committed)."""
     if not positions or positions[0][:3] != start[:3]:

@@ -31,10 +31,10 @@ import braceexpand
 
 from wdstream.errors import InputError
 from wdstream.format.tar import BLOCK, padded_size
+from wdstream.inputs import DocumentReader, decompressed, expand_inputs
 from wdstream.read.stores import StoreCache, fingerprint
 from wdstream.storage import Store, split_url
-from wdstream.tokenizer import Tokenizer, load_tokenizer
-from wdstream.write.inputs import DocumentReader, decompressed, expand_inputs
+from wdstream.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = ["TextSource"]
 
