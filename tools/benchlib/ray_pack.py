@@ -126,7 +126,7 @@ def driver_cost(samples: int = 20000, shards: int = 400) -> dict[str, Any]:
 
     rng = np.random.default_rng(0)
     lens = rng.integers(50, 3000, size=samples * (SEQ_LEN + 1) // 1500 + 1)
-    packer = sample_builder("concat", SEQ_LEN, 1, None, 100257, np.dtype(np.int64), -1)
+    builder = sample_builder("concat", SEQ_LEN, 1, None, 100257, np.dtype(np.int64), -1)
     cutter = ShardCutter(SHARD_BYTES, None, "uint32", 0, 0, 0, 0, consecutive=True)
     starts = [0]
     t0 = time.perf_counter()
@@ -134,7 +134,7 @@ def driver_cost(samples: int = 20000, shards: int = 400) -> dict[str, Any]:
     for chunk in np.array_split(lens, 64):
         idx = np.arange(at, at + int(chunk.sum()), dtype=np.int64)
         at += len(idx)
-        for s in packer.add(idx, chunk, list(range(len(chunk)))):
+        for s in builder.add(idx, chunk, list(range(len(chunk)))):
             cutter.add(s, [(0, d) for d in s.starts], (None, s.end[1]), starts)
             n += 1
     per_sample = (time.perf_counter() - t0) / max(n, 1)

@@ -40,7 +40,7 @@ from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import ShardEntry
 from wdstream.inputs import InputFile, InputPosition
 from wdstream.ray.layout import CutShard, ShardCutter
-from wdstream.ray.pieces import Piece, PieceDocs, split_pieces
+from wdstream.ray.pieces import InputPiece, PieceDocs, split_pieces
 from wdstream.ray.tasks import (
     PieceJob,
     ShardJob,
@@ -77,7 +77,7 @@ class RayPackJob:
     bos_id: int | None
     eos_id: int | None
     dtype: str
-    new_packer: Callable[[np.dtype, int], Any]  # the local sample builder (dtype, pad id)
+    new_builder: Callable[[np.dtype, int], Any]  # the local sample builder (dtype, pad id)
     pad_id: int  # token written into padding (best-fit)
     name: str
     shard_bytes: int
@@ -167,7 +167,7 @@ def write_tokenized(
     ``given``: each piece's documents and the object reference of its token array; the
     documents' records count rows, and ``job.files`` names the one pseudo input.
     """
-    pieces = [Piece(0, 0, None, False, None, 0) for _ in given]
+    pieces = [InputPiece(0, 0, None, False, None, 0) for _ in given]
     driver = _Driver(job, journal, None, 0, [], pieces)
     return driver.run(iter((i, docs, ref) for i, (docs, ref) in enumerate(given)))
 
@@ -193,7 +193,7 @@ class _Driver:
 
     def __init__(
         self, job: RayPackJob, journal: Journal, start: InputPosition | None, emitted: int,
-        bad: list[str], pieces: list[Piece] | None = None,
+        bad: list[str], pieces: list[InputPiece] | None = None,
     ) -> None:  # fmt: skip
         self.job, self.journal, self.start, self.emitted = job, journal, start, emitted
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -204,12 +204,12 @@ class _Driver:
         at = start or InputPosition(0, 0, 0, 0, 0, 0)
         self.totals = Totals(at.empty, at.bad, at.input_bytes, 0, list(bad), cpus)
         entries = journal.entries
-        self.packer = job.new_packer(np.dtype(np.int64), -1)
+        self.builder = job.new_builder(np.dtype(np.int64), -1)
         self.cutter = ShardCutter(
             job.shard_bytes, job.shard_samples, job.dtype, first_shard=len(entries),
             first_sample=sum(e.samples for e in entries),
             first_doc=sum(e.documents for e in entries), doc_offset=emitted,
-            consecutive=self.packer.in_order,
+            consecutive=self.builder.in_order,
         )  # fmt: skip
         self.piece_starts: list[int] = []  # global first token of each piece laid out
         self.doc_starts: list[int] = []  # global first document of each piece laid out
@@ -258,7 +258,7 @@ class _Driver:
                     position += self._lay_out(*queue.popleft(), bar, position)
             while queue:
                 position += self._lay_out(*queue.popleft(), bar, position)
-            for sample in self.packer.flush():
+            for sample in self.builder.flush():
                 self._add(sample)
             last = self.cutter.close(self.piece_starts)
             if last is not None:
@@ -322,7 +322,7 @@ class _Driver:
             idx, lens, ids = self._drop_packed(placed, idx, lens, ids)
         self.tokens += ntok
         self.docs += n
-        for sample in self.packer.add(idx, lens, ids):
+        for sample in self.builder.add(idx, lens, ids):
             self._add(sample)
         t.empty += docs.total_empty
         t.bad += docs.total_bad
@@ -343,7 +343,7 @@ class _Driver:
         engine's own rule, applied to this piece's positions."""
         assert self.start is not None
         positions = [self._position(d) for d in ids]
-        idx, lens, kept = _drop_packed(idx, lens, positions, self.start, self.emitted, self.packer)
+        idx, lens, kept = _drop_packed(idx, lens, positions, self.start, self.emitted, self.builder)
         return idx, lens, ids[len(ids) - len(kept) :]
 
     def _position(self, doc: int) -> InputPosition:

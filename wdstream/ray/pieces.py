@@ -31,13 +31,13 @@ import numpy as np
 from wdstream.errors import InputError
 from wdstream.inputs import DocumentReader, InputFile, InputPosition
 
-__all__ = ["Piece", "PieceDocs", "read_piece", "split_pieces"]
+__all__ = ["InputPiece", "PieceDocs", "read_piece", "split_pieces"]
 
 _MAX_REPORTED = 10  # bad records a piece reports by line (the journal keeps 10 in all)
 
 
 @dataclass(frozen=True)
-class Piece:
+class InputPiece:
     """One task's share of the inputs.
 
     Attributes:
@@ -86,14 +86,14 @@ class PieceDocs:
 
 def split_pieces(
     files: list[InputFile], piece_bytes: int, lines: bool, start: InputPosition | None
-) -> list[Piece]:
+) -> list[InputPiece]:
     """Cut the inputs into pieces of at most about ``piece_bytes``, each file into equal parts
     (whole files below that size).
 
     Raises:
         InputError: for stdin, which cluster workers cannot read.
     """
-    pieces: list[Piece] = []
+    pieces: list[InputPiece] = []
     first = start.file if start is not None else 0
     for i in range(first, len(files)):
         f = files[i]
@@ -107,14 +107,14 @@ def split_pieces(
         at = resume.offset if resume is not None else 0
         splittable = not f.path.endswith((".gz", ".zst")) and (lines or not f.is_text)
         if not splittable or size - at <= piece_bytes:
-            pieces.append(Piece(i, at, None, True, resume, size - (at if splittable else 0)))
+            pieces.append(InputPiece(i, at, None, True, resume, size - (at if splittable else 0)))
             continue
         # Equal parts of at most piece_bytes (not piece_bytes and a remainder): a short
         # last part per file only adds a task, and equal tasks leave the least idle tail.
         parts = -(-(size - at) // piece_bytes)
         cuts = [at + (size - at) * k // parts for k in range(parts)] + [size]
         for k, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
-            pieces.append(Piece(i, a, b, False, resume if k == 0 else None, b - a))
+            pieces.append(InputPiece(i, a, b, False, resume if k == 0 else None, b - a))
     return pieces
 
 
@@ -145,7 +145,7 @@ class _BadRecord(Exception):
 
 def read_piece(
     files: list[InputFile],
-    piece: Piece,
+    piece: InputPiece,
     text_key: str,
     lines: bool,
     on_error: str,
@@ -178,7 +178,7 @@ def read_piece(
     return texts, docs
 
 
-def _origin(piece: Piece) -> InputPosition:
+def _origin(piece: InputPiece) -> InputPosition:
     """Where the piece's reader starts, its counters at zero (the driver adds the rest)."""
     if piece.resume is not None and piece.whole:
         return InputPosition(0, piece.resume.record, piece.resume.offset, 0, 0, 0)
@@ -191,7 +191,7 @@ def _whole(reader: _PieceReader) -> Iterator[tuple[str, InputPosition]]:
 
 
 def _range(
-    reader: _PieceReader, info: InputFile, piece: Piece
+    reader: _PieceReader, info: InputFile, piece: InputPiece
 ) -> Iterator[tuple[str, InputPosition]]:
     """The documents of the lines starting in ``[piece.start, piece.end)``, numbered from 0.
 

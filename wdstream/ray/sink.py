@@ -168,7 +168,7 @@ class Sink(Datasink[tuple[int, PieceDocs, Any]]):
                 files=[InputFile(_SOURCE)], text_key=self.text_key, lines=False,
                 on_error="raise", errors="strict", tokenizer=self.tok, bos_id=self.bos_id,
                 eos_id=self.eos_id, dtype=self.dtype,
-                new_packer=lambda dt, pad: sample_builder(
+                new_builder=lambda dt, pad: sample_builder(
                     self.mode, self.seq_len, self.bestfit_buffer, self.bos_id, self.eos_id, dt, pad
                 ),
                 pad_id=self.eos_id or 0, name=self.name, shard_bytes=self.shard_bytes,

@@ -4,7 +4,7 @@
 of each object kept as files under ``cache_dir``; a missing run of blocks is one ranged GET
 to ``inner``. Epoch 2 then reads local disk::
 
-    object data-000003.tar   |  block 0  |  block 1  |  block 2  | ...   (BLOCK bytes each)
+    object data-000003.tar   |  block 0  |  block 1  |  block 2  | ...   (CACHE_BLOCK_BYTES each)
     read_range(5 MB, 9 MB)          [=======|===]                 -> blocks 1 and 2
     cache_dir/<sha of root>/data-000003.tar.00000001.blk          (data, then a trailer)
 
@@ -51,9 +51,9 @@ from typing import BinaryIO
 from wdstream.format.checksum import crc32c
 from wdstream.storage.base import Store
 
-__all__ = ["BLOCK", "CachedStore", "parse_cache_limit"]
+__all__ = ["CACHE_BLOCK_BYTES", "CachedStore", "parse_cache_limit"]
 
-BLOCK = 4 << 20  # bytes per cached block: a few samples' worth of GET latency amortised
+CACHE_BLOCK_BYTES = 4 << 20  # bytes per cached block: a few samples' worth of GET latency amortised
 _TRAILER = struct.Struct("<IQ")  # CRC32C of the data, its length
 _SUFFIX = ".blk"
 _LOCK_NAME = ".evict.lock"
@@ -102,7 +102,11 @@ class CachedStore(Store):
     """
 
     def __init__(
-        self, inner: Store, cache_dir: str, limit: str | int = "50GB", block: int = BLOCK
+        self,
+        inner: Store,
+        cache_dir: str,
+        limit: str | int = "50GB",
+        block: int = CACHE_BLOCK_BYTES,
     ) -> None:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")

@@ -2,7 +2,7 @@
 
 Pipeline (one packing thread, tokenisation in a pool, writes in a background thread)::
 
-    DocumentReader -> batches (~1 MB) -> TokenPool (ordered) -> ConcatPacker / DocsPacker
+    DocumentReader -> batches (~1 MB) -> TokenPool (ordered) -> ConcatSampleBuilder / DocsSampleBuilder
         -> ShardWriter -> Store  (provenance, sidecar, tar, then journal; index.json last)
 
 Resume: after every shard commit the journal ``.wdstream-pack.json`` records the command's
@@ -41,11 +41,11 @@ from wdstream.inputs import DocumentReader, InputFile, InputPosition, expand_inp
 from wdstream.storage import Store, open_store
 from wdstream.tokenizers import Tokenizer, load_tokenizer
 from wdstream.words import count
-from wdstream.write.bestfit import DEFAULT_BUFFER, BestFitPacker
+from wdstream.write.bestfit import DEFAULT_BUFFER, BestFitSampleBuilder
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.lock import LOCK_NAME, acquire
 from wdstream.write.progress import Progress
-from wdstream.write.samples import ConcatPacker, DocsPacker
+from wdstream.write.samples import ConcatSampleBuilder, DocsSampleBuilder
 from wdstream.write.shards import ShardWriter, parse_size, shard_names
 from wdstream.write.tokenpool import TokenPool, prestart
 
@@ -339,7 +339,7 @@ def pack(
         start, emitted, bad_locations = _resume_point(journal)
         resumed_shards = len(journal.entries)
 
-        new_packer = partial(sample_builder, mode, seq_len, bestfit_buffer, bos_id, eos_id)
+        new_builder = partial(sample_builder, mode, seq_len, bestfit_buffer, bos_id, eos_id)
         provenance = ["<stdin>" if f.path == "-" else f.path for f in files]
         show = sys.stderr.isatty() if progress is None else progress
         if engine == "ray":
@@ -348,7 +348,7 @@ def pack(
             job = RayPackJob(
                 files=files, text_key=text_key, lines=lines, on_error=on_error, errors=errors,
                 tokenizer=tok, bos_id=bos_id, eos_id=eos_id, dtype=dtype,
-                new_packer=new_packer, pad_id=eos_id or 0, name=name, shard_bytes=shard_bytes,
+                new_builder=new_builder, pad_id=eos_id or 0, name=name, shard_bytes=shard_bytes,
                 shard_samples=shard_samples, output=output, store_options=store_options or {},
                 provenance=provenance, progress=show,
             )  # fmt: skip
@@ -356,7 +356,7 @@ def pack(
             workers, pool_kind = reader.cpus, "ray"
         else:
             reader = DocumentReader(files, text_key, lines, on_error, errors, start, bad_locations)
-            packer = new_packer(DTYPES[dtype], eos_id or 0)
+            builder = new_builder(DTYPES[dtype], eos_id or 0)
             writer = ShardWriter(
                 store,
                 name,
@@ -372,7 +372,7 @@ def pack(
             tpool = TokenPool(tok, workers, pool, bos_id, eos_id, dtype)
             pool_kind = tpool.kind
             bar = Progress(show, total=reader.source_total)
-            _write_shards(tpool, reader, packer, writer, bar, batch_bytes, start, emitted)
+            _write_shards(tpool, reader, builder, writer, bar, batch_bytes, start, emitted)
 
         entries = tuple(journal.entries)
         if not entries:
@@ -430,16 +430,16 @@ def sample_builder(
     eos_id: int | None,
     dtype: np.dtype,
     pad: int,
-) -> ConcatPacker | DocsPacker | BestFitPacker:
+) -> ConcatSampleBuilder | DocsSampleBuilder | BestFitSampleBuilder:
     """The sample builder of ``mode``: every engine builds samples with it (the Ray engine
     and sink over token indices in ``int64``, with -1 for padding)."""
     if mode == "concat":
-        return ConcatPacker(seq_len + 1, dtype)
+        return ConcatSampleBuilder(seq_len + 1, dtype)
     if mode == "bestfit":
         # No row may end in a lone BOS that reads as padding (wdstream.read.rows).
         head = 2 if bos_id is not None and bos_id == eos_id else 1
-        return BestFitPacker(seq_len + 1, dtype, bestfit_buffer, pad, head)
-    return DocsPacker(dtype)
+        return BestFitSampleBuilder(seq_len + 1, dtype, bestfit_buffer, pad, head)
+    return DocsSampleBuilder(dtype)
 
 
 def special_ids(
@@ -479,7 +479,7 @@ def _resume_point(journal: Journal) -> tuple[InputPosition | None, int, list[str
 def _write_shards(
     tpool: TokenPool,
     reader: DocumentReader,
-    packer: ConcatPacker | DocsPacker | BestFitPacker,
+    builder: ConcatSampleBuilder | DocsSampleBuilder | BestFitSampleBuilder,
     writer: ShardWriter,
     bar: Progress,
     batch_bytes: int,
@@ -496,14 +496,14 @@ def _write_shards(
         first = True
         for positions, flat, lens in tpool.map(_batches(reader, batch_bytes)):
             if first and start is not None:
-                flat, lens, positions = _drop_packed(flat, lens, positions, start, emitted, packer)
+                flat, lens, positions = _drop_packed(flat, lens, positions, start, emitted, builder)
             first = False
-            for s in packer.add(flat, lens, positions):
+            for s in builder.add(flat, lens, positions):
                 writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
             bar.update(reader.source_bytes, len(lens), len(flat))
         if first and start is not None:
             raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
-        for s in packer.flush():
+        for s in builder.flush():
             writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
         writer.close()
     except BaseException:
@@ -520,7 +520,7 @@ def _drop_packed(
     positions: list[InputPosition],
     start: InputPosition,
     emitted: int,
-    packer: ConcatPacker | DocsPacker | BestFitPacker,
+    builder: ConcatSampleBuilder | DocsSampleBuilder | BestFitSampleBuilder,
 ) -> tuple[np.ndarray, np.ndarray, list[InputPosition]]:
     """On resume, remove the first document's tokens that are already in committed shards
     (best-fit: the recorded position starts a block, ``emitted`` of whose rows are committed)."""
@@ -529,15 +529,15 @@ def _drop_packed(
             "the input changed since the interrupted pack (no document at the recorded "
             f"position {tuple(start[:3])}); use --overwrite"
         )
-    if isinstance(packer, BestFitPacker):
-        packer.resume_rows(emitted)
+    if isinstance(builder, BestFitSampleBuilder):
+        builder.resume_rows(emitted)
         return flat, lens, positions
     first_len = int(lens[0])
     if emitted > first_len:
         raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
     if emitted == first_len:
         return flat[first_len:], lens[1:], positions[1:]
-    packer.resume_inside_document(emitted)
+    builder.resume_inside_document(emitted)
     lens = lens.copy()
     lens[0] -= emitted
     return flat[emitted:], lens, positions

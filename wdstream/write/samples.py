@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ConcatPacker", "DocsPacker", "PackedSample"]
+__all__ = ["ConcatSampleBuilder", "DocsSampleBuilder", "PackedSample"]
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,12 @@ class PackedSample:
     new_docs: int  # documents whose first token is in this sample
     end: tuple[Any, int]  # (position of the last document touched, its tokens emitted so far)
     starts: list[Any]  # positions of the ``new_docs`` documents that start here (provenance)
-    # The first piece's token offset in its document, where the packer knows it (best-fit
+    # The first piece's token offset in its document, where the sample builder knows it (best-fit
     # rows: their padding keeps the writer from counting it); None: the writer counts it.
     offset: int | None = None
 
 
-class ConcatPacker:
+class ConcatSampleBuilder:
     """Packs documents into samples of exactly ``sample_tokens`` tokens."""
 
     # Every sample is a consecutive slice of the documents' concatenated tokens (the Ray
@@ -121,14 +121,14 @@ class ConcatPacker:
     def resume_inside_document(self, emitted: int) -> None:
         """Resume mid-document: the next tokens added continue a document of which
         ``emitted`` tokens are already in earlier samples."""
-        assert not len(self._carry), "resume only into an empty packer"
+        assert not len(self._carry), "resume only into an empty sample builder"
         self._pre, self._cont = emitted, emitted > 0
 
 
-class DocsPacker:
+class DocsSampleBuilder:
     """One document per sample."""
 
-    in_order = True  # as ConcatPacker: each sample one consecutive slice of the tokens
+    in_order = True  # as ConcatSampleBuilder: each sample one consecutive slice of the tokens
 
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype = dtype

@@ -187,7 +187,7 @@ class ShardWriter:
         """Append one sample; ``state`` is what the journal needs if the shard ends here;
         ``starts``: the input :class:`~wdstream.inputs.InputPosition` of each of the
         ``new_docs`` documents that start in it (used with ``provenance``); ``offset``: its
-        first piece's token offset in its document when the packer knows it (best-fit rows,
+        first piece's token offset in its document when the sample builder knows it (best-fit rows,
         whose trailing padding piece is not a document), else counted here."""
         data = encode_sample(tokens, doc_lens, cont)
         member = sample_member(self.next_sample, data, self._suffix)
