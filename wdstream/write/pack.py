@@ -39,6 +39,7 @@ from wdstream.format.provenance import PROVENANCE_VERSION, provenance_name
 from wdstream.format.sample import DTYPES, token_dtype_for_vocab
 from wdstream.inputs import DocumentReader, InputFile, InputPosition, expand_inputs
 from wdstream.storage import Store, open_store
+from wdstream.storage.base import ForwardingStore
 from wdstream.tokenizers import Tokenizer, load_tokenizer
 from wdstream.words import count
 from wdstream.write.bestfit import DEFAULT_BUFFER, BestFitSampleBuilder
@@ -146,30 +147,12 @@ def _naming_full_disk(url: str) -> Iterator[None]:
         ) from exc
 
 
-class _NamingFullDisk(Store):
+class _NamingFullDisk(ForwardingStore):
     """The output store, with writes that run out of space reported by object name.
 
     Every write of ``pack`` (shards and sidecars in the writer thread, the journal, the
     index) goes through this, so each names the object it was writing.
     """
-
-    def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
-
-    def read(self, name: str) -> bytes:
-        return self.inner.read(name)
-
-    def read_range(self, name: str, start: int, end: int) -> bytes:
-        return self.inner.read_range(name, start, end)
-
-    def size(self, name: str) -> int:
-        return self.inner.size(name)
-
-    def exists(self, name: str) -> bool:
-        return self.inner.exists(name)
-
-    def list(self) -> list[str]:
-        return self.inner.list()
 
     @contextmanager
     def writer(self, name: str) -> Iterator[BinaryIO]:
@@ -179,12 +162,6 @@ class _NamingFullDisk(Store):
     def write_bytes(self, name: str, data: bytes) -> None:
         with _naming_full_disk(self.inner.child_url(name)):
             self.inner.write_bytes(name, data)
-
-    def delete(self, name: str) -> None:
-        self.inner.delete(name)
-
-    def child_url(self, name: str) -> str:
-        return self.inner.child_url(name)
 
 
 def pack(
