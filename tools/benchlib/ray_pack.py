@@ -121,8 +121,8 @@ def driver_cost(samples: int = 20000, shards: int = 400) -> dict[str, Any]:
     from wdstream.inputs import InputPosition
     from wdstream.ray.layout import ShardCutter
     from wdstream.storage import open_store
+    from wdstream.write.builders import sample_builder
     from wdstream.write.journal import Journal
-    from wdstream.write.pack import sample_builder
 
     rng = np.random.default_rng(0)
     lens = rng.integers(50, 3000, size=samples * (SEQ_LEN + 1) // 1500 + 1)

@@ -211,6 +211,14 @@ class BestFitSampleBuilder:
         assert not self._docs, "resume only into an empty sample builder"
         self._skip = rows
 
+    def resume(
+        self, tokens: np.ndarray, lens: np.ndarray, emitted: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Resume at a block's first document, ``emitted`` of whose rows are committed: the
+        block is laid out again from all its documents and those rows skipped."""
+        self.resume_rows(emitted)
+        return tokens, lens, 0
+
     def _block(self) -> Iterator[PackedSample]:
         docs, pos = self._docs, self._pos
         self._docs, self._pos, self._tokens = [], [], 0

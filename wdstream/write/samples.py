@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ConcatSampleBuilder", "DocsSampleBuilder", "PackedSample"]
+from wdstream.errors import WdstreamError
+
+__all__ = ["ConcatSampleBuilder", "DocsSampleBuilder", "PackedSample", "drop_first_tokens"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,16 @@ class ConcatSampleBuilder:
         assert not len(self._carry), "resume only into an empty sample builder"
         self._pre, self._cont = emitted, emitted > 0
 
+    def resume(
+        self, tokens: np.ndarray, lens: np.ndarray, emitted: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Resume at a document of which ``emitted`` tokens are in committed shards: drop
+        them (see :func:`drop_first_tokens`) and continue that document."""
+        tokens, lens, dropped = drop_first_tokens(tokens, lens, emitted)
+        if not dropped:
+            self.resume_inside_document(emitted)
+        return tokens, lens, dropped
+
 
 class DocsSampleBuilder:
     """One document per sample."""
@@ -144,5 +156,30 @@ class DocsSampleBuilder:
     def flush(self) -> Iterator[PackedSample]:
         return iter(())
 
-    def resume_inside_document(self, emitted: int) -> None:
-        raise AssertionError("docs mode never splits a document")
+    def resume(
+        self, tokens: np.ndarray, lens: np.ndarray, emitted: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Resume after a document whose sample is committed (``emitted`` is its length)."""
+        tokens, lens, dropped = drop_first_tokens(tokens, lens, emitted)
+        assert dropped or not emitted, "docs mode never splits a document"
+        return tokens, lens, dropped
+
+
+def drop_first_tokens(
+    tokens: np.ndarray, lens: np.ndarray, emitted: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Drop the first document's ``emitted`` tokens (already in committed shards) from a
+    tokenised batch; returns the rest and how many whole documents went (0 or 1).
+
+    Raises:
+        WdstreamError: the first document is shorter than what was packed of it: the input
+            changed since the interrupted pack.
+    """
+    first_len = int(lens[0])
+    if emitted > first_len:
+        raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
+    if emitted == first_len:
+        return tokens[first_len:], lens[1:], 1
+    lens = lens.copy()
+    lens[0] -= emitted
+    return tokens[emitted:], lens, 0
