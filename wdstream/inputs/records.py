@@ -22,7 +22,7 @@ import itertools
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -85,6 +85,7 @@ class DocumentReader:
         empty, bad: empty documents and bad records skipped so far (``start``'s included).
         input_bytes: decompressed bytes read so far (``start``'s included).
         documents: documents this reader yielded.
+        lines_read: lines of the file being read so far (its record number after them).
         source_total: bytes of all inputs as stored (compressed size for ``.gz``/``.zst``),
             None when stdin is one of them; see :attr:`source_bytes`.
     """
@@ -106,6 +107,7 @@ class DocumentReader:
         start = self.start or InputPosition(0, 0, 0, 0, 0, 0)
         self.empty, self.bad, self.input_bytes = start.empty, start.bad, start.input_bytes
         self.documents = 0  # yielded by this reader (not counting those before ``start``)
+        self.lines_read = 0
         sizes = [f.size for f in self.files]
         self.source_total = None if None in sizes else sum(s or 0 for s in sizes)
         self._done_bytes = sum(s or 0 for s in sizes[: start.file])  # files finished
@@ -275,10 +277,21 @@ class DocumentReader:
                     skipped += len(fh.readline())
                 if skipped != offset:
                     raise InputError(f"{name}: input changed since the interrupted pack")
-        as_text = info.is_text
-        for raw in fh:
-            pos = InputPosition(i, record, offset, self.empty, self.bad, self.input_bytes)
+        yield from self.line_documents(fh, i, name, info.is_text, record, offset)
+
+    def line_documents(
+        self, lines: Iterable[bytes], file: int, name: str, as_text: bool, record: int, offset: int
+    ) -> Iterator[tuple[str, InputPosition]]:
+        """The documents of raw ``lines`` of input ``file``, the first being record
+        ``record`` at decompressed byte ``offset``: JSON records (blank lines skipped), or
+        with ``as_text`` one document per line. Counts into this reader's counters and
+        :attr:`lines_read`; a byte range of a file (the Ray engine's pieces) is read
+        through this too, so it yields exactly what the whole file would.
+        """
+        for raw in lines:
+            pos = InputPosition(file, record, offset, self.empty, self.bad, self.input_bytes)
             record += 1
+            self.lines_read = record
             offset += len(raw)
             self.input_bytes += len(raw)
             line = self.decode_bytes(raw, name, pos.offset)

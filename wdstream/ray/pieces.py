@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import IO
 
 import numpy as np
 
@@ -126,7 +127,6 @@ class _PieceReader(DocumentReader):
     """
 
     reported: list[tuple[int, str]]  # the first bad records skipped: (line, why)
-    lines_read: int  # lines of a range read so far
 
     def _bad(self, where: str, why: str) -> None:
         line = int(where.rsplit(":", 1)[1])  # text_of names records "path:line"
@@ -153,7 +153,7 @@ def read_piece(
 ) -> tuple[list[str], PieceDocs]:
     """Read one piece: its documents' texts and what the driver needs to place them."""
     reader = _PieceReader([files[piece.file]], text_key, lines, on_error, errors, _origin(piece))
-    reader.reported, reader.lines_read = [], 0
+    reader.reported = []
     texts: list[str] = []
     cols: list[list[int]] = [[], [], [], [], []]
     empty = np.zeros(0, np.int64)
@@ -171,7 +171,7 @@ def read_piece(
     docs.records, docs.offsets, docs.empty, docs.bad, docs.input_bytes = (
         np.asarray(c, dtype=np.int64) for c in cols
     )
-    docs.lines = reader.lines_read
+    docs.lines = 0 if piece.whole else reader.lines_read  # ranges only, as documented
     docs.total_empty, docs.total_bad = reader.empty, reader.bad
     docs.total_input_bytes = reader.input_bytes
     docs.bad_lines = reader.reported
@@ -195,8 +195,8 @@ def _range(
 ) -> Iterator[tuple[str, InputPosition]]:
     """The documents of the lines starting in ``[piece.start, piece.end)``, numbered from 0.
 
-    Mirrors :meth:`DocumentReader._read_lines` line for line (blank lines, the byte-order
-    mark at offset 0, ``.txt`` lines), so a range yields what the whole file would.
+    Read by :meth:`DocumentReader.line_documents`, as whole files are (blank lines, the
+    byte-order mark at offset 0, ``.txt`` lines), so a range yields what the whole file would.
     """
     assert piece.end is not None
     name = info.path
@@ -211,29 +211,15 @@ def _range(
             offset += len(fh.readline()) - 1
         else:
             fh.seek(offset)
-        record = 0
-        while offset < piece.end:
-            raw = fh.readline()
-            if not raw:
-                break
-            pos = InputPosition(0, record, offset, reader.empty, reader.bad, reader.input_bytes)
-            record += 1
-            reader.lines_read = record
-            offset += len(raw)
-            reader.input_bytes += len(raw)
-            line = reader.decode_bytes(raw, name, pos.offset)
-            if pos.offset == 0 and line.startswith("\ufeff"):
-                line = line[1:]
-            if info.is_text:
-                text: str | None = line.removesuffix("\n").removesuffix("\r")
-            elif not line.strip():
-                continue
-            else:
-                text = reader.text_of(line, name, record)
-                if text is None:
-                    continue
-            if text:
-                reader.documents += 1
-                yield text, pos
-            else:
-                reader.empty += 1
+        lines = _lines_before(fh, offset, piece.end)
+        yield from reader.line_documents(lines, 0, name, info.is_text, 0, offset)
+
+
+def _lines_before(fh: IO[bytes], offset: int, end: int) -> Iterator[bytes]:
+    """The lines of ``fh`` (at ``offset``) that start before ``end``."""
+    while offset < end:
+        raw = fh.readline()
+        if not raw:
+            return
+        offset += len(raw)
+        yield raw
