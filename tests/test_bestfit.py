@@ -1,4 +1,4 @@
-"""``--mode bestfit``: the layout's invariants (Hypothesis), the packer's exact resume points,
+"""``--mode bestfit``: the layout's invariants (Hypothesis), the sample builder's exact resume points,
 real packs (byte-identical for any worker count, after SIGKILL), ``verify`` and ``stats``."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from wdstream.errors import IndexValidationError
 from wdstream.format.index import DatasetIndex
 from wdstream.inspect import dataset_stats, verify_dataset
 from wdstream.storage import LocalStore
-from wdstream.write.bestfit import BestFitPacker, bestfit_blocks, bestfit_rows
+from wdstream.write.bestfit import BestFitSampleBuilder, bestfit_blocks, bestfit_rows
 
 PAD = 9999
 
@@ -82,24 +82,24 @@ def _docs(lens: list[int]) -> list[np.ndarray]:
             enumerate(lens)]  # fmt: skip
 
 
-def _feed(packer: BestFitPacker, docs: list[np.ndarray], first: int, split: int) -> list:
+def _feed(builder: BestFitSampleBuilder, docs: list[np.ndarray], first: int, split: int) -> list:
     """Feed documents ``first..`` in batches of ``split`` documents; all samples out."""
     out = []
     for a in range(first, len(docs), split):
         part = docs[a : a + split]
         flat = np.concatenate(part)
-        out += list(packer.add(flat, [len(p) for p in part], list(range(a, a + len(part)))))
-    return out + list(packer.flush())
+        out += list(builder.add(flat, [len(p) for p in part], list(range(a, a + len(part)))))
+    return out + list(builder.flush())
 
 
 @given(lengths, row_sizes, st.integers(1, 9), st.integers(1, 7))
-def test_packer_rows_padding_and_documents(
+def test_sample_builder_rows_padding_and_documents(
     lens: list[int], S: int, buffer: int, split: int
 ) -> None:
     docs = _docs(lens)
-    samples = _feed(BestFitPacker(S, np.dtype("<u4"), buffer, PAD), docs, 0, split)
+    samples = _feed(BestFitSampleBuilder(S, np.dtype("<u4"), buffer, PAD), docs, 0, split)
     # Batching of the input never changes the output.
-    again = _feed(BestFitPacker(S, np.dtype("<u4"), buffer, PAD), docs, 0, len(docs))
+    again = _feed(BestFitSampleBuilder(S, np.dtype("<u4"), buffer, PAD), docs, 0, len(docs))
     assert [(s.tokens.tolist(), s.doc_lens, s.cont) for s in samples] == [
         (s.tokens.tolist(), s.doc_lens, s.cont) for s in again
     ]
@@ -128,12 +128,12 @@ def test_every_sample_end_is_an_exact_resume_point(
 ) -> None:
     """What pack does on resume: restart at the recorded document, skip the recorded rows."""
     docs = _docs(lens)
-    samples = _feed(BestFitPacker(S, np.dtype("<u4"), buffer, PAD), docs, 0, 3)
+    samples = _feed(BestFitSampleBuilder(S, np.dtype("<u4"), buffer, PAD), docs, 0, 3)
     k = data.draw(st.integers(1, len(samples)))
     first, rows = samples[k - 1].end
-    packer = BestFitPacker(S, np.dtype("<u4"), buffer, PAD)
-    packer.resume_rows(rows)
-    rest = _feed(packer, docs, first, data.draw(st.integers(1, 5)))
+    builder = BestFitSampleBuilder(S, np.dtype("<u4"), buffer, PAD)
+    builder.resume_rows(rows)
+    rest = _feed(builder, docs, first, data.draw(st.integers(1, 5)))
     assert [s.tokens.tolist() for s in rest] == [s.tokens.tolist() for s in samples[k:]]
     assert [s.end for s in rest] == [s.end for s in samples[k:]]
 
@@ -249,12 +249,15 @@ def test_index_rules_of_bestfit(packed: Path, edit: Callable, message: str) -> N
 
 
 @given(lengths, row_sizes, st.integers(1, 9))
-def test_packer_rows_are_the_layout_of_its_blocks(lens: list[int], S: int, buffer: int) -> None:
-    """The streaming packer cuts blocks as ``bestfit_blocks`` says and lays each out with
+def test_sample_builder_rows_are_the_layout_of_its_blocks(
+    lens: list[int], S: int, buffer: int
+) -> None:
+    """The streaming sample builder cuts blocks as ``bestfit_blocks`` says and lays each out with
     ``bestfit_rows``: the offline functions give its exact output (what another engine reuses)."""
     docs = _docs(lens)
     got = [
-        s.tokens.tolist() for s in _feed(BestFitPacker(S, np.dtype("<u4"), buffer, PAD), docs, 0, 4)
+        s.tokens.tolist()
+        for s in _feed(BestFitSampleBuilder(S, np.dtype("<u4"), buffer, PAD), docs, 0, 4)
     ]
     want = []
     ends = bestfit_blocks(lens, buffer, S)

@@ -18,7 +18,7 @@ from tests.conftest import make_corpus
 from tests.test_pack import EOT, raw_samples
 from wdstream.read.batches.rows import IGNORE_INDEX, RowLabels, row_labels
 from wdstream.testing import assert_resumes_exactly
-from wdstream.write.bestfit import BestFitPacker
+from wdstream.write.bestfit import BestFitSampleBuilder
 
 SEQ = 63
 
@@ -46,15 +46,17 @@ def _truth(doc_lens: list[int], S: int, mask_ends: bool) -> tuple[list[bool], li
 def test_targets_are_ignored_exactly_on_padding_and_chosen_ends(
     lens: list[int], S: int, mask_ends: bool, bos: bool
 ) -> None:
-    """Rows as the packer writes them (text tokens never the EOS id); with ``bos`` the
+    """Rows as the sample builder writes them (text tokens never the EOS id); with ``bos`` the
     BOS is the EOS id too, as pack's default BOS."""
     docs = []
     for d, n in enumerate(lens):
         text = (np.arange(n) % 97 + d).tolist()
         docs.append(np.array(([EOT] if bos else []) + text + [EOT], dtype=np.uint32))
-    packer = BestFitPacker(S, np.dtype("<u4"), 7, EOT, 2 if bos else 1)
-    samples = list(packer.add(np.concatenate(docs), [len(d) for d in docs], list(range(len(docs)))))
-    samples += list(packer.flush())
+    builder = BestFitSampleBuilder(S, np.dtype("<u4"), 7, EOT, 2 if bos else 1)
+    samples = list(
+        builder.add(np.concatenate(docs), [len(d) for d in docs], list(range(len(docs))))
+    )
+    samples += list(builder.flush())
     rule = RowLabels(EOT, EOT, EOT if bos else None, mask_ends)
     rows = torch.from_numpy(np.stack([s.tokens.astype(np.int32) for s in samples]))
     padding = rule.padding(rows)

@@ -22,8 +22,8 @@ from click.testing import CliRunner
 import wdstream
 from wdstream.cli import main
 from wdstream.errors import InputError
-from wdstream.tokenizer import load_tokenizer
-from wdstream.write.inputs import DocumentReader, decompressed, expand_inputs
+from wdstream.inputs import DocumentReader, decompressed, expand_inputs
+from wdstream.tokenizers import load_tokenizer
 from wdstream.write.progress import Progress
 
 N_DOCS = 3000

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import wdstream
 from wdstream.cli import main
 from wdstream.read.mixture.inspect import explain_mixture
-from wdstream.tokenizer import load_tokenizer
+from wdstream.tokenizers import load_tokenizer
 
 SEQ = 7
 

@@ -27,7 +27,7 @@ import zstandard
 
 import wdstream
 from wdstream.format.index import DatasetIndex
-from wdstream.write.samples import ConcatPacker
+from wdstream.write.samples import ConcatSampleBuilder
 
 TOK = "cl100k_base"
 EOT = 100257  # cl100k's <|endoftext|>: the EOS and BOS id wdstream writes by default
@@ -393,7 +393,7 @@ def test_refuses_complete_dataset_without_overwrite(
     ]
 
 
-def test_packer_property_random() -> None:
+def test_sample_builder_property_random() -> None:
     """Any batching of any documents: samples tile the stream, doc_lens/cont rebuild docs."""
     for trial in range(200):
         rng = random.Random(trial)
@@ -402,7 +402,7 @@ def test_packer_property_random() -> None:
             np.arange(rng.randint(1, 15), dtype=np.uint32) + 1000 * i
             for i in range(rng.randint(1, 20))
         ]
-        p = ConcatPacker(size, np.dtype(np.uint32))
+        p = ConcatSampleBuilder(size, np.dtype(np.uint32))
         out, i = [], 0
         while i < len(docs):
             k = rng.randint(1, 4)

@@ -21,9 +21,9 @@ from tests.conftest import make_corpus
 from tests.test_pack_resume import _files
 from wdstream.errors import WdstreamError
 from wdstream.format.index import ShardEntry
+from wdstream.inputs import InputPosition
 from wdstream.storage import LocalStore
 from wdstream.storage.local import PARTIAL_SUFFIX
-from wdstream.write.inputs import Position
 from wdstream.write.journal import Journal
 from wdstream.write.lock import LOCK_NAME
 from wdstream.write.pack import JOURNAL_NAME
@@ -85,7 +85,7 @@ def test_journal_never_records_a_gap(tmp_path: Path) -> None:
     journal on disk (an older writer's) is refused on resume rather than published."""
     store = LocalStore(tmp_path)
     journal = Journal(store, {"name": "data"}, "data")
-    end = (Position(0, 0, 0, 0, 0, 0), 0)
+    end = (InputPosition(0, 0, 0, 0, 0, 0), 0)
     journal.commit(_entry(0), end, [])
     with pytest.raises(
         WdstreamError,

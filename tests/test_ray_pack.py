@@ -51,9 +51,9 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray  # noqa: E402  (the dev extra installs ray[data]: these tests run in CI)
 
 from wdstream.errors import InputError, WdstreamError  # noqa: E402
+from wdstream.inputs import InputFile  # noqa: E402
 from wdstream.ray.layout import _consecutive_runs, _joined, index_runs  # noqa: E402
 from wdstream.ray.pieces import split_pieces  # noqa: E402
-from wdstream.write.inputs import InputFile  # noqa: E402
 from wdstream.write.pack import pack  # noqa: E402
 
 

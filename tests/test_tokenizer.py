@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import wdstream.tokenizer as T
-from wdstream.tokenizer import CHECK_TEXT, TokenizerError, load_tokenizer
+import wdstream.tokenizers.tiktoken as T
+from wdstream.errors import TokenizerError
+from wdstream.tokenizers import load_tokenizer
+from wdstream.tokenizers.tiktoken import CHECK_TEXT
 
 CL100K_FILE_SHA = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 
@@ -114,7 +116,7 @@ def test_unknown_name_suggests_and_lists_offline_names() -> None:
 def test_bpe_worker_encoder_flat_ids_equal_tiktoken(bos: int | None, eos: int | None) -> None:
     """The process workers' bpe-openai path (ids gathered straight into one array) gives the
     tiktoken backend's flat ids and document lengths, BOS/EOS and empty documents included."""
-    from wdstream.tokenizer import BpeEncoder
+    from wdstream.tokenizers.tiktoken import BpeEncoder
     from wdstream.write.tokenpool import encode_flat
 
     texts = [CHECK_TEXT, "", "x", CHECK_TEXT[::-1] * 3, "  \n\t naïve café 日本語 🙂"]

@@ -18,7 +18,8 @@ import tokenizers
 import wdstream
 from tests.tokenizer_files import build_hf_bpe
 from wdstream import Loader, StateMismatchError
-from wdstream.tokenizer import TokenizerError, load_tokenizer
+from wdstream.errors import TokenizerError
+from wdstream.tokenizers import load_tokenizer
 from wdstream.write.tokenpool import TokenPool
 
 SEQ, B = 16, 2
@@ -175,7 +176,7 @@ def test_missing_package_names_the_extra(spec: str, hidden: str) -> None:
     code = (
         f"import sys; sys.modules[{hidden!r}] = None\n"
         "import wdstream\n"
-        "from wdstream.tokenizer import load_tokenizer\n"
+        "from wdstream.tokenizers import load_tokenizer\n"
         "try:\n"
         f"    load_tokenizer({spec!r})\n"
         "except ImportError as exc:\n"

@@ -14,7 +14,8 @@ import sentencepiece
 
 import wdstream
 from tests.tokenizer_files import build_spm
-from wdstream.tokenizer import TokenizerError, load_tokenizer
+from wdstream.errors import TokenizerError
+from wdstream.tokenizers import load_tokenizer
 from wdstream.write.tokenpool import TokenPool
 
 

@@ -181,7 +181,7 @@ def _preview(text: str, width: int = 160) -> str:
 def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> None:
     """Show the first samples of a dataset ROOT or a single .tar shard."""
     from wdstream.inspect import preview_samples
-    from wdstream.tokenizer import index_tokenizer, load_tokenizer
+    from wdstream.tokenizers import index_tokenizer, load_tokenizer
 
     try:
         index, previews = preview_samples(target, samples, _store_options(target, **remote))

@@ -64,7 +64,7 @@ def run_demo(
     import torch
 
     from wdstream import Loader, pack
-    from wdstream.tokenizer import index_tokenizer
+    from wdstream.tokenizers import index_tokenizer
     from wdstream.write.pack import describe
 
     tmp = None

@@ -1,6 +1,6 @@
 """Test helpers: a tiny dataset writer and the shared exact-resume harness.
 
-``write_synthetic_dataset`` builds a dataset in the real format (through the packer's
+``write_synthetic_dataset`` builds a dataset in the real format (through pack's
 :class:`~wdstream.write.shards.ShardWriter`, v2 or v1) from synthetic documents whose tokens are *recognisable*: with the default
 ``uint32`` dtype, token ``t`` of the dataset is the integer ``t`` (its global position in the
 document stream), so a test can check no-missing / no-duplicate / order from the tokens

@@ -118,15 +118,15 @@ def driver_cost(samples: int = 20000, shards: int = 400) -> dict[str, Any]:
     import numpy as np
 
     from wdstream.format.index import ShardEntry
+    from wdstream.inputs import InputPosition
     from wdstream.ray.layout import ShardCutter
     from wdstream.storage import open_store
-    from wdstream.write.inputs import Position
+    from wdstream.write.builders import sample_builder
     from wdstream.write.journal import Journal
-    from wdstream.write.pack import sample_builder
 
     rng = np.random.default_rng(0)
     lens = rng.integers(50, 3000, size=samples * (SEQ_LEN + 1) // 1500 + 1)
-    packer = sample_builder("concat", SEQ_LEN, 1, None, 100257, np.dtype(np.int64), -1)
+    builder = sample_builder("concat", SEQ_LEN, 1, None, 100257, np.dtype(np.int64), -1)
     cutter = ShardCutter(SHARD_BYTES, None, "uint32", 0, 0, 0, 0, consecutive=True)
     starts = [0]
     t0 = time.perf_counter()
@@ -134,13 +134,13 @@ def driver_cost(samples: int = 20000, shards: int = 400) -> dict[str, Any]:
     for chunk in np.array_split(lens, 64):
         idx = np.arange(at, at + int(chunk.sum()), dtype=np.int64)
         at += len(idx)
-        for s in packer.add(idx, chunk, list(range(len(chunk)))):
+        for s in builder.add(idx, chunk, list(range(len(chunk)))):
             cutter.add(s, [(0, d) for d in s.starts], (None, s.end[1]), starts)
             n += 1
     per_sample = (time.perf_counter() - t0) / max(n, 1)
     with tempfile.TemporaryDirectory() as tmp:
         journal = Journal(open_store(tmp), {"bench": True}, "data")
-        pos = Position(0, 0, 0, 0, 0, 0)
+        pos = InputPosition(0, 0, 0, 0, 0, 0)
         times = []
         for i in range(shards):
             entry = ShardEntry(

@@ -1,8 +1,9 @@
 """``pack(..., engine="ray")``: tokenise on a Ray cluster's workers, write shards from them.
 
 The driver (the process that called :func:`wdstream.pack`) holds the writer lock, the
-journal and ``index.json`` exactly as the local engine does; this module replaces only the
-pipeline between the inputs and the journal::
+journal and ``index.json`` exactly as with the local engine: :class:`RayEngine` is a
+:class:`~wdstream.write.engine.PackEngine`, and replaces only the pipeline between the
+inputs and the journal::
 
     driver                                   workers
     split inputs into pieces  ───────────►   tokenize_piece: read + tokenise a piece
@@ -29,8 +30,8 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,8 +39,9 @@ import ray
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import ShardEntry
+from wdstream.inputs import InputFile, InputPosition
 from wdstream.ray.layout import CutShard, ShardCutter
-from wdstream.ray.pieces import Piece, PieceDocs, split_pieces
+from wdstream.ray.pieces import InputPiece, PieceDocs, split_pieces
 from wdstream.ray.tasks import (
     PieceJob,
     ShardJob,
@@ -48,56 +50,19 @@ from wdstream.ray.tasks import (
     warm_up,
     write_shard,
 )
-from wdstream.storage import open_store
-from wdstream.tokenizer import Tokenizer
-from wdstream.write.inputs import InputFile, Position
+from wdstream.storage import Store, open_store
+from wdstream.write.engine import InputTotals, PackJob
 from wdstream.write.journal import Journal
-from wdstream.write.pack import _drop_packed
 from wdstream.write.progress import Progress
+from wdstream.write.resume import ResumePoint, drop_packed
 
-__all__ = ["RayPackJob", "RaySession", "Totals", "run", "write_tokenized"]
+__all__ = ["RayEngine", "write_tokenized"]
 
 _MAX_LOCATIONS = 10  # skipped-record locations kept, as DocumentReader keeps
 _MIN_PIECE, _MAX_PIECE = 256 << 10, 64 << 20  # bytes of input per tokenising task
 _PIECES_PER_CPU = 8  # pieces per CPU over the whole input (more: better balance, more tasks)
 _AHEAD_PER_CPU = 2  # tasks of each kind in flight per CPU
 _RETRIES = 5  # per task, on a worker or node dying (Ray's system failures)
-
-
-@dataclass(frozen=True)
-class RayPackJob:
-    """Everything the Ray engine needs from :func:`wdstream.pack`, already resolved."""
-
-    files: list[InputFile]
-    text_key: str
-    lines: bool
-    on_error: str
-    errors: str
-    tokenizer: Tokenizer
-    bos_id: int | None
-    eos_id: int | None
-    dtype: str
-    new_packer: Callable[[np.dtype, int], Any]  # the local sample builder (dtype, pad id)
-    pad_id: int  # token written into padding (best-fit)
-    name: str
-    shard_bytes: int
-    shard_samples: int | None
-    output: str
-    store_options: dict[str, Any]
-    provenance: list[str] | None  # input names for the .prov tables (None: none)
-    progress: bool
-
-
-@dataclass
-class Totals:
-    """The reader's counters over the whole input, as the local engine's reader keeps them."""
-
-    empty: int = 0
-    bad: int = 0
-    input_bytes: int = 0
-    documents: int = 0
-    bad_locations: list[str] = field(default_factory=list)
-    cpus: int = 0  # the cluster's CPUs when the pack started
 
 
 @dataclass
@@ -113,30 +78,13 @@ class _Placed:
     input_bytes: int
 
 
-def run(
-    job: RayPackJob, journal: Journal, start: Position | None, emitted: int, bad: list[str]
-) -> Totals:
-    """Pack ``job`` on the Ray cluster (connected by a :class:`RaySession`), committing every
-    shard to ``journal`` in order.
+class RayEngine:
+    """:class:`~wdstream.write.engine.PackEngine` on a Ray cluster.
 
-    Returns:
-        The input counters (for ``index.json``'s stats).
-
-    Raises:
-        InputError: as the local engine raises it, naming file and line.
-        WdstreamError: the input changed since the interrupted pack, or a kept shard no
-            longer matches its sha256.
-    """
-    if not ray.is_initialized():
-        raise RuntimeError("run() needs Ray: connect with RaySession first")
-    return _Driver(job, journal, start, emitted, bad).run()
-
-
-class RaySession:
-    """Ray for one pack: connected (or started) when the pack begins, and each CPU's worker
-    importing the task code and loading the tokenizer at once, while the driver loads its
-    own. Each worker's first task otherwise paid both (~0.45 s on the bench corpus's
-    2.4 s pack) while the driver waited.
+    Ray is connected (or started) when the pack begins, and each CPU's worker imports the
+    task code and loads the tokenizer at once, while the driver loads its own. Each
+    worker's first task otherwise paid both (~0.45 s on the bench corpus's 2.4 s pack)
+    while the driver waited.
 
     Args:
         address: ``None``: a Ray instance already initialised in this process, else a new
@@ -153,22 +101,33 @@ class RaySession:
         for _ in range(cpus):
             warm.remote(*tokenizer)  # not awaited: it only fills the worker's caches
 
+    def run(self, job: PackJob, store: Store, journal: Journal, resume: ResumePoint) -> InputTotals:
+        """Pack ``job`` on the cluster, committing every shard to ``journal`` in order
+        (shard tasks write to ``job.output`` themselves; ``store`` is the driver's view).
+
+        Raises:
+            InputError: as the local engine raises it, naming file and line.
+            WdstreamError: the input changed since the interrupted pack, or a kept shard no
+                longer matches its sha256.
+        """
+        return _Driver(job, journal, resume).run()
+
     def close(self) -> None:
-        """Shut down a Ray instance this session started (one it found is left running)."""
+        """Shut down a Ray instance this engine started (one it found is left running)."""
         if self.started:
             ray.shutdown()
 
 
 def write_tokenized(
-    job: RayPackJob, journal: Journal, given: list[tuple[PieceDocs, Any]]
-) -> Totals:
+    job: PackJob, journal: Journal, given: list[tuple[PieceDocs, Any]]
+) -> InputTotals:
     """Lay out and write pieces tokenised elsewhere (the Ray Data sink's blocks), in order.
 
     ``given``: each piece's documents and the object reference of its token array; the
     documents' records count rows, and ``job.files`` names the one pseudo input.
     """
-    pieces = [Piece(0, 0, None, False, None, 0) for _ in given]
-    driver = _Driver(job, journal, None, 0, [], pieces)
+    pieces = [InputPiece(0, 0, None, False, None, 0) for _ in given]
+    driver = _Driver(job, journal, ResumePoint(), pieces)
     return driver.run(iter((i, docs, ref) for i, (docs, ref) in enumerate(given)))
 
 
@@ -192,24 +151,27 @@ class _Driver:
     """One Ray pack: submits tasks, lays out shards in input order, commits them in order."""
 
     def __init__(
-        self, job: RayPackJob, journal: Journal, start: Position | None, emitted: int,
-        bad: list[str], pieces: list[Piece] | None = None,
+        self, job: PackJob, journal: Journal, resume: ResumePoint,
+        pieces: list[InputPiece] | None = None,
     ) -> None:  # fmt: skip
-        self.job, self.journal, self.start, self.emitted = job, journal, start, emitted
+        self.job, self.journal, self.resume = job, journal, resume
+        start = resume.start
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.ahead = _AHEAD_PER_CPU * cpus + 1
         if pieces is None:
             pieces = split_pieces(job.files, _piece_bytes(job.files, cpus), job.lines, start)
         self.pieces = pieces
-        at = start or Position(0, 0, 0, 0, 0, 0)
-        self.totals = Totals(at.empty, at.bad, at.input_bytes, 0, list(bad), cpus)
+        at = start or InputPosition(0, 0, 0, 0, 0, 0)
+        self.totals = InputTotals(
+            at.empty, at.bad, at.input_bytes, 0, list(resume.bad_locations), cpus, "ray"
+        )
         entries = journal.entries
-        self.packer = job.new_packer(np.dtype(np.int64), -1)
+        self.builder = job.new_builder(np.dtype(np.int64), -1)
         self.cutter = ShardCutter(
             job.shard_bytes, job.shard_samples, job.dtype, first_shard=len(entries),
             first_sample=sum(e.samples for e in entries),
-            first_doc=sum(e.documents for e in entries), doc_offset=emitted,
-            consecutive=self.packer.in_order,
+            first_doc=sum(e.documents for e in entries), doc_offset=resume.emitted,
+            consecutive=self.builder.in_order,
         )  # fmt: skip
         self.piece_starts: list[int] = []  # global first token of each piece laid out
         self.doc_starts: list[int] = []  # global first document of each piece laid out
@@ -219,12 +181,12 @@ class _Driver:
         self.line_base: dict[int, int] = {}  # per file: record number of the next range
         self.pending: dict[int, tuple[Any, CutShard]] = {}  # shard number -> task, layout
         self.tokens = self.docs = 0
-        self._end: tuple[int, Position] = (-1, Position(0, 0, 0, 0, 0, 0))
+        self._end: tuple[int, InputPosition] = (-1, InputPosition(0, 0, 0, 0, 0, 0))
         self._tokenize = ray.remote(num_cpus=1, num_returns=2, max_retries=_RETRIES)(tokenize_piece)
         self._write = ray.remote(num_cpus=1, max_retries=_RETRIES)(write_shard)
         self._check = ray.remote(num_cpus=1, max_retries=_RETRIES)(check_shard)
 
-    def run(self, given: Iterator[tuple[int, Any, Any]] | None = None) -> Totals:
+    def run(self, given: Iterator[tuple[int, Any, Any]] | None = None) -> InputTotals:
         """Tokenise the pieces (unless ``given`` their results), lay out, write, commit."""
         job = self.job
         checks = [
@@ -258,7 +220,7 @@ class _Driver:
                     position += self._lay_out(*queue.popleft(), bar, position)
             while queue:
                 position += self._lay_out(*queue.popleft(), bar, position)
-            for sample in self.packer.flush():
+            for sample in self.builder.flush():
                 self._add(sample)
             last = self.cutter.close(self.piece_starts)
             if last is not None:
@@ -318,11 +280,11 @@ class _Driver:
         idx = np.arange(self.tokens, self.tokens + ntok, dtype=np.int64)
         ids = list(range(self.docs, self.docs + n))
         lens = docs.lens
-        if self.start is not None and i == 0:
+        if self.resume.start is not None and i == 0:
             idx, lens, ids = self._drop_packed(placed, idx, lens, ids)
         self.tokens += ntok
         self.docs += n
-        for sample in self.packer.add(idx, lens, ids):
+        for sample in self.builder.add(idx, lens, ids):
             self._add(sample)
         t.empty += docs.total_empty
         t.bad += docs.total_bad
@@ -341,17 +303,16 @@ class _Driver:
     ) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """On resume, drop what the first document has in committed shards: the local
         engine's own rule, applied to this piece's positions."""
-        assert self.start is not None
         positions = [self._position(d) for d in ids]
-        idx, lens, kept = _drop_packed(idx, lens, positions, self.start, self.emitted, self.packer)
+        idx, lens, kept = drop_packed(idx, lens, positions, self.resume, self.builder)
         return idx, lens, ids[len(ids) - len(kept) :]
 
-    def _position(self, doc: int) -> Position:
+    def _position(self, doc: int) -> InputPosition:
         """The input position of global document ``doc``, with the counters before it."""
         p = self.placed[bisect.bisect_right(self.doc_starts, doc) - 1]
         j = doc - p.first_doc
         d = p.docs
-        pos = Position(
+        pos = InputPosition(
             p.file, p.record + int(d.records[j]), int(d.offsets[j]), p.empty + int(d.empty[j]),
             p.bad + int(d.bad[j]), p.input_bytes + int(d.input_bytes[j]),
         )  # fmt: skip

@@ -7,7 +7,7 @@ sample comes out with exactly the local engine's boundaries, document pieces and
 position, and its tokens are a list of index runs into the pieces' arrays::
 
     pieces' tokens   piece 0: [t0 .. t4999]   piece 1: [t5000 .. t8999]
-    packer input     arange(0, 5000), then arange(5000, 9000)   (docs' lengths as usual)
+    builder input     arange(0, 5000), then arange(5000, 9000)   (docs' lengths as usual)
     sample 2         indices 4098..6146  ->  runs [(4098, 2049)]  (crosses into piece 1)
 
 :class:`ShardCutter` then cuts samples into shards with the local writer's rule

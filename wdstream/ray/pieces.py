@@ -17,7 +17,7 @@ records are reported as ``(line, why)`` for the same reason, and the driver writ
 message ``path:line: why`` that the local engine writes.
 
 Documents are decided by the same code as the local engine: whole-file pieces are read by
-:class:`~wdstream.write.inputs.DocumentReader` itself, ranges by its record parser
+:class:`~wdstream.inputs.DocumentReader` itself, ranges by its record parser
 (``text_of``, ``decode_bytes``) over the range's lines.
 """
 
@@ -25,19 +25,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import IO
 
 import numpy as np
 
 from wdstream.errors import InputError
-from wdstream.write.inputs import DocumentReader, InputFile, Position
+from wdstream.inputs import DocumentReader, InputFile, InputPosition
 
-__all__ = ["Piece", "PieceDocs", "read_piece", "split_pieces"]
+__all__ = ["InputPiece", "PieceDocs", "read_piece", "split_pieces"]
 
 _MAX_REPORTED = 10  # bad records a piece reports by line (the journal keeps 10 in all)
 
 
 @dataclass(frozen=True)
-class Piece:
+class InputPiece:
     """One task's share of the inputs.
 
     Attributes:
@@ -55,7 +56,7 @@ class Piece:
     start: int
     end: int | None
     whole: bool
-    resume: Position | None
+    resume: InputPosition | None
     source_bytes: int
 
 
@@ -85,15 +86,15 @@ class PieceDocs:
 
 
 def split_pieces(
-    files: list[InputFile], piece_bytes: int, lines: bool, start: Position | None
-) -> list[Piece]:
+    files: list[InputFile], piece_bytes: int, lines: bool, start: InputPosition | None
+) -> list[InputPiece]:
     """Cut the inputs into pieces of at most about ``piece_bytes``, each file into equal parts
     (whole files below that size).
 
     Raises:
         InputError: for stdin, which cluster workers cannot read.
     """
-    pieces: list[Piece] = []
+    pieces: list[InputPiece] = []
     first = start.file if start is not None else 0
     for i in range(first, len(files)):
         f = files[i]
@@ -107,14 +108,14 @@ def split_pieces(
         at = resume.offset if resume is not None else 0
         splittable = not f.path.endswith((".gz", ".zst")) and (lines or not f.is_text)
         if not splittable or size - at <= piece_bytes:
-            pieces.append(Piece(i, at, None, True, resume, size - (at if splittable else 0)))
+            pieces.append(InputPiece(i, at, None, True, resume, size - (at if splittable else 0)))
             continue
         # Equal parts of at most piece_bytes (not piece_bytes and a remainder): a short
         # last part per file only adds a task, and equal tasks leave the least idle tail.
         parts = -(-(size - at) // piece_bytes)
         cuts = [at + (size - at) * k // parts for k in range(parts)] + [size]
         for k, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
-            pieces.append(Piece(i, a, b, False, resume if k == 0 else None, b - a))
+            pieces.append(InputPiece(i, a, b, False, resume if k == 0 else None, b - a))
     return pieces
 
 
@@ -126,7 +127,6 @@ class _PieceReader(DocumentReader):
     """
 
     reported: list[tuple[int, str]]  # the first bad records skipped: (line, why)
-    lines_read: int  # lines of a range read so far
 
     def _bad(self, where: str, why: str) -> None:
         line = int(where.rsplit(":", 1)[1])  # text_of names records "path:line"
@@ -145,7 +145,7 @@ class _BadRecord(Exception):
 
 def read_piece(
     files: list[InputFile],
-    piece: Piece,
+    piece: InputPiece,
     text_key: str,
     lines: bool,
     on_error: str,
@@ -153,7 +153,7 @@ def read_piece(
 ) -> tuple[list[str], PieceDocs]:
     """Read one piece: its documents' texts and what the driver needs to place them."""
     reader = _PieceReader([files[piece.file]], text_key, lines, on_error, errors, _origin(piece))
-    reader.reported, reader.lines_read = [], 0
+    reader.reported = []
     texts: list[str] = []
     cols: list[list[int]] = [[], [], [], [], []]
     empty = np.zeros(0, np.int64)
@@ -171,30 +171,32 @@ def read_piece(
     docs.records, docs.offsets, docs.empty, docs.bad, docs.input_bytes = (
         np.asarray(c, dtype=np.int64) for c in cols
     )
-    docs.lines = reader.lines_read
+    docs.lines = 0 if piece.whole else reader.lines_read  # ranges only, as documented
     docs.total_empty, docs.total_bad = reader.empty, reader.bad
     docs.total_input_bytes = reader.input_bytes
     docs.bad_lines = reader.reported
     return texts, docs
 
 
-def _origin(piece: Piece) -> Position:
+def _origin(piece: InputPiece) -> InputPosition:
     """Where the piece's reader starts, its counters at zero (the driver adds the rest)."""
     if piece.resume is not None and piece.whole:
-        return Position(0, piece.resume.record, piece.resume.offset, 0, 0, 0)
-    return Position(0, 0, 0, 0, 0, 0)  # not None: a reader of one piece must not judge
+        return InputPosition(0, piece.resume.record, piece.resume.offset, 0, 0, 0)
+    return InputPosition(0, 0, 0, 0, 0, 0)  # not None: a reader of one piece must not judge
     # "nothing to pack", the whole input decides that
 
 
-def _whole(reader: _PieceReader) -> Iterator[tuple[str, Position]]:
+def _whole(reader: _PieceReader) -> Iterator[tuple[str, InputPosition]]:
     yield from reader
 
 
-def _range(reader: _PieceReader, info: InputFile, piece: Piece) -> Iterator[tuple[str, Position]]:
+def _range(
+    reader: _PieceReader, info: InputFile, piece: InputPiece
+) -> Iterator[tuple[str, InputPosition]]:
     """The documents of the lines starting in ``[piece.start, piece.end)``, numbered from 0.
 
-    Mirrors :meth:`DocumentReader._read_lines` line for line (blank lines, the byte-order
-    mark at offset 0, ``.txt`` lines), so a range yields what the whole file would.
+    Read by :meth:`DocumentReader.line_documents`, as whole files are (blank lines, the
+    byte-order mark at offset 0, ``.txt`` lines), so a range yields what the whole file would.
     """
     assert piece.end is not None
     name = info.path
@@ -209,29 +211,15 @@ def _range(reader: _PieceReader, info: InputFile, piece: Piece) -> Iterator[tupl
             offset += len(fh.readline()) - 1
         else:
             fh.seek(offset)
-        record = 0
-        while offset < piece.end:
-            raw = fh.readline()
-            if not raw:
-                break
-            pos = Position(0, record, offset, reader.empty, reader.bad, reader.input_bytes)
-            record += 1
-            reader.lines_read = record
-            offset += len(raw)
-            reader.input_bytes += len(raw)
-            line = reader.decode_bytes(raw, name, pos.offset)
-            if pos.offset == 0 and line.startswith("\ufeff"):
-                line = line[1:]
-            if info.is_text:
-                text: str | None = line.removesuffix("\n").removesuffix("\r")
-            elif not line.strip():
-                continue
-            else:
-                text = reader.text_of(line, name, record)
-                if text is None:
-                    continue
-            if text:
-                reader.documents += 1
-                yield text, pos
-            else:
-                reader.empty += 1
+        lines = _lines_before(fh, offset, piece.end)
+        yield from reader.line_documents(lines, 0, name, info.is_text, 0, offset)
+
+
+def _lines_before(fh: IO[bytes], offset: int, end: int) -> Iterator[bytes]:
+    """The lines of ``fh`` (at ``offset``) that start before ``end``."""
+    while offset < end:
+        raw = fh.readline()
+        if not raw:
+            return
+        offset += len(raw)
+        yield raw

@@ -30,19 +30,20 @@ from ray.data.block import BlockAccessor
 from ray.data.datasource.datasink import Datasink, WriteResult
 
 from wdstream.errors import WdstreamError
-from wdstream.format.checksum import CHECKSUM_NAME
-from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex
+from wdstream.format.index import INDEX_NAME, JOURNAL_NAME
 from wdstream.format.sample import token_dtype_for_vocab
-from wdstream.ray.engine import RayPackJob, write_tokenized
+from wdstream.inputs import InputFile
+from wdstream.ray.engine import write_tokenized
 from wdstream.ray.pieces import PieceDocs
 from wdstream.ray.tasks import cached_tokenizer
 from wdstream.storage import open_store
-from wdstream.tokenizer import load_tokenizer
+from wdstream.tokenizers import load_tokenizer
 from wdstream.write.bestfit import DEFAULT_BUFFER
-from wdstream.write.inputs import InputFile
+from wdstream.write.builders import check_mode, sample_builder, special_ids
+from wdstream.write.commit import DatasetMeta, commit_dataset
+from wdstream.write.engine import PackJob
 from wdstream.write.journal import Journal
 from wdstream.write.lock import acquire
-from wdstream.write.pack import sample_builder, special_ids
 from wdstream.write.shards import parse_size, shard_names
 from wdstream.write.tokenpool import encode_flat
 
@@ -86,10 +87,7 @@ class Sink(Datasink[tuple[int, PieceDocs, Any]]):
         store_options: dict[str, Any] | None = None,
         progress: bool = False,
     ) -> None:
-        if mode not in ("concat", "docs", "bestfit"):
-            raise ValueError(f"mode must be 'concat', 'docs' or 'bestfit', got {mode!r}")
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        check_mode(mode, seq_len, eos)
         self.url, self.text_key, self.mode, self.seq_len = url, text_key, mode, seq_len
         self.tok = load_tokenizer(tokenizer, backend)
         self.eos_id, self.bos_id = special_ids(self.tok, eos, bos, bos_id)
@@ -164,11 +162,11 @@ class Sink(Datasink[tuple[int, PieceDocs, Any]]):
         try:
             fingerprint = {"ray_data_sink": self.url, "tokenizer": self.tok.info()}
             journal = Journal(store, fingerprint, self.name)
-            job = RayPackJob(
+            job = PackJob(
                 files=[InputFile(_SOURCE)], text_key=self.text_key, lines=False,
                 on_error="raise", errors="strict", tokenizer=self.tok, bos_id=self.bos_id,
                 eos_id=self.eos_id, dtype=self.dtype,
-                new_packer=lambda dt, pad: sample_builder(
+                new_builder=lambda dt, pad: sample_builder(
                     self.mode, self.seq_len, self.bestfit_buffer, self.bos_id, self.eos_id, dt, pad
                 ),
                 pad_id=self.eos_id or 0, name=self.name, shard_bytes=self.shard_bytes,
@@ -179,29 +177,18 @@ class Sink(Datasink[tuple[int, PieceDocs, Any]]):
             entries = tuple(journal.entries)
             if not entries:
                 raise WdstreamError(f"no non-empty {self.text_key!r} values to pack")
-            index = DatasetIndex(
-                tokenizer=self.tok.info(),
-                eos_id=self.eos_id,
-                bos_id=self.bos_id,
-                dtype=self.dtype,
-                mode=self.mode,
-                seq_len=self.seq_len,
-                sample_tokens=self.seq_len + 1 if self.mode != "docs" else None,
-                shards=entries,
-                stats={
-                    "documents": sum(e.documents for e in entries),
-                    "empty_documents_skipped": totals.empty,
-                    "records_skipped": 0,
-                    "skipped_locations": [],
-                    "input_bytes": totals.input_bytes,
-                    "input_files": 0,
-                },
-                checksum=CHECKSUM_NAME,
-                pad_id=self.eos_id if self.mode == "bestfit" else None,
+            stats = {
+                "documents": sum(e.documents for e in entries),
+                "empty_documents_skipped": totals.empty,
+                "records_skipped": 0,
+                "skipped_locations": [],
+                "input_bytes": totals.input_bytes,
+                "input_files": 0,
+            }
+            meta = DatasetMeta(
+                self.tok.info(), self.eos_id, self.bos_id, self.dtype, self.mode, self.seq_len
             )
-            lock.verify()
-            store.write_bytes(INDEX_NAME, index.to_json().encode())
-            store.delete(JOURNAL_NAME)
+            commit_dataset(store, lock, journal, meta, stats)
         finally:
             lock.release()
 

@@ -22,10 +22,10 @@ import numpy as np
 
 from wdstream.format.index import ShardEntry
 from wdstream.format.sample import DTYPES
-from wdstream.ray.pieces import Piece, PieceDocs, read_piece
+from wdstream.inputs import InputFile
+from wdstream.ray.pieces import InputPiece, PieceDocs, read_piece
 from wdstream.storage import Store, open_store
-from wdstream.tokenizer import Tokenizer, load_tokenizer
-from wdstream.write.inputs import InputFile
+from wdstream.tokenizers import Tokenizer, load_tokenizer
 from wdstream.write.shards import ShardWriter, shard_names
 from wdstream.write.tokenpool import encode_flat
 
@@ -94,7 +94,9 @@ class ShardPlan:
     cont: list[bool]
     new_docs: list[int]
     starts: list[list[tuple[int, int]]]  # (file, record) of the documents starting per sample
-    offsets: list[int | None]  # per sample: its first piece's offset, where the packer knows it
+    offsets: list[
+        int | None
+    ]  # per sample: its first piece's offset, where the sample builder knows it
     piece_offsets: list[int]  # first global token of each piece array passed to the task
 
 
@@ -131,7 +133,7 @@ def _store(url: str, options: dict[str, Any]) -> Store:
     return _stores[key]
 
 
-def tokenize_piece(job: PieceJob, piece: Piece) -> tuple[PieceDocs, np.ndarray]:
+def tokenize_piece(job: PieceJob, piece: InputPiece) -> tuple[PieceDocs, np.ndarray]:
     """Read and tokenise one piece: its documents' metadata, and all their tokens in one array."""
     texts, docs = read_piece(job.files, piece, job.text_key, job.lines, job.on_error, job.errors)
     flat, lens = encode_flat(

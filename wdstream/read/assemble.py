@@ -30,7 +30,7 @@ from wdstream.read.order.streams_sequence import StreamsSequence
 from wdstream.read.order.text_streams import TextContext
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.text import TextSource
-from wdstream.tokenizer import Tokenizer
+from wdstream.tokenizers import Tokenizer
 
 __all__ = ["ReaderParts", "assemble", "check_sizes", "resolve_order", "resolve_rank"]
 

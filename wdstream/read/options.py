@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from wdstream.tokenizer import Tokenizer
+from wdstream.tokenizers import Tokenizer
 
 __all__ = ["ReadOptions"]
 

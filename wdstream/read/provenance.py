@@ -350,7 +350,7 @@ def explain(
     epoch, first = order.locate(step, origin)
     tok = None
     if text:
-        from wdstream.tokenizer import index_tokenizer
+        from wdstream.tokenizers import index_tokenizer
 
         tok = index_tokenizer(index.tokenizer)
     rows = []

@@ -2,7 +2,8 @@
 
 Writers and readers only ever talk to a :class:`Store` rooted at a dataset location, by
 *relative names* (``"data-000000.tar"``, ``"index.json"``). Adding a backend means
-implementing this class; nothing above it changes.
+implementing this class; nothing above it changes. :class:`ForwardingStore` wraps a store
+and changes only what it overrides (the node cache, the writer's full-disk messages).
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["Store"]
+__all__ = ["ForwardingStore", "Store"]
 
 
 class Store(abc.ABC):
@@ -74,6 +76,25 @@ class Store(abc.ABC):
         with self.writer(name) as out:
             out.write(data)
 
+    def create_if_absent(self, name: str, data: bytes) -> None:
+        """Write ``data`` as ``name`` unless an object of that name exists (then leave it).
+
+        What the writer lock is built on: the caller reads the object back to learn whose it
+        is. This default checks, then writes, which leaves a window of one round trip
+        between two writers (plain HTTP has nothing better); backends with a conditional
+        write (S3's ``If-None-Match``, a local hard link) override it to be atomic.
+        """
+        if not self.exists(name):
+            self.write_bytes(name, data)
+
+    def lock_path(self, name: str) -> Path | None:
+        """The local file of ``name`` when OS advisory locks (``flock``) work on it, else None.
+
+        A lock the kernel holds dies with its process, so a writer lock there needs no
+        ``--force-unlock`` after a crash; object stores have no such lock and return None.
+        """
+        return None
+
     def iter_chunks(self, name: str, chunk_size: int = 8 << 20) -> Iterator[bytes]:
         """Stream the object in large sequential chunks (for hashing and verification)."""
         total = self.size(name)
@@ -92,3 +113,58 @@ class Store(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
         """Release cached handles or connections."""
+
+
+class ForwardingStore(Store):
+    """A store that passes every call to ``inner``; subclasses override what they change."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner, self.url = inner, inner.url
+
+    def read(self, name: str) -> bytes:
+        return self.inner.read(name)
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        return self.inner.read_range(name, start, end)
+
+    def read_range_view(self, name: str, start: int, end: int) -> memoryview:
+        return self.inner.read_range_view(name, start, end)
+
+    def holds_range(self, name: str, start: int, end: int) -> bool:
+        return self.inner.holds_range(name, start, end)
+
+    def size(self, name: str) -> int:
+        return self.inner.size(name)
+
+    def exists(self, name: str) -> bool:
+        return self.inner.exists(name)
+
+    def list(self) -> list[str]:
+        return self.inner.list()
+
+    def writer(self, name: str) -> AbstractContextManager[BinaryIO]:
+        return self.inner.writer(name)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self.inner.write_bytes(name, data)
+
+    def create_if_absent(self, name: str, data: bytes) -> None:
+        self.inner.create_if_absent(name, data)
+
+    def lock_path(self, name: str) -> Path | None:
+        return self.inner.lock_path(name)
+
+    def iter_chunks(self, name: str, chunk_size: int = 8 << 20) -> Iterator[bytes]:
+        return self.inner.iter_chunks(name, chunk_size)
+
+    def child_url(self, name: str) -> str:
+        return self.inner.child_url(name)
+
+    def remove_partials(self) -> int:
+        return self.inner.remove_partials()
+
+    def close(self) -> None:
+        self.inner.close()

@@ -4,7 +4,7 @@
 of each object kept as files under ``cache_dir``; a missing run of blocks is one ranged GET
 to ``inner``. Epoch 2 then reads local disk::
 
-    object data-000003.tar   |  block 0  |  block 1  |  block 2  | ...   (BLOCK bytes each)
+    object data-000003.tar   |  block 0  |  block 1  |  block 2  | ...   (CACHE_BLOCK_BYTES each)
     read_range(5 MB, 9 MB)          [=======|===]                 -> blocks 1 and 2
     cache_dir/<sha of root>/data-000003.tar.00000001.blk          (data, then a trailer)
 
@@ -44,16 +44,13 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
-from typing import BinaryIO
 
 from wdstream.format.checksum import crc32c
-from wdstream.storage.base import Store
+from wdstream.storage.base import ForwardingStore, Store
 
-__all__ = ["BLOCK", "CachedStore", "parse_cache_limit"]
+__all__ = ["CACHE_BLOCK_BYTES", "CachedStore", "parse_cache_limit"]
 
-BLOCK = 4 << 20  # bytes per cached block: a few samples' worth of GET latency amortised
+CACHE_BLOCK_BYTES = 4 << 20  # bytes per cached block: a few samples' worth of GET latency amortised
 _TRAILER = struct.Struct("<IQ")  # CRC32C of the data, its length
 _SUFFIX = ".blk"
 _LOCK_NAME = ".evict.lock"
@@ -85,7 +82,7 @@ def parse_cache_limit(limit: str | int) -> int:
     return value
 
 
-class CachedStore(Store):
+class CachedStore(ForwardingStore):
     """``inner``'s ranged reads through a bounded block cache in ``cache_dir``.
 
     Args:
@@ -102,12 +99,15 @@ class CachedStore(Store):
     """
 
     def __init__(
-        self, inner: Store, cache_dir: str, limit: str | int = "50GB", block: int = BLOCK
+        self,
+        inner: Store,
+        cache_dir: str,
+        limit: str | int = "50GB",
+        block: int = CACHE_BLOCK_BYTES,
     ) -> None:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self.limit = parse_cache_limit(limit)
         self.block = block
         self.cache_dir = os.path.abspath(cache_dir)
@@ -318,34 +318,6 @@ class CachedStore(Store):
                 elif entry.name.endswith(".tmp") and now - st.st_mtime > _STALE_TMP_S:
                     _unlink_quietly(entry.path)
         return entries, sum(e[1] for e in entries)
-
-    # -- everything else passes through ---------------------------------------------------
-    def read(self, name: str) -> bytes:
-        return self.inner.read(name)
-
-    def size(self, name: str) -> int:
-        return self.inner.size(name)
-
-    def exists(self, name: str) -> bool:
-        return self.inner.exists(name)
-
-    def list(self) -> list[str]:
-        return self.inner.list()
-
-    def writer(self, name: str) -> AbstractContextManager[BinaryIO]:
-        return self.inner.writer(name)
-
-    def delete(self, name: str) -> None:
-        self.inner.delete(name)
-
-    def iter_chunks(self, name: str, chunk_size: int = 8 << 20) -> Iterator[bytes]:
-        return self.inner.iter_chunks(name, chunk_size)  # verification reads the source
-
-    def child_url(self, name: str) -> str:
-        return self.inner.child_url(name)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def _subdirs(folder: str) -> list[str]:

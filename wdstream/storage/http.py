@@ -22,10 +22,9 @@ from typing import Any, BinaryIO, cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import requests
-import urllib3
 
 from wdstream.errors import ListingNotSupportedError
-from wdstream.storage.remote import RemoteStore
+from wdstream.storage.remote import NETWORK_ERRORS, RemoteStore
 from wdstream.storage.retry import (
     RemoteReadError,
     RemoteWriteError,
@@ -56,14 +55,10 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(
         exc,
         (
-            TransientError,
+            *NETWORK_ERRORS,
             requests.ConnectionError,
             requests.Timeout,
             requests.exceptions.ChunkedEncodingError,
-            urllib3.exceptions.ProtocolError,
-            urllib3.exceptions.ReadTimeoutError,
-            ConnectionError,
-            TimeoutError,
         ),
     )
 
@@ -146,6 +141,9 @@ class HttpStore(RemoteStore):
         verify: TLS verification, as in ``requests``.
     """
 
+    # Sessions and locks stay in the process that made them.
+    _process_local = ("_retrier", "_local", "_lock", "_sessions")
+
     def __init__(
         self,
         url: str,
@@ -181,18 +179,6 @@ class HttpStore(RemoteStore):
         self._local = threading.local()
         self._lock = threading.Lock()
         self._sessions: list[requests.Session] = []
-
-    # -- pickling: sessions and locks stay in the process that made them ------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for key in ("_retrier", "_local", "_lock", "_sessions"):
-            state.pop(key, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._setup()
 
     def _session(self) -> requests.Session:
         # requests.Session is not documented as thread-safe: one per thread (the reader's

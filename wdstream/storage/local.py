@@ -155,6 +155,27 @@ class LocalStore(Store):
     def delete(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)
 
+    def create_if_absent(self, name: str, data: bytes) -> None:
+        """Write ``name`` complete under a temporary name, then hard-link it into place: the
+        link fails, atomically, when ``name`` exists."""
+        final = self._path(name)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        partial = final.with_name(f".{final.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+        try:
+            with open(partial, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            try:
+                os.link(partial, final)
+            except FileExistsError:
+                pass  # someone else's: the caller reads it back
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def lock_path(self, name: str) -> Path:
+        return self._path(name)
+
     def remove_partials(self) -> int:
         """Delete leftovers of interrupted writes; returns how many were removed."""
         if not self.root.is_dir():

@@ -9,17 +9,50 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
+from typing import Any
+
+import urllib3
 
 from wdstream.storage.base import Store
-from wdstream.storage.retry import Retrier
+from wdstream.storage.retry import Retrier, TransientError
 
-__all__ = ["RemoteStore"]
+__all__ = ["NETWORK_ERRORS", "RemoteStore"]
+
+# Failures of one request that another attempt may heal, whichever client library sent it
+# (each backend adds its own library's errors).
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    TransientError,
+    urllib3.exceptions.ProtocolError,
+    urllib3.exceptions.ReadTimeoutError,
+    ConnectionError,
+    TimeoutError,
+)
 
 
 class RemoteStore(Store):
-    """A :class:`Store` whose reads are retried, resumable requests."""
+    """A :class:`Store` whose reads are retried, resumable requests.
+
+    A backend's clients, sessions and locks belong to the process that made them: it names
+    them in ``_process_local``, makes them in ``_setup``, and a copy sent to another process
+    (a DataLoader worker, a Ray task) leaves them behind and makes its own.
+    """
 
     _retrier: Retrier
+    _process_local: tuple[str, ...] = ()  # attributes ``_setup`` makes, never sent along
+
+    @abc.abstractmethod
+    def _setup(self) -> None:
+        """Make the per-process state: the retrier, clients or sessions, locks."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in self._process_local:
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
 
     @abc.abstractmethod
     def _fetch(self, name: str, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:

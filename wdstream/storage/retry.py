@@ -243,6 +243,20 @@ class Retrier:
     def _retryable(self, exc: Exception) -> bool:
         return isinstance(exc, TransientError) or self.is_transient(exc)
 
+    def _raise_unless_retryable(
+        self,
+        exc: Exception,
+        what: str,
+        error: type[RemoteStoreError],
+        url: str,
+        offset: int | None = None,
+    ) -> None:
+        """Raise ``error`` at once for a failure another attempt will not heal."""
+        if not self._retryable(exc):
+            raise error(
+                f"{what} failed (not retried): {describe(exc)}", url, describe(exc), offset
+            ) from None
+
     def _pause(
         self,
         exc: Exception,
@@ -293,11 +307,7 @@ class Retrier:
             except (FileNotFoundError, PermissionError, RemoteStoreError, ValueError):
                 raise
             except Exception as exc:
-                if not self._retryable(exc):
-                    raise error(
-                        f"{what} {url} failed (not retried): {describe(exc)}",
-                        url, describe(exc),
-                    ) from None  # fmt: skip
+                self._raise_unless_retryable(exc, f"{what} {url}", error, url)
                 failures += 1
                 self._pause(exc, failures, since, f"{what} {url}", error, url)
 
@@ -337,12 +347,8 @@ class Retrier:
             except (FileNotFoundError, PermissionError, RemoteStoreError, ValueError):
                 raise
             except Exception as exc:
-                if not self._retryable(exc):
-                    raise RemoteReadError(
-                        f"read of {url} at byte {pos} failed (not retried): {describe(exc)}",
-                        url, describe(exc), pos,
-                    ) from None  # fmt: skip
                 what = f"read of {url} at byte {pos}"
+                self._raise_unless_retryable(exc, what, RemoteReadError, url, pos)
                 if pos > before and not isinstance(exc, _DeadlineExceeded):
                     failures, since = 0, self.clock()  # progress: resume at once
                     log.debug("%s cut after new bytes (%s); resuming", what, describe(exc))

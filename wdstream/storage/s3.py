@@ -29,7 +29,6 @@ from urllib.parse import urlsplit
 
 import boto3
 import botocore.exceptions as bce
-import urllib3
 from botocore.config import Config
 
 from wdstream.storage.remote import RemoteStore
@@ -38,60 +37,17 @@ from wdstream.storage.retry import (
     Retrier,
     RetryPolicy,
     TransientError,
-    describe,
     iter_stream,
     log,
-    transient_status,
 )
+from wdstream.storage.s3_errors import error_code, is_missing, is_transient
+from wdstream.storage.s3_upload import S3Upload
 
 __all__ = ["MIN_PART_SIZE", "S3Store"]
 
 # S3 rejects parts (other than the last) below 5 MiB.
 MIN_PART_SIZE = 5 << 20
 _CHUNK = 1 << 20
-_RETRYABLE_CODES = frozenset(
-    {
-        "SlowDown",
-        "InternalError",
-        "RequestTimeout",
-        "ServiceUnavailable",
-        "Throttling",
-        "ThrottlingException",
-        "RequestThrottled",
-        "RequestLimitExceeded",
-        "BandwidthLimitExceeded",
-    }
-)
-_MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound", "NoSuchBucket"})
-
-
-def _code(exc: bce.ClientError) -> tuple[str, int]:
-    err = exc.response.get("Error", {})
-    meta = exc.response.get("ResponseMetadata", {})
-    return str(err.get("Code", "")), int(meta.get("HTTPStatusCode", 0) or 0)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether an exception from boto3 is worth another attempt."""
-    if isinstance(exc, bce.SSLError):
-        return False
-    if isinstance(exc, bce.ClientError):
-        code, status = _code(exc)
-        # 501 NotImplemented (an unsupported header or feature) will not heal: not retried.
-        return code in _RETRYABLE_CODES or transient_status(status)
-    return isinstance(
-        exc,
-        (
-            TransientError,
-            bce.HTTPClientError,  # connection closed, read timeout, streaming error
-            bce.ConnectionError,  # endpoint unreachable, connect timeout
-            bce.IncompleteReadError,
-            urllib3.exceptions.ProtocolError,
-            urllib3.exceptions.ReadTimeoutError,
-            ConnectionError,
-            TimeoutError,
-        ),
-    )
 
 
 class _Chunks:
@@ -127,6 +83,8 @@ class S3Store(RemoteStore):
     """
 
     _list_page_size = 1000  # keys per ListObjectsV2 call (S3's maximum)
+    # The client (sockets, credentials) is rebuilt in each process.
+    _process_local = ("_retrier", "_lock", "_client", "_client_pid", "_leftovers_unlistable")
 
     def __init__(
         self,
@@ -173,17 +131,6 @@ class S3Store(RemoteStore):
         self._client_pid: int | None = None
         self._leftovers_unlistable = False
 
-    def __getstate__(self) -> dict[str, Any]:
-        # The client (sockets, credentials) is rebuilt in each DataLoader worker.
-        state = self.__dict__.copy()
-        for key in ("_retrier", "_lock", "_client", "_client_pid", "_leftovers_unlistable"):
-            state.pop(key, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._setup()
-
     @property
     def client(self) -> Any:
         """The boto3 client of this process, made on first use.
@@ -216,10 +163,6 @@ class S3Store(RemoteStore):
     def child_url(self, name: str) -> str:
         return f"s3://{self.bucket}/{self._key(name)}"
 
-    def _missing(self, exc: bce.ClientError, name: str) -> bool:
-        code, status = _code(exc)
-        return code in _MISSING_CODES or status == 404
-
     # -- reads ----------------------------------------------------------------------------
 
     def _fetch(self, name: str, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
@@ -229,11 +172,11 @@ class S3Store(RemoteStore):
         try:
             resp = self.client.get_object(**kw)
         except bce.ClientError as exc:
-            if self._missing(exc, name):
+            if is_missing(exc):
                 raise FileNotFoundError(f"no such object: {self.child_url(name)}") from None
-            if _code(exc)[0] == "InvalidRange":  # start at or past the end
+            if error_code(exc)[0] == "InvalidRange":  # start at or past the end
                 return 0, ()
-            if _code(exc)[1] == 403:
+            if error_code(exc)[1] == 403:
                 raise PermissionError(f"access denied: {self.child_url(name)}") from None
             raise
         return int(resp["ContentLength"]), _Chunks(resp["Body"], _CHUNK)
@@ -246,7 +189,7 @@ class S3Store(RemoteStore):
                     self.client.head_object(Bucket=self.bucket, Key=self._key(name)),
                 )
             except bce.ClientError as exc:
-                if self._missing(exc, name):
+                if is_missing(exc):
                     return None
                 raise
 
@@ -283,7 +226,7 @@ class S3Store(RemoteStore):
 
     @contextmanager
     def writer(self, name: str) -> Iterator[BinaryIO]:
-        out = _S3Writer(self, name)
+        out = S3Upload(self, name)
         done = False
         try:
             yield cast(BinaryIO, out)
@@ -300,6 +243,28 @@ class S3Store(RemoteStore):
             self.child_url(name),
             RemoteWriteError,
         )
+
+    def create_if_absent(self, name: str, data: bytes) -> None:
+        """``PutObject(IfNoneMatch="*")``: atomic on AWS and the S3-compatible stores that
+        support it; an endpoint that answers 501 (not implemented) gets a check then a write."""
+        key, url = self._key(name), self.child_url(name)
+
+        def put() -> bool:
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+            except bce.ClientError as exc:
+                status = error_code(exc)[1]
+                if status == 412:  # PreconditionFailed: it exists (ours, if a reply was lost)
+                    return True
+                if status == 409:  # ConditionalRequestConflict: a concurrent conditional put
+                    raise TransientError(f"conditional put conflict on {key}") from None
+                if status == 501:
+                    return False
+                raise
+            return True
+
+        if not self._retrier.call(put, "PutObject If-None-Match", url, RemoteWriteError):
+            super().create_if_absent(name, data)
 
     def remove_partials(self) -> int:
         """Abort incomplete multipart uploads under the prefix (leftovers of killed writers);
@@ -326,7 +291,7 @@ class S3Store(RemoteStore):
             try:
                 self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
             except bce.ClientError as exc:
-                if _code(exc)[0] != "NoSuchUpload":  # gone already is what we want
+                if error_code(exc)[0] != "NoSuchUpload":  # gone already is what we want
                     raise
 
         url = f"s3://{self.bucket}/{key}"
@@ -365,123 +330,3 @@ class S3Store(RemoteStore):
             client, self._client = self._client, None
         if client is not None:
             client.close()
-
-
-class _S3Writer:
-    """File-like sink: keeps at most one part in memory; the first full part starts a
-    multipart upload, ``finish`` completes it (or PUTs a small object), ``abort`` aborts."""
-
-    def __init__(self, store: S3Store, name: str) -> None:
-        self._store = store
-        self._name = name
-        self._key = store._key(name)
-        self._url = store.child_url(name)
-        self._buf = bytearray()
-        self._pos = 0
-        self._upload_id: str | None = None
-        self._parts: list[dict[str, Any]] = []
-        self.closed = False
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def flush(self) -> None:
-        pass
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        if self.closed:
-            raise ValueError(f"write to a finished writer of {self._url}")
-        n = len(data)
-        self._buf += data
-        self._pos += n
-        size = self._store.part_size
-        while len(self._buf) >= size:
-            # Keep one byte back so the last part is never empty.
-            if len(self._buf) == size:
-                break
-            self._upload_part(bytes(self._buf[:size]))
-            del self._buf[:size]
-        return n
-
-    def _call(self, fn: Any, what: str) -> Any:
-        return self._store._retrier.call(fn, what, self._url, RemoteWriteError)
-
-    def _upload_part(self, data: bytes) -> None:
-        s, client = self._store, self._store.client
-        if self._upload_id is None:
-            resp = self._call(
-                lambda: client.create_multipart_upload(Bucket=s.bucket, Key=self._key),
-                "CreateMultipartUpload",
-            )
-            self._upload_id = resp["UploadId"]
-        number = len(self._parts) + 1
-        resp = self._call(
-            lambda: client.upload_part(
-                Bucket=s.bucket, Key=self._key, UploadId=self._upload_id,
-                PartNumber=number, Body=data,
-            ),
-            f"UploadPart {number}",
-        )  # fmt: skip
-        part = {"ETag": resp["ETag"], "PartNumber": number}
-        for field in ("ChecksumCRC32", "ChecksumCRC32C", "ChecksumCRC64NVME", "ChecksumSHA1"):
-            if resp.get(field):
-                part[field] = resp[field]
-        self._parts.append(part)
-
-    def finish(self) -> None:
-        """Make the object visible under its name (only call on a clean exit)."""
-        s, client = self._store, self._store.client
-        self.closed = True
-        if self._upload_id is None:
-            body = bytes(self._buf)
-            self._call(
-                lambda: client.put_object(Bucket=s.bucket, Key=self._key, Body=body),
-                "PutObject",
-            )
-            s._abort_leftovers(self._name)
-            return
-        if self._buf:
-            self._upload_part(bytes(self._buf))
-            self._buf.clear()
-        upload_id, parts = self._upload_id, self._parts
-        attempts = 0
-
-        def complete() -> None:
-            nonlocal attempts
-            attempts += 1
-            try:
-                client.complete_multipart_upload(
-                    Bucket=s.bucket, Key=self._key, UploadId=upload_id,
-                    MultipartUpload={"Parts": parts},
-                )  # fmt: skip
-            except bce.ClientError as exc:
-                # A retry after a lost reply finds the upload already completed.
-                if attempts > 1 and _code(exc)[0] == "NoSuchUpload":
-                    head = s._head(self._name)
-                    if head is not None and int(head["ContentLength"]) == self._pos:
-                        return
-                raise
-
-        self._call(complete, "CompleteMultipartUpload")
-        self._upload_id = None
-        s._abort_leftovers(self._name)
-
-    def abort(self) -> None:
-        """Drop everything written; nothing appears under the name."""
-        self.closed = True
-        self._buf.clear()
-        if self._upload_id is None:
-            return
-        s, upload_id = self._store, self._upload_id
-        self._upload_id = None
-        try:
-            s.client.abort_multipart_upload(Bucket=s.bucket, Key=self._key, UploadId=upload_id)
-        except Exception as exc:  # the original exception matters more than this one
-            log.warning(
-                "could not abort the multipart upload of %s (%s); the next complete write "
-                "of it, S3Store.remove_partials() or a lifecycle rule will clear it",
-                self._url, describe(exc),
-            )  # fmt: skip

@@ -1,6 +1,12 @@
-"""Tokenizer backends loaded from a file: Hugging Face ``tokenizer.json`` and SentencePiece.
+"""Tokenizers: one :class:`~wdstream.tokenizers.base.Tokenizer` interface, one file per backend.
 
-:func:`wdstream.tokenizer.load_tokenizer` picks one by the path it is given; tiktoken
-encodings live in :mod:`wdstream.tokenizer` itself. Every backend implements
-:class:`~wdstream.tokenizers.base.Tokenizer`.
+:func:`~wdstream.tokenizers.load.load_tokenizer` picks the backend by the name or path it is
+given: tiktoken encodings (:mod:`wdstream.tokenizers.tiktoken`, with the bpe-openai
+backend), Hugging Face ``tokenizer.json`` (:mod:`wdstream.tokenizers.hf`) and SentencePiece
+``.model`` files (:mod:`wdstream.tokenizers.spm`).
 """
+
+from wdstream.tokenizers.base import Tokenizer
+from wdstream.tokenizers.load import index_tokenizer, load_tokenizer
+
+__all__ = ["Tokenizer", "index_tokenizer", "load_tokenizer"]

@@ -41,25 +41,25 @@ import numpy as np
 
 from wdstream.write.samples import PackedSample
 
-__all__ = ["DEFAULT_BUFFER", "BestFitPacker", "Piece", "bestfit_blocks", "bestfit_rows"]
+__all__ = ["DEFAULT_BUFFER", "BestFitSampleBuilder", "RowPiece", "bestfit_blocks", "bestfit_rows"]
 
 # Documents per best-fit block (and rows' worth of tokens): 0.24 % padding or less on the
 # bench and long-tailed corpora at seq_len 2048 and 8192 (docs/PACK.md), ~8 MB per block.
 DEFAULT_BUFFER = 1024
 
-Piece = tuple[int, int, int]  # (document index in the block, first token, end token)
+RowPiece = tuple[int, int, int]  # (document index in the block, first token, end token)
 
 
 @dataclass
 class _Bin:
     free: int
-    pieces: list[Piece]
+    pieces: list[RowPiece]
     first_doc: int  # smallest document index in it (orders the output)
 
 
 def bestfit_rows(
     lens: Sequence[int] | np.ndarray, sample_tokens: int, min_head: int = 1
-) -> list[list[Piece]]:
+) -> list[list[RowPiece]]:
     """Rows of whole documents (long ones cut as in concat mode), best-fit decreasing.
 
     Args:
@@ -86,8 +86,8 @@ def bestfit_rows(
         if n < 1:
             raise ValueError(f"document {d} has {n} tokens; every document needs >= 1")
     # 1. Long documents: one stream cut every S tokens (all rows full but the last).
-    chain: list[list[Piece]] = []
-    row: list[Piece] = []
+    chain: list[list[RowPiece]] = []
+    row: list[RowPiece] = []
     free = S
     for d in (d for d, n in enumerate(sizes) if n > S):
         a = 0
@@ -118,7 +118,7 @@ def bestfit_rows(
         if bins[b].free:
             bisect.insort(keys, (bins[b].free, b))
     # Output: the long documents' run where its first document is; rows by first document.
-    units: list[tuple[int, list[list[Piece]]]] = []
+    units: list[tuple[int, list[list[RowPiece]]]] = []
     for i, bin_ in enumerate(bins):
         # The continued piece (only in the chain's last row) first, then input order.
         pieces = sorted(bin_.pieces, key=lambda p: (p[1] == 0, p[0]))
@@ -133,7 +133,7 @@ def bestfit_rows(
 
 
 def bestfit_blocks(lens: Sequence[int] | np.ndarray, buffer: int, sample_tokens: int) -> list[int]:
-    """Where the blocks of a document sequence end (exclusive indices), as the packer cuts
+    """Where the blocks of a document sequence end (exclusive indices), as the sample builder cuts
     them: a block closes at ``buffer`` documents or once it holds at least
     ``buffer * sample_tokens`` tokens."""
     ends, docs, tokens = [], 0, 0
@@ -147,10 +147,10 @@ def bestfit_blocks(lens: Sequence[int] | np.ndarray, buffer: int, sample_tokens:
     return ends
 
 
-class BestFitPacker:
+class BestFitSampleBuilder:
     """Packs documents into best-fit rows of exactly ``sample_tokens`` tokens (padding last).
 
-    ``add``/``flush`` as :class:`~wdstream.write.samples.ConcatPacker`; a resume restarts at
+    ``add``/``flush`` as :class:`~wdstream.write.samples.ConcatSampleBuilder`; a resume restarts at
     a block's first document and skips rows (:meth:`resume_rows`). Every sample's
     ``doc_lens`` ends with its padding length (0 for a full row), so ``doc_lens`` sums to
     ``sample_tokens`` and the padding is told apart without reading the tokens.
@@ -208,8 +208,16 @@ class BestFitPacker:
 
     def resume_rows(self, rows: int) -> None:
         """Resume inside a block: its first ``rows`` rows are already in committed shards."""
-        assert not self._docs, "resume only into an empty packer"
+        assert not self._docs, "resume only into an empty sample builder"
         self._skip = rows
+
+    def resume(
+        self, tokens: np.ndarray, lens: np.ndarray, emitted: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Resume at a block's first document, ``emitted`` of whose rows are committed: the
+        block is laid out again from all its documents and those rows skipped."""
+        self.resume_rows(emitted)
+        return tokens, lens, 0
 
     def _block(self) -> Iterator[PackedSample]:
         docs, pos = self._docs, self._pos

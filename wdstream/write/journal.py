@@ -3,7 +3,7 @@
 Written atomically by the shard writer's thread after every shard commit (after the shard's
 sidecar and tar), deleted once ``index.json`` is written. It holds the command's fingerprint,
 the committed shards' index entries and the input position after the last committed sample
-(see :mod:`wdstream.write.samples` and :class:`~wdstream.write.inputs.Position`); see ``docs/FORMAT.md``.
+(see :mod:`wdstream.write.samples` and :class:`~wdstream.inputs.InputPosition`); see ``docs/FORMAT.md``.
 The leading dot keeps it out of ``LocalStore.list()``.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 from wdstream.errors import WdstreamError
 from wdstream.format.index import JOURNAL_NAME, ShardEntry
+from wdstream.inputs import InputPosition
 from wdstream.storage import Store
-from wdstream.write.inputs import Position
 from wdstream.write.shards import shard_names
 
 __all__ = ["JOURNAL_NAME", "JOURNAL_VERSION", "Journal"]
@@ -87,7 +87,7 @@ class Journal:
         return True
 
     def commit(
-        self, entry: ShardEntry, end: tuple[Position, int], bad_locations: list[str]
+        self, entry: ShardEntry, end: tuple[InputPosition, int], bad_locations: list[str]
     ) -> None:
         """Record ``entry`` as the next committed shard and ``end`` as the resume position.
 

@@ -7,8 +7,9 @@ it out of ``Store.list()``; it is never part of a finished dataset. It holds JSO
 owner: ``pid``, ``host``, ``started`` (UTC), a random ``token`` and ``pid_started`` (the
 process's start time, to tell a reused pid).
 
-Local folders: the lock is an OS advisory lock (``flock``) on that file, which the kernel
-drops when its process dies, however it dies -- a SIGKILLed pack never blocks a rerun, and
+Local folders (a store whose :meth:`~wdstream.storage.base.Store.lock_path` names a file:
+the lock asks the store only that, never its class): the lock is an OS advisory lock
+(``flock``) on that file, which the kernel drops when its process dies, however it dies -- a SIGKILLed pack never blocks a rerun, and
 a lock the kernel still holds proves its owner is running (``--force-unlock`` cannot take
 it). A file left by a dead owner (its lock dropped, its JSON still there) is taken over
 when it names this host and a pid that is gone or now belongs to another process; a file
@@ -16,7 +17,8 @@ naming another host (a shared filesystem whose locks do not cross hosts) is only
 with ``--force-unlock``.
 
 Object stores (S3, HTTP): there is no lock that dies with its process, so a lock object
-stays until released. It is created only if absent -- S3: a conditional
+stays until released. It is created only if absent
+(:meth:`~wdstream.storage.base.Store.create_if_absent`) -- S3: a conditional
 ``PutObject(IfNoneMatch="*")``, atomic on AWS and the S3-compatible stores that support it;
 HTTP: a ``HEAD`` then a ``PUT``, which leaves a window of one round trip -- and then read
 back: the pack owns the output only if the lock holds its own token. A lock left by a
@@ -39,9 +41,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from wdstream.errors import PackLockedError
-from wdstream.storage import LocalStore, RemoteWriteError, Store
+from wdstream.storage import Store
 from wdstream.storage.local import PARTIAL_SUFFIX
-from wdstream.storage.retry import Retrier, TransientError
 
 __all__ = ["LOCK_NAME", "LockOwner", "OutputLock", "acquire"]
 
@@ -164,8 +165,9 @@ def acquire(store: Store, force_unlock: bool = False) -> OutputLock:
         PackLockedError: another pack holds the lock; names it, since when, and what to do.
         RemoteStoreError: the lock object could not be written or read.
     """
-    if isinstance(store, LocalStore):
-        return _FileLock.acquire(store, force_unlock)
+    path = store.lock_path(LOCK_NAME)
+    if path is not None:
+        return _FileLock.acquire(store, path, force_unlock)
     return _ObjectLock.acquire(store, force_unlock)
 
 
@@ -177,30 +179,30 @@ class _FileLock(OutputLock):
     its owner's record.
     """
 
-    def __init__(self, store: LocalStore, owner: LockOwner, fd: int) -> None:
+    def __init__(self, store: Store, path: Path, owner: LockOwner, fd: int) -> None:
         super().__init__(store, owner)
-        self.path = store.root / LOCK_NAME
+        self.path = path
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, store: LocalStore, force_unlock: bool) -> _FileLock:
-        path = store.root / LOCK_NAME
+    def acquire(cls, store: Store, path: Path, force_unlock: bool) -> _FileLock:
+        """Lock ``path`` (the store's :meth:`~Store.lock_path` of the lock's name)."""
         while True:  # again only when the file changed under us (released, or raced to)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
             except FileNotFoundError:
-                lock = cls._create(store, lambda tmp: os.link(tmp, path))
+                lock = cls._create(store, path, lambda tmp: os.link(tmp, path))
             else:
-                lock = cls._take_over(store, fd, force_unlock)
+                lock = cls._take_over(store, path, fd, force_unlock)
             if lock is not None:
                 return lock
 
     @classmethod
-    def _create(cls, store: LocalStore, publish: Callable[[Path], None]) -> _FileLock | None:
+    def _create(cls, store: Store, path: Path, publish: Callable[[Path], None]) -> _FileLock | None:
         """Write and lock this process's record under a temporary name, then ``publish`` it
         under the lock's name; None if that name was taken or freed meanwhile."""
         owner = LockOwner.this_process()
-        tmp = store.root / f"{LOCK_NAME}.{owner.token}{PARTIAL_SUFFIX}"
+        tmp = path.with_name(f"{path.name}.{owner.token}{PARTIAL_SUFFIX}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # a new file nobody else has open: at once
@@ -215,17 +217,16 @@ class _FileLock(OutputLock):
             raise
         finally:
             tmp.unlink(missing_ok=True)
-        return cls(store, owner, fd)
+        return cls(store, path, owner, fd)
 
     @classmethod
-    def _take_over(cls, store: LocalStore, fd: int, force_unlock: bool) -> _FileLock | None:
+    def _take_over(cls, store: Store, path: Path, fd: int, force_unlock: bool) -> _FileLock | None:
         """Replace the lock file open as ``fd`` if its OS lock is free and its record allows
         (see :func:`_check_left_behind`); None if it is no longer the lock file.
 
         Raises:
             PackLockedError: a running process holds it, or its owner may still run.
         """
-        path = store.root / LOCK_NAME
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -238,7 +239,7 @@ class _FileLock(OutputLock):
             if previous is not None:
                 _check_left_behind(store.url, previous, force_unlock)
             # Holding the old file's lock, nobody else can be replacing it.
-            return cls._create(store, lambda tmp: os.replace(tmp, path))
+            return cls._create(store, path, lambda tmp: os.replace(tmp, path))
         finally:
             os.close(fd)
 
@@ -305,7 +306,7 @@ class _ObjectLock(OutputLock):
                 log.warning("--force-unlock: removing the lock of %s", previous.describe())
                 store.delete(LOCK_NAME)
         owner = LockOwner.this_process()
-        _create_if_absent(store, owner.to_bytes())
+        store.create_if_absent(LOCK_NAME, owner.to_bytes())
         current = _read_owner(store)
         if current is None or current.token != owner.token:
             raise _locked(store.url, current, _DEAD_ADVICE)
@@ -341,44 +342,3 @@ def _read_owner(store: Store) -> LockOwner | None:
         return LockOwner.parse(store.read(LOCK_NAME))
     except FileNotFoundError:
         return None
-
-
-def _create_if_absent(store: Store, data: bytes) -> None:
-    """Write the lock object unless one exists; the caller reads it back to learn whose it is.
-
-    S3 does it atomically with a conditional put. A store that does not support one (S3
-    answering 501, plain HTTP) gets a check then a write.
-    """
-    if store.url.startswith("s3://") and _s3_put_if_absent(store, data):
-        return
-    if not store.exists(LOCK_NAME):
-        store.write_bytes(LOCK_NAME, data)
-
-
-def _s3_put_if_absent(store: Store, data: bytes) -> bool:
-    """``PutObject(IfNoneMatch="*")``; False if the endpoint does not implement it."""
-    import botocore.exceptions as bce
-
-    from wdstream.storage.s3 import S3Store, is_transient
-
-    assert isinstance(store, S3Store)
-    client, key = store.client, store.prefix + LOCK_NAME
-
-    def put() -> bool:
-        try:
-            client.put_object(Bucket=store.bucket, Key=key, Body=data, IfNoneMatch="*")
-        except bce.ClientError as exc:
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status == 412:  # PreconditionFailed: it exists (perhaps ours, if a reply was lost)
-                return True
-            if status == 409:  # ConditionalRequestConflict: a concurrent conditional put
-                raise TransientError(f"conditional put conflict on {key}") from None
-            if status == 501:
-                return False
-            raise
-        return True
-
-    retrier = Retrier(store.policy, is_transient)
-    return retrier.call(
-        put, "PutObject If-None-Match", store.child_url(LOCK_NAME), RemoteWriteError
-    )

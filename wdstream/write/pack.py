@@ -1,18 +1,20 @@
 """``pack``: text files in, tar shards of tokens plus ``index.json`` out -- resumable.
 
-Pipeline (one packing thread, tokenisation in a pool, writes in a background thread)::
+One orchestration for every engine (:mod:`wdstream.write.engine`)::
 
-    DocumentReader -> batches (~1 MB) -> TokenPool (ordered) -> ConcatPacker / DocsPacker
-        -> ShardWriter -> Store  (provenance, sidecar, tar, then journal; index.json last)
+    validate -> lock the output -> engine starts -> tokenizer -> journal (ResumePoint)
+        -> engine.run: inputs -> tokens -> sample builder -> shards, each committed
+        -> commit_dataset: index.json, journal removed
 
 Resume: after every shard commit the journal ``.wdstream-pack.json`` records the command's
 fingerprint, the committed shards and the input position after the shard's last sample
-(:class:`~wdstream.write.inputs.Position` of the document holding its last token, plus how many of
-that document's tokens were packed). A rerun of the same command skips straight to that
-record, re-tokenises only that one document, drops its packed tokens, and continues; the
-shards it writes are byte-identical to an uninterrupted run's because packing depends only
-on the token stream, never on batch or worker boundaries. A write that fails (a full disk
-included: the error names the object) is an interruption like any other.
+(:class:`~wdstream.inputs.InputPosition` of the document holding its last token, plus how
+many of that document's tokens were packed). A rerun of the same command skips straight to
+that record, re-tokenises only that one document, drops its packed tokens
+(:mod:`wdstream.write.resume`), and continues; the shards it writes are byte-identical to an
+uninterrupted run's because packing depends only on the token stream, never on batch or
+worker boundaries. A write that fails (a full disk included: the error names the object) is
+an interruption like any other.
 
 One pack per output: the whole run holds the output's writer lock ``.wdstream-pack.lock``
 (:mod:`wdstream.write.lock`), taken before anything there is read or removed.
@@ -30,26 +32,27 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, BinaryIO
 
-import numpy as np
-
 from wdstream.errors import InputError, WdstreamError
-from wdstream.format.checksum import CHECKSUM_NAME
 from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.provenance import PROVENANCE_VERSION, provenance_name
-from wdstream.format.sample import DTYPES, token_dtype_for_vocab
+from wdstream.format.sample import token_dtype_for_vocab
+from wdstream.inputs import DocumentReader, InputFile, expand_inputs
 from wdstream.storage import Store, open_store
-from wdstream.tokenizer import Tokenizer, load_tokenizer
+from wdstream.storage.base import ForwardingStore
+from wdstream.tokenizers import load_tokenizer
 from wdstream.words import count
-from wdstream.write.bestfit import DEFAULT_BUFFER, BestFitPacker
-from wdstream.write.inputs import DocumentReader, InputFile, Position, expand_inputs
+from wdstream.write.bestfit import DEFAULT_BUFFER
+from wdstream.write.builders import MODES, check_mode, sample_builder, special_ids
+from wdstream.write.commit import DatasetMeta, commit_dataset
+from wdstream.write.engine import PackEngine, PackJob
 from wdstream.write.journal import JOURNAL_NAME, Journal
+from wdstream.write.local import LocalEngine
 from wdstream.write.lock import LOCK_NAME, acquire
-from wdstream.write.progress import Progress
-from wdstream.write.samples import ConcatPacker, DocsPacker
-from wdstream.write.shards import ShardWriter, parse_size, shard_names
-from wdstream.write.tokenpool import TokenPool, prestart
+from wdstream.write.resume import resume_point
+from wdstream.write.shards import parse_size, shard_names
+from wdstream.write.tokenpool import prestart
 
-__all__ = ["JOURNAL_NAME", "PackResult", "describe", "pack", "sample_builder", "special_ids"]
+__all__ = ["JOURNAL_NAME", "PackResult", "describe", "pack"]
 
 _CHECK_BYTES = 256 << 10  # input text bpe-openai must reproduce before it is trusted
 
@@ -84,23 +87,6 @@ def _peek_texts(files: list[InputFile], text_key: str, lines: bool) -> list[str]
     except InputError:
         pass  # the real read reports it, at its place in the input
     return texts
-
-
-def _batches(
-    reader: DocumentReader, batch_chars: int, max_docs: int = 8192
-) -> Iterator[tuple[list[str], list[Position]]]:
-    texts: list[str] = []
-    positions: list[Position] = []
-    size = 0
-    for text, pos in reader:
-        texts.append(text)
-        positions.append(pos)
-        size += len(text)
-        if size >= batch_chars or len(texts) >= max_docs:
-            yield texts, positions
-            texts, positions, size = [], [], 0
-    if texts:
-        yield texts, positions
 
 
 def _delete_shards_from(store: Store, name: str, first: int) -> None:
@@ -146,30 +132,12 @@ def _naming_full_disk(url: str) -> Iterator[None]:
         ) from exc
 
 
-class _NamingFullDisk(Store):
+class _NamingFullDisk(ForwardingStore):
     """The output store, with writes that run out of space reported by object name.
 
     Every write of ``pack`` (shards and sidecars in the writer thread, the journal, the
     index) goes through this, so each names the object it was writing.
     """
-
-    def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
-
-    def read(self, name: str) -> bytes:
-        return self.inner.read(name)
-
-    def read_range(self, name: str, start: int, end: int) -> bytes:
-        return self.inner.read_range(name, start, end)
-
-    def size(self, name: str) -> int:
-        return self.inner.size(name)
-
-    def exists(self, name: str) -> bool:
-        return self.inner.exists(name)
-
-    def list(self) -> list[str]:
-        return self.inner.list()
 
     @contextmanager
     def writer(self, name: str) -> Iterator[BinaryIO]:
@@ -179,12 +147,6 @@ class _NamingFullDisk(Store):
     def write_bytes(self, name: str, data: bytes) -> None:
         with _naming_full_disk(self.inner.child_url(name)):
             self.inner.write_bytes(name, data)
-
-    def delete(self, name: str) -> None:
-        self.inner.delete(name)
-
-    def child_url(self, name: str) -> str:
-        return self.inner.child_url(name)
 
 
 def pack(
@@ -223,7 +185,7 @@ def pack(
         output: dataset root (local folder or any URL :func:`wdstream.storage.open_store` takes).
         text_key: JSON field with the text, dotted for nested fields.
         tokenizer: encoding name, ``.tiktoken`` path, Hugging Face ``tokenizer.json`` or
-            SentencePiece ``.model`` (see :func:`wdstream.tokenizer.load_tokenizer`).
+            SentencePiece ``.model`` (see :func:`wdstream.tokenizers.load_tokenizer`).
         backend: ``auto``, ``tiktoken`` or ``bpe-openai``.
         eos: append the EOS id to every document.
         bos: prepend a BOS id (``bos_id``, else the tokenizer's own BOS, else its EOS); giving
@@ -270,17 +232,11 @@ def pack(
     t0 = time.perf_counter()
     if isinstance(inputs, str):
         inputs = [inputs]
-    if mode not in ("concat", "docs", "bestfit"):
-        raise ValueError(f"mode must be 'concat', 'docs' or 'bestfit', got {mode!r}")
+    if mode not in MODES:  # a bad mode is reported before a bad engine
+        check_mode(mode, seq_len, eos)
     if engine not in ("local", "ray"):
         raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
-    if mode == "bestfit" and not eos:
-        raise ValueError(
-            "mode 'bestfit' needs eos=True: readers tell documents and padding apart by "
-            "the EOS that ends every document"
-        )
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    check_mode(mode, seq_len, eos)
     shard_bytes = parse_size(shard_size)
     if shard_samples is not None and shard_samples < 1:
         raise ValueError(f"shard_samples must be >= 1, got {shard_samples}")
@@ -297,10 +253,10 @@ def pack(
     output_store = open_store(output, create=True, **(store_options or {}))
     with _naming_full_disk(output_store.child_url(LOCK_NAME)):
         lock = acquire(output_store, force_unlock)
-    session = None
+    runner: PackEngine | None = None
     try:
-        if engine == "ray":
-            session = _ray_session(ray_address, (tokenizer, backend))  # workers warm up now
+        # Started now, under the lock: Ray's workers warm up while the tokenizer loads here.
+        runner = _open_engine(engine, workers, pool, ray_address, (tokenizer, backend))
         output_store.remove_partials()  # under the lock: leftovers of a killed run only
         store = _NamingFullDisk(output_store)
         # index.json beside a journal: a pack stopped between publishing index.json and
@@ -315,7 +271,6 @@ def pack(
         tok = load_tokenizer(tokenizer, backend, _peek_texts(files, text_key, lines))
         eos_id, bos_id = special_ids(tok, eos, bos, bos_id)
         dtype = token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))
-        sample_tokens = seq_len + 1 if mode in ("concat", "bestfit") else None
         fingerprint = {
             "inputs": [f.fingerprint() for f in files],
             "text_key": text_key,
@@ -336,211 +291,58 @@ def pack(
         journal = Journal(store, fingerprint, name)
         if overwrite:
             _clear_output(store, name)
-        start, emitted, bad_locations = _resume_point(journal)
+        resume = resume_point(journal)
         resumed_shards = len(journal.entries)
 
-        new_packer = partial(sample_builder, mode, seq_len, bestfit_buffer, bos_id, eos_id)
-        provenance = ["<stdin>" if f.path == "-" else f.path for f in files]
-        show = sys.stderr.isatty() if progress is None else progress
-        if engine == "ray":
-            from wdstream.ray.engine import RayPackJob, run
+        job = PackJob(
+            files=files, text_key=text_key, lines=lines, on_error=on_error, errors=errors,
+            tokenizer=tok, bos_id=bos_id, eos_id=eos_id, dtype=dtype,
+            new_builder=partial(sample_builder, mode, seq_len, bestfit_buffer, bos_id, eos_id),
+            pad_id=eos_id or 0, name=name, shard_bytes=shard_bytes, shard_samples=shard_samples,
+            output=output, store_options=store_options or {},
+            provenance=["<stdin>" if f.path == "-" else f.path for f in files],
+            progress=sys.stderr.isatty() if progress is None else progress,
+            batch_bytes=batch_bytes,
+        )  # fmt: skip
+        totals = runner.run(job, store, journal, resume)
 
-            job = RayPackJob(
-                files=files, text_key=text_key, lines=lines, on_error=on_error, errors=errors,
-                tokenizer=tok, bos_id=bos_id, eos_id=eos_id, dtype=dtype,
-                new_packer=new_packer, pad_id=eos_id or 0, name=name, shard_bytes=shard_bytes,
-                shard_samples=shard_samples, output=output, store_options=store_options or {},
-                provenance=provenance, progress=show,
-            )  # fmt: skip
-            reader: Any = run(job, journal, start, emitted, bad_locations)
-            workers, pool_kind = reader.cpus, "ray"
-        else:
-            reader = DocumentReader(files, text_key, lines, on_error, errors, start, bad_locations)
-            packer = new_packer(DTYPES[dtype], eos_id or 0)
-            writer = ShardWriter(
-                store,
-                name,
-                shard_bytes,
-                shard_samples,
-                first_shard=len(journal.entries),
-                first_sample=sum(e.samples for e in journal.entries),
-                on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
-                provenance=provenance,
-                first_doc=sum(e.documents for e in journal.entries),
-                doc_offset=emitted,
-            )
-            tpool = TokenPool(tok, workers, pool, bos_id, eos_id, dtype)
-            pool_kind = tpool.kind
-            bar = Progress(show, total=reader.source_total)
-            _write_shards(tpool, reader, packer, writer, bar, batch_bytes, start, emitted)
-
-        entries = tuple(journal.entries)
+        entries = journal.entries
         if not entries:
             raise InputError(f"no non-empty documents in {', '.join(f.path for f in files)}")
         stats = {
             "documents": sum(e.documents for e in entries),
-            "empty_documents_skipped": reader.empty,
-            "records_skipped": reader.bad,
-            "skipped_locations": list(reader.bad_locations),
-            "input_bytes": reader.input_bytes,
+            "empty_documents_skipped": totals.empty,
+            "records_skipped": totals.bad,
+            "skipped_locations": list(totals.bad_locations),
+            "input_bytes": totals.input_bytes,
             "input_files": len(files),
         }
-        index = DatasetIndex(
-            tokenizer=tok.info(),
-            eos_id=eos_id,
-            bos_id=bos_id,
-            dtype=dtype,
-            mode=mode,
-            seq_len=seq_len,
-            sample_tokens=sample_tokens,
-            shards=entries,
-            stats=stats,
-            checksum=CHECKSUM_NAME,
-            pad_id=eos_id if mode == "bestfit" else None,
-        )
-        lock.verify()  # publish nothing if another pack has taken the output meanwhile
-        store.write_bytes(INDEX_NAME, index.to_json().encode())
-        store.delete(JOURNAL_NAME)
+        meta = DatasetMeta(tok.info(), eos_id, bos_id, dtype, mode, seq_len)
+        index = commit_dataset(store, lock, journal, meta, stats)
         # A crashed run may have written shards past what this run produced (only if its
         # output was longer, e.g. after --overwrite with other options): remove them.
         _delete_shards_from(store, name, len(entries))
-        return PackResult(index, time.perf_counter() - t0, resumed_shards, workers, pool_kind)
+        seconds = time.perf_counter() - t0
+        return PackResult(index, seconds, resumed_shards, totals.workers, totals.pool)
     finally:
-        if session is not None:
-            session.close()
+        if runner is not None:
+            runner.close()
         lock.release()
 
 
-def _ray_session(address: str | None, tokenizer: tuple[str, str]) -> Any:
-    """Connect to (or start) Ray for a pack (:class:`wdstream.ray.engine.RaySession`)."""
+def _open_engine(
+    engine: str, workers: int, pool: str, address: str | None, tokenizer: tuple[str, str]
+) -> PackEngine:
+    """Start the engine named ``engine``; the Ray one is imported only when asked for."""
+    if engine == "local":
+        return LocalEngine(workers, pool)
     try:
-        from wdstream.ray.engine import RaySession  # Ray: only for this engine
+        from wdstream.ray.engine import RayEngine  # Ray: only for this engine
     except ModuleNotFoundError as exc:
         raise ImportError(
             f"engine='ray' needs Ray ({exc.name} is missing): pip install 'wdstream[ray]'"
         ) from exc
-    return RaySession(address, tokenizer)
-
-
-def sample_builder(
-    mode: str,
-    seq_len: int,
-    bestfit_buffer: int,
-    bos_id: int | None,
-    eos_id: int | None,
-    dtype: np.dtype,
-    pad: int,
-) -> ConcatPacker | DocsPacker | BestFitPacker:
-    """The sample builder of ``mode``: every engine builds samples with it (the Ray engine
-    and sink over token indices in ``int64``, with -1 for padding)."""
-    if mode == "concat":
-        return ConcatPacker(seq_len + 1, dtype)
-    if mode == "bestfit":
-        # No row may end in a lone BOS that reads as padding (wdstream.read.batches.rows).
-        head = 2 if bos_id is not None and bos_id == eos_id else 1
-        return BestFitPacker(seq_len + 1, dtype, bestfit_buffer, pad, head)
-    return DocsPacker(dtype)
-
-
-def special_ids(
-    tok: Tokenizer, eos: bool, bos: bool, bos_id: int | None
-) -> tuple[int | None, int | None]:
-    """``(eos_id, bos_id)`` added to every document (None: not added); giving ``bos_id``
-    implies ``bos``, whose default is the tokenizer's own BOS, else its EOS.
-
-    Raises:
-        ValueError: an id is asked for and the tokenizer has none.
-    """
-    eos_id = tok.eos_id if eos else None
-    if eos and eos_id is None:
-        raise ValueError(f"tokenizer {tok.name!r} has no EOS token; pass eos=False")
-    if not (bos or bos_id is not None):
-        return eos_id, None
-    if bos_id is None:
-        bos_id = tok.bos_id if tok.bos_id is not None else tok.eos_id
-    if bos_id is None:
-        raise ValueError(f"tokenizer {tok.name!r} has no BOS or EOS token; give bos_id")
-    return eos_id, bos_id
-
-
-def _resume_point(journal: Journal) -> tuple[Position | None, int, list[str]]:
-    """Load the journal; ``(record to restart from, its tokens already packed, skipped
-    locations before it)``, or ``(None, 0, [])`` for a fresh pack."""
-    if not journal.load():
-        return None, 0, []
-    assert journal.position is not None
-    return (
-        Position(*journal.position["position"]),
-        journal.position["emitted"],
-        list(journal.position["bad_locations"]),
-    )
-
-
-def _write_shards(
-    tpool: TokenPool,
-    reader: DocumentReader,
-    packer: ConcatPacker | DocsPacker | BestFitPacker,
-    writer: ShardWriter,
-    bar: Progress,
-    batch_bytes: int,
-    start: Position | None,
-    emitted: int,
-) -> None:
-    """Run the pipeline: read, tokenise, pack into samples, write shards; wait for the last.
-
-    On resume (``start`` given) the first document's ``emitted`` tokens, already in committed
-    shards, are dropped. On any error the shards already queued still finish and commit, the
-    partial one is dropped.
-    """
-    try:
-        first = True
-        for positions, flat, lens in tpool.map(_batches(reader, batch_bytes)):
-            if first and start is not None:
-                flat, lens, positions = _drop_packed(flat, lens, positions, start, emitted, packer)
-            first = False
-            for s in packer.add(flat, lens, positions):
-                writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
-            bar.update(reader.source_bytes, len(lens), len(flat))
-        if first and start is not None:
-            raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
-        for s in packer.flush():
-            writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
-        writer.close()
-    except BaseException:
-        writer.abort()
-        raise
-    finally:
-        tpool.close()
-        bar.close()
-
-
-def _drop_packed(
-    flat: np.ndarray,
-    lens: np.ndarray,
-    positions: list[Position],
-    start: Position,
-    emitted: int,
-    packer: ConcatPacker | DocsPacker | BestFitPacker,
-) -> tuple[np.ndarray, np.ndarray, list[Position]]:
-    """On resume, remove the first document's tokens that are already in committed shards
-    (best-fit: the recorded position starts a block, ``emitted`` of whose rows are committed)."""
-    if not positions or positions[0][:3] != start[:3]:
-        raise WdstreamError(
-            "the input changed since the interrupted pack (no document at the recorded "
-            f"position {tuple(start[:3])}); use --overwrite"
-        )
-    if isinstance(packer, BestFitPacker):
-        packer.resume_rows(emitted)
-        return flat, lens, positions
-    first_len = int(lens[0])
-    if emitted > first_len:
-        raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
-    if emitted == first_len:
-        return flat[first_len:], lens[1:], positions[1:]
-    packer.resume_inside_document(emitted)
-    lens = lens.copy()
-    lens[0] -= emitted
-    return flat[emitted:], lens, positions
+    return RayEngine(address, tokenizer)
 
 
 def describe(result: PackResult) -> str:

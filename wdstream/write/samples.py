@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ConcatPacker", "DocsPacker", "PackedSample"]
+from wdstream.errors import WdstreamError
+
+__all__ = ["ConcatSampleBuilder", "DocsSampleBuilder", "PackedSample", "drop_first_tokens"]
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,12 @@ class PackedSample:
     new_docs: int  # documents whose first token is in this sample
     end: tuple[Any, int]  # (position of the last document touched, its tokens emitted so far)
     starts: list[Any]  # positions of the ``new_docs`` documents that start here (provenance)
-    # The first piece's token offset in its document, where the packer knows it (best-fit
+    # The first piece's token offset in its document, where the sample builder knows it (best-fit
     # rows: their padding keeps the writer from counting it); None: the writer counts it.
     offset: int | None = None
 
 
-class ConcatPacker:
+class ConcatSampleBuilder:
     """Packs documents into samples of exactly ``sample_tokens`` tokens."""
 
     # Every sample is a consecutive slice of the documents' concatenated tokens (the Ray
@@ -121,14 +123,24 @@ class ConcatPacker:
     def resume_inside_document(self, emitted: int) -> None:
         """Resume mid-document: the next tokens added continue a document of which
         ``emitted`` tokens are already in earlier samples."""
-        assert not len(self._carry), "resume only into an empty packer"
+        assert not len(self._carry), "resume only into an empty sample builder"
         self._pre, self._cont = emitted, emitted > 0
 
+    def resume(
+        self, tokens: np.ndarray, lens: np.ndarray, emitted: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Resume at a document of which ``emitted`` tokens are in committed shards: drop
+        them (see :func:`drop_first_tokens`) and continue that document."""
+        tokens, lens, dropped = drop_first_tokens(tokens, lens, emitted)
+        if not dropped:
+            self.resume_inside_document(emitted)
+        return tokens, lens, dropped
 
-class DocsPacker:
+
+class DocsSampleBuilder:
     """One document per sample."""
 
-    in_order = True  # as ConcatPacker: each sample one consecutive slice of the tokens
+    in_order = True  # as ConcatSampleBuilder: each sample one consecutive slice of the tokens
 
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype = dtype
@@ -144,5 +156,30 @@ class DocsPacker:
     def flush(self) -> Iterator[PackedSample]:
         return iter(())
 
-    def resume_inside_document(self, emitted: int) -> None:
-        raise AssertionError("docs mode never splits a document")
+    def resume(
+        self, tokens: np.ndarray, lens: np.ndarray, emitted: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Resume after a document whose sample is committed (``emitted`` is its length)."""
+        tokens, lens, dropped = drop_first_tokens(tokens, lens, emitted)
+        assert dropped or not emitted, "docs mode never splits a document"
+        return tokens, lens, dropped
+
+
+def drop_first_tokens(
+    tokens: np.ndarray, lens: np.ndarray, emitted: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Drop the first document's ``emitted`` tokens (already in committed shards) from a
+    tokenised batch; returns the rest and how many whole documents went (0 or 1).
+
+    Raises:
+        WdstreamError: the first document is shorter than what was packed of it: the input
+            changed since the interrupted pack.
+    """
+    first_len = int(lens[0])
+    if emitted > first_len:
+        raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
+    if emitted == first_len:
+        return tokens[first_len:], lens[1:], 1
+    lens = lens.copy()
+    lens[0] -= emitted
+    return tokens[emitted:], lens, 0

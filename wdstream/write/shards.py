@@ -185,9 +185,9 @@ class ShardWriter:
         offset: int | None = None,
     ) -> None:
         """Append one sample; ``state`` is what the journal needs if the shard ends here;
-        ``starts``: the input :class:`~wdstream.write.inputs.Position` of each of the
+        ``starts``: the input :class:`~wdstream.inputs.InputPosition` of each of the
         ``new_docs`` documents that start in it (used with ``provenance``); ``offset``: its
-        first piece's token offset in its document when the packer knows it (best-fit rows,
+        first piece's token offset in its document when the sample builder knows it (best-fit rows,
         whose trailing padding piece is not a document), else counted here."""
         data = encode_sample(tokens, doc_lens, cont)
         member = sample_member(self.next_sample, data, self._suffix)
@@ -226,7 +226,7 @@ class ShardWriter:
         first, offset = (self._next_doc - 1, counted) if cont else (self._next_doc, 0)
         self._sample_doc.append(first)
         self._sample_off.append(offset)
-        for p in starts:  # Position: (file, record, ...); lines are 1-based like messages
+        for p in starts:  # InputPosition: (file, record, ...); lines are 1-based like messages
             self._doc_files.append(p[0])
             self._doc_lines.append(p[1] + 1)
         self._next_doc += new_docs

@@ -38,7 +38,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from wdstream.tokenizer import BpeEncoder, TiktokenTokenizer, Tokenizer
+from wdstream.tokenizers.base import Tokenizer
+from wdstream.tokenizers.tiktoken import BpeEncoder, TiktokenTokenizer
 
 __all__ = ["POOL_KINDS", "TokenPool", "encode_flat", "prestart"]
 

@@ -95,7 +95,7 @@ def explain_mixture(
     provs: dict[int, Provenance | None] = {}
     tok = None
     if text:
-        from wdstream.tokenizer import index_tokenizer
+        from wdstream.tokenizers import index_tokenizer
 
         index = next(s.index for s in sources if s.index is not None)
         tok = index_tokenizer(index.tokenizer)

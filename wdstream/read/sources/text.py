@@ -16,7 +16,7 @@ through :mod:`wdstream.storage`, so local paths, ``s3://`` and ``http(s)://`` wo
 (globs only for local paths; brace patterns everywhere).
 
 Bad JSON lines raise :class:`~wdstream.errors.InputError` naming file and line (the check is
-:mod:`wdstream.write.inputs`' own), or are skipped with ``on_error="skip"``.
+:mod:`wdstream.inputs`' own), or are skipped with ``on_error="skip"``.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import braceexpand
 
 from wdstream.errors import InputError
 from wdstream.format.tar import BLOCK, padded_size
+from wdstream.inputs import DocumentReader, decompressed, expand_inputs
 from wdstream.read.sources.stores import StoreCache, fingerprint
 from wdstream.storage import Store, split_url
-from wdstream.tokenizer import Tokenizer, load_tokenizer
-from wdstream.write.inputs import DocumentReader, decompressed, expand_inputs
+from wdstream.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = ["TextSource"]
 

@@ -33,7 +33,7 @@ from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.torch.handoff import WorkerHandoff
-from wdstream.tokenizer import Tokenizer
+from wdstream.tokenizers import Tokenizer
 
 __all__ = ["Loader"]
 

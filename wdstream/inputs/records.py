@@ -1,12 +1,12 @@
-"""Input documents for ``pack``: expand paths/globs/braces, read records, track the position.
+"""Documents of the inputs: JSON Lines records or text, each with its input position.
 
-Every document comes with the :class:`Position` of its record (file number, record number,
-byte offset of the record in the decompressed file, and the counters *before* it), so a pack
-that was interrupted can restart reading exactly at a document without re-reading, let alone
-re-tokenising, what it already packed::
+Every document comes with the :class:`~wdstream.inputs.files.InputPosition` of its record
+(file number, record number, byte offset of the record in the decompressed file, and the
+counters *before* it), so a pack that was interrupted can restart reading exactly at a
+document without re-reading, let alone re-tokenising, what it already packed::
 
     reader = DocumentReader(expand_inputs(["data/part-{000..002}.jsonl.zst"]))
-    for text, pos in reader:          # pos: Position(file=0, record=0, offset=0, ...)
+    for text, pos in reader:          # pos: InputPosition(file=0, record=0, offset=0, ...)
         ...
     DocumentReader(files, start=pos)  # continues at pos's record, same counters
 
@@ -18,227 +18,26 @@ from stdin.
 
 from __future__ import annotations
 
-import glob
-import gzip
-import io
 import itertools
 import json
-import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any, NamedTuple
-
-from braceexpand import braceexpand
+from typing import IO, Any
 
 from wdstream.errors import InputError
+from wdstream.inputs.compressed import compression, open_binary, truncated
+from wdstream.inputs.files import STDIN, InputFile, InputPosition
 
-__all__ = [
-    "INPUT_SUFFIXES",
-    "DocumentReader",
-    "InputFile",
-    "Position",
-    "decompressed",
-    "expand_inputs",
-]
+__all__ = ["DocumentReader"]
 
-INPUT_SUFFIXES = (
-    ".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst",
-    ".txt", ".txt.gz", ".txt.zst",
-)  # fmt: skip
-STDIN = "-"
 _MAX_LOCATIONS = 10
 _MAX_KEYS = 8  # keys an error lists when the text field is missing
-_ZSTD_CHUNK = 1 << 16  # compressed bytes per decompress call; bounds the memory of one call
 # A lone UTF-16 surrogate comes from a \uD800-\uDFFF escape in the JSON (UTF-8 decoding never
 # yields one); UTF-8 cannot encode it, so no tokenizer takes it.
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
-
-
-@dataclass(frozen=True)
-class InputFile:
-    """One input file (or stdin) and what identifies its content for the resume journal."""
-
-    path: str
-    size: int | None = None
-    mtime_ns: int | None = None
-
-    @property
-    def is_text(self) -> bool:
-        return self.path.removesuffix(".gz").removesuffix(".zst").endswith(".txt")
-
-    def fingerprint(self) -> list[Any]:
-        return [self.path, self.size, self.mtime_ns]
-
-
-class Position(NamedTuple):
-    """Where a record starts, plus the reader's counters before it (for exact resume)."""
-
-    file: int  # index into the expanded input list
-    record: int  # 0-based line (or document) number within the file
-    offset: int  # byte offset of the record in the decompressed file
-    empty: int  # empty documents skipped before this record
-    bad: int  # malformed records skipped before this record
-    input_bytes: int  # input bytes read before this record
-
-
-def _expand_dir(path: str) -> list[str]:
-    files: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        files.extend(
-            os.path.join(dirpath, f)
-            for f in filenames
-            if not f.startswith(".") and f.endswith(INPUT_SUFFIXES)
-        )
-    return sorted(files)
-
-
-def _expand_one(pattern: str) -> list[str]:
-    if pattern == STDIN:
-        return [STDIN]
-    found: list[str] = []
-    for item in braceexpand(pattern):
-        if glob.has_magic(item):
-            matches = sorted(glob.glob(item, recursive=True))
-            if not matches:
-                raise InputError(f"{item}: no file matches this pattern")
-        else:
-            matches = [item]
-        for m in matches:
-            found.extend(_expand_dir(m) if os.path.isdir(m) else [m])
-    return found
-
-
-def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[InputFile]:
-    """Expand paths, directories (recursively), globs and ``{a..b}`` braces into files.
-
-    Arguments keep their order; what one argument expands to is sorted (braces in their
-    own numeric order), and a file named twice is read once.
-
-    Raises:
-        InputError: for a missing file, an empty pattern match, or a directory with no inputs.
-    """
-    files: list[InputFile] = []
-    seen: set[str] = set()
-    for pattern in patterns:
-        expanded = _expand_one(pattern)
-        if not expanded:
-            raise InputError(f"{pattern}: no input files ({', '.join(INPUT_SUFFIXES)}) found")
-        for p in expanded:
-            if p in seen:
-                continue
-            seen.add(p)
-            if p == STDIN:
-                files.append(InputFile(STDIN))
-                continue
-            try:
-                st = os.stat(p)
-            except OSError as exc:
-                raise InputError(f"{p}: cannot read input ({exc.strerror})") from exc
-            files.append(InputFile(p, st.st_size, st.st_mtime_ns))
-    if not files:
-        raise InputError("no input files given")
-    return files
-
-
-class _ZstdFrames(io.RawIOBase):
-    """The decompressed bytes of every frame of a zstd file; a file cut short raises EOFError.
-
-    zstandard's ``stream_reader`` reads a file cut inside a frame, even mid-block, as if it
-    ended there. A ``decompressobj`` says whether its frame ended (``eof``) and hands over
-    the bytes after it (``unused_data``), so one per frame reads concatenated frames
-    (``cat a.zst b.zst``) and notices a frame that never ends.
-    """
-
-    def __init__(self, source: IO[bytes]) -> None:
-        import zstandard
-
-        self._source = source
-        self._dctx = zstandard.ZstdDecompressor()
-        self._zstd_error = zstandard.ZstdError
-        self._frame = self._dctx.decompressobj()
-        self._in_frame = False  # bytes of a frame that has not ended were decompressed
-        self._out = memoryview(b"")  # decompressed, not yet read
-        self._produced = 0  # bytes decompressed so far
-        self._consumed = 0  # compressed bytes read so far
-
-    def readable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._produced - len(self._out)
-
-    def readinto(self, buf: Any) -> int:
-        while not self._out:
-            chunk = self._source.read(_ZSTD_CHUNK)
-            if not chunk:
-                if self._in_frame:
-                    raise EOFError("zstd frame not finished")
-                return 0
-            self._consumed += len(chunk)
-            self._out = memoryview(self._decompress(chunk))
-        n = min(len(buf), len(self._out))
-        buf[:n] = self._out[:n]
-        self._out = self._out[n:]
-        return n
-
-    def _decompress(self, data: bytes) -> bytes:
-        out = []
-        while data:
-            try:
-                out.append(self._frame.decompress(data))
-            except self._zstd_error as exc:
-                start = self._consumed - len(data)
-                raise OSError(
-                    f"corrupt zstd data in compressed bytes {start:,}-{self._consumed:,}: {exc}"
-                ) from exc
-            self._produced += len(out[-1])
-            if not self._frame.eof:
-                self._in_frame = True
-                break
-            data = self._frame.unused_data
-            self._frame = self._dctx.decompressobj()
-            self._in_frame = False
-        return b"".join(out)
-
-
-def decompressed(raw: IO[bytes], name: str) -> IO[bytes]:
-    """``raw`` decompressed as its ``name`` says (``.gz``/``.tgz``, ``.zst``), else ``raw``.
-
-    Data cut short raises EOFError where it ends (gzip's own check; for zstd a frame that
-    never ends) and corrupt data an OSError, rather than the stream ending early in silence.
-    Closing the result leaves ``raw`` open, as :class:`gzip.GzipFile` does: close both.
-    """
-    if name.endswith((".gz", ".tgz")):
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    if name.endswith(".zst"):
-        return io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20)
-    return raw
-
-
-def _open_binary(path: str) -> tuple[IO[bytes], IO[bytes]]:
-    """The decompressed stream of ``path`` and the file itself (what progress counts)."""
-    if path == STDIN:
-        return sys.stdin.buffer, sys.stdin.buffer
-    # 1 MB of buffer: reading lines through the default 8 KB one took 0.09 s per 100 MB of
-    # 13 KB JSON lines in the packing process, 0.02 s with it.
-    raw = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed by the caller
-    return decompressed(raw, path), raw
-
-
-def _compression(path: str) -> str | None:
-    return "gzip" if path.endswith(".gz") else "zstd" if path.endswith(".zst") else None
-
-
-def _truncated(name: str, path: str, reached: int) -> str:
-    return (
-        f"{name}: truncated {_compression(path)} file: the compressed data stops before the end "
-        f"of the stream (at decompressed byte {reached:,}); the file is incomplete (an "
-        "interrupted download or copy?)"
-    )
 
 
 def _json_problem(exc: json.JSONDecodeError, line: str) -> str:
@@ -270,7 +69,7 @@ def _clip(text: str, width: int = 40) -> str:
 
 @dataclass
 class DocumentReader:
-    """Iterate ``(text, Position)`` over every non-empty document of the inputs, in order.
+    """Iterate ``(text, InputPosition)`` over every non-empty document of the inputs, in order.
 
     Args:
         files: the expanded inputs.
@@ -286,6 +85,7 @@ class DocumentReader:
         empty, bad: empty documents and bad records skipped so far (``start``'s included).
         input_bytes: decompressed bytes read so far (``start``'s included).
         documents: documents this reader yielded.
+        lines_read: lines of the file being read so far (its record number after them).
         source_total: bytes of all inputs as stored (compressed size for ``.gz``/``.zst``),
             None when stdin is one of them; see :attr:`source_bytes`.
     """
@@ -295,7 +95,7 @@ class DocumentReader:
     lines: bool = False
     on_error: str = "raise"
     errors: str = "strict"
-    start: Position | None = None
+    start: InputPosition | None = None
     bad_locations: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -304,9 +104,10 @@ class DocumentReader:
         if self.errors not in ("strict", "replace"):
             raise ValueError(f"errors must be 'strict' or 'replace', got {self.errors!r}")
         self._keys = self.text_key.split(".")
-        start = self.start or Position(0, 0, 0, 0, 0, 0)
+        start = self.start or InputPosition(0, 0, 0, 0, 0, 0)
         self.empty, self.bad, self.input_bytes = start.empty, start.bad, start.input_bytes
         self.documents = 0  # yielded by this reader (not counting those before ``start``)
+        self.lines_read = 0
         sizes = [f.size for f in self.files]
         self.source_total = None if None in sizes else sum(s or 0 for s in sizes)
         self._done_bytes = sum(s or 0 for s in sizes[: start.file])  # files finished
@@ -399,8 +200,8 @@ class DocumentReader:
             return None
         return text
 
-    def __iter__(self) -> Iterator[tuple[str, Position]]:
-        start = self.start or Position(0, 0, 0, 0, 0, 0)
+    def __iter__(self) -> Iterator[tuple[str, InputPosition]]:
+        start = self.start or InputPosition(0, 0, 0, 0, 0, 0)
         for i in range(start.file, len(self.files)):
             resume = start if i == start.file else None
             yield from self._read_file(i, resume)
@@ -416,17 +217,17 @@ class DocumentReader:
             f"{empty}); the first: " + "; ".join(self.bad_locations[:3])
         )
 
-    def _read_file(self, i: int, resume: Position | None) -> Iterator[tuple[str, Position]]:
+    def _read_file(
+        self, i: int, resume: InputPosition | None
+    ) -> Iterator[tuple[str, InputPosition]]:
         info = self.files[i]
         path = info.path
         name = "<stdin>" if path == STDIN else path
-        if _compression(path) and info.size == 0:
+        if compression(path) and info.size == 0:
             # Python's gzip reads an empty file as no data; gzip -d and zstd -d refuse it.
-            raise InputError(
-                f"{name}: empty {_compression(path)} file (0 bytes, not even a header)"
-            )
+            raise InputError(f"{name}: empty {compression(path)} file (0 bytes, not even a header)")
         try:
-            fh, raw = _open_binary(path)
+            fh, raw = open_binary(path)
         except OSError as exc:
             raise InputError(f"{name}: cannot open ({exc.strerror})") from exc
         self._file = raw
@@ -436,7 +237,7 @@ class DocumentReader:
             else:
                 yield from self._read_lines(i, fh, name, info, resume)
         except EOFError as exc:  # gzip and _ZstdFrames: the compressed data was cut short
-            raise InputError(_truncated(name, path, fh.tell())) from exc
+            raise InputError(truncated(name, path, fh.tell())) from exc
         except OSError as exc:  # corrupt compressed data, I/O errors
             raise InputError(f"{name}: read failed ({exc})") from exc
         finally:
@@ -447,13 +248,13 @@ class DocumentReader:
                 raw.close()
 
     def _read_whole(
-        self, i: int, fh: IO[bytes], name: str, resume: Position | None
-    ) -> Iterator[tuple[str, Position]]:
+        self, i: int, fh: IO[bytes], name: str, resume: InputPosition | None
+    ) -> Iterator[tuple[str, InputPosition]]:
         """The file as one document (``.txt`` without ``lines``)."""
         if resume is not None and resume.record > 0:
             return
         data = fh.read()
-        pos = Position(i, 0, 0, self.empty, self.bad, self.input_bytes)
+        pos = InputPosition(i, 0, 0, self.empty, self.bad, self.input_bytes)
         self.input_bytes += len(data)
         text = self.decode_bytes(data, name, 0)
         if text:
@@ -463,8 +264,8 @@ class DocumentReader:
             self.empty += 1
 
     def _read_lines(
-        self, i: int, fh: IO[bytes], name: str, info: InputFile, resume: Position | None
-    ) -> Iterator[tuple[str, Position]]:
+        self, i: int, fh: IO[bytes], name: str, info: InputFile, resume: InputPosition | None
+    ) -> Iterator[tuple[str, InputPosition]]:
         record, offset = 0, 0
         if resume is not None and resume.record > 0:
             record, offset = resume.record, resume.offset
@@ -476,10 +277,21 @@ class DocumentReader:
                     skipped += len(fh.readline())
                 if skipped != offset:
                     raise InputError(f"{name}: input changed since the interrupted pack")
-        as_text = info.is_text
-        for raw in fh:
-            pos = Position(i, record, offset, self.empty, self.bad, self.input_bytes)
+        yield from self.line_documents(fh, i, name, info.is_text, record, offset)
+
+    def line_documents(
+        self, lines: Iterable[bytes], file: int, name: str, as_text: bool, record: int, offset: int
+    ) -> Iterator[tuple[str, InputPosition]]:
+        """The documents of raw ``lines`` of input ``file``, the first being record
+        ``record`` at decompressed byte ``offset``: JSON records (blank lines skipped), or
+        with ``as_text`` one document per line. Counts into this reader's counters and
+        :attr:`lines_read`; a byte range of a file (the Ray engine's pieces) is read
+        through this too, so it yields exactly what the whole file would.
+        """
+        for raw in lines:
+            pos = InputPosition(file, record, offset, self.empty, self.bad, self.input_bytes)
             record += 1
+            self.lines_read = record
             offset += len(raw)
             self.input_bytes += len(raw)
             line = self.decode_bytes(raw, name, pos.offset)

@@ -1,0 +1,116 @@
+"""Compressed inputs: ``.gz`` and ``.zst`` streams that fail loudly when cut short.
+
+A truncated download must not read as a shorter corpus: data cut short raises EOFError
+where it ends and corrupt data an OSError, which the readers turn into an InputError naming
+the file and the decompressed byte reached.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import sys
+from typing import IO, Any
+
+from wdstream.inputs.files import STDIN
+
+__all__ = ["compression", "decompressed", "open_binary", "truncated"]
+
+_ZSTD_CHUNK = 1 << 16  # compressed bytes per decompress call; bounds the memory of one call
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of every frame of a zstd file; a file cut short raises EOFError.
+
+    zstandard's ``stream_reader`` reads a file cut inside a frame, even mid-block, as if it
+    ended there. A ``decompressobj`` says whether its frame ended (``eof``) and hands over
+    the bytes after it (``unused_data``), so one per frame reads concatenated frames
+    (``cat a.zst b.zst``) and notices a frame that never ends.
+    """
+
+    def __init__(self, source: IO[bytes]) -> None:
+        import zstandard
+
+        self._source = source
+        self._dctx = zstandard.ZstdDecompressor()
+        self._zstd_error = zstandard.ZstdError
+        self._frame = self._dctx.decompressobj()
+        self._in_frame = False  # bytes of a frame that has not ended were decompressed
+        self._out = memoryview(b"")  # decompressed, not yet read
+        self._produced = 0  # bytes decompressed so far
+        self._consumed = 0  # compressed bytes read so far
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._produced - len(self._out)
+
+    def readinto(self, buf: Any) -> int:
+        while not self._out:
+            chunk = self._source.read(_ZSTD_CHUNK)
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("zstd frame not finished")
+                return 0
+            self._consumed += len(chunk)
+            self._out = memoryview(self._decompress(chunk))
+        n = min(len(buf), len(self._out))
+        buf[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def _decompress(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            try:
+                out.append(self._frame.decompress(data))
+            except self._zstd_error as exc:
+                start = self._consumed - len(data)
+                raise OSError(
+                    f"corrupt zstd data in compressed bytes {start:,}-{self._consumed:,}: {exc}"
+                ) from exc
+            self._produced += len(out[-1])
+            if not self._frame.eof:
+                self._in_frame = True
+                break
+            data = self._frame.unused_data
+            self._frame = self._dctx.decompressobj()
+            self._in_frame = False
+        return b"".join(out)
+
+
+def decompressed(raw: IO[bytes], name: str) -> IO[bytes]:
+    """``raw`` decompressed as its ``name`` says (``.gz``/``.tgz``, ``.zst``), else ``raw``.
+
+    Data cut short raises EOFError where it ends (gzip's own check; for zstd a frame that
+    never ends) and corrupt data an OSError, rather than the stream ending early in silence.
+    Closing the result leaves ``raw`` open, as :class:`gzip.GzipFile` does: close both.
+    """
+    if name.endswith((".gz", ".tgz")):
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if name.endswith(".zst"):
+        return io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20)
+    return raw
+
+
+def open_binary(path: str) -> tuple[IO[bytes], IO[bytes]]:
+    """The decompressed stream of ``path`` and the file itself (what progress counts)."""
+    if path == STDIN:
+        return sys.stdin.buffer, sys.stdin.buffer
+    # 1 MB of buffer: reading lines through the default 8 KB one took 0.09 s per 100 MB of
+    # 13 KB JSON lines in the packing process, 0.02 s with it.
+    raw = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed by the caller
+    return decompressed(raw, path), raw
+
+
+def compression(path: str) -> str | None:
+    return "gzip" if path.endswith(".gz") else "zstd" if path.endswith(".zst") else None
+
+
+def truncated(name: str, path: str, reached: int) -> str:
+    return (
+        f"{name}: truncated {compression(path)} file: the compressed data stops before the end "
+        f"of the stream (at decompressed byte {reached:,}); the file is incomplete (an "
+        "interrupted download or copy?)"
+    )

@@ -1,0 +1,113 @@
+"""Input files of a pack or a raw-text reader: expand paths/globs/braces, name positions.
+
+An argument expands to files (directories recursively, globs sorted, ``{a..b}`` braces in
+their own order); each file carries what identifies its content (size, mtime) for a resume
+journal. An :class:`InputPosition` names where a record starts, with the reader's counters
+before it, so a reader can restart exactly there.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from braceexpand import braceexpand
+
+from wdstream.errors import InputError
+
+__all__ = ["INPUT_SUFFIXES", "STDIN", "InputFile", "InputPosition", "expand_inputs"]
+
+INPUT_SUFFIXES = (
+    ".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst",
+    ".txt", ".txt.gz", ".txt.zst",
+)  # fmt: skip
+STDIN = "-"
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file (or stdin) and what identifies its content for the resume journal."""
+
+    path: str
+    size: int | None = None
+    mtime_ns: int | None = None
+
+    @property
+    def is_text(self) -> bool:
+        return self.path.removesuffix(".gz").removesuffix(".zst").endswith(".txt")
+
+    def fingerprint(self) -> list[Any]:
+        return [self.path, self.size, self.mtime_ns]
+
+
+class InputPosition(NamedTuple):
+    """Where a record starts, plus the reader's counters before it (for exact resume)."""
+
+    file: int  # index into the expanded input list
+    record: int  # 0-based line (or document) number within the file
+    offset: int  # byte offset of the record in the decompressed file
+    empty: int  # empty documents skipped before this record
+    bad: int  # malformed records skipped before this record
+    input_bytes: int  # input bytes read before this record
+
+
+def _expand_dir(path: str) -> list[str]:
+    files: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        files.extend(
+            os.path.join(dirpath, f)
+            for f in filenames
+            if not f.startswith(".") and f.endswith(INPUT_SUFFIXES)
+        )
+    return sorted(files)
+
+
+def _expand_one(pattern: str) -> list[str]:
+    if pattern == STDIN:
+        return [STDIN]
+    found: list[str] = []
+    for item in braceexpand(pattern):
+        if glob.has_magic(item):
+            matches = sorted(glob.glob(item, recursive=True))
+            if not matches:
+                raise InputError(f"{item}: no file matches this pattern")
+        else:
+            matches = [item]
+        for m in matches:
+            found.extend(_expand_dir(m) if os.path.isdir(m) else [m])
+    return found
+
+
+def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[InputFile]:
+    """Expand paths, directories (recursively), globs and ``{a..b}`` braces into files.
+
+    Arguments keep their order; what one argument expands to is sorted (braces in their
+    own numeric order), and a file named twice is read once.
+
+    Raises:
+        InputError: for a missing file, an empty pattern match, or a directory with no inputs.
+    """
+    files: list[InputFile] = []
+    seen: set[str] = set()
+    for pattern in patterns:
+        expanded = _expand_one(pattern)
+        if not expanded:
+            raise InputError(f"{pattern}: no input files ({', '.join(INPUT_SUFFIXES)}) found")
+        for p in expanded:
+            if p in seen:
+                continue
+            seen.add(p)
+            if p == STDIN:
+                files.append(InputFile(STDIN))
+                continue
+            try:
+                st = os.stat(p)
+            except OSError as exc:
+                raise InputError(f"{p}: cannot read input ({exc.strerror})") from exc
+            files.append(InputFile(p, st.st_size, st.st_mtime_ns))
+    if not files:
+        raise InputError("no input files given")
+    return files

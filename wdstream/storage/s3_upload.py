@@ -1,0 +1,140 @@
+"""Atomic S3 writes: one PutObject for a small object, a multipart upload for a large one.
+
+The object appears under its key only when :meth:`S3Upload.finish` completes (the ``with``
+block of :meth:`~wdstream.storage.s3.S3Store.writer` exited cleanly); :meth:`S3Upload.abort`
+aborts the multipart upload. At most one part is held in memory.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import botocore.exceptions as bce
+
+from wdstream.storage.retry import RemoteWriteError, describe, log
+from wdstream.storage.s3_errors import error_code
+
+if TYPE_CHECKING:
+    from wdstream.storage.s3 import S3Store
+
+__all__ = ["S3Upload"]
+
+
+class S3Upload:
+    """File-like sink: keeps at most one part in memory; the first full part starts a
+    multipart upload, ``finish`` completes it (or PUTs a small object), ``abort`` aborts."""
+
+    def __init__(self, store: S3Store, name: str) -> None:
+        self._store = store
+        self._name = name
+        self._key = store._key(name)
+        self._url = store.child_url(name)
+        self._buf = bytearray()
+        self._pos = 0
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+        self.closed = False
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        pass
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self.closed:
+            raise ValueError(f"write to a finished writer of {self._url}")
+        n = len(data)
+        self._buf += data
+        self._pos += n
+        size = self._store.part_size
+        while len(self._buf) >= size:
+            # Keep one byte back so the last part is never empty.
+            if len(self._buf) == size:
+                break
+            self._upload_part(bytes(self._buf[:size]))
+            del self._buf[:size]
+        return n
+
+    def _call(self, fn: Any, what: str) -> Any:
+        return self._store._retrier.call(fn, what, self._url, RemoteWriteError)
+
+    def _upload_part(self, data: bytes) -> None:
+        s, client = self._store, self._store.client
+        if self._upload_id is None:
+            resp = self._call(
+                lambda: client.create_multipart_upload(Bucket=s.bucket, Key=self._key),
+                "CreateMultipartUpload",
+            )
+            self._upload_id = resp["UploadId"]
+        number = len(self._parts) + 1
+        resp = self._call(
+            lambda: client.upload_part(
+                Bucket=s.bucket, Key=self._key, UploadId=self._upload_id,
+                PartNumber=number, Body=data,
+            ),
+            f"UploadPart {number}",
+        )  # fmt: skip
+        part = {"ETag": resp["ETag"], "PartNumber": number}
+        for field in ("ChecksumCRC32", "ChecksumCRC32C", "ChecksumCRC64NVME", "ChecksumSHA1"):
+            if resp.get(field):
+                part[field] = resp[field]
+        self._parts.append(part)
+
+    def finish(self) -> None:
+        """Make the object visible under its name (only call on a clean exit)."""
+        s, client = self._store, self._store.client
+        self.closed = True
+        if self._upload_id is None:
+            body = bytes(self._buf)
+            self._call(
+                lambda: client.put_object(Bucket=s.bucket, Key=self._key, Body=body),
+                "PutObject",
+            )
+            s._abort_leftovers(self._name)
+            return
+        if self._buf:
+            self._upload_part(bytes(self._buf))
+            self._buf.clear()
+        upload_id, parts = self._upload_id, self._parts
+        attempts = 0
+
+        def complete() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                client.complete_multipart_upload(
+                    Bucket=s.bucket, Key=self._key, UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                )  # fmt: skip
+            except bce.ClientError as exc:
+                # A retry after a lost reply finds the upload already completed.
+                if attempts > 1 and error_code(exc)[0] == "NoSuchUpload":
+                    head = s._head(self._name)
+                    if head is not None and int(head["ContentLength"]) == self._pos:
+                        return
+                raise
+
+        self._call(complete, "CompleteMultipartUpload")
+        self._upload_id = None
+        s._abort_leftovers(self._name)
+
+    def abort(self) -> None:
+        """Drop everything written; nothing appears under the name."""
+        self.closed = True
+        self._buf.clear()
+        if self._upload_id is None:
+            return
+        s, upload_id = self._store, self._upload_id
+        self._upload_id = None
+        try:
+            s.client.abort_multipart_upload(Bucket=s.bucket, Key=self._key, UploadId=upload_id)
+        except Exception as exc:  # the original exception matters more than this one
+            log.warning(
+                "could not abort the multipart upload of %s (%s); the next complete write "
+                "of it, S3Store.remove_partials() or a lifecycle rule will clear it",
+                self._url, describe(exc),
+            )  # fmt: skip

@@ -1,0 +1,61 @@
+"""The one commit of a dataset: its ``index.json`` published, then its journal removed.
+
+Used by :func:`wdstream.pack` (every engine) and the Ray Data sink. The index is built from
+the shards the journal committed, the lock is checked (a pack whose lock was taken away
+publishes nothing), ``index.json`` is written (its presence means the dataset is complete),
+and only then the journal goes: a pack stopped between the two resumes from the journal
+and writes the same ``index.json`` again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from wdstream.format.checksum import CHECKSUM_NAME
+from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex
+from wdstream.storage import Store
+from wdstream.write.journal import Journal
+from wdstream.write.lock import OutputLock
+
+__all__ = ["DatasetMeta", "commit_dataset"]
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    """What ``index.json`` says about every sample, from the pack's settings."""
+
+    tokenizer: dict[str, Any]  # Tokenizer.info()
+    eos_id: int | None
+    bos_id: int | None
+    dtype: str
+    mode: str
+    seq_len: int
+
+
+def commit_dataset(
+    store: Store, lock: OutputLock, journal: Journal, meta: DatasetMeta, stats: dict[str, Any]
+) -> DatasetIndex:
+    """Publish ``index.json`` for the shards ``journal`` committed, then remove the journal.
+
+    Raises:
+        PackLockedError: the output's lock was taken away while the pack ran.
+    """
+    entries = tuple(journal.entries)
+    index = DatasetIndex(
+        tokenizer=meta.tokenizer,
+        eos_id=meta.eos_id,
+        bos_id=meta.bos_id,
+        dtype=meta.dtype,
+        mode=meta.mode,
+        seq_len=meta.seq_len,
+        sample_tokens=meta.seq_len + 1 if meta.mode != "docs" else None,
+        shards=entries,
+        stats=stats,
+        checksum=CHECKSUM_NAME,
+        pad_id=meta.eos_id if meta.mode == "bestfit" else None,
+    )
+    lock.verify()  # publish nothing if another pack has taken the output meanwhile
+    store.write_bytes(INDEX_NAME, index.to_json().encode())
+    store.delete(JOURNAL_NAME)
+    return index

@@ -1,0 +1,126 @@
+"""The local engine of ``pack``: tokenise in this machine's processes, write in order.
+
+Pipeline (one packing thread, tokenisation in a pool, writes in a background thread)::
+
+    DocumentReader -> batches (~1 MB) -> TokenPool (ordered) -> sample builder
+        -> ShardWriter -> Store  (provenance, sidecar, tar, then journal)
+
+Packing depends only on the token stream, never on batch or worker boundaries, so the
+shards are byte-identical for any worker count and to the Ray engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from wdstream.errors import WdstreamError
+from wdstream.format.sample import DTYPES
+from wdstream.inputs import DocumentReader, InputPosition
+from wdstream.storage import Store
+from wdstream.write.builders import SampleBuilder
+from wdstream.write.engine import InputTotals, PackJob
+from wdstream.write.journal import Journal
+from wdstream.write.progress import Progress
+from wdstream.write.resume import ResumePoint, drop_packed
+from wdstream.write.shards import ShardWriter
+from wdstream.write.tokenpool import TokenPool
+
+__all__ = ["LocalEngine"]
+
+
+class LocalEngine:
+    """:class:`~wdstream.write.engine.PackEngine` on this machine.
+
+    Args:
+        workers: parallel tokenisers (0: in the packing thread).
+        pool: ``auto``, ``threads`` or ``processes`` (:func:`wdstream.write.tokenpool.prestart`
+            boots a process pool's fork server early; :func:`wdstream.pack` calls it first
+            thing, before the output is even locked).
+    """
+
+    def __init__(self, workers: int, pool: str) -> None:
+        self.workers, self.pool = workers, pool
+
+    def run(self, job: PackJob, store: Store, journal: Journal, resume: ResumePoint) -> InputTotals:
+        """Read, tokenise, build samples and write shards; see :class:`PackEngine`."""
+        reader = DocumentReader(
+            job.files, job.text_key, job.lines, job.on_error, job.errors, resume.start,
+            resume.bad_locations,
+        )  # fmt: skip
+        entries = journal.entries
+        writer = ShardWriter(
+            store,
+            job.name,
+            job.shard_bytes,
+            job.shard_samples,
+            first_shard=len(entries),
+            first_sample=sum(e.samples for e in entries),
+            on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
+            provenance=job.provenance,
+            first_doc=sum(e.documents for e in entries),
+            doc_offset=resume.emitted,
+        )
+        tpool = TokenPool(job.tokenizer, self.workers, self.pool, job.bos_id, job.eos_id, job.dtype)
+        builder = job.new_builder(DTYPES[job.dtype], job.eos_id or 0)
+        bar = Progress(job.progress, total=reader.source_total)
+        _write_shards(tpool, reader, builder, writer, bar, job.batch_bytes, resume)
+        return InputTotals(
+            reader.empty, reader.bad, reader.input_bytes, reader.documents,
+            list(reader.bad_locations), self.workers, tpool.kind,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Nothing to release: the token pool closes when its run ends."""
+
+
+def _batches(
+    reader: DocumentReader, batch_chars: int, max_docs: int = 8192
+) -> Iterator[tuple[list[str], list[InputPosition]]]:
+    texts: list[str] = []
+    positions: list[InputPosition] = []
+    size = 0
+    for text, pos in reader:
+        texts.append(text)
+        positions.append(pos)
+        size += len(text)
+        if size >= batch_chars or len(texts) >= max_docs:
+            yield texts, positions
+            texts, positions, size = [], [], 0
+    if texts:
+        yield texts, positions
+
+
+def _write_shards(
+    tpool: TokenPool,
+    reader: DocumentReader,
+    builder: SampleBuilder,
+    writer: ShardWriter,
+    bar: Progress,
+    batch_bytes: int,
+    resume: ResumePoint,
+) -> None:
+    """Run the pipeline: read, tokenise, build samples, write shards; wait for the last.
+
+    On resume the first document's tokens already in committed shards are dropped. On any
+    error the shards already queued still finish and commit, the partial one is dropped.
+    """
+    try:
+        first = True
+        for positions, flat, lens in tpool.map(_batches(reader, batch_bytes)):
+            if first and resume.start is not None:
+                flat, lens, positions = drop_packed(flat, lens, positions, resume, builder)
+            first = False
+            for s in builder.add(flat, lens, positions):
+                writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
+            bar.update(reader.source_bytes, len(lens), len(flat))
+        if first and resume.start is not None:
+            raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
+        for s in builder.flush():
+            writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        tpool.close()
+        bar.close()
