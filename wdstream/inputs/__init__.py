@@ -1,7 +1,7 @@
 """Inputs of a pack and of the raw-text reader: files, compressed streams, documents.
 
 Below both the writer (:mod:`wdstream.write`, :mod:`wdstream.ray`) and the raw-text reader
-(:mod:`wdstream.read.text`), so neither imports the other to read text.
+(:mod:`wdstream.read.sources.text`), so neither imports the other to read text.
 """
 
 from wdstream.inputs.compressed import decompressed

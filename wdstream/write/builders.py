@@ -82,7 +82,7 @@ def sample_builder(
     if mode == "concat":
         return ConcatSampleBuilder(seq_len + 1, dtype)
     if mode == "bestfit":
-        # No row may end in a lone BOS that reads as padding (wdstream.read.rows).
+        # No row may end in a lone BOS that reads as padding (wdstream.read.batches.rows).
         head = 2 if bos_id is not None and bos_id == eos_id else 1
         return BestFitSampleBuilder(seq_len + 1, dtype, bestfit_buffer, pad, head)
     return DocsSampleBuilder(dtype)
