@@ -22,7 +22,7 @@ from __future__ import annotations
 import builtins
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO, cast
 from urllib.parse import urlsplit
@@ -157,16 +157,21 @@ class S3Store(RemoteStore):
                     self._client_pid = os.getpid()
         return self._client
 
-    def _key(self, name: str) -> str:
+    def object_key(self, name: str) -> str:
+        """The key of ``name`` under this store's prefix."""
         return self.prefix + name
 
+    def write_call(self, fn: Callable[[], Any], what: str, url: str) -> Any:
+        """``fn()`` under this store's retry policy; a final failure is a RemoteWriteError."""
+        return self._retrier.call(fn, what, url, RemoteWriteError)
+
     def child_url(self, name: str) -> str:
-        return f"s3://{self.bucket}/{self._key(name)}"
+        return f"s3://{self.bucket}/{self.object_key(name)}"
 
     # -- reads ----------------------------------------------------------------------------
 
     def _fetch(self, name: str, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
-        kw: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(name)}
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Key": self.object_key(name)}
         if start > 0 or end is not None:
             kw["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
         try:
@@ -181,28 +186,30 @@ class S3Store(RemoteStore):
             raise
         return int(resp["ContentLength"]), _Chunks(resp["Body"], _CHUNK)
 
-    def _head(self, name: str) -> dict[str, Any] | None:
-        def head() -> dict[str, Any] | None:
+    def head(self, name: str) -> dict[str, Any] | None:
+        """The object's HEAD response, or None when it is missing."""
+
+        def head_object() -> dict[str, Any] | None:
             try:
                 return cast(
                     dict[str, Any],
-                    self.client.head_object(Bucket=self.bucket, Key=self._key(name)),
+                    self.client.head_object(Bucket=self.bucket, Key=self.object_key(name)),
                 )
             except bce.ClientError as exc:
                 if is_missing(exc):
                     return None
                 raise
 
-        return self._retrier.call(head, "HEAD", self.child_url(name))
+        return self._retrier.call(head_object, "HEAD", self.child_url(name))
 
     def size(self, name: str) -> int:
-        head = self._head(name)
+        head = self.head(name)
         if head is None:
             raise FileNotFoundError(f"no such object: {self.child_url(name)}")
         return int(head["ContentLength"])
 
     def exists(self, name: str) -> bool:
-        return self._head(name) is not None
+        return self.head(name) is not None
 
     def list(self) -> list[str]:
         def list_all() -> list[str]:
@@ -238,7 +245,7 @@ class S3Store(RemoteStore):
 
     def delete(self, name: str) -> None:
         self._retrier.call(
-            lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(name)),
+            lambda: self.client.delete_object(Bucket=self.bucket, Key=self.object_key(name)),
             "DELETE",
             self.child_url(name),
             RemoteWriteError,
@@ -247,7 +254,7 @@ class S3Store(RemoteStore):
     def create_if_absent(self, name: str, data: bytes) -> None:
         """``PutObject(IfNoneMatch="*")``: atomic on AWS and the S3-compatible stores that
         support it; an endpoint that answers 501 (not implemented) gets a check then a write."""
-        key, url = self._key(name), self.child_url(name)
+        key, url = self.object_key(name), self.child_url(name)
 
         def put() -> bool:
             try:
@@ -297,7 +304,7 @@ class S3Store(RemoteStore):
         url = f"s3://{self.bucket}/{key}"
         self._retrier.call(abort, "AbortMultipartUpload", url, RemoteWriteError)
 
-    def _abort_leftovers(self, name: str) -> None:
+    def abort_leftovers(self, name: str) -> None:
         """Abort earlier incomplete multipart uploads of ``name``'s key (a killed writer's).
 
         Called after a complete write of the key, so it never races this writer's own
@@ -307,7 +314,7 @@ class S3Store(RemoteStore):
         """
         if self._leftovers_unlistable:
             return
-        key, url = self._key(name), self.child_url(name)
+        key, url = self.object_key(name), self.child_url(name)
         try:
             uploads = self._retrier.call(
                 lambda: self._incomplete_uploads(key), "ListMultipartUploads", url,

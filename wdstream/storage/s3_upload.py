@@ -7,27 +7,51 @@ aborts the multipart upload. At most one part is held in memory.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import botocore.exceptions as bce
 
-from wdstream.storage.retry import RemoteWriteError, describe, log
+from wdstream.storage.retry import describe, log
 from wdstream.storage.s3_errors import error_code
 
-if TYPE_CHECKING:
-    from wdstream.storage.s3 import S3Store
+__all__ = ["S3Upload", "UploadTarget"]
 
-__all__ = ["S3Upload"]
+
+class UploadTarget(Protocol):
+    """What an upload uses of its store (:class:`~wdstream.storage.s3.S3Store` has it)."""
+
+    bucket: str
+    part_size: int
+
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client of this process."""
+
+    def child_url(self, name: str) -> str:
+        """``s3://bucket/prefix/name``."""
+
+    def write_call(self, fn: Callable[[], Any], what: str, url: str) -> Any:
+        """``fn()`` under the store's retry policy; a final failure is a RemoteWriteError."""
+
+    def object_key(self, name: str) -> str:
+        """The key of ``name`` under the store's prefix."""
+
+    def head(self, name: str) -> dict[str, Any] | None:
+        """The object's HEAD, or None when it is missing."""
+
+    def abort_leftovers(self, name: str) -> None:
+        """Abort multipart uploads of ``name`` left by killed writers."""
 
 
 class S3Upload:
     """File-like sink: keeps at most one part in memory; the first full part starts a
     multipart upload, ``finish`` completes it (or PUTs a small object), ``abort`` aborts."""
 
-    def __init__(self, store: S3Store, name: str) -> None:
+    def __init__(self, store: UploadTarget, name: str) -> None:
         self._store = store
         self._name = name
-        self._key = store._key(name)
+        self._key = store.object_key(name)
         self._url = store.child_url(name)
         self._buf = bytearray()
         self._pos = 0
@@ -60,7 +84,7 @@ class S3Upload:
         return n
 
     def _call(self, fn: Any, what: str) -> Any:
-        return self._store._retrier.call(fn, what, self._url, RemoteWriteError)
+        return self._store.write_call(fn, what, self._url)
 
     def _upload_part(self, data: bytes) -> None:
         s, client = self._store, self._store.client
@@ -94,7 +118,7 @@ class S3Upload:
                 lambda: client.put_object(Bucket=s.bucket, Key=self._key, Body=body),
                 "PutObject",
             )
-            s._abort_leftovers(self._name)
+            s.abort_leftovers(self._name)
             return
         if self._buf:
             self._upload_part(bytes(self._buf))
@@ -113,14 +137,14 @@ class S3Upload:
             except bce.ClientError as exc:
                 # A retry after a lost reply finds the upload already completed.
                 if attempts > 1 and error_code(exc)[0] == "NoSuchUpload":
-                    head = s._head(self._name)
+                    head = s.head(self._name)
                     if head is not None and int(head["ContentLength"]) == self._pos:
                         return
                 raise
 
         self._call(complete, "CompleteMultipartUpload")
         self._upload_id = None
-        s._abort_leftovers(self._name)
+        s.abort_leftovers(self._name)
 
     def abort(self) -> None:
         """Drop everything written; nothing appears under the name."""

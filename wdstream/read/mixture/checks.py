@@ -10,13 +10,31 @@ the rows a worker reads from a window follow from the schedule without walking t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from wdstream.read.mixture.reader import MixtureReader
-    from wdstream.read.order.global_sequence import GlobalPosition
+from wdstream.read.mixture.schedule import Schedule
+from wdstream.read.order.global_order import OrderConfig, Origin
+from wdstream.read.order.steps import GlobalPosition
 
-__all__ = ["MixtureOwnRows"]
+__all__ = ["MixtureOwnRows", "MixtureRows"]
+
+
+class MixtureRows(Protocol):
+    """What a worker's row ranges are computed from: the mixture's geometry and schedule
+    (:class:`~wdstream.read.mixture.reader.MixtureReader` has them)."""
+
+    cfg: OrderConfig
+    rank: int
+    batch_size: int
+    chunk_batches: int
+    row_tokens: int
+    rows_per_epoch: list[int]
+
+    def schedule(self, position: GlobalPosition) -> Schedule:
+        """The schedule ``position`` is read under."""
+
+    def row_at(self, step: int, origin: Origin) -> int:
+        """The first mixture row of global step ``step``."""
 
 
 class MixtureOwnRows:
@@ -30,7 +48,7 @@ class MixtureOwnRows:
     """
 
     def __init__(
-        self, reader: MixtureReader, position: GlobalPosition, worker: int, workers: int
+        self, reader: MixtureRows, position: GlobalPosition, worker: int, workers: int
     ) -> None:
         self._reader, self._position = reader, position.copy()
         self._first_step = position.step

@@ -42,8 +42,7 @@ from wdstream.read.mixture.spec import MixtureSpec
 from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_state
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
-from wdstream.read.order.global_sequence import GlobalPosition
-from wdstream.read.order.steps import StepChunks
+from wdstream.read.order.steps import GlobalPosition, StepChunks
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["MixturePosition", "MixtureReader"]

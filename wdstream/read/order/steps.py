@@ -9,18 +9,58 @@ to a :class:`StepChunks` it owns (composition, not a shared base class).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from wdstream.read.batches.rows import position_ids
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
+from wdstream.read.order.global_order import Origin
 
-if TYPE_CHECKING:
-    from wdstream.read.order.global_sequence import GlobalPosition
+__all__ = ["GlobalPosition", "RowScope", "StepChunks", "StepRows"]
 
-__all__ = ["RowScope", "StepChunks", "StepRows"]
+
+@dataclass
+class GlobalPosition:
+    """The next global step, the origin steps are counted from, the iteration's stop epoch."""
+
+    step: int = 0
+    origin: Origin = field(default_factory=Origin)
+    iter_stop: int | None = None
+    worker: tuple[int, int] | None = None  # (id, num_workers) of one torch worker's share
+
+    def copy(self) -> GlobalPosition:
+        return copy.copy(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        o = self.origin
+        worker = list(self.worker) if self.worker is not None else None
+        return {"step": self.step, "origin": [o.step, o.epoch, o.row],
+                "iter_stop": self.iter_stop, "worker": worker}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GlobalPosition:
+        worker = tuple(d["worker"]) if d["worker"] is not None else None
+        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker)
+
+    def state(
+        self, version: int, order: str, config: dict[str, Any], origin: dict[str, int], **more: Any
+    ) -> dict[str, Any]:
+        """The JSON state of this position (the global order's and a mixture's have this form;
+        ``more`` goes between the origin and the iteration's stop)."""
+        worker = list(self.worker) if self.worker is not None else None
+        return {"version": version, "order": order, "config": config, "step": self.step,
+                "origin": origin, **more, "iter_stop": self.iter_stop, "worker": worker}  # fmt: skip
+
+    def hand_over(self, stream: int, cursors: list[Cursor], j: int) -> None:
+        """Batch ``j`` of a chunk reached the caller: the next step is the one after it."""
+        self.step = cursors[j]["step"]
+
+    def pass_turn(self, stream: int) -> None:
+        """The global order has no streams and no empty chunks: nothing to record."""
 
 
 class RowScope(Protocol):
