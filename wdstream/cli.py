@@ -110,6 +110,12 @@ def _store_options(
 @click.option(
     "--errors", type=click.Choice(["strict", "replace"]), default="strict", show_default=True
 )
+@click.option(
+    "--max-record-bytes",
+    default="256MiB",
+    show_default=True,
+    help="Longest record (a line, or a whole .txt document); a longer one is a bad record.",
+)
 @click.option("--workers", type=int, default=None, help="Tokenizer workers (default: all cores).")
 @click.option(
     "--pool", type=click.Choice(["auto", "threads", "processes"]), default="auto", show_default=True

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 from braceexpand import braceexpand
 
 from wdstream.errors import InputError
 
-__all__ = ["INPUT_SUFFIXES", "STDIN", "InputFile", "InputPosition", "expand_inputs"]
+__all__ = [
+    "INPUT_SUFFIXES",
+    "STDIN",
+    "InputFile",
+    "InputPosition",
+    "expand_inputs",
+    "open_regular",
+    "special_kind",
+]
 
 INPUT_SUFFIXES = (
     ".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst",
@@ -51,6 +60,55 @@ class InputPosition(NamedTuple):
     empty: int  # empty documents skipped before this record
     bad: int  # malformed records skipped before this record
     input_bytes: int  # input bytes read before this record
+
+
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def special_kind(mode: int) -> str | None:
+    """What a file of this ``st_mode`` is when it is not a regular file, else None.
+
+    Inputs must be regular files: opening a FIFO blocks until something writes to it, and
+    a device such as ``/dev/zero`` never ends (a line that never ends would fill memory).
+    """
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _SPECIAL if test(mode)), f"file type {stat.S_IFMT(mode):o}")
+
+
+def _not_regular(path: str, kind: str) -> InputError:
+    return InputError(
+        f"{path}: not a regular file but {kind}; inputs must be regular files (pipe data in "
+        "through stdin with '-' instead)"
+    )
+
+
+def open_regular(path: str, buffering: int = -1) -> IO[bytes]:
+    """``path`` opened for reading, refusing (InputError) anything but a regular file.
+
+    Opened with ``O_NONBLOCK`` and checked with ``fstat``, so a FIFO put in place of a file
+    after :func:`expand_inputs` checked it cannot block the open; regular files ignore
+    ``O_NONBLOCK``, which is cleared again before any read.
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        kind = special_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise _not_regular(path, kind)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _expand_dir(path: str) -> list[str]:
@@ -88,7 +146,9 @@ def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[InputFile]:
     own numeric order), and a file named twice is read once.
 
     Raises:
-        InputError: for a missing file, an empty pattern match, or a directory with no inputs.
+        InputError: for a missing file, an empty pattern match, a directory with no inputs,
+            or an input that is not a regular file (a FIFO, socket or device: named
+            directly, matched by a glob or found in a directory), before any is opened.
     """
     files: list[InputFile] = []
     seen: set[str] = set()
@@ -107,6 +167,9 @@ def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[InputFile]:
                 st = os.stat(p)
             except OSError as exc:
                 raise InputError(f"{p}: cannot read input ({exc.strerror})") from exc
+            kind = special_kind(st.st_mode)
+            if kind is not None:
+                raise _not_regular(p, kind)
             files.append(InputFile(p, st.st_size, st.st_mtime_ns))
     if not files:
         raise InputError("no input files given")

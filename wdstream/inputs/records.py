@@ -29,6 +29,15 @@ from typing import IO, Any
 from wdstream.errors import InputError
 from wdstream.inputs.compressed import compression, open_binary, truncated
 from wdstream.inputs.files import STDIN, InputFile, InputPosition
+from wdstream.inputs.lines import (
+    DEFAULT_MAX_RECORD_BYTES,
+    LongLine,
+    bounded_lines,
+    check_limit,
+    read_bounded,
+    skip_line,
+    too_long,
+)
 
 __all__ = ["DocumentReader"]
 
@@ -80,6 +89,9 @@ class DocumentReader:
             ``"replace"``.
         start: resume at this position (its counters are taken over).
         bad_locations: the first skipped-record locations seen before ``start``.
+        max_record_bytes: the longest record read (a line with its line end, or a whole
+            ``.txt`` document); a longer one is a bad record (an InputError naming file and
+            line, or skipped and counted), never held in memory past this many bytes.
 
     Attributes:
         empty, bad: empty documents and bad records skipped so far (``start``'s included).
@@ -97,8 +109,10 @@ class DocumentReader:
     errors: str = "strict"
     start: InputPosition | None = None
     bad_locations: list[str] = field(default_factory=list)
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
     def __post_init__(self) -> None:
+        check_limit(self.max_record_bytes)
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.errors not in ("strict", "replace"):
@@ -130,6 +144,11 @@ class DocumentReader:
         self.bad += 1
         if len(self.bad_locations) < _MAX_LOCATIONS:
             self.bad_locations.append(f"{where}: {why}")
+
+    def long_record(self, where: str, line: LongLine | int) -> None:
+        """A record over :attr:`max_record_bytes` at ``where`` (``path:line``): raised as an
+        InputError saying what to do, or (``on_error="skip"``) counted as a bad record."""
+        self._bad(where, too_long(line, self.max_record_bytes))
 
     def decode_bytes(self, data: bytes, path: str, offset: int) -> str:
         """Decode UTF-8 per ``errors``; a failure names ``path`` and the byte offset."""
@@ -253,8 +272,12 @@ class DocumentReader:
         """The file as one document (``.txt`` without ``lines``)."""
         if resume is not None and resume.record > 0:
             return
-        data = fh.read()
+        data = read_bounded(fh, self.max_record_bytes)
         pos = InputPosition(i, 0, 0, self.empty, self.bad, self.input_bytes)
+        if isinstance(data, int):  # the document is longer than the limit
+            self.input_bytes += data
+            self.long_record(f"{name}:1", data)
+            return
         self.input_bytes += len(data)
         text = self.decode_bytes(data, name, 0)
         if text:
@@ -274,26 +297,38 @@ class DocumentReader:
             else:  # compressed or stdin: skip the consumed lines without parsing them
                 skipped = 0
                 for _ in range(record):
-                    skipped += len(fh.readline())
+                    skipped += skip_line(fh)
                 if skipped != offset:
                     raise InputError(f"{name}: input changed since the interrupted pack")
-        yield from self.line_documents(fh, i, name, info.is_text, record, offset)
+        lines = bounded_lines(fh, self.max_record_bytes, self.on_error == "skip")
+        yield from self.line_documents(lines, i, name, info.is_text, record, offset)
 
     def line_documents(
-        self, lines: Iterable[bytes], file: int, name: str, as_text: bool, record: int, offset: int
+        self,
+        lines: Iterable[bytes | LongLine],
+        file: int,
+        name: str,
+        as_text: bool,
+        record: int,
+        offset: int,
     ) -> Iterator[tuple[str, InputPosition]]:
         """The documents of raw ``lines`` of input ``file``, the first being record
         ``record`` at decompressed byte ``offset``: JSON records (blank lines skipped), or
-        with ``as_text`` one document per line. Counts into this reader's counters and
-        :attr:`lines_read`; a byte range of a file (the Ray engine's pieces) is read
-        through this too, so it yields exactly what the whole file would.
+        with ``as_text`` one document per line. A :class:`LongLine` (from
+        :func:`~wdstream.inputs.lines.bounded_lines`) is a bad record. Counts into this
+        reader's counters and :attr:`lines_read`; a byte range of a file (the Ray engine's
+        pieces) is read through this too, so it yields exactly what the whole file would.
         """
         for raw in lines:
+            size = raw.size if isinstance(raw, LongLine) else len(raw)
             pos = InputPosition(file, record, offset, self.empty, self.bad, self.input_bytes)
             record += 1
             self.lines_read = record
-            offset += len(raw)
-            self.input_bytes += len(raw)
+            offset += size
+            self.input_bytes += size
+            if isinstance(raw, LongLine):
+                self.long_record(f"{name}:{record}", raw)
+                continue
             line = self.decode_bytes(raw, name, pos.offset)
             if pos.offset == 0 and line.startswith("\ufeff"):
                 line = line[1:]  # a UTF-8 byte-order mark is not part of the first record

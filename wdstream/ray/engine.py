@@ -196,7 +196,7 @@ class _Driver:
         recipe = job.tokenizer.__reduce__()
         piece_job = ray.put(
             PieceJob(
-                job.files, job.text_key, job.lines, job.on_error, job.errors,
+                job.files, job.text_key, job.lines, job.on_error, job.errors, job.max_record_bytes,
                 (recipe[0], tuple(recipe[1])), job.bos_id, job.eos_id, job.dtype,
             )
         )  # fmt: skip

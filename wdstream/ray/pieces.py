@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import IO
 
 import numpy as np
 
 from wdstream.errors import InputError
 from wdstream.inputs import DocumentReader, InputFile, InputPosition
+from wdstream.inputs.files import open_regular
+from wdstream.inputs.lines import LongLine, bounded_lines, skip_line
 
 __all__ = ["InputPiece", "PieceDocs", "read_piece", "split_pieces"]
 
@@ -150,9 +151,17 @@ def read_piece(
     lines: bool,
     on_error: str,
     errors: str,
+    max_record_bytes: int,
 ) -> tuple[list[str], PieceDocs]:
-    """Read one piece: its documents' texts and what the driver needs to place them."""
-    reader = _PieceReader([files[piece.file]], text_key, lines, on_error, errors, _origin(piece))
+    """Read one piece: its documents' texts and what the driver needs to place them.
+
+    A line longer than ``max_record_bytes`` is a bad record, as in the local engine; one
+    that starts in the range before and runs into this one is skipped over in chunks.
+    """
+    reader = _PieceReader(
+        [files[piece.file]], text_key, lines, on_error, errors, _origin(piece), [],
+        max_record_bytes,
+    )  # fmt: skip
     reader.reported = []
     texts: list[str] = []
     cols: list[list[int]] = [[], [], [], [], []]
@@ -201,25 +210,28 @@ def _range(
     assert piece.end is not None
     name = info.path
     try:
-        fh = open(name, "rb")  # noqa: SIM115 - closed below
+        fh = open_regular(name)
     except OSError as exc:
         raise InputError(f"{name}: cannot open ({exc.strerror})") from exc
     with fh:
         offset = piece.start
         if offset > 0 and piece.resume is None:  # the first line starting at or after start
             fh.seek(offset - 1)
-            offset += len(fh.readline()) - 1
+            offset += skip_line(fh) - 1
         else:
             fh.seek(offset)
-        lines = _lines_before(fh, offset, piece.end)
+        found = bounded_lines(fh, reader.max_record_bytes, reader.on_error == "skip")
+        lines = _lines_before(found, offset, piece.end)
         yield from reader.line_documents(lines, 0, name, info.is_text, 0, offset)
 
 
-def _lines_before(fh: IO[bytes], offset: int, end: int) -> Iterator[bytes]:
-    """The lines of ``fh`` (at ``offset``) that start before ``end``."""
+def _lines_before(
+    found: Iterator[bytes | LongLine], offset: int, end: int
+) -> Iterator[bytes | LongLine]:
+    """The lines of ``found`` (starting at ``offset``) that start before ``end``."""
     while offset < end:
-        raw = fh.readline()
-        if not raw:
+        raw = next(found, None)
+        if raw is None:
             return
-        offset += len(raw)
+        offset += raw.size if isinstance(raw, LongLine) else len(raw)
         yield raw

@@ -55,6 +55,7 @@ class PieceJob:
     lines: bool
     on_error: str
     errors: str
+    max_record_bytes: int
     tokenizer: Recipe  # ``tok.__reduce__()``: rebuilt once per worker, not per task
     bos_id: int | None
     eos_id: int | None
@@ -135,7 +136,9 @@ def _store(url: str, options: dict[str, Any]) -> Store:
 
 def tokenize_piece(job: PieceJob, piece: InputPiece) -> tuple[PieceDocs, np.ndarray]:
     """Read and tokenise one piece: its documents' metadata, and all their tokens in one array."""
-    texts, docs = read_piece(job.files, piece, job.text_key, job.lines, job.on_error, job.errors)
+    texts, docs = read_piece(
+        job.files, piece, job.text_key, job.lines, job.on_error, job.errors, job.max_record_bytes
+    )
     flat, lens = encode_flat(
         cached_tokenizer(job.tokenizer), texts, job.bos_id, job.eos_id, job.dtype
     )

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from wdstream.inputs import InputFile
+from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES
 from wdstream.storage import Store
 from wdstream.tokenizers import Tokenizer
 from wdstream.write.builders import SampleBuilder
@@ -55,6 +56,7 @@ class PackJob:
     provenance: list[str] | None  # input names for the .prov tables (None: none)
     progress: bool
     batch_bytes: int = 1 << 20  # local engine: characters of text per tokenisation batch
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # a longer record is a bad record
 
 
 @dataclass

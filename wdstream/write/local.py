@@ -45,7 +45,7 @@ class LocalEngine:
         """Read, tokenise, build samples and write shards; see :class:`PackEngine`."""
         reader = DocumentReader(
             job.files, job.text_key, job.lines, job.on_error, job.errors, resume.start,
-            resume.bad_locations,
+            resume.bad_locations, job.max_record_bytes,
         )  # fmt: skip
         entries = journal.entries
         writer = ShardWriter(

@@ -37,6 +37,7 @@ from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.provenance import PROVENANCE_VERSION, provenance_name
 from wdstream.format.sample import token_dtype_for_vocab
 from wdstream.inputs import DocumentReader, InputFile, expand_inputs
+from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES, check_limit
 from wdstream.storage import Store, open_store
 from wdstream.storage.base import ForwardingStore
 from wdstream.tokenizers import load_tokenizer
@@ -72,12 +73,14 @@ class PackResult:
         return self.index.stats.get("input_bytes", 0) / 1e6 / max(self.seconds, 1e-9)
 
 
-def _peek_texts(files: list[InputFile], text_key: str, lines: bool) -> list[str]:
+def _peek_texts(files: list[InputFile], text_key: str, lines: bool, limit: int) -> list[str]:
     """A few hundred KB of the first input's text, to check a second backend against."""
     if not files or files[0].path == "-":
         return []
     texts, size = [], 0
-    reader = DocumentReader(files[:1], text_key, lines, on_error="skip", errors="replace")
+    reader = DocumentReader(
+        files[:1], text_key, lines, on_error="skip", errors="replace", max_record_bytes=limit
+    )
     try:
         for text, _ in reader:
             texts.append(text[:_CHECK_BYTES])
@@ -168,6 +171,7 @@ def pack(
     lines: bool = False,
     on_error: str = "raise",
     errors: str = "strict",
+    max_record_bytes: int | str = DEFAULT_MAX_RECORD_BYTES,
     workers: int | None = None,
     pool: str = "auto",
     overwrite: bool = False,
@@ -201,6 +205,10 @@ def pack(
         lines: ``.txt`` inputs hold one document per line.
         on_error: ``raise`` or ``skip`` malformed records (skips are counted in the stats).
         errors: ``strict`` or ``replace`` undecodable UTF-8.
+        max_record_bytes: the longest record (a line with its line end, or a whole ``.txt``
+            document; bytes or a size such as ``"256MiB"``). A longer one is a bad record
+            (``on_error``), read past in chunks and never held, so a decompression bomb or
+            a line that never ends cannot exhaust memory.
         workers: parallel tokenisers (default: all cores; 0 = in this thread).
         pool: ``auto``, ``threads`` or ``processes``.
         overwrite: replace a complete or interrupted dataset at ``output``.
@@ -238,6 +246,7 @@ def pack(
         raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
     check_mode(mode, seq_len, eos)
     shard_bytes = parse_size(shard_size)
+    record_limit = check_limit(parse_size(max_record_bytes))
     if shard_samples is not None and shard_samples < 1:
         raise ValueError(f"shard_samples must be >= 1, got {shard_samples}")
     if workers is None:
@@ -268,7 +277,7 @@ def pack(
                 "pack into a fresh output or pass --overwrite"
             )
 
-        tok = load_tokenizer(tokenizer, backend, _peek_texts(files, text_key, lines))
+        tok = load_tokenizer(tokenizer, backend, _peek_texts(files, text_key, lines, record_limit))
         eos_id, bos_id = special_ids(tok, eos, bos, bos_id)
         dtype = token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))
         fingerprint = {
@@ -277,6 +286,9 @@ def pack(
             "lines": lines,
             "on_error": on_error,
             "errors": errors,
+            # The limit decides what is packed only when long records are skipped; under
+            # "raise" a pack with another limit either writes the same shards or stops.
+            **({"max_record_bytes": record_limit} if on_error == "skip" else {}),
             "tokenizer": tok.info(),
             "eos_id": eos_id,
             "bos_id": bos_id,
@@ -302,7 +314,7 @@ def pack(
             output=output, store_options=store_options or {},
             provenance=["<stdin>" if f.path == "-" else f.path for f in files],
             progress=sys.stderr.isatty() if progress is None else progress,
-            batch_bytes=batch_bytes,
+            batch_bytes=batch_bytes, max_record_bytes=record_limit,
         )  # fmt: skip
         totals = runner.run(job, store, journal, resume)
 

@@ -32,6 +32,12 @@ import braceexpand
 from wdstream.errors import InputError
 from wdstream.format.tar import BLOCK, padded_size
 from wdstream.inputs import DocumentReader, decompressed, expand_inputs
+from wdstream.inputs.lines import (
+    DEFAULT_MAX_RECORD_BYTES,
+    LongLine,
+    bounded_lines,
+    read_bounded,
+)
 from wdstream.read.sources.stores import StoreCache, fingerprint
 from wdstream.storage import Store, split_url
 from wdstream.tokenizers import Tokenizer, load_tokenizer
@@ -105,6 +111,8 @@ class TextSource:
         text_key: JSON field holding the text (dots reach into nested objects).
         on_error: ``"raise"`` (InputError naming file and line) or ``"skip"`` bad records.
         eos: append the tokenizer's ``<|endoftext|>`` id to every document.
+        max_record_bytes: the longest record (a line, a ``.txt`` file, a tar member's text);
+            a longer one is a bad record (``on_error``), never held past this many bytes.
         store_options: passed to :func:`wdstream.storage.open_store`.
 
     Raises:
@@ -119,11 +127,14 @@ class TextSource:
         text_key: str = "text",
         on_error: str = "raise",
         eos: bool = True,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         **store_options: Any,
     ) -> None:
         self._stores = StoreCache(**store_options)
-        # inputs.py's record parser (JSON, dotted key, error wording, skip counting).
-        self._parser = DocumentReader(files=[], text_key=text_key, on_error=on_error)
+        # inputs' record parser (JSON, dotted key, record limit, error wording, skip counting).
+        self._parser = DocumentReader(
+            files=[], text_key=text_key, on_error=on_error, max_record_bytes=max_record_bytes
+        )
         self.text_key, self.on_error = text_key, on_error
         self.tokenizer = (
             tokenizer
@@ -206,7 +217,11 @@ class TextSource:
             elif kind == "tar":
                 yield from self._tar(fh, name, byte, record)
             elif byte == 0:
-                text = self._parser.decode_bytes(fh.read(), name, 0)
+                data = read_bounded(fh, self._parser.max_record_bytes)
+                if isinstance(data, int):
+                    self._parser.long_record(f"{name}:1", data)
+                    return
+                text = self._parser.decode_bytes(data, name, 0)
                 if text:
                     yield text, 0, 0
         except (OSError, EOFError, tarfile.TarError) as exc:
@@ -219,10 +234,13 @@ class TextSource:
         self, fh: IO[bytes], name: str, byte: int, record: int
     ) -> Iterator[tuple[str, int, int]]:
         p = self._parser
-        for raw in fh:
+        for raw in bounded_lines(fh, p.max_record_bytes, self.on_error == "skip"):
             at, rec = byte, record
-            byte += len(raw)
+            byte += raw.size if isinstance(raw, LongLine) else len(raw)
             record += 1
+            if isinstance(raw, LongLine):
+                p.long_record(f"{name}:{record}", raw)
+                continue
             try:
                 line = p.decode_bytes(raw, name, at)
             except InputError:
@@ -300,7 +318,14 @@ class TextSource:
             meta = info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE)
             regular = info.type in (tarfile.REGTYPE, tarfile.AREGTYPE)
             member = long_name or info.name
-            if meta or (regular and _split_key(member)[1] in ("txt", "json")):
+            text = regular and _split_key(member)[1] in ("txt", "json")
+            if (meta or text) and info.size > self._parser.max_record_bytes:
+                if meta:
+                    raise InputError(f"{name}: tar header at byte {pos - BLOCK - size} too long")
+                # raised (on_error="raise"), or counted and the member passed over unread
+                self._parser.long_record(f"{name} member {member!r} at byte {first}", info.size)
+                text = False
+            if meta or text:
                 body = fh.read(size)
                 if len(body) < size:
                     raise InputError(f"{name}: member {member!r} at byte {first} is truncated")
