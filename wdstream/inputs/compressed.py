@@ -16,7 +16,11 @@ from wdstream.inputs.files import STDIN, open_regular
 
 __all__ = ["compression", "decompressed", "open_binary", "truncated"]
 
-_ZSTD_CHUNK = 1 << 16  # compressed bytes per decompress call; bounds the memory of one call
+_ZSTD_CHUNK = 1 << 16  # compressed bytes read from the source at a time
+# Compressed bytes handed to one decompress call: the first slice of every read is small and
+# the slice grows while the output stays small, so a bomb (a few KB that decompress to GBs)
+# yields about a MiB per call, never the whole stream at once.
+_FIRST_SLICE, _MIN_SLICE, _OUT_TARGET = 256, 16, 1 << 20
 
 
 class _ZstdFrames(io.RawIOBase):
@@ -25,7 +29,8 @@ class _ZstdFrames(io.RawIOBase):
     zstandard's ``stream_reader`` reads a file cut inside a frame, even mid-block, as if it
     ended there. A ``decompressobj`` says whether its frame ended (``eof``) and hands over
     the bytes after it (``unused_data``), so one per frame reads concatenated frames
-    (``cat a.zst b.zst``) and notices a frame that never ends.
+    (``cat a.zst b.zst``) and notices a frame that never ends. A ``decompressobj`` has no
+    bound on its output, so it is fed slices sized to give about ``_OUT_TARGET`` bytes.
     """
 
     def __init__(self, source: IO[bytes]) -> None:
@@ -37,6 +42,8 @@ class _ZstdFrames(io.RawIOBase):
         self._frame = self._dctx.decompressobj()
         self._in_frame = False  # bytes of a frame that has not ended were decompressed
         self._out = memoryview(b"")  # decompressed, not yet read
+        self._pending = b""  # compressed, not yet decompressed
+        self._slice = _FIRST_SLICE  # compressed bytes for the next decompress call
         self._produced = 0  # bytes decompressed so far
         self._consumed = 0  # compressed bytes read so far
 
@@ -48,36 +55,42 @@ class _ZstdFrames(io.RawIOBase):
 
     def readinto(self, buf: Any) -> int:
         while not self._out:
-            chunk = self._source.read(_ZSTD_CHUNK)
-            if not chunk:
-                if self._in_frame:
-                    raise EOFError("zstd frame not finished")
-                return 0
-            self._consumed += len(chunk)
-            self._out = memoryview(self._decompress(chunk))
+            if not self._pending:
+                chunk = self._source.read(_ZSTD_CHUNK)
+                if not chunk:
+                    if self._in_frame:
+                        raise EOFError("zstd frame not finished")
+                    return 0
+                self._consumed += len(chunk)
+                self._pending = chunk
+            self._out = memoryview(self._decompress_slice())
         n = min(len(buf), len(self._out))
         buf[:n] = self._out[:n]
         self._out = self._out[n:]
         return n
 
-    def _decompress(self, data: bytes) -> bytes:
-        out = []
-        while data:
-            try:
-                out.append(self._frame.decompress(data))
-            except self._zstd_error as exc:
-                start = self._consumed - len(data)
-                raise OSError(
-                    f"corrupt zstd data in compressed bytes {start:,}-{self._consumed:,}: {exc}"
-                ) from exc
-            self._produced += len(out[-1])
-            if not self._frame.eof:
-                self._in_frame = True
-                break
-            data = self._frame.unused_data
-            self._frame = self._dctx.decompressobj()
-            self._in_frame = False
-        return b"".join(out)
+    def _decompress_slice(self) -> bytes:
+        """Decompress the next slice of the pending input; start the next frame at a frame end."""
+        data, self._pending = self._pending[: self._slice], self._pending[self._slice :]
+        try:
+            out = self._frame.decompress(data)
+        except self._zstd_error as exc:
+            start = self._consumed - len(self._pending) - len(data)
+            raise OSError(
+                f"corrupt zstd data in compressed bytes {start:,}-{start + len(data):,}: {exc}"
+            ) from exc
+        self._produced += len(out)
+        if len(out) > _OUT_TARGET:
+            self._slice = max(_MIN_SLICE, self._slice * _OUT_TARGET // len(out))
+        elif len(out) < _OUT_TARGET // 2:
+            self._slice = min(_ZSTD_CHUNK, self._slice * 2)
+        if not self._frame.eof:
+            self._in_frame = True
+            return out
+        self._pending = self._frame.unused_data + self._pending
+        self._frame = self._dctx.decompressobj()
+        self._in_frame = False
+        return out
 
 
 def decompressed(raw: IO[bytes], name: str) -> IO[bytes]:

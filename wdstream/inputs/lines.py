@@ -105,17 +105,20 @@ def bounded_lines(fh: IO[bytes], limit: int, read_long: bool) -> Iterator[bytes 
             yield LongLine(line.size + (0 if line.complete else skip_line(fh)), True)
 
 
-def read_bounded(fh: IO[bytes], limit: int) -> bytes | int:
-    """All of ``fh`` (one whole-file document), or, past ``limit`` bytes, its size.
+def read_bounded(fh: IO[bytes], limit: int, read_long: bool) -> bytes | LongLine:
+    """All of ``fh`` (one whole-file document), or, past ``limit`` bytes, a :class:`LongLine`.
 
-    Over the limit the rest is read in chunks only to count it; nothing past ``limit + 1``
-    bytes is held.
+    Over the limit, with ``read_long`` the rest is read in chunks only to count it (for
+    the input byte counters of a pack that skips it); nothing past ``limit + 1`` bytes is
+    held.
     """
     data = fh.read(limit + 1)
     if len(data) <= limit:
         return data
     size = len(data)
     del data
+    if not read_long:
+        return LongLine(size, False)
     while part := fh.read(_CHUNK):
         size += len(part)
-    return size
+    return LongLine(size, True)

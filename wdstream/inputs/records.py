@@ -272,10 +272,10 @@ class DocumentReader:
         """The file as one document (``.txt`` without ``lines``)."""
         if resume is not None and resume.record > 0:
             return
-        data = read_bounded(fh, self.max_record_bytes)
+        data = read_bounded(fh, self.max_record_bytes, self.on_error == "skip")
         pos = InputPosition(i, 0, 0, self.empty, self.bad, self.input_bytes)
-        if isinstance(data, int):  # the document is longer than the limit
-            self.input_bytes += data
+        if isinstance(data, LongLine):  # the document is longer than the limit
+            self.input_bytes += data.size
             self.long_record(f"{name}:1", data)
             return
         self.input_bytes += len(data)

@@ -217,8 +217,8 @@ class TextSource:
             elif kind == "tar":
                 yield from self._tar(fh, name, byte, record)
             elif byte == 0:
-                data = read_bounded(fh, self._parser.max_record_bytes)
-                if isinstance(data, int):
+                data = read_bounded(fh, self._parser.max_record_bytes, self.on_error == "skip")
+                if isinstance(data, LongLine):
                     self._parser.long_record(f"{name}:1", data)
                     return
                 text = self._parser.decode_bytes(data, name, 0)
