@@ -445,6 +445,68 @@ def killed_packs(work: Path, scale: float) -> Iterator[Attempt]:
         yield attempt
 
 
+def special_inputs(work: Path, scale: float) -> Iterator[Attempt]:
+    """A FIFO (named, in a folder, matched by a glob), /dev/zero and a socket as pack inputs:
+    each must be refused naming it, before any work, not block or fill memory."""
+    import socket
+
+    d = work / "special-in"
+    d.mkdir()
+    (d / "a.jsonl").write_text("\n".join(_corpus_lines(20)) + "\n")
+    os.mkfifo(d / "b.jsonl")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(work / "special.jsonl"))
+    given = [
+        [str(d / "a.jsonl"), str(d / "b.jsonl")],
+        [str(d)],
+        [str(d / "*.jsonl")],
+        [str(d / "a.jsonl"), "/dev/zero"],
+        [str(work / "special.jsonl")],
+    ]
+    for i, inputs in enumerate(given):
+        out = work / f"special-out-{i}"
+
+        def attempt(inputs: list[str] = inputs, out: Path = out) -> str:
+            return run_cli(["pack", *inputs, "-o", str(out), "--workers", "0", "-q"], 60)
+
+        yield attempt
+
+
+def record_bombs(work: Path, scale: float) -> Iterator[Attempt]:
+    """One line of 64 MiB in a few KB of .zst/.gz (and plain, and a whole .txt) under a
+    1 MiB --max-record-bytes: refused naming file and line, or skipped and counted."""
+    import gzip
+
+    good = [ln.encode() + b"\n" for ln in _corpus_lines(20)]
+    long_line = b'{"text": "' + b"z" * (64 << 20) + b'"}\n'
+    comp = zstandard.ZstdCompressor(level=3)
+    blobs = {
+        "bomb.jsonl.zst": lambda data: comp.compress(data),
+        "bomb.jsonl.gz": lambda data: gzip.compress(data, compresslevel=1),
+        "bomb.jsonl": lambda data: data,
+        "bomb.txt.zst": lambda data: comp.compress(data),
+    }
+    for name, encode in blobs.items():
+        src = work / name
+        src.write_bytes(encode(b"".join(good[:10]) + long_line + b"".join(good[10:])))
+        for skip in (False, True):
+            out = work / f"bomb-out-{name}-{int(skip)}"
+            args = ["pack", str(src), "-o", str(out), "--workers", "0", "-q"]
+            args += ["--max-record-bytes", "1MiB"] + (["--on-error", "skip"] if skip else [])
+            whole_txt = name.endswith(".txt.zst")
+
+            def ok(out: Path = out) -> bool:
+                stats = read_index(open_store(str(out))).stats
+                return stats["records_skipped"] == 1 and stats["documents"] == 20
+
+            def attempt(args: list[str] = args, skip: bool = skip, whole: bool = whole_txt) -> str:
+                if skip and whole:  # the only document skipped: nothing to pack, a clear error
+                    return run_cli(args, 120)
+                return run_cli(args, 120, ok if skip else None)
+
+            yield attempt
+
+
 def failed_shard_write(work: Path, scale: float) -> Iterator[Attempt]:
     src, ref = _pack_input(work)
     for i, k in enumerate((1, 2)):
@@ -557,6 +619,8 @@ ATTACKS = [
     Attack("FIFO in place of a shard", "a named pipe where a shard should be", fifo_shard),
     Attack("interrupted pack, then read", "index.json missing, journal present: Loader and `stats`", interrupted_pack),
     Attack("pack killed (SIGKILL), rerun", "killed after n shards appeared; the rerun must be byte-identical to an uninterrupted pack", killed_packs),
+    Attack("special files as pack inputs", "a FIFO named, in a folder, matched by a glob; /dev/zero; a Unix socket: refused naming the path before any work", special_inputs),
+    Attack("record bombs in pack inputs", "one 64 MiB line in a few KB of .zst/.gz, plain, and a whole .txt.zst, under --max-record-bytes 1MiB; strict and --on-error skip", record_bombs),
     Attack("shard write fails, rerun", "a directory where shard k must go: a clear error, then (removed) a byte-identical rerun", failed_shard_write),
     Attack("two packs into one output", "started together: one wins, the other is refused naming it, output identical", concurrent_packs),
     Attack("hostile HTTP servers", "1 byte / 0.5 s, 503 forever, every body cut, accept-and-never-answer, 501 on PUT", hostile_servers),
@@ -599,14 +663,21 @@ def main() -> None:
     ap.add_argument(
         "--timeout", type=float, default=60.0, help="Seconds before an attempt is a hang"
     )
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        help="Run only the attack of this name (repeatable; a prefix of the name will do)",
+    )
     args = ap.parse_args()
+    attacks = [a for a in ATTACKS if not args.only or any(a.name.startswith(o) for o in args.only)]
     rows = []
     notes: list[str] = []
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="wdstream-faults-") as tmp:
         work = Path(tmp)
         clean_dataset(work)
-        for attack in ATTACKS:
+        for attack in attacks:
             counts: Counter[str] = Counter()
             for attempt in attack.attempts(work, args.scale):
                 outcome = run_attempt(attempt, args.timeout)
