@@ -107,10 +107,18 @@ class RayEngine:
 
         Raises:
             InputError: as the local engine raises it, naming file and line.
-            WdstreamError: the input changed since the interrupted pack, or a kept shard no
-                longer matches its sha256.
+            WdstreamError: the input changed since the interrupted pack, a kept shard no
+                longer matches its sha256, or a part of Ray itself failed (a raylet or
+                other system process killed, an object lost for good): the message says
+                what, and that rerunning the same command resumes after the shards
+                committed so far.
         """
-        return _Driver(job, journal, resume).run()
+        try:
+            return _Driver(job, journal, resume).run()
+        except ray.exceptions.RayTaskError:
+            raise  # a task's own error that is not an Exception: Ray's wrapper says it best
+        except ray.exceptions.RayError as exc:
+            raise WdstreamError(_cluster_failed(exc)) from exc
 
     def close(self) -> None:
         """Shut down a Ray instance this engine started (one it found is left running)."""
@@ -140,6 +148,15 @@ def _get(ref: Any) -> Any:
         if isinstance(exc.cause, Exception):
             raise exc.cause from exc
         raise
+
+
+def _cluster_failed(exc: BaseException) -> str:
+    """One line for a failure of Ray itself (not of a task): what failed, and what to do."""
+    said = (str(exc).strip().splitlines() or [""])[0]
+    return (
+        f"the Ray cluster failed during the pack ({type(exc).__name__}: {said}); the shards "
+        "committed so far are kept: rerun the same command (on a working cluster) to resume"
+    )
 
 
 def _piece_bytes(files: list[InputFile], cpus: int) -> int:
