@@ -73,22 +73,24 @@ def ray_workers_running(task: str) -> list[int]:
     return found
 
 
-def inputs_with_fifo(corpus: Path, tmp_path: Path) -> tuple[Path, Path, bytes]:
-    """The corpus behind symlinks, its reference pack, then ``c.jsonl`` turned into a FIFO.
+def inputs_with_long_task(corpus: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """The corpus plus ``e.jsonl.gz``, a gzip input (one whole-file task: gzip is never cut
+    into byte ranges) that takes seconds to tokenise, so a fault can land mid-task; and the
+    reference pack of those inputs.
 
-    The FIFO sits at the path the reference read as a file: its task blocks reading it, so
-    a fault lands mid-task; the test then feeds it the same bytes.
+    Inputs must be regular files (``pack`` refuses FIFOs), so the task is not blocked on
+    its input: :func:`frozen_task` stops a running one instead.
     """
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     for p in corpus.iterdir():
         (inputs / p.name).symlink_to(p)
+    with gzip.open(inputs / "e.jsonl.gz", "wt", encoding="utf-8") as f:
+        for t in make_corpus(6000, seed=5):
+            f.write(json.dumps({"text": t}) + "\n")
     reference = tmp_path / "reference"
     pack([str(inputs)], str(reference), on_error="skip", lines=True, **PACK_OPTS)
-    content = (corpus / "c.jsonl").read_bytes()
-    (inputs / "c.jsonl").unlink()
-    os.mkfifo(inputs / "c.jsonl")
-    return inputs, reference, content
+    return inputs, reference
 
 
 def pack_in_thread(inputs: Path, out: Path, errors: list[BaseException]) -> threading.Thread:
@@ -103,25 +105,30 @@ def pack_in_thread(inputs: Path, out: Path, errors: list[BaseException]) -> thre
     return thread
 
 
-def blocked_task(timeout: float = 60) -> int:
-    """The pid of a tokenising worker that stays busy (the one reading the FIFO)."""
+def frozen_task(timeout: float = 60) -> int:
+    """The pid of a tokenising worker stopped (SIGSTOP) in the middle of its task.
+
+    A worker's title says ``ray::tokenize_piece`` only while the task runs; read again once
+    the worker is stopped, it proves the stop landed mid-task (a worker that finished in
+    between is continued and the search goes on). The caller kills it, or its node.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for pid in ray_workers_running("tokenize_piece"):
-            time.sleep(0.5)
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
             if pid in ray_workers_running("tokenize_piece"):
                 return pid
-        time.sleep(0.05)
-    raise AssertionError("no tokenising worker found blocked on its input")
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError("no tokenising worker caught mid-task")
 
 
 def kill_and_reap(pid: int, timeout: float = 30) -> None:
-    """SIGKILL ``pid`` and wait until it has exited (:func:`wait_exited`).
-
-    ``os.kill`` only queues the signal. A worker blocked opening the FIFO already counts as
-    its reader, so a writer opening it before the worker is gone pairs with the dying
-    reader and gets a broken pipe instead of the retried task.
-    """
+    """SIGKILL ``pid`` and wait until it has exited (:func:`wait_exited`): ``os.kill`` only
+    queues the signal (SIGKILL ends a stopped process too)."""
     os.kill(pid, signal.SIGKILL)
     wait_exited(pid, "SIGKILL", timeout)
 

@@ -11,6 +11,7 @@ node's object store are rebuilt from lineage.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +21,9 @@ import pytest
 
 from tests.ray_support import (
     NODE,
-    blocked_task,
     digests,
-    inputs_with_fifo,
+    frozen_task,
+    inputs_with_long_task,
     pack_in_thread,
     proc_stat,
     wait_exited,
@@ -72,16 +73,17 @@ def test_node_lost_mid_pack_is_retried_and_output_identical(
 ) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    inputs, reference, content = inputs_with_fifo(write_corpus(corpus), tmp_path)
+    inputs, reference = inputs_with_long_task(write_corpus(corpus), tmp_path)
     errors: list[BaseException] = []
     thread = pack_in_thread(inputs, tmp_path / "out", errors)
-    worker = blocked_task()
+    worker = frozen_task()
     node = _node_running(two_worker_nodes, worker)
     two_worker_nodes.remove_node(node, allow_graceful=False)
+    # A lost machine takes its processes with it; a stopped worker cannot notice its raylet
+    # is gone, so it goes with the node here.
+    os.kill(worker, signal.SIGKILL)
     wait_exited(worker, "its node was removed")
     _wait_alive_nodes(2)  # the head and one worker node: Ray saw the loss
-    with open(inputs / "c.jsonl", "wb") as fifo:  # opens once the retry reads the FIFO
-        fifo.write(content)
     thread.join(timeout=180)
     assert not thread.is_alive() and not errors, errors
     assert digests(tmp_path / "out") == digests(reference)

@@ -37,9 +37,9 @@ from tests.fixtures_remote import (  # noqa: F401 - fixtures used by name
 from tests.ray_support import (
     NODE,
     PACK_OPTS,
-    blocked_task,
     digests,
-    inputs_with_fifo,
+    frozen_task,
+    inputs_with_long_task,
     kill_and_reap,
     pack_in_thread,
     write_corpus,
@@ -247,12 +247,10 @@ def test_ray_pack_to_s3_is_byte_identical(
 def test_worker_killed_mid_task_is_retried_and_output_identical(
     cluster: Any, corpus: Path, tmp_path: Path
 ) -> None:
-    inputs, reference, content = inputs_with_fifo(corpus, tmp_path)
+    inputs, reference = inputs_with_long_task(corpus, tmp_path)
     errors: list[BaseException] = []
     thread = pack_in_thread(inputs, tmp_path / "out", errors)
-    kill_and_reap(blocked_task())
-    with open(inputs / "c.jsonl", "wb") as fifo:  # opens once the retry reads the FIFO
-        fifo.write(content)
+    kill_and_reap(frozen_task())
     thread.join(timeout=120)
     assert not thread.is_alive() and not errors, errors
     assert digests(tmp_path / "out") == digests(reference)
