@@ -22,6 +22,7 @@ from wdstream.read.mixture.reader import MixtureReader
 from wdstream.read.mixture.schedule import parse_weights
 from wdstream.read.mixture.sources import open_sources
 from wdstream.read.mixture.spec import MixtureSpec, read_spec
+from wdstream.read.order.base import check_step
 from wdstream.read.order.global_order import OrderConfig, Origin
 from wdstream.read.provenance import (
     Provenance,
@@ -126,8 +127,7 @@ def explain_mixture(
         raise ValueError(f"world_size and batch_size must be >= 1, got {world_size}, {batch_size}")
     reader = MixtureReader(mix, sources, cfg, 0, cfg.global_batch, 1, False)
     position = reader.position_of(state) if state is not None else reader.start(0)
-    if step < position.origin.step:
-        raise ValueError(f"step {step} is before the state's origin step {position.origin.step}")
+    step = check_step(step, position.origin.step, position.origin.row, cfg.global_batch)
     rows = reader.rank_rows(step, 1, position.origin)
     provs: dict[int, Provenance | None] = {}
     tok = None

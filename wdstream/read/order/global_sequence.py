@@ -30,7 +30,14 @@ import numpy as np
 import torch
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
+from wdstream.read.order.base import (
+    ChunkBuffers,
+    Cursor,
+    DocStarts,
+    FilledChunk,
+    Worker,
+    check_step,
+)
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.steps import RowScope, StepChunks
 from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
@@ -215,8 +222,13 @@ class GlobalReader:
     def fill_step(
         self, step: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
     ) -> None:
-        """This rank's rows of global step ``step``, counted from ``position``'s origin."""
-        self.fill(step, position.origin, tokens, doc)
+        """This rank's rows of global step ``step``, counted from ``position``'s origin.
+
+        Raises:
+            TypeError, ValueError: ``step`` is no step of this run (:func:`check_step`).
+        """
+        o = position.origin
+        self.fill(check_step(step, o.step, o.row, self.order.cfg.global_batch), o, tokens, doc)
 
     def fill(
         self, step: int, origin: Origin, tokens: np.ndarray, doc_start: np.ndarray | None
@@ -365,6 +377,7 @@ def global_batch_at(
 
     Raises:
         StateMismatchError: if ``state`` belongs to another dataset or configuration.
+        TypeError, ValueError: ``step`` is no step of this run (:func:`check_step`).
     """
     src = source if isinstance(source, ShardSource) else ShardSource(source)
     cfg = OrderConfig(seq_len=seq_len, global_batch=global_batch, shuffle=shuffle, seed=seed,
@@ -373,6 +386,6 @@ def global_batch_at(
                           doc_boundaries=False)  # fmt: skip
     origin = reader.position_of(state).origin if state is not None else Origin()
     rows = np.empty((global_batch, seq_len + 1), dtype=np.int32)
-    reader.fill(step, origin, rows, None)
+    reader.fill(check_step(step, origin.step, origin.row, global_batch), origin, rows, None)
     t = torch.from_numpy(rows).to(torch.int64)
     return {"input_ids": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous()}

@@ -270,6 +270,18 @@ class Loader:
             raise TypeError("progress: this Loader reads one dataset, not a mixture")
         return self.dataset.mixture.progress(self._handed)  # type: ignore[arg-type]
 
+    def epoch_stats(self, epoch: int | None = None) -> dict[str, int]:
+        """``max_tokens`` batches: where every row of ``epoch`` goes (documents, the ones
+        split into several rows, rows and tokens planned, served and left out; see
+        :meth:`wdstream.read.batches.buckets.BucketedBatches.epoch_stats`).
+
+        Raises:
+            TypeError: without ``max_tokens`` (other orders account for rows in the docs).
+        """
+        if self._buckets is None:
+            raise TypeError("epoch_stats: only for max_tokens (length-bucketed) batches")
+        return self._buckets.epoch_stats(epoch)
+
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch (the same on every rank); for a
         mixture with a stop rule, in the current iteration.
