@@ -94,7 +94,7 @@ class StreamsSequence:
     def state_of(self, position: StreamsPosition) -> dict[str, Any]:
         worker = list(position.worker) if position.worker is not None else None
         config, keys = self.config(), self.ctx.cursor_keys
-        streams = [dict(c) for c in position.cursors]
+        streams: list[dict[str, Any]] = [dict(c) for c in position.cursors]
         if self.sealed:
             for t, c in enumerate(streams):
                 c[SEAL_KEY] = cursor_seal(config, t, c, keys)
