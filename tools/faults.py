@@ -39,7 +39,7 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from wdstream import Loader, WdstreamError  # noqa: E402
+from wdstream import Loader, TokenDataset, WdstreamError  # noqa: E402
 from wdstream.format.sidecar import ShardSidecar  # noqa: E402
 from wdstream.read.sources.shards import read_index  # noqa: E402
 from wdstream.storage import open_store  # noqa: E402
@@ -47,7 +47,6 @@ from wdstream.testing import write_synthetic_dataset  # noqa: E402
 
 OUTCOMES = ("clear error", "handled", "silent wrong", "crash", "hang")
 READ = dict(seq_len=32, batch_size=2, num_workers=0, shuffle=True, seed=3, epochs=1)
-RUN_BATCHES = 120  # the uninterrupted run recorded for the cursor oracles (a few epochs)
 Attempt = Callable[[], str]  # runs in the child; returns an outcome
 
 
@@ -226,6 +225,8 @@ def _paths(obj: object, prefix: tuple = ()) -> Iterator[tuple]:
 
 
 def _mutated(state: dict, rng: np.random.Generator) -> dict:
+    """``state`` with one field (at any depth) replaced by a hostile value; the edit is
+    named under the key ``_edit`` (taken out before loading)."""
     paths = list(_paths(state))
     path = paths[int(rng.integers(len(paths)))]
     bad = copy.deepcopy(state)
@@ -233,6 +234,7 @@ def _mutated(state: dict, rng: np.random.Generator) -> dict:
     for key in path[:-1]:
         target = target[key]
     target[path[-1]] = _mutations(rng)
+    bad["_edit"] = f"{'.'.join(map(str, path))} = {str(target[path[-1]])[:40]}"
     return bad
 
 
@@ -254,39 +256,40 @@ def resumed_outcome(
     make: Callable[[], Loader],
     bad: dict,
     run: list[np.ndarray],
-    far: Callable[[int], np.ndarray] | None = None,
+    far: Callable[[dict], list[np.ndarray]] | None = None,
 ) -> str:
     """Load ``bad`` into a fresh loader: refused (clear error), or its next batches must be
     the uninterrupted run's from some step (handled, saying which), else silent wrong.
 
     ``run`` is the uninterrupted run recorded once, never anything computed from ``bad``.
-    ``far(k)``, for the global order, is the uninterrupted run's batch ``k`` past the
-    recording (random access of a loader that never saw ``bad``, so an edited ``origin``
-    cannot agree with itself); it is asked only for the step the accepted state says it is
-    at.
+    ``far(said)`` gives the uninterrupted run's 4 batches at the position an accepted state
+    says it is at, when that lies past the recording, from a reader that never saw ``bad``
+    (random access for the global order, iteration from the epoch's start for streams).
     """
+    bad = dict(bad)
+    edit = bad.pop("_edit", "")
     ld = make()
     try:
         ld.load_state_dict(json.loads(json.dumps(bad)))
+        said = ld.state_dict()
         it = iter(ld)
         got = [next(it)["input_ids"].numpy() for _ in range(4)]
     except WdstreamError as exc:
         return "clear error" if str(exc) else "crash"
     k = landing(got, run)
     if k is not None:
-        return f"handled: lands at step {k}"
-    if far is not None:
-        step = int(ld.state_dict()["step"]) - 4
-        if step + 4 > len(run) and all(np.array_equal(g, far(step + j)) for j, g in enumerate(got)):
-            return f"handled: lands at step {step}"
-    return "silent wrong: the batches after an accepted edited state are no run's"
+        return f"handled: lands at step {k} of the uninterrupted run"
+    want = far(said) if far is not None else None
+    if want is not None and all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)):
+        return "handled: lands past the recording, where the uninterrupted run is"
+    return f"silent wrong: {edit or 'an edit'} accepted, and the next batches are no run's"
 
 
 def _cursor_attempts(root: str, order: str, n: int, seed: int) -> Iterator[Attempt]:
     """A state taken after 5 batches, one field replaced by a hostile JSON value.
 
-    Oracle: the uninterrupted run (``RUN_BATCHES`` batches recorded once, a few epochs); an
-    accepted state must continue it from some step.
+    Oracle: the uninterrupted run, 4 epochs recorded once; an accepted state must continue
+    it from some step (past the recording: see :func:`resumed_outcome`).
     """
     opts = {**READ, "epochs": None, "order": order}
 
@@ -298,18 +301,26 @@ def _cursor_attempts(root: str, order: str, n: int, seed: int) -> Iterator[Attem
     for _ in range(5):
         next(it)
     state = json.loads(json.dumps(loader.state_dict()))
-    run = _run_batches(make, RUN_BATCHES)
+    per_epoch = len(loader)
+    run = _run_batches(make, 4 * per_epoch + 10)
     clean = make()
 
-    def far(k: int) -> np.ndarray:
-        return clean.batch_at(k)["input_ids"].numpy()
+    def far(said: dict) -> list[np.ndarray]:
+        if order == "global":
+            return [clean.batch_at(said["step"] + j)["input_ids"].numpy() for j in range(4)]
+        c = said["streams"][0]  # one stream: the run's batch c["batches"] of epoch c["epoch"]
+        ds = TokenDataset(root, READ["seq_len"], READ["batch_size"], order="streams",
+                          shuffle=True, seed=READ["seed"], epochs=1)  # fmt: skip
+        ds.set_epoch(c["epoch"])
+        rows = [b["input_ids"].numpy() for b, _ in zip(ds, range(c["batches"] + 4), strict=False)]
+        return rows[c["batches"] :]
 
     rng = np.random.default_rng(seed)
     for _ in range(n):
         bad = _mutated(state, rng)
 
         def attempt(bad: dict = bad) -> str:
-            return resumed_outcome(make, bad, run, far if order == "global" else None)
+            return resumed_outcome(make, bad, run, far)
 
         yield attempt
 
@@ -613,6 +624,7 @@ def text_cursors(work: Path, scale: float) -> Iterator[Attempt]:
             for delta in (-2, -1, 1, 2):
                 bad = copy.deepcopy(state)
                 bad["streams"][t][key] += delta
+                bad["_edit"] = f"streams.{t}.{key} {delta:+d}"
                 edits.append(bad)
     rng = np.random.default_rng(13)
     edits += [_mutated(state, rng) for _ in range(max(1, int(40 * scale)))]

@@ -146,7 +146,9 @@ class Loader:
             ``"all_exhausted"`` (before the last one does).
         max_tokens: ``--mode docs`` datasets: length-bucketed batches of whole documents
             padded to the batch's longest, at most this many input tokens each (padding
-            included; rows capped at ``seq_len``), with ``attention_mask``; ``batch_size``,
+            included; a document longer than ``seq_len`` inputs is split into rows of
+            ``seq_len``, never cropped), with ``attention_mask`` and ``position_ids``
+            (continuing across a split document's rows; see :meth:`epoch_stats`); ``batch_size``,
             workers and the global order do not apply (read in this process). Same batch
             count on every rank, exact resume, also on another world size
             (:mod:`wdstream.read.batches.buckets`).
