@@ -40,7 +40,14 @@ from wdstream.read.order.base import (
 )
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.steps import RowScope, StepChunks
-from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
+from wdstream.read.order.streams_state import (
+    SEAL_KEY,
+    cursor_seal,
+    dict_field,
+    int_field,
+    mismatch,
+    same_value,
+)
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["GLOBAL_STATE_VERSION", "GlobalPosition", "GlobalReader", "global_batch_at"]
@@ -138,7 +145,7 @@ class GlobalReader:
 
     def state_of(self, position: GlobalPosition) -> dict[str, Any]:
         o = position.origin
-        return {
+        state = {
             "version": GLOBAL_STATE_VERSION,
             "order": "global",
             "config": self.config(),
@@ -147,6 +154,8 @@ class GlobalReader:
             "iter_stop": position.iter_stop,
             "worker": list(position.worker) if position.worker is not None else None,
         }
+        state[SEAL_KEY] = _seal(state)
+        return state
 
     def position_of(self, state: Any) -> GlobalPosition:
         """Check ``state`` and return the position it continues from here.
@@ -166,7 +175,8 @@ class GlobalReader:
                 "order cannot continue exactly; resume it with order='streams' and the same "
                 "world size, batch size and streams it was saved with, or start a new run"
             )
-        state = dict_field("", state, _STATE_KEYS)
+        sealed = isinstance(state, dict) and SEAL_KEY in state
+        state = dict_field("", state, (*_STATE_KEYS, SEAL_KEY) if sealed else _STATE_KEYS)
         if not same_value(state["version"], GLOBAL_STATE_VERSION) or state["order"] != "global":
             raise mismatch("version", state["version"], "a global-order state (version 2)")
         saved = dict_field("config", state["config"], list(self.config()))
@@ -186,6 +196,8 @@ class GlobalReader:
         stop = state["iter_stop"]
         if stop is not None:
             stop = int_field("iter_stop", stop)
+        if sealed:
+            _check_seal(state)
         if old_g != self.order.cfg.global_batch:
             origin = self._rebase(step, origin, old_g)
         position = GlobalPosition(step, origin, stop, _worker(state["worker"]))
@@ -342,6 +354,52 @@ class _OwnRows:
         with self._lock:
             while self._known and self._known[0][3] < step:
                 self._known.popleft()
+
+
+# The fields of a global state that place its position (the rest of the config keys them).
+_SEALED = ("config.global_batch", "step", "origin.step", "origin.epoch", "origin.row", "iter_stop")
+
+
+def _sealed_fields(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
+    """The key (config without ``global_batch``) and the placing fields (iter_stop None: -1)."""
+    config = {k: v for k, v in state["config"].items() if k != "global_batch"}
+    o, stop = state["origin"], state["iter_stop"]
+    values = [state["config"]["global_batch"], state["step"], o["step"], o["epoch"], o["row"],
+              -1 if stop is None else stop]  # fmt: skip
+    return config, dict(zip(_SEALED, values, strict=True))
+
+
+def _seal(state: dict[str, Any]) -> str:
+    """The ``check`` of a global state: 8 hex per placing field (``cursor_seal``), so an
+    edit of ``origin``, ``step``, ``iter_stop`` or the saved global batch is named on load."""
+    config, fields = _sealed_fields(state)
+    return cursor_seal(config, 0, fields, _SEALED)
+
+
+def _check_seal(state: dict[str, Any]) -> None:
+    """Refuse a sealed global state whose placing fields differ from their check, naming
+    the first such field. A state without ``check`` (saved before issue 23) is not checked.
+
+    Raises:
+        StateMismatchError: naming the field, or ``check`` when malformed.
+    """
+    tags = state[SEAL_KEY]
+    want = _seal(state)
+    if not isinstance(tags, str) or len(tags) != len(want):
+        raise mismatch(SEAL_KEY, tags, f"a string of {len(want)} hex digits expected")
+    _, fields = _sealed_fields(state)
+    n = len(want) // len(_SEALED)
+    bad = [
+        k for i, k in enumerate(_SEALED) if tags[i * n : (i + 1) * n] != want[i * n : (i + 1) * n]
+    ]
+    if len(bad) == len(_SEALED):
+        raise mismatch(SEAL_KEY, tags, "no field matches the check: another run's state")
+    if bad:
+        also = f" (also {', '.join(bad[1:])})" if len(bad) > 1 else ""
+        raise mismatch(
+            bad[0], fields[bad[0]],
+            f"differs from the value the state's check was made with: the field was edited{also}",
+        )  # fmt: skip
 
 
 def _worker(value: Any) -> tuple[int, int] | None:
