@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,8 +39,7 @@ def _lands(loader: Loader, run: list[np.ndarray]) -> bool:
     it = iter(loader)
     got = [next(it)["input_ids"].numpy() for _ in range(4)]
     return any(
-        all(np.array_equal(g, run[k + j]) for j, g in enumerate(got))
-        for k in range(len(run) - 3)
+        all(np.array_equal(g, run[k + j]) for j, g in enumerate(got)) for k in range(len(run) - 3)
     )
 
 
