@@ -75,7 +75,12 @@ def test_batches_hold_the_documents_padded_within_budget(docs_root: str) -> None
             seen.append(row)
             assert (batch["labels"][r, n:] == IGNORE_INDEX).all()
             assert batch["labels"][r, : n - 1].tolist() == row[1:n]
-    want = sorted(d[: SEQ + 1].tolist() for d in docs if len(d) > 1)
+    # Documents longer than SEQ + 1 tokens are split into rows of SEQ inputs (neighbouring
+    # rows share a token), never cropped (issue 23: this test expected the crop before).
+    want = sorted(
+        d[k : k + SEQ + 1].tolist() for d in docs if len(d) > 1 for k in range(0, len(d) - 1, SEQ)
+    )
+    assert any(len(d) > SEQ + 1 for d in docs)  # the split is exercised
     # The remainder of fewer batches than ranks: none with one rank.
     assert sorted(seen) == want
 

@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wdstream import Loader, StateMismatchError, TokenDataset
+from wdstream.read.order.streams_state import cursor_seal
+from wdstream.read.order.text_streams import TEXT_CURSOR_KEYS
 from wdstream.testing import write_synthetic_dataset
 
 # The per-rank stream cursor (order="streams"); the global order's state: test_global_order.py.
@@ -375,6 +377,12 @@ def test_text_cursor_fields(text_files: str, field: str, value: Any, message: st
     assert _take(intact, len(want)) == want
     c = state["streams"][1]
     c[field] = c[field] + 1 if value == "+1" else value
+    if type(c[field]) is int and c[field] >= 0:
+        # Raw-text cursors are sealed (issue 23): the edit alone is refused naming the
+        # field; the checks below the seal are tested on a state whose check is forged.
+        with pytest.raises(StateMismatchError, match=rf"streams\[1\]\.{field}: differs"):
+            make().load_state_dict(copy.deepcopy(state))
+        _forge_checks(state)
     loader = make()
     if at_load:
         with pytest.raises(StateMismatchError, match=message):
@@ -385,9 +393,16 @@ def test_text_cursor_fields(text_files: str, field: str, value: Any, message: st
         _take(loader, 1)
 
 
+def _forge_checks(state: dict) -> None:
+    """Recompute every cursor's check after an edit, as a forger would (issue 23)."""
+    for t, c in enumerate(state["streams"]):
+        c["check"] = cursor_seal(state["config"], t, c, TEXT_CURSOR_KEYS)
+
+
 def test_text_batches_past_the_cap(text_files: str) -> None:
     state, _, make = _text_state(text_files, "jsonl", batches_per_epoch=20)
     state["streams"][0]["batches"] = 10
+    _forge_checks(state)
     with pytest.raises(
         StateMismatchError, match=r"streams\[0\]\.batches: batches_per_epoch gives 10"
     ):
@@ -397,6 +412,7 @@ def test_text_batches_past_the_cap(text_files: str) -> None:
 def test_text_byte_past_a_compressed_file(text_files: str) -> None:
     state, _, make = _text_state(text_files, "jsonl.gz")
     state["streams"][1]["byte"] = 10**7
+    _forge_checks(state)
     loader = make()
     loader.load_state_dict(state)
     with pytest.raises(StateMismatchError, match=r"streams\[1\]\.byte: .*shorter than the saved"):

@@ -152,7 +152,7 @@ def test_weights_are_the_written_decimals() -> None:
         ({"a": 0.123457, "b": 0.2}, "repeat only every"),
         ([(5, {"a": 1, "b": 1})], "must start at step 0"),
         ([(0, {"a": 1, "b": 1}), (0, {"a": 1, "b": 2})], "steps must increase"),
-        ([(0, {"a": 1, "b": 1}), (-3, {"a": 1, "b": 2})], "step must be an integer >= 0"),
+        ([(0, {"a": 1, "b": 1}), (-3, {"a": 1, "b": 2})], "step must be an integer in"),
         ([(0, {"a": 1, "b": 1}), (9, {"a": -1, "b": 2})], "piece 1 (step 9): weight of"),
         ([], "non-empty list"),
         (None, "a mixture needs weights"),

@@ -68,7 +68,7 @@ def assemble(source: Any, cfg: ReaderConfig, order: str, opts: ReadOptions) -> R
     )  # fmt: skip
     if isinstance(one, TextSource):
         ctx = TextContext(one, cfg, opts.batches_per_epoch, opts.tokenize_threads)
-        text = StreamsSequence(ctx, cfg, one.fingerprint, opts.epochs)
+        text = StreamsSequence(ctx, cfg, one.fingerprint, opts.epochs, sealed=True)
         return ReaderParts(text, None, one, None)
     labels = row_labels(one.index, cfg.seq_len, mask_doc_ends)
     if order == "global":

@@ -1,18 +1,26 @@
 """Length-bucketed token-budget batches over a ``--mode docs`` dataset, exactly resumable.
 
-Each sample of a docs-mode dataset is one document; a batch is a few documents of similar
-length padded to the longest, at most ``max_tokens`` input tokens including padding (rows
-of ``min(len - 1, seq_len)`` inputs: ``input_ids = doc[:-1]``, ``labels = doc[1:]``, longer
-documents cropped to ``seq_len + 1``). The epoch's batches are a pure function of the
-index's sample lengths and ``(seed, epoch)``:
+Each sample of a docs-mode dataset is one document; a batch is a few rows of similar length
+padded to the longest, at most ``max_tokens`` input tokens including padding. A document of
+``L`` tokens has ``L - 1`` inputs (``input_ids = doc[:-1]``, ``labels = doc[1:]``); one
+longer than ``seq_len`` inputs is *split*, never cropped: piece ``k`` is the row
+``doc[k*seq_len : (k+1)*seq_len + 1]``, so every input and every target of the document is
+in exactly one row of the epoch, and ``position_ids`` continue across pieces (piece ``k``
+starts at position ``k * seq_len``; a row whose first position is not 0 continues a
+document). The epoch's batches are a pure function of the index's sample lengths and
+``(seed, epoch)``:
 
-1. the samples in a permutation seeded by ``(seed, epoch)``;
-2. cut into pools of ``pool`` samples; each pool sorted by row length (stable) and cut
+1. the rows (pieces, in dataset order) in a permutation seeded by ``(seed, epoch)``;
+2. cut into pools of ``pool`` rows; each pool sorted by row length (stable) and cut
    greedily into batches: the next row joins while ``rows x longest <= max_tokens``;
 3. all batches of the epoch in a permutation seeded by ``(seed, epoch)``;
 4. each global step takes the next ``world_size`` batches, rank ``r`` the ``r``-th; every
-   rank yields ``len(batches) // world_size`` batches per epoch (the rest, a different few
-   each epoch, is left out), so no DDP rank waits on another.
+   rank yields ``len(batches) // world_size`` batches per epoch (the rest, fewer than
+   ``world_size`` batches and a different few each epoch, is left out, counted in
+   :meth:`BucketedBatches.epoch_stats` and logged), so no DDP rank waits on another.
+
+With no document longer than ``seq_len + 1`` tokens the rows are the documents and the plan
+is the one of version 1 of this state (which cropped), so such states still load.
 
 Pools keep batches local in length without making them identical every epoch (infinibatch's
 ``BucketedReadaheadBatchIterator`` does the same with a read-ahead window). The cursor is
@@ -24,6 +32,7 @@ steps after it hold the same batches, spread over the new ranks.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,20 +43,22 @@ from wdstream.errors import StateMismatchError
 from wdstream.read.batches.rows import IGNORE_INDEX
 from wdstream.read.sources.packed import ShardSource
 
-__all__ = ["BUCKETS_STATE_VERSION", "BucketedBatches", "bucket_plan"]
+__all__ = ["BUCKETS_STATE_VERSION", "BucketedBatches", "bucket_plan", "split_rows"]
 
-BUCKETS_STATE_VERSION = 1
+log = logging.getLogger("wdstream.read")
+
+BUCKETS_STATE_VERSION = 2  # 1: documents cropped to seq_len (loads where none is longer)
 _STREAM = 0xB0C7  # separates this module's random streams from every other's
 
 
 def bucket_plan(
     rows: np.ndarray, max_tokens: int, seed: int, epoch: int, pool: int = 8192
 ) -> list[np.ndarray]:
-    """One epoch's batches: arrays of sample numbers, in the order they are served.
+    """One epoch's batches: arrays of row numbers, in the order they are served.
 
     Args:
-        rows: input tokens of each sample's row (its length - 1, capped at ``seq_len``);
-            samples with 0 are left out.
+        rows: input tokens of each row (at most ``seq_len``); rows of 0 are left out (a
+            document of one token has no target).
         max_tokens: budget of one batch: ``len(batch) x max(rows in it) <= max_tokens``.
         seed, epoch: the permutations' seeds.
         pool: samples sorted together (larger: less padding, batches more alike each epoch).
@@ -78,16 +89,37 @@ def bucket_plan(
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def split_rows(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of documents of ``lengths`` tokens: ``(sample, start, inputs)`` per row.
+
+    A document of ``L`` tokens gives ``max(1, ceil((L - 1) / seq_len))`` rows, in order;
+    row ``k`` holds tokens ``[k * seq_len, k * seq_len + inputs + 1)`` of it (neighbouring
+    rows share one token: the last target of one is the first input of the next), so
+    every input and every target is in exactly one row. A document of at most one token
+    keeps one row of 0 inputs (the plan leaves it out), so with no document longer than
+    ``seq_len + 1`` the rows are exactly the samples.
+    """
+    inputs = np.maximum(np.asarray(lengths, dtype=np.int64) - 1, 0)
+    n = np.maximum(1, -(-inputs // seq_len))
+    sample = np.repeat(np.arange(len(inputs), dtype=np.int64), n)
+    first = np.cumsum(n) - n
+    start = (np.arange(len(sample), dtype=np.int64) - np.repeat(first, n)) * seq_len
+    return sample, start, np.minimum(inputs[sample] - start, seq_len)
+
+
 class BucketedBatches:
     """Token-budget batches of a docs-mode dataset for one rank, with ``state_dict``.
 
-    Yields ``{"input_ids", "labels", "attention_mask"}``: int64 ``[B, T_batch]``, padded
-    with ``pad_id`` (the EOS id, else 0); ``labels`` -100 on padding; ``attention_mask`` 1
-    on real inputs (those whose target is a real token). ``B`` and ``T_batch`` vary from batch to batch.
+    Yields ``{"input_ids", "labels", "attention_mask", "position_ids"}``: int64
+    ``[B, T_batch]``, padded with ``pad_id`` (the EOS id, else 0); ``labels`` -100 on
+    padding; ``attention_mask`` 1 on real inputs (those whose target is a real token);
+    ``position_ids`` each input's position in its document (continuing across the pieces
+    of a split document), 0 on padding. ``B`` and ``T_batch`` vary from batch to batch.
 
     Args:
         source: the dataset (root or ``ShardSource``); it must be ``--mode docs``.
-        seq_len: longest row; longer documents are cropped to ``seq_len + 1`` tokens.
+        seq_len: longest row; longer documents are split into rows of ``seq_len`` inputs
+            (:func:`split_rows`), every token served once per epoch.
         max_tokens: input tokens per batch, padding included.
         seed, rank, world_size: as for :class:`wdstream.Loader`.
         epochs: epochs per ``iter()`` (None: forever).
@@ -128,7 +160,8 @@ class BucketedBatches:
         self.pad_id = index.eos_id if index.eos_id is not None else 0
         counts = [self.source.token_counts(s, 0, int(n)) for s, n in enumerate(self.source.samples)]
         lengths = np.concatenate(counts) if counts else np.zeros(0, np.int64)
-        self.rows = np.minimum(np.maximum(lengths - 1, 0), seq_len)
+        self.row_sample, self.row_start, self.rows = split_rows(lengths, seq_len)
+        self.split_documents = int(np.count_nonzero(lengths > seq_len + 1))
         self.first = np.concatenate([[0], np.cumsum(self.source.samples)]).astype(np.int64)
         self.epoch, self.served = 0, 0  # batches of the epoch's plan served (all ranks)
         self._plan: tuple[int, list[np.ndarray]] | None = None
@@ -149,6 +182,28 @@ class BucketedBatches:
 
     def __len__(self) -> int:
         return self.batches_per_epoch()
+
+    def epoch_stats(self, epoch: int | None = None) -> dict[str, int]:
+        """Where every row of ``epoch`` (default: the current one) goes, all ranks together.
+
+        ``documents``: samples with at least one target; ``split_documents``: those longer
+        than ``seq_len + 1`` tokens, served as ``rows - documents`` extra rows; ``rows``,
+        ``tokens``: rows and input tokens of the epoch's plan; ``batches``: the plan's
+        batches; ``served_*``: what the ranks yield (``batches_per_epoch x world_size``
+        batches); ``left_out_*``: the rest, fewer than ``world_size`` batches.
+        """
+        plan = self.plan(self.epoch if epoch is None else epoch)
+        served = len(plan) // self.world_size * self.world_size
+        rows = [len(b) for b in plan]
+        tokens = [int(self.rows[b].sum()) for b in plan]
+        return {
+            "documents": int(np.count_nonzero((self.row_start == 0) & (self.rows > 0))),
+            "split_documents": self.split_documents,
+            "rows": sum(rows), "tokens": sum(tokens), "batches": len(plan),
+            "served_batches": served, "served_rows": sum(rows[:served]),
+            "served_tokens": sum(tokens[:served]), "left_out_batches": len(plan) - served,
+            "left_out_rows": sum(rows[served:]), "left_out_tokens": sum(tokens[served:]),
+        }  # fmt: skip
 
     def _config(self) -> dict[str, Any]:
         return {
@@ -171,8 +226,15 @@ class BucketedBatches:
         """
         if not isinstance(state, dict) or state.get("kind") != "buckets":
             raise StateMismatchError("not a max_tokens (bucketed batches) state")
-        if state.get("version") != BUCKETS_STATE_VERSION:
-            raise StateMismatchError(f"version: {state.get('version')!r}, expected 1")
+        version = state.get("version")
+        if type(version) is not int or version not in (1, BUCKETS_STATE_VERSION):
+            raise StateMismatchError(f"version: {version!r}, expected {BUCKETS_STATE_VERSION}")
+        if version == 1 and self.split_documents:
+            raise StateMismatchError(
+                f"version: 1, a state of a reader that cropped documents longer than "
+                f"seq_len={self.seq_len}; this one splits them ({self.split_documents} such "
+                "documents here), so its batches are not that run's: start an epoch afresh"
+            )
         theirs, ours = state.get("config"), self._config()
         if theirs != ours:
             keys = sorted(
@@ -197,22 +259,36 @@ class BucketedBatches:
         toks = self.source.read([(shard, k, k + 1)])[0].tokens.views()
         return toks[0]
 
-    def batch(self, samples: np.ndarray) -> dict[str, torch.Tensor]:
-        """The padded batch of ``samples`` (sample numbers of the dataset)."""
-        T = int(self.rows[samples].max())
-        tokens = np.full((len(samples), T + 1), self.pad_id, dtype=np.int64)
-        real = np.zeros((len(samples), T + 1), dtype=bool)
-        for i, s in enumerate(samples.tolist()):
-            n = int(self.rows[s]) + 1
-            tokens[i, :n] = self._tokens(s)[:n]
-            real[i, :n] = True
+    def batch(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        """The padded batch of ``rows`` (row numbers of :func:`split_rows`)."""
+        T = int(self.rows[rows].max())
+        tokens = np.full((len(rows), T + 1), self.pad_id, dtype=np.int64)
+        real = np.zeros((len(rows), T + 1), dtype=bool)
+        positions = np.zeros((len(rows), T), dtype=np.int64)
+        for i, r in enumerate(rows.tolist()):
+            n, a = int(self.rows[r]), int(self.row_start[r])
+            tokens[i, : n + 1] = self._tokens(int(self.row_sample[r]))[a : a + n + 1]
+            real[i, : n + 1] = True
+            positions[i, :n] = np.arange(a, a + n)
         t = torch.from_numpy(tokens)
         inputs = torch.from_numpy(real[:, 1:])  # input t is real iff its target is
         return {
             "input_ids": t[:, :-1].contiguous(),
             "labels": t[:, 1:].masked_fill(~inputs, IGNORE_INDEX),
             "attention_mask": inputs.to(torch.int64),
+            "position_ids": torch.from_numpy(positions),
         }
+
+    def _report(self, epoch: int) -> None:
+        """Log the rows an epoch leaves out (fewer than ``world_size`` batches), if any."""
+        stats = self.epoch_stats(epoch)
+        if stats["left_out_batches"]:
+            log.info(
+                "max_tokens epoch %d: %d of %d batches (%d rows, %d of %d tokens) left out so "
+                "that each of %d ranks yields %d", epoch, stats["left_out_batches"],
+                stats["batches"], stats["left_out_rows"], stats["left_out_tokens"],
+                stats["tokens"], self.world_size, stats["served_batches"] // self.world_size,
+            )  # fmt: skip
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """``epochs`` epochs (forever when None) from the current position; a position at
@@ -223,6 +299,8 @@ class BucketedBatches:
         stop = None if self.epochs is None else self.epoch + self.epochs
         while True:
             plan = self.plan(self.epoch)
+            if self.served == 0 and self.rank == 0:
+                self._report(self.epoch)
             while self.served + W <= len(plan):
                 b = self.batch(plan[self.served + self.rank])
                 self.served += W

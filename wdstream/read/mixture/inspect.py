@@ -22,6 +22,7 @@ from wdstream.read.mixture.reader import MixtureReader
 from wdstream.read.mixture.schedule import parse_weights
 from wdstream.read.mixture.sources import open_sources
 from wdstream.read.mixture.spec import MixtureSpec, read_spec
+from wdstream.read.order.base import check_step
 from wdstream.read.order.global_order import Origin
 from wdstream.read.provenance import Provenance, RowPiece, StepQuery, row_pieces, with_text
 from wdstream.words import count
@@ -89,8 +90,7 @@ def explain_mixture(
     cfg, batch_size = query.order_config(packed.pop() if len(packed) == 1 else None)
     reader = MixtureReader(mix, sources, cfg, 0, cfg.global_batch, 1, False)
     position = reader.position_of(state) if state is not None else reader.start(0)
-    if step < position.origin.step:
-        raise ValueError(f"step {step} is before the state's origin step {position.origin.step}")
+    step = check_step(step, position.origin.step, position.origin.row, cfg.global_batch)
     rows = reader.rank_rows(step, 1, position.origin)
     provs: dict[int, Provenance | None] = {}
     tok = None

@@ -40,7 +40,14 @@ from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weight
 from wdstream.read.mixture.sources import source_seed
 from wdstream.read.mixture.spec import MixtureSpec
 from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_state
-from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
+from wdstream.read.order.base import (
+    ChunkBuffers,
+    Cursor,
+    DocStarts,
+    FilledChunk,
+    Worker,
+    check_step,
+)
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.steps import GlobalPosition, StepChunks
 from wdstream.read.sources.packed import ShardSource
@@ -134,10 +141,21 @@ class MixtureReader:
         return sched
 
     def future_pieces(self, after: int, origin: Origin) -> list[SchedulePiece]:
-        """The argument schedule's pieces from step ``after`` on, placed by ``origin``."""
-        return [
-            SchedulePiece(s, self.row_at(s, origin), w) for s, w in self.schedule_args if s >= after
-        ]
+        """The argument schedule's pieces from step ``after`` on, placed by ``origin``.
+
+        Raises:
+            ValueError: a piece's step is one the run never reaches (:func:`check_step`),
+                so its weights could never apply; named here, not at the first batch.
+        """
+        pieces = []
+        for j, (s, w) in enumerate(self.schedule_args):
+            if s >= after:
+                try:
+                    check_step(s, origin.step, origin.row, self.cfg.global_batch)
+                except ValueError as exc:
+                    raise ValueError(f"schedule piece {j}: {exc}") from None
+                pieces.append(SchedulePiece(s, self.row_at(s, origin), w))
+        return pieces
 
     def start(self, epoch: int) -> MixturePosition:
         if epoch:
@@ -319,7 +337,13 @@ class MixtureReader:
     def fill_step(
         self, step: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
     ) -> np.ndarray:
-        """This rank's rows of global ``step`` under ``position``'s schedule; their sources."""
+        """This rank's rows of global ``step`` under ``position``'s schedule; their sources.
+
+        Raises:
+            TypeError, ValueError: ``step`` is no step of this run (:func:`check_step`).
+        """
+        o = position.origin
+        step = check_step(step, o.step, o.row, self.cfg.global_batch)
         return self.fill_rows(self.rank_rows(step, 1, position.origin), position, tokens, doc)
 
     # ---- state -------------------------------------------------------------------------

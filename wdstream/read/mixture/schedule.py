@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.read.mixture.interleave import Interleave, exact_weights
+from wdstream.read.order.base import ROW_LIMIT
 
 __all__ = ["SchedulePiece", "Schedule", "parse_weights"]
 
@@ -87,8 +88,10 @@ def parse_weights(weights: Any, names: Sequence[str]) -> list[tuple[int, tuple[i
                 f"schedule piece {j}: expected (step, {{name: weight}}) or "
                 f"{{'step': ..., 'weights': {{...}}}}, got {piece!r}"
             )
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"schedule piece {j}: step must be an integer >= 0, got {step!r}")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < ROW_LIMIT:
+            raise ValueError(
+                f"schedule piece {j}: step must be an integer in [0, 2**63), got {step!r:.60}"
+            )
         if j == 0 and step != 0:
             raise ValueError(f"schedule piece 0 must start at step 0, got step {step}")
         if out and step <= out[-1][0]:

@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STOP_RULES", "MixtureSpec", "is_mixture", "mixture_spec", "read_spec"]
+__all__ = ["MAX_SPEC_BYTES", "STOP_RULES", "MixtureSpec", "is_mixture", "mixture_spec", "read_spec"]
 
 STOP_RULES = (None, "first_exhausted", "all_exhausted")
 _SPEC_KEYS = {"sources", "weights", "schedule", "stop"}
+# Thousands of sources and schedule pieces fit in far less; past this a file is no spec.
+MAX_SPEC_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,28 @@ def is_mixture(source: Any) -> bool:
 
 
 def _load(path: Path) -> Any:
+    """The parsed spec file; a file too large or nested too deeply to be a spec is refused
+    before (size) or while (depth) it is parsed, never a ``RecursionError`` or a long parse.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: naming the file: too large, nested too deeply, or not valid JSON/TOML.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"{path}: mixture spec file not found")
+    size = path.stat().st_size
+    if size > MAX_SPEC_BYTES:
+        raise ValueError(
+            f"{path}: {size:,} bytes is too large for a mixture spec (at most "
+            f"{MAX_SPEC_BYTES:,}); a spec lists sources and weights"
+        )
+    try:
+        return _parse(path)
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a mixture spec") from None
+
+
+def _parse(path: Path) -> Any:
     if path.suffix == ".toml":
         if sys.version_info < (3, 11):
             raise ValueError(

@@ -28,10 +28,24 @@ import numpy as np
 import torch
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
+from wdstream.read.order.base import (
+    ChunkBuffers,
+    Cursor,
+    DocStarts,
+    FilledChunk,
+    Worker,
+    check_step,
+)
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.steps import GlobalPosition, RowScope, StepChunks
-from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
+from wdstream.read.order.streams_state import (
+    SEAL_KEY,
+    cursor_seal,
+    dict_field,
+    int_field,
+    mismatch,
+    same_value,
+)
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["GLOBAL_STATE_VERSION", "GlobalPosition", "GlobalReader", "global_batch_at"]
@@ -99,7 +113,9 @@ class GlobalReader:
     def state_of(self, position: GlobalPosition) -> dict[str, Any]:
         o = position.origin
         origin = {"step": o.step, "epoch": o.epoch, "row": o.row}
-        return position.state(GLOBAL_STATE_VERSION, "global", self.config(), origin)
+        state = position.state(GLOBAL_STATE_VERSION, "global", self.config(), origin)
+        state[SEAL_KEY] = _seal(state)
+        return state
 
     def position_of(self, state: Any) -> GlobalPosition:
         """Check ``state`` and return the position it continues from here.
@@ -119,7 +135,8 @@ class GlobalReader:
                 "order cannot continue exactly; resume it with order='streams' and the same "
                 "world size, batch size and streams it was saved with, or start a new run"
             )
-        state = dict_field("", state, _STATE_KEYS)
+        sealed = isinstance(state, dict) and SEAL_KEY in state
+        state = dict_field("", state, (*_STATE_KEYS, SEAL_KEY) if sealed else _STATE_KEYS)
         if not same_value(state["version"], GLOBAL_STATE_VERSION) or state["order"] != "global":
             raise mismatch("version", state["version"], "a global-order state (version 2)")
         saved = dict_field("config", state["config"], list(self.config()))
@@ -139,6 +156,8 @@ class GlobalReader:
         stop = state["iter_stop"]
         if stop is not None:
             stop = int_field("iter_stop", stop)
+        if sealed:
+            _check_seal(state)
         if old_g != self.order.cfg.global_batch:
             origin = self._rebase(step, origin, old_g)
         position = GlobalPosition(step, origin, stop, _worker(state["worker"]))
@@ -175,8 +194,13 @@ class GlobalReader:
     def fill_step(
         self, step: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
     ) -> None:
-        """This rank's rows of global step ``step``, counted from ``position``'s origin."""
-        self.fill(step, position.origin, tokens, doc)
+        """This rank's rows of global step ``step``, counted from ``position``'s origin.
+
+        Raises:
+            TypeError, ValueError: ``step`` is no step of this run (:func:`check_step`).
+        """
+        o = position.origin
+        self.fill(check_step(step, o.step, o.row, self.order.cfg.global_batch), o, tokens, doc)
 
     def fill(
         self, step: int, origin: Origin, tokens: np.ndarray, doc_start: np.ndarray | None
@@ -292,6 +316,52 @@ class _OwnRows:
                 self._known.popleft()
 
 
+# The fields of a global state that place its position (the rest of the config keys them).
+_SEALED = ("config.global_batch", "step", "origin.step", "origin.epoch", "origin.row", "iter_stop")
+
+
+def _sealed_fields(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
+    """The key (config without ``global_batch``) and the placing fields (iter_stop None: -1)."""
+    config = {k: v for k, v in state["config"].items() if k != "global_batch"}
+    o, stop = state["origin"], state["iter_stop"]
+    values = [state["config"]["global_batch"], state["step"], o["step"], o["epoch"], o["row"],
+              -1 if stop is None else stop]  # fmt: skip
+    return config, dict(zip(_SEALED, values, strict=True))
+
+
+def _seal(state: dict[str, Any]) -> str:
+    """The ``check`` of a global state: 8 hex per placing field (``cursor_seal``), so an
+    edit of ``origin``, ``step``, ``iter_stop`` or the saved global batch is named on load."""
+    config, fields = _sealed_fields(state)
+    return cursor_seal(config, 0, fields, _SEALED)
+
+
+def _check_seal(state: dict[str, Any]) -> None:
+    """Refuse a sealed global state whose placing fields differ from their check, naming
+    the first such field. A state without ``check`` (saved before issue 23) is not checked.
+
+    Raises:
+        StateMismatchError: naming the field, or ``check`` when malformed.
+    """
+    tags = state[SEAL_KEY]
+    want = _seal(state)
+    if not isinstance(tags, str) or len(tags) != len(want):
+        raise mismatch(SEAL_KEY, tags, f"a string of {len(want)} hex digits expected")
+    _, fields = _sealed_fields(state)
+    n = len(want) // len(_SEALED)
+    bad = [
+        k for i, k in enumerate(_SEALED) if tags[i * n : (i + 1) * n] != want[i * n : (i + 1) * n]
+    ]
+    if len(bad) == len(_SEALED):
+        raise mismatch(SEAL_KEY, tags, "no field matches the check: another run's state")
+    if bad:
+        also = f" (also {', '.join(bad[1:])})" if len(bad) > 1 else ""
+        raise mismatch(
+            bad[0], fields[bad[0]],
+            f"differs from the value the state's check was made with: the field was edited{also}",
+        )  # fmt: skip
+
+
 def _worker(value: Any) -> tuple[int, int] | None:
     """The ``worker`` field: None, or ``[id, num_workers]`` of one torch worker's share."""
     if value is None:
@@ -325,6 +395,7 @@ def global_batch_at(
 
     Raises:
         StateMismatchError: if ``state`` belongs to another dataset or configuration.
+        TypeError, ValueError: ``step`` is no step of this run (:func:`check_step`).
     """
     src = source if isinstance(source, ShardSource) else ShardSource(source)
     cfg = OrderConfig(seq_len=seq_len, global_batch=global_batch, shuffle=shuffle, seed=seed,
@@ -333,6 +404,6 @@ def global_batch_at(
                           doc_boundaries=False)  # fmt: skip
     origin = reader.position_of(state).origin if state is not None else Origin()
     rows = np.empty((global_batch, seq_len + 1), dtype=np.int32)
-    reader.fill(step, origin, rows, None)
+    reader.fill(check_step(step, origin.step, origin.row, global_batch), origin, rows, None)
     t = torch.from_numpy(rows).to(torch.int64)
     return {"input_ids": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous()}

@@ -26,10 +26,12 @@ from wdstream.read.batches.rows import position_ids
 from wdstream.read.order.base import ChunkBuffers, DocStarts, FilledChunk, Worker
 from wdstream.read.order.streams_context import ReaderConfig, StreamContext
 from wdstream.read.order.streams_state import (
+    SEAL_KEY,
     STATE_VERSION,
     StreamsPosition,
     check_iter_stop,
     check_turns,
+    cursor_seal,
     mismatch,
     parse_state,
 )
@@ -45,12 +47,21 @@ class StreamsSequence:
         cfg: the reader's geometry and seed.
         fingerprint: the dataset's fingerprint, saved in every state.
         epochs: epochs per iteration (None: forever), checked against a state's stop.
+        sealed: every saved cursor carries a ``check`` of its fields, and a state whose
+            cursors do not match theirs is refused naming the field (raw text, whose
+            positions no index can check; ``streams_state.cursor_seal``).
     """
 
     def __init__(
-        self, ctx: StreamContext, cfg: ReaderConfig, fingerprint: str, epochs: int | None
+        self,
+        ctx: StreamContext,
+        cfg: ReaderConfig,
+        fingerprint: str,
+        epochs: int | None,
+        sealed: bool = False,
     ) -> None:
         self.ctx, self.cfg, self.fingerprint, self.epochs = ctx, cfg, fingerprint, epochs
+        self.sealed = sealed
 
     # ---- counts ------------------------------------------------------------------------
     def start(self, epoch: int) -> StreamsPosition:
@@ -82,10 +93,15 @@ class StreamsSequence:
 
     def state_of(self, position: StreamsPosition) -> dict[str, Any]:
         worker = list(position.worker) if position.worker is not None else None
+        config, keys = self.config(), self.ctx.cursor_keys
+        streams: list[dict[str, Any]] = [dict(c) for c in position.cursors]
+        if self.sealed:
+            for t, c in enumerate(streams):
+                c[SEAL_KEY] = cursor_seal(config, t, c, keys)
         return {
             "version": STATE_VERSION,
-            "config": self.config(),
-            "streams": [dict(c) for c in position.cursors],
+            "config": config,
+            "streams": streams,
             "next_stream": position.next_stream,
             "chunk_left": self.ctx.chunk_size(position.cursors[position.next_stream]),
             "iter_stop": position.iter_stop,
@@ -103,7 +119,7 @@ class StreamsSequence:
         Raises:
             StateMismatchError: naming the first bad field (``streams[1].offset``) and value.
         """
-        position, chunk_left = parse_state(state, self.config(), self.ctx.cursor_keys)
+        position, chunk_left = parse_state(state, self.config(), self.ctx.cursor_keys, self.sealed)
         for t, cursor in enumerate(position.cursors):
             self.ctx.check_cursor(t, cursor)
         if self.ctx.lockstep:

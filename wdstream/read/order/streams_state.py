@@ -25,10 +25,18 @@ field as a path (``streams[1].offset``) and the bad value:
 
 3. The reader's context checks each cursor against the epoch plan (``check_cursor``), and
    raw-text streams check their window when they re-read it (:func:`check_in_window`).
+
+Raw-text cursors cannot be checked against a plan (there is no index: a window may start at
+any byte of a file), so a raw-text state is *sealed*: each cursor carries ``check``, one
+8-hex tag per field, a hash of the field's name and value keyed by the reader's config and
+the stream number (:func:`cursor_seal`). Any edit of a field is refused naming that field;
+a state of another stream or configuration fails every tag.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import numbers
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -40,12 +48,14 @@ import numpy as np
 from wdstream.errors import StateMismatchError
 
 __all__ = [
+    "SEAL_KEY",
     "STATE_KEYS",
     "STATE_VERSION",
     "StreamsPosition",
     "check_in_window",
     "check_iter_stop",
     "check_turns",
+    "cursor_seal",
     "dict_field",
     "int_field",
     "mismatch",
@@ -55,6 +65,8 @@ __all__ = [
 
 STATE_VERSION = 1
 STATE_KEYS = ("version", "config", "streams", "next_stream", "chunk_left", "iter_stop", "worker")
+SEAL_KEY = "check"  # a sealed cursor's tags (raw text)
+_TAG_HEX = 8  # hex digits of one field's tag: an edit passes with odds 2**-32
 
 # Every position is an int64 (numpy, torch, JSON readers in other languages); past that a
 # number is no position a reader could have reached.
@@ -222,8 +234,66 @@ def _worker(value: Any, n_streams: int) -> tuple[int, int] | None:
     return int_field("worker[0]", value[0], hi=n), n
 
 
+def cursor_seal(
+    config: dict[str, Any], stream: int, cursor: dict[str, int], keys: Sequence[str]
+) -> str:
+    """The ``check`` of ``cursor`` of ``stream``: per field of ``keys`` in order, 8 hex of
+    BLAKE2b over the config (canonical JSON), the stream, the field's name and value.
+
+    Not a secret (the config is in the state): it detects edits and states moved between
+    streams or readers, so a position the run never reached is refused, not read.
+    """
+    base = json.dumps(config, sort_keys=True, separators=(",", ":")) + f"|{stream}|"
+    return "".join(
+        hashlib.blake2b(
+            f"{base}{k}={int(cursor[k])}".encode(), digest_size=_TAG_HEX // 2
+        ).hexdigest()
+        for k in keys
+    )
+
+
+def _unseal(
+    path: str, value: dict[str, Any], config: dict[str, Any], stream: int, keys: Sequence[str]
+) -> dict[str, Any]:
+    """``value`` without its ``check``, once every field's tag matches.
+
+    Raises:
+        StateMismatchError: naming the first edited field (and the others), or ``check``
+            when it is missing (a state saved before cursors were sealed) or malformed.
+    """
+    if isinstance(value, dict) and SEAL_KEY not in value:
+        raise mismatch(
+            f"{path}.{SEAL_KEY}", None,
+            "missing: a raw-text cursor carries a check of its fields (issue 23), and a "
+            "state saved without one cannot vouch for its position, so it is refused; "
+            "resume from a state saved by this version, or start the run's epoch afresh",
+        )  # fmt: skip
+    fields = dict_field(path, value, (*keys, SEAL_KEY))
+    tags = fields[SEAL_KEY]
+    n = _TAG_HEX * len(keys)
+    if not isinstance(tags, str) or len(tags) != n:
+        raise mismatch(f"{path}.{SEAL_KEY}", tags, f"a string of {n} hex digits expected")
+    cursor = {k: int_field(f"{path}.{k}", fields[k]) for k in keys}
+    want = cursor_seal(config, stream, cursor, keys)
+    bad = [k for i, k in enumerate(keys) if tags[i * _TAG_HEX : (i + 1) * _TAG_HEX]
+           != want[i * _TAG_HEX : (i + 1) * _TAG_HEX]]  # fmt: skip
+    if len(bad) == len(keys):
+        raise mismatch(
+            f"{path}.{SEAL_KEY}", tags,
+            "no field matches the check: the cursor belongs to another stream or reader",
+        )  # fmt: skip
+    if bad:
+        also = f" (also {', '.join(bad[1:])})" if len(bad) > 1 else ""
+        raise mismatch(
+            f"{path}.{bad[0]}", cursor[bad[0]],
+            f"differs from the value the cursor's check was made with: the field was "
+            f"edited{also}",
+        )  # fmt: skip
+    return {k: fields[k] for k in keys}
+
+
 def parse_state(
-    state: Any, config: dict[str, Any], cursor_keys: Sequence[str]
+    state: Any, config: dict[str, Any], cursor_keys: Sequence[str], sealed: bool = False
 ) -> tuple[StreamsPosition, int]:
     """Check the shape of ``state`` and that it belongs to the reader of ``config``.
 
@@ -231,6 +301,7 @@ def parse_state(
         state: a state as saved (parsed JSON).
         config: the loading reader's config (``TokenDataset.config()``).
         cursor_keys: the keys of this reader's cursors.
+        sealed: cursors carry a ``check`` of their fields (raw text, :func:`cursor_seal`).
 
     Returns:
         The position and the saved ``chunk_left`` (checked against the plan by the caller).
@@ -251,6 +322,10 @@ def parse_state(
     streams = state["streams"]
     if not isinstance(streams, list) or len(streams) != n:
         raise mismatch("streams", streams, f"a list of {n} cursors expected")
+    if sealed:
+        streams = [
+            _unseal(f"streams[{t}]", c, config, t, cursor_keys) for t, c in enumerate(streams)
+        ]
     cursors = [_cursor(f"streams[{t}]", c, cursor_keys) for t, c in enumerate(streams)]
     next_stream = int_field("next_stream", state["next_stream"], hi=n)
     chunk_left = int_field("chunk_left", state["chunk_left"], lo=1, hi=config["chunk_batches"] + 1)

@@ -146,7 +146,9 @@ class Loader:
             ``"all_exhausted"`` (before the last one does).
         max_tokens: ``--mode docs`` datasets: length-bucketed batches of whole documents
             padded to the batch's longest, at most this many input tokens each (padding
-            included; rows capped at ``seq_len``), with ``attention_mask``; ``batch_size``,
+            included; a document longer than ``seq_len`` inputs is split into rows of
+            ``seq_len``, never cropped), with ``attention_mask`` and ``position_ids``
+            (continuing across a split document's rows; see :meth:`epoch_stats`); ``batch_size``,
             workers and the global order do not apply (read in this process). Same batch
             count on every rank, exact resume, also on another world size
             (:mod:`wdstream.read.batches.buckets`).
@@ -269,6 +271,18 @@ class Loader:
         if self.dataset.mixture is None:
             raise TypeError("progress: this Loader reads one dataset, not a mixture")
         return self.dataset.mixture.progress(self._handed)  # type: ignore[arg-type]
+
+    def epoch_stats(self, epoch: int | None = None) -> dict[str, int]:
+        """``max_tokens`` batches: where every row of ``epoch`` goes (documents, the ones
+        split into several rows, rows and tokens planned, served and left out; see
+        :meth:`wdstream.read.batches.buckets.BucketedBatches.epoch_stats`).
+
+        Raises:
+            TypeError: without ``max_tokens`` (other orders account for rows in the docs).
+        """
+        if self._buckets is None:
+            raise TypeError("epoch_stats: only for max_tokens (length-bucketed) batches")
+        return self._buckets.epoch_stats(epoch)
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch (the same on every rank); for a
