@@ -54,6 +54,11 @@ class Faults:
         lose_nth: (proxy) forward the n-th counted request, then answer 503 instead of the
             upstream reply: the request took effect but its answer was lost (0: never).
         methods: only requests with these methods count for the fail_*/delay knobs.
+        only: only requests whose path contains this text are faulted ("": all).
+        stall: a cut body is followed by silence (until the server stops) instead of a
+            hang-up: the header promised more bytes than ever come.
+        swap: (file server) path -> another path whose bytes are served in its place: a
+            server that answers with another object.
     """
 
     fail_first: int = 0
@@ -67,6 +72,9 @@ class Faults:
     trickle: float = 0.0
     lose_nth: int = 0
     methods: tuple[str, ...] = ("GET", "HEAD", "PUT", "DELETE", "POST")
+    only: str = ""
+    stall: bool = False
+    swap: dict[str, str] = field(default_factory=dict)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     sent: int = 0
     _n: int = 0
@@ -87,7 +95,7 @@ class Faults:
         """Log the request and return ``(answer 503, cut the body, lose the reply)``."""
         with self._lock:
             self.requests.append((method, path, rng))
-            if method not in self.methods:
+            if method not in self.methods or self.only not in path:
                 return False, False, False
             self._n += 1
             n = self._n
@@ -111,7 +119,7 @@ class Faults:
 _DEFAULT_KNOBS = {
     "fail_first": 0, "fail_every": 0, "fail_status": 503, "cut_first": 0, "cut_every": 0,
     "cut_at": 1000, "ignore_range": False, "delay": 0.0, "trickle": 0.0, "lose_nth": 0,
-    "methods": Faults.methods,
+    "methods": Faults.methods, "only": "", "stall": False, "swap": {},
 }  # fmt: skip
 
 
@@ -140,7 +148,8 @@ class _Handler(BaseHTTPRequestHandler):
         fail, self._cut, self._lose = faults.decide(
             self.command, self.path, self.headers.get("Range")
         )
-        if faults.delay and self.command in faults.methods:
+        self._faulted = faults.only in self.path
+        if faults.delay and self.command in faults.methods and self._faulted:
             time.sleep(faults.delay)
         if fail:
             self._drain()
@@ -173,8 +182,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body[: self.server.faults.cut_at])
             self.wfile.flush()
             self.close_connection = True
+            if self.server.faults.stall:
+                self.server.stopping.wait(120)  # silence; bounded so no thread outlives long
             return
-        if self.server.faults.trickle and self.command == "GET":
+        if self.server.faults.trickle and self.command == "GET" and self._faulted:
             self._trickle(body)
             return
         try:
@@ -213,6 +224,8 @@ class _FileHandler(_Handler):
 
     def _file(self) -> Path | None:
         rel = unquote(urlsplit(self.path).path).lstrip("/")
+        swap = self.server.faults.swap  # by the path with its query, else by the path
+        rel = swap.get(unquote(self.path).lstrip("/"), swap.get(rel, rel))
         path = (self.server.root / rel).resolve()
         if self.server.root not in path.parents and path != self.server.root:
             return None

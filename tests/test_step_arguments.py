@@ -2,7 +2,7 @@
 one dataset and of a mixture, ``global_batch_at``, ``explain_mixture``, schedule steps, and
 the spec files a mixture is read from.
 
-One rule everywhere (:func:`wdstream.read.order.base.check_step`): a step is an integer (not
+One rule everywhere (:func:`wdstream.read.order.step_check.check_step`): a step is an integer (not
 a bool, float or string) from the run's origin up to the last step whose rows are numbered
 below 2**63; one dataset and a mixture accept and refuse the same steps the same way.
 """
@@ -172,3 +172,23 @@ def test_a_spec_file_larger_than_any_spec_is_refused_before_parsing(tmp_path: Pa
     path = _spec_file(tmp_path, "big.json", " " * MAX_SPEC_BYTES + json.dumps({"sources": {}}))
     with pytest.raises(ValueError, match="too large for a mixture spec"):
         wdstream.Loader(path, seq_len=SEQ, batch_size=B)
+
+
+def test_explain_of_one_dataset_checks_steps_as_a_mixture_does(
+    tmp_path: Path, roots: tuple[str, str]
+) -> None:
+    """``explain`` of one packed dataset (with provenance) refuses the same steps as
+    ``explain_mixture`` with the same message, and explains the last reachable step."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} " + "x " * i}) + "\n"
+                           for i in range(60)))  # fmt: skip
+    root = tmp_path / "packed"
+    wdstream.pack(str(src), str(root), seq_len=SEQ, workers=0, progress=False)
+    mix = wdstream.read.mixture.spec.MixtureSpec({"a": str(root)}, {"a": 1})
+    for bad, err in [(True, TypeError), (1.5, TypeError), (-1, ValueError), (2**63, ValueError)]:
+        with pytest.raises(err, match="step") as one:
+            wdstream.explain(str(root), bad, batch_size=B)  # type: ignore[arg-type]
+        with pytest.raises(err, match="step") as mixed:
+            wdstream.explain_mixture(mix, bad, batch_size=B, seq_len=SEQ)  # type: ignore[arg-type]
+        assert str(one.value) == str(mixed.value)
+    assert len(wdstream.explain(str(root), LAST, batch_size=B).rows) == B

@@ -30,7 +30,8 @@ from wdstream.read.sources.shards import (
     sidecar_from_tar,
     store_sha256,
 )
-from wdstream.storage import Store, open_store, split_url
+from wdstream.storage import Store, open_store
+from wdstream.storage.urls import is_shard_url, split_url
 from wdstream.write.shards import doc_tokens_after
 
 __all__ = ["SamplePreview", "dataset_stats", "preview_samples", "verify_dataset"]
@@ -51,7 +52,7 @@ def _open_target(
     target: str, store_options: dict[str, Any]
 ) -> tuple[Store, DatasetIndex | None, str | None]:
     """A dataset root, or a single shard (``.tar``) given by path or URL."""
-    if target.endswith(".tar"):
+    if is_shard_url(target):
         root, name = split_url(target)
         return open_store(root, **store_options), None, name
     store = open_store(target, **store_options)

@@ -37,6 +37,7 @@ __all__ = [
     "first_bad_sample",
     "running_checksum",
     "sample_checksum",
+    "spot_check",
 ]
 
 CHECKSUM_NAME = "crc32c"
@@ -144,4 +145,21 @@ def first_bad_sample(
     for i, (o, n, want) in enumerate(spans):
         if crc32c(data[o : o + n]) != want:
             return i
+    return None
+
+
+def spot_check(
+    buf: memoryview, begin: int, sidecar: ShardSidecar, start: int, stop: int
+) -> Corruption | None:
+    """Check only the first and the last sample of ``[start, stop)`` read into ``buf``
+    (shard bytes from ``begin``): the check that stays on with ``checksums=False``. Two
+    samples per ranged read cost little, and a server (or a cache) that answers with another
+    object's bytes, or a sidecar that is not its shard's, fails it: the bytes at both ends
+    would have to match this shard's checksums by chance."""
+    if sidecar.crc32c is None or stop <= start:
+        return None
+    for at in sorted({start, stop - 1}):
+        o, n = int(sidecar.offsets[at]) - begin, int(sidecar.sizes[at])
+        if crc32c(buf[o : o + n]) != int(sidecar.crc32c[at]):
+            return Corruption(at, int(sidecar.offsets[at]))
     return None

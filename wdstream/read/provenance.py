@@ -28,6 +28,7 @@ import numpy as np
 from wdstream.errors import CorruptShardError, StateMismatchError, WdstreamError
 from wdstream.format.provenance import ShardProvenance
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.step_check import check_step
 from wdstream.read.sources.packed import ShardSource
 from wdstream.storage import Store, open_store
 from wdstream.words import count
@@ -337,7 +338,9 @@ def explain(
         The step's rows, in order (rank 0's first).
 
     Raises:
-        ValueError: inconsistent sizes, or a step before the state's origin.
+        ValueError: inconsistent sizes, or a step the run never reaches (before the
+            state's origin, or past the rows a run can number: :func:`check_step`).
+        TypeError: a step that is not an integer.
         StateMismatchError: a state of another dataset or configuration.
         WdstreamError: a dataset packed without provenance.
     """
@@ -347,6 +350,7 @@ def explain(
     index = prov.index
     cfg, batch_size = query.order_config(index.seq_len)
     order, origin = _order_and_origin(prov.source, state, cfg)
+    step = check_step(step, origin.step, origin.row, cfg.global_batch)
     epoch, first = order.locate(step, origin)
     tok = None
     if text:

@@ -9,9 +9,7 @@ See docs/STORAGE.md for the atomicity guarantees and the retry policy.
 from __future__ import annotations
 
 import importlib
-import posixpath
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from wdstream.storage.base import Store
 from wdstream.storage.local import LocalStore
@@ -22,6 +20,7 @@ from wdstream.storage.retry import (
     RetryPolicy,
     redact_url,
 )
+from wdstream.storage.urls import split_url
 
 __all__ = [
     "HttpStore",
@@ -87,21 +86,6 @@ def open_store(url: str, create: bool = False, **options: Any) -> Store:
     raise ValueError(
         f"unsupported storage URL {redact_url(url)!r}: use a local path, s3:// or http(s)://"
     )
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """Split a shard URL or path into ``(root, name)``.
-
-    ``"s3://bucket/a/b.tar"`` -> ``("s3://bucket/a", "b.tar")``. The query string of an
-    HTTP URL (a signed token) stays with the root, so ``open_store(root)`` appends it to
-    every object it fetches.
-    """
-    if url.startswith(("http://", "https://")):
-        p = urlsplit(url)
-        folder, name = posixpath.split(p.path)
-        return urlunsplit((p.scheme, p.netloc, folder, p.query, "")), name
-    root, name = posixpath.split(url)
-    return (root or "."), name
 
 
 # scheme -> (module, class, the packages it needs, the extra that installs them)

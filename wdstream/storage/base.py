@@ -47,6 +47,18 @@ class Store(abc.ABC):
         hide their latency, and reads with none to hide one after the other."""
         return False
 
+    def identity(self, name: str) -> str:
+        """What tells object ``name`` apart from every other object (the full URL with its
+        query string, the endpoint): a cache keys and binds its copies on it. May hold
+        secrets (a signed query), so it is hashed, never shown or written out."""
+        return self.child_url(name)
+
+    def forget_range(self, name: str, start: int, end: int) -> list[str]:
+        """Drop any local copy of bytes ``[start, end)`` of ``name`` so the next read goes to
+        the source; returns the files dropped (none for a store that keeps no copies). A
+        reader calls it when bytes fail their checksums, before reading them once more."""
+        return []
+
     @abc.abstractmethod
     def size(self, name: str) -> int:
         """Size in bytes. Raises FileNotFoundError if it does not exist."""
@@ -132,6 +144,12 @@ class ForwardingStore(Store):
 
     def holds_range(self, name: str, start: int, end: int) -> bool:
         return self.inner.holds_range(name, start, end)
+
+    def identity(self, name: str) -> str:
+        return self.inner.identity(name)
+
+    def forget_range(self, name: str, start: int, end: int) -> list[str]:
+        return self.inner.forget_range(name, start, end)
 
     def size(self, name: str) -> int:
         return self.inner.size(name)

@@ -8,6 +8,12 @@ to ``inner``. Epoch 2 then reads local disk::
     read_range(5 MB, 9 MB)          [=======|===]                 -> blocks 1 and 2
     cache_dir/<sha of root>/data-000003.tar.00000001.blk          (data, then a trailer)
 
+The folder is named by a hash of the root's full identity (its URL *with* the query string,
+the endpoint), the block size and the block format's version, so ``?ds=web`` and
+``?ds=code`` never share blocks and blocks of an older format are never read (they age out
+through eviction). A name in a sub-folder (``sub/data.tar``) is quoted into one flat file
+name (``sub%2Fdata.tar``), so no folder is needed and eviction sees every block.
+
 Why blocks, not whole shards: the reader takes a window's samples from lanes spread across
 shards of ~256 MB; caching a whole shard on first touch would make epoch 1 fetch all of
 every shard a lane touches before its first batch, while aligned blocks fetch (about) what
@@ -21,9 +27,12 @@ by file mtime, touched on every hit) runs in whichever process has written enoug
 last sweep, under an ``fcntl`` lock so only one sweeps at a time; a block deleted under a
 reader is just a miss.
 
-Every block file ends with a trailer: the CRC32C and length of its data. A block whose
-trailer does not match (bit rot, a truncated file, a foreign file) is deleted and fetched
-again, with a warning; a cached range is never served unverified. The reader's per-sample
+Every block file ends with a trailer: a magic, the CRC32C and the length of its data. The
+CRC32C is seeded with the block's binding (a hash of the object's identity and the block's
+index), so a block copied over another, or one of another object or dataset, fails like a
+flipped bit. A block whose trailer does not match (bit rot, a truncated file, a foreign or
+swapped file, an older format) is deleted and fetched again, with a warning naming the file
+and counted in ``dropped``; a cached range is never served unverified. The reader's per-sample
 CRC32C then checks the bytes once more. Objects are assumed immutable (shards are): a
 dataset packed again over the same URL needs its cache folder cleared; until then its stale
 blocks fail the reader's per-sample checks (an error, never silent data).
@@ -44,6 +53,7 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
+from urllib.parse import quote
 
 from wdstream.format.checksum import crc32c
 from wdstream.storage.base import ForwardingStore, Store
@@ -51,7 +61,10 @@ from wdstream.storage.base import ForwardingStore, Store
 __all__ = ["CACHE_BLOCK_BYTES", "CachedStore", "parse_cache_limit"]
 
 CACHE_BLOCK_BYTES = 4 << 20  # bytes per cached block: a few samples' worth of GET latency amortised
-_TRAILER = struct.Struct("<IQ")  # CRC32C of the data, its length
+_FORMAT = 2  # version of the block files: part of the folder's key and of the trailer
+_MAGIC = b"WDSBLK02"
+_TRAILER = struct.Struct("<8sIQ")  # magic, CRC32C (seeded with the binding) of the data, length
+_MAX_NAME = 200  # longer quoted names become a hash (file names stop at 255 bytes)
 _SUFFIX = ".blk"
 _LOCK_NAME = ".evict.lock"
 _MAPS = 64  # verified blocks kept mapped per process (64 x 4 MiB of address space)
@@ -96,6 +109,8 @@ class CachedStore(ForwardingStore):
     Attributes:
         hits, misses: blocks served from the cache / fetched, in this process.
         dropped: cached blocks that failed their trailer check and were fetched again.
+        forgotten: blocks dropped by :meth:`forget_range` (bytes that failed a reader's
+            checksums), fetched again on the next read.
     """
 
     def __init__(
@@ -111,7 +126,8 @@ class CachedStore(ForwardingStore):
         self.limit = parse_cache_limit(limit)
         self.block = block
         self.cache_dir = os.path.abspath(cache_dir)
-        root_key = hashlib.sha256(f"{inner.url}\0{block}".encode()).hexdigest()[:16]
+        root = f"{_FORMAT}\0{inner.identity('')}\0{block}"
+        root_key = hashlib.sha256(root.encode()).hexdigest()[:16]
         self._dir = os.path.join(self.cache_dir, root_key)
         try:
             os.makedirs(self._dir, exist_ok=True)
@@ -124,7 +140,8 @@ class CachedStore(ForwardingStore):
         self._written = self._sweep_every  # sweep once at the first write: start bounded
         self._lock = threading.Lock()
         self._maps: OrderedDict[tuple[str, int], memoryview] = OrderedDict()
-        self.hits = self.misses = self.dropped = 0
+        self._seeds: dict[str, bytes] = {}  # name -> hash of its identity (see _seed)
+        self.hits = self.misses = self.dropped = self.forgotten = 0
 
     # -- the cached path ----------------------------------------------------------------
     def read_range(self, name: str, start: int, end: int) -> bytes:
@@ -174,8 +191,37 @@ class CachedStore(ForwardingStore):
         with self._lock:
             return all((name, k) in self._maps for k in range(first, last + 1))
 
+    def forget_range(self, name: str, start: int, end: int) -> list[str]:
+        """Unmap and delete the blocks of ``[start, end)``: their bytes failed a reader's
+        checksums although their trailers passed (damage after the check); the next read
+        fetches them again. Returns the block files deleted."""
+        first, last = start // self.block, max(end - 1, start) // self.block
+        gone = []
+        for k in range(first, last + 1):
+            with self._lock:
+                self._maps.pop((name, k), None)
+            path = self._path(name, k)
+            if _unlink_quietly(path):
+                gone.append(path)
+        with self._lock:
+            self.forgotten += len(gone)
+        return gone
+
     def _path(self, name: str, k: int) -> str:
-        return os.path.join(self._dir, f"{name}.{k:08d}{_SUFFIX}")
+        flat = quote(name, safe="-_.~")  # sub/x.tar -> sub%2Fx.tar: one flat folder
+        if len(flat) > _MAX_NAME:
+            flat = hashlib.sha256(name.encode()).hexdigest()
+        return os.path.join(self._dir, f"{flat}.{k:08d}{_SUFFIX}")
+
+    def _seed(self, name: str, k: int) -> int:
+        """The CRC32C seed that binds block ``k`` to its object: the checksum of the hash of
+        the object's full identity and of the block's index. A block file moved or copied
+        to another name, index, object or dataset fails its trailer."""
+        digest = self._seeds.get(name)
+        if digest is None:
+            ident = f"{self.inner.identity(name)}\0{self.block}"
+            digest = self._seeds[name] = hashlib.sha256(ident.encode()).digest()
+        return crc32c(digest + k.to_bytes(8, "little"))
 
     def _cached(self, name: str, k: int) -> memoryview | None:
         """Block ``k`` of ``name`` from the cache, verified, or None (then it is fetched).
@@ -192,7 +238,7 @@ class CachedStore(ForwardingStore):
                 self._maps.move_to_end(key)
                 self.hits += 1
                 return view
-        view = self._map(self._path(name, k))
+        view = self._map(self._path(name, k), self._seed(name, k))
         if view is None:
             return None
         with self._lock:
@@ -202,37 +248,39 @@ class CachedStore(ForwardingStore):
             self.hits += 1
         return view
 
-    def _map(self, path: str) -> memoryview | None:
-        """Map a block file and check its trailer; None if absent (a damaged one is dropped)."""
+    def _map(self, path: str, seed: int) -> memoryview | None:
+        """Map a block file and check its trailer against ``seed`` (its binding); None if
+        absent (a damaged, foreign or swapped one is dropped)."""
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot read the node cache's block ({exc.strerror})", path
+            ) from exc
         raw = memoryview(mapped) if mapped is not None else memoryview(b"")
         n = len(raw) - _TRAILER.size
-        if n < 0 or _TRAILER.unpack_from(raw, n) != (crc32c(raw[:n]), n):
+        if n < 0 or _TRAILER.unpack_from(raw, n) != (_MAGIC, crc32c(raw[:n], seed), n):
             self._drop(path)
             return None
         try:
             os.utime(path)  # the LRU clock: last mapped by some process
-        except FileNotFoundError:
-            pass  # evicted meanwhile; the mapping is still good
+        except OSError:
+            pass  # evicted meanwhile, or another user's file: the touch is best-effort
         return raw[:n]
 
     def _drop(self, path: str) -> None:
         warnings.warn(
-            f"cache block {path} failed its checksum (damaged or cut short); "
-            "deleted and fetched again",
+            f"cache block {path} failed its checksum (damaged, cut short, another object's or "
+            "block's, or an older format); deleted and fetched again",
             stacklevel=4,
         )
         with self._lock:
             self.dropped += 1
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        _unlink_quietly(path)
 
     def _missing_run(self, name: str, k: int, last: int) -> int:
         """How many blocks from ``k`` (at most to ``last``) are absent: one GET for all."""
@@ -257,7 +305,7 @@ class CachedStore(ForwardingStore):
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
-                f.write(_TRAILER.pack(crc32c(data), len(data)))
+                f.write(_TRAILER.pack(_MAGIC, crc32c(data, self._seed(name, k)), len(data)))
             os.replace(tmp, path)
         except OSError as exc:
             _unlink_quietly(tmp)
@@ -265,7 +313,9 @@ class CachedStore(ForwardingStore):
                 # A full disk costs the cache, never the read: the bytes are in hand.
                 warnings.warn(f"cache folder {self._dir} is full; block not cached", stacklevel=4)
                 return
-            raise
+            raise OSError(
+                exc.errno, f"cannot write the node cache's block ({exc.strerror})", path
+            ) from exc
         with self._lock:
             self._written += len(data) + _TRAILER.size
             sweep = self._written >= self._sweep_every
@@ -296,8 +346,8 @@ class CachedStore(ForwardingStore):
                 try:
                     os.unlink(path)
                     freed += size
-                except FileNotFoundError:
-                    pass
+                except OSError:
+                    pass  # gone meanwhile, or not ours to delete: the sweep goes on
             return freed
         finally:
             os.close(fd)  # releases the lock
@@ -327,8 +377,10 @@ def _subdirs(folder: str) -> list[str]:
         return []
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(path: str) -> bool:
+    """Delete ``path`` if it is there; whether it was."""
     try:
         os.unlink(path)
     except FileNotFoundError:
-        pass
+        return False
+    return True

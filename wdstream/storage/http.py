@@ -199,6 +199,9 @@ class HttpStore(RemoteStore):
         path = p.path.rstrip("/") + "/" + quote(name, safe="/-_.~")
         return urlunsplit((p.scheme, p.netloc, path, p.query, ""))
 
+    def identity(self, name: str) -> str:
+        return self._object_url(name)  # with the query: ``?ds=web`` and ``?ds=code`` differ
+
     @property
     def _timeout(self) -> tuple[float, float]:
         return (self.policy.connect_timeout, self.policy.read_timeout)

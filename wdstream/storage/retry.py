@@ -70,6 +70,19 @@ class _DeadlineExceeded(TransientError):
     so a server that trickles still runs out of budget."""
 
 
+def _went_silent(exc: BaseException) -> bool:
+    """Whether a body ended because the server stopped sending: a read timeout (urllib3's
+    ``ReadTimeoutError``, requests' ``ReadTimeout``, botocore's ``ReadTimeoutError``,
+    ``socket.timeout``: every client names it so), here or in the exceptions it wraps."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 8:  # a cause chain is short; bounded all the same
+        if isinstance(e, TimeoutError) or any("Timeout" in c.__name__ for c in type(e).__mro__):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How hard a remote store tries, and for how long (docs/STORAGE.md says why these).
@@ -329,6 +342,11 @@ class Retrier:
             began = self.clock()
             try:
                 promised, chunks = fetch(pos, end)
+                if end is not None and promised > end - pos:
+                    close = getattr(chunks, "close", None)
+                    if close is not None:
+                        close()
+                    raise TransientError(f"the answer promises {promised} bytes, {end - pos} asked")
                 got = 0
                 try:
                     for chunk in chunks:
@@ -349,7 +367,14 @@ class Retrier:
             except Exception as exc:
                 what = f"read of {url} at byte {pos}"
                 self._raise_unless_retryable(exc, what, RemoteReadError, url, pos)
-                if pos > before and not isinstance(exc, _DeadlineExceeded):
+                # Bytes, then silence (a body shorter than promised, the rest never sent)
+                # count like a deadline: kept, but no progress, or every read of such a
+                # server would wait out one read timeout per attempt, without end.
+                if (
+                    pos > before
+                    and not isinstance(exc, _DeadlineExceeded)
+                    and not _went_silent(exc)
+                ):
                     failures, since = 0, self.clock()  # progress: resume at once
                     log.debug("%s cut after new bytes (%s); resuming", what, describe(exc))
                     continue

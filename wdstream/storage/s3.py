@@ -168,6 +168,11 @@ class S3Store(RemoteStore):
     def child_url(self, name: str) -> str:
         return f"s3://{self.bucket}/{self.object_key(name)}"
 
+    def identity(self, name: str) -> str:
+        return (
+            f"{self.endpoint_url or os.environ.get('AWS_ENDPOINT_URL', '')} {self.child_url(name)}"
+        )
+
     # -- reads ----------------------------------------------------------------------------
 
     def _fetch(self, name: str, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:

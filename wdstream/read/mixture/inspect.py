@@ -22,8 +22,8 @@ from wdstream.read.mixture.reader import MixtureReader
 from wdstream.read.mixture.schedule import parse_weights
 from wdstream.read.mixture.sources import open_sources
 from wdstream.read.mixture.spec import MixtureSpec, read_spec
-from wdstream.read.order.base import check_step
 from wdstream.read.order.global_order import Origin
+from wdstream.read.order.step_check import check_step
 from wdstream.read.provenance import Provenance, RowPiece, StepQuery, row_pieces, with_text
 from wdstream.words import count
 

@@ -40,15 +40,9 @@ from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weight
 from wdstream.read.mixture.sources import source_seed
 from wdstream.read.mixture.spec import MixtureSpec
 from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_state
-from wdstream.read.order.base import (
-    ChunkBuffers,
-    Cursor,
-    DocStarts,
-    FilledChunk,
-    Worker,
-    check_step,
-)
+from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.step_check import check_step
 from wdstream.read.order.steps import GlobalPosition, StepChunks
 from wdstream.read.sources.packed import ShardSource
 

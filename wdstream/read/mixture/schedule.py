@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.read.mixture.interleave import Interleave, exact_weights
-from wdstream.read.order.base import ROW_LIMIT
+from wdstream.read.order.step_check import ROW_LIMIT
 
 __all__ = ["SchedulePiece", "Schedule", "parse_weights"]
 

@@ -16,7 +16,6 @@ chunk's number in this process (which ring slot it used), the filled int32 rows,
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -31,13 +30,8 @@ __all__ = [
     "FilledChunk",
     "SequencePosition",
     "Worker",
-    "ROW_LIMIT",
-    "check_step",
 ]
 
-# Rows of a run are numbered with int64 (numpy, torch, the state's positions), so a step
-# whose rows, counted from the run's origin, pass 2**63 is no step a run can reach.
-ROW_LIMIT = 1 << 63
 
 Cursor = dict[str, Any]
 Worker = tuple[int, int] | None  # (id, num_workers) inside a torch worker, else None
@@ -123,29 +117,3 @@ class BatchSequence(Protocol[P]):
 
     def release(self) -> None:
         """Drop cached window data (the end of an iteration)."""
-
-
-def check_step(step: Any, origin_step: int, origin_row: int, global_batch: int) -> int:
-    """``step`` as a global step a run counting from ``(origin_step, origin_row)`` in steps of
-    ``global_batch`` rows can reach, the one check every place a step enters goes through
-    (``batch_at`` of one dataset and of a mixture, ``global_batch_at``, ``explain``).
-
-    A bool, float or string is refused even where Python would accept it as an index
-    (``True`` is not step 1); a step before the origin, or one whose last row passes
-    ``ROW_LIMIT`` counted from the origin, is refused with the range that is valid.
-
-    Raises:
-        TypeError: ``step`` is not an integer.
-        ValueError: ``step`` is outside ``[origin_step, last]``.
-    """
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-        raise TypeError(f"step must be an integer, got {type(step).__name__} {step!r:.60}")
-    step = int(step)
-    last = origin_step + (ROW_LIMIT - origin_row) // global_batch - 1
-    if not origin_step <= step <= last:
-        raise ValueError(
-            f"step {step} is outside the steps this run can reach, [{origin_step}, {last}] "
-            f"(from its origin step {origin_step}, {global_batch} rows a step, rows numbered "
-            "below 2**63)"
-        )
-    return step

@@ -28,15 +28,9 @@ import numpy as np
 import torch
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.order.base import (
-    ChunkBuffers,
-    Cursor,
-    DocStarts,
-    FilledChunk,
-    Worker,
-    check_step,
-)
+from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.step_check import check_step
 from wdstream.read.order.steps import GlobalPosition, RowScope, StepChunks
 from wdstream.read.order.streams_state import (
     SEAL_KEY,

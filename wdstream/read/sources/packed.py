@@ -13,29 +13,28 @@ are loaded lazily, only for the shards actually read), a brace pattern of shard 
 
 from __future__ import annotations
 
-import fnmatch
 import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import braceexpand
 import numpy as np
 
 from wdstream.errors import CorruptShardError
-from wdstream.format.checksum import Corruption, find_corruption
+from wdstream.format.checksum import Corruption, find_corruption, spot_check
 from wdstream.format.index import DatasetIndex
 from wdstream.format.sample import LocatedTokens, decode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.sources.layouts import KeptLayouts
 from wdstream.read.sources.shards import decode_span, parse_sidecar, read_index, sidecar_from_tar
-from wdstream.read.sources.stores import CACHE_OPTIONS, StoreCache, fingerprint
-from wdstream.storage import Store, open_store, split_url
+from wdstream.read.sources.stores import StoreCache, expand_urls, fingerprint
+from wdstream.storage import Store
+from wdstream.storage.urls import is_dataset_root, split_url
 
-__all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]
+__all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]  # expand_urls: stores.py
 
 _REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
 _SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
@@ -66,36 +65,6 @@ class PieceRead:
     tokens: LocatedTokens
     doc_lens: list[tuple[int, ...]]
     checks: CopyChecks | None
-
-
-def expand_urls(source: str | Sequence[str], **store_options: Any) -> list[str]:
-    """Expand brace patterns (``a-{000..009}.tar``) and wildcards in file names (``*.tar``).
-
-    Wildcards match the names a store lists in the pattern's folder (local, S3; plain HTTP
-    cannot list and says so), sorted; a wildcard that matches nothing is an error.
-
-    Raises:
-        FileNotFoundError: if a wildcard pattern matches no object.
-    """
-    items = [source] if isinstance(source, str) else list(source)
-    urls: list[str] = []
-    for url in (u for item in items for u in braceexpand.braceexpand(item)):
-        root, name = split_url(url)
-        if not any(c in name for c in "*?["):
-            urls.append(url)
-            continue
-        listing = {k: v for k, v in store_options.items() if k not in CACHE_OPTIONS}
-        store = open_store(root, **listing)
-        try:
-            names = fnmatch.filter(store.list(), name)
-        finally:
-            store.close()
-        if not names:
-            raise FileNotFoundError(f"{url}: no shard matches this pattern")
-        urls += [
-            url[: len(url) - len(name)] + n if url.endswith(name) else f"{root}/{n}" for n in names
-        ]
-    return urls
 
 
 class ShardSource:
@@ -133,13 +102,7 @@ class ShardSource:
         self._layouts = KeptLayouts(_SIDECAR_CACHE)
         self._lock = threading.Lock()
         self.index: DatasetIndex | None = None
-        is_root = (
-            isinstance(source, str)
-            and not any(c in source for c in "{*?[")
-            and not source.endswith(".tar")
-        )
-        if is_root:
-            assert isinstance(source, str)
+        if isinstance(source, str) and is_dataset_root(source):
             store = self._store(source)
             self.index = read_index(store)
             self.urls = [(source, s.name) for s in self.index.shards]
@@ -225,16 +188,21 @@ class ShardSource:
         """URL of a shard, for messages."""
         return self._stores.url(*self.urls[shard])
 
-    def _corruption_message(self, shard: int, bad: Corruption) -> str:
+    def _corruption_message(self, shard: int, bad: Corruption, cached: list[str]) -> str:
+        """The error for bytes that failed their checksums; ``cached``: the node cache's
+        block files they were read from (dropped), which are then named as the suspects."""
+        via = (
+            f"; read through the node cache, blocks {', '.join(cached)} (dropped)" if cached else ""
+        )
         if bad.sample is None:
             return (
                 f"{self.where(shard)}: bytes from {bad.byte} between samples (tar headers or "
-                "padding) fail the running checksum (corrupt bytes; `wdstream verify` scans "
-                "the whole shard)"
+                f"padding) fail the running checksum (corrupt bytes{via}; `wdstream verify` "
+                "scans the whole shard)"
             )
         return (
             f"{self.where(shard)}: sample {bad.sample} at byte {bad.byte}: checksum mismatch "
-            "(corrupt bytes)"
+            f"(corrupt bytes{via})"
         )
 
     def _sidecar(self, shard: int) -> tuple[ShardSidecar, np.ndarray]:
@@ -327,8 +295,18 @@ class ShardSource:
                 must verify every sample it copies before handing the copy on.
         """
 
+        failed = threading.Event()
+
         def one(shard: int, a: int, b: int, check: np.ndarray | None) -> PieceRead:
-            return self._read_piece(shard, a, b, docs, check, verify)
+            # One fate per window: at its first failure the reads not started are not made,
+            # so it fails by its first read's deadline, not one more per round of threads.
+            if failed.is_set():
+                raise CancelledError
+            try:
+                return self._read_piece(shard, a, b, docs, check, verify)
+            except BaseException:
+                failed.set()
+                raise
 
         each = checks if checks is not None else [None] * len(pieces)
         if not self.remote or len(pieces) < 2 or self._held(pieces):
@@ -339,7 +317,7 @@ class ShardSource:
                     _REMOTE_READS, thread_name_prefix="wdstream-fetch"
                 )
         jobs = [self._fetch_pool.submit(one, *pc, c) for pc, c in zip(pieces, each, strict=True)]
-        return [job.result() for job in jobs]
+        return [job.result() for job in jobs]  # the first failure in order is a real one
 
     def _held(self, pieces: list[tuple[int, int, int]]) -> bool:
         """Whether the stores hold every piece's bytes at hand (a node cache's mapped
@@ -403,7 +381,10 @@ class ShardSource:
         """
         i = int(np.searchsorted(checks.offsets, start))
         bad = Corruption(checks.first + i, checks.begin + start)
-        raise CorruptShardError(self._corruption_message(checks.shard, bad))
+        root, name = self.urls[checks.shard]
+        at = checks.begin + start, checks.begin + start + int(checks.sizes[i])
+        dropped = self._store(root).forget_range(name, *at)  # a rerun fetches them again
+        raise CorruptShardError(self._corruption_message(checks.shard, bad, dropped))
 
     def _checked_range(
         self, shard: int, a: int, b: int, check: np.ndarray | None, verify: bool = True
@@ -418,14 +399,32 @@ class ShardSource:
         # A run check starts at the end of the previous sample's data: a header earlier.
         begin, end = sidecar.run_check(a, b)[:2] if by_run else sidecar.byte_range(a, b)
         root, name = self.urls[shard]
-        buf = self._store(root).read_range_view(name, begin, end)
-        if len(buf) != end - begin:
+        store = self._store(root)
+        buf = store.read_range_view(name, begin, end)
+        bad = self._bad_bytes(shard, buf, begin, sidecar, a, b, check, verify)
+        dropped = store.forget_range(name, begin, end) if bad is not None else []
+        if dropped:  # a node cache's bytes failed: fetched once more, from the source
+            warnings.warn(f"{self.where(shard)}: cached bytes failed their checksums; the "
+                          f"node cache's blocks {', '.join(dropped)} were dropped and fetched again",
+                          stacklevel=3)  # fmt: skip
+            buf = store.read_range_view(name, begin, end)
+            bad = self._bad_bytes(shard, buf, begin, sidecar, a, b, check, verify)
+        if bad is not None:
+            raise CorruptShardError(self._corruption_message(shard, bad, dropped))
+        return buf, begin, sidecar
+
+    def _bad_bytes(
+        self, shard: int, buf: memoryview, begin: int, sidecar: ShardSidecar, a: int, b: int,
+        check: np.ndarray | None, verify: bool,
+    ) -> Corruption | None:  # fmt: skip
+        """Where the bytes of samples ``[a, b)`` fail their checksums (all, when asked to
+        verify; else, with ``checksums=False``, the first and last sample: a check that stays
+        on, see :func:`spot_check`), or None."""
+        if len(buf) != sidecar.byte_range(a, b)[1] - begin:  # the range asked, exactly
             raise CorruptShardError(f"{self.where(shard)}: short read at byte {begin + len(buf)}")
         if verify:
-            bad = find_corruption(buf, begin, sidecar, a, b, check)
-            if bad is not None:
-                raise CorruptShardError(self._corruption_message(shard, bad))
-        return buf, begin, sidecar
+            return find_corruption(buf, begin, sidecar, a, b, check)
+        return None if self.checksums else spot_check(buf, begin, sidecar, a, b)
 
     def _check_counts(self, shard: int, want: np.ndarray, got: np.ndarray) -> None:
         if not np.array_equal(want, got):

@@ -9,14 +9,19 @@ With ``cache_dir`` among the options, remote stores read through the node-local 
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
+from collections.abc import Sequence
 from typing import Any
+
+import braceexpand
 
 from wdstream.storage import Store, open_store
 from wdstream.storage.cache import CachedStore, parse_cache_limit
 from wdstream.storage.local import LocalStore
+from wdstream.storage.urls import has_wildcard, join_url, split_url
 
-__all__ = ["CACHE_OPTIONS", "StoreCache", "fingerprint"]
+__all__ = ["CACHE_OPTIONS", "StoreCache", "expand_urls", "fingerprint"]
 
 CACHE_OPTIONS = ("cache_dir", "cache_limit")  # the node cache's, not a store's
 
@@ -69,3 +74,32 @@ class StoreCache:
 def fingerprint(ident: Any) -> str:
     """16 hex digits identifying a source's contents (names, sizes, hashes) for its states."""
     return hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
+
+
+def expand_urls(source: str | Sequence[str], **store_options: Any) -> list[str]:
+    """Expand brace patterns (``a-{000..009}.tar``) and wildcards in file names (``*.tar``).
+
+    Wildcards match the names a store lists in the pattern's folder (local, S3; plain HTTP
+    cannot list and says so), sorted; a wildcard that matches nothing is an error. The
+    ``?`` of an http(s) URL starts its query string, never a wildcard (see storage/urls.py).
+
+    Raises:
+        FileNotFoundError: if a wildcard pattern matches no object.
+    """
+    items = [source] if isinstance(source, str) else list(source)
+    urls: list[str] = []
+    for url in (u for item in items for u in braceexpand.braceexpand(item)):
+        root, name = split_url(url)
+        if not has_wildcard(name):
+            urls.append(url)
+            continue
+        listing = {k: v for k, v in store_options.items() if k not in CACHE_OPTIONS}
+        store = open_store(root, **listing)
+        try:
+            names = fnmatch.filter(store.list(), name)
+        finally:
+            store.close()
+        if not names:
+            raise FileNotFoundError(f"{url}: no shard matches this pattern")
+        urls += [join_url(root, n) for n in names]
+    return urls
