@@ -253,13 +253,14 @@ def test_raw_text_reader_refuses_a_long_line(tmp_path: Path) -> None:
 
 
 def test_default_limit_refuses_a_small_bomb(tmp_path: Path) -> None:
-    """The default limit, through the CLI: a ~30 KB .zst holding one 300 MiB line.
+    """The default limit, through the CLI: a small .zst holding one 1.25 GiB line.
 
-    Memory stays about the limit (256 MiB), since nothing past it is held; the process's
-    peak (ru_maxrss) is checked below 500 MB.
+    Nothing past the limit (256 MiB) is held, so the process's peak (ru_maxrss) stays far
+    below the line's size: checked below 1 GB (seen here: 0.3-0.7 GB, depending on how the
+    decompressor's slices and the line's chunks meet; holding the line would pass 1.3 GB).
     """
     src = tmp_path / "bomb.jsonl.zst"
-    line = DEFAULT_MAX_RECORD_BYTES + (44 << 20)
+    line = DEFAULT_MAX_RECORD_BYTES + (1 << 30)
     comp = zstandard.ZstdCompressor(level=3).compressobj()
     parts = [comp.compress(b'{"text": "')]
     chunk = b"z" * (1 << 20)
@@ -289,5 +290,5 @@ def test_default_limit_refuses_a_small_bomb(tmp_path: Path) -> None:
         f"Error: {src}:1: record longer than the limit of {DEFAULT_MAX_RECORD_BYTES:,} bytes"
     )
     peak_kb = int(proc.stderr.rsplit("peak_kb=", 1)[1].split()[0])
-    assert peak_kb < 500_000, peak_kb
+    assert peak_kb < 1_000_000, peak_kb
     assert seconds < 30, seconds  # about 2 s here; generous for a loaded CI host

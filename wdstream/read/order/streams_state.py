@@ -264,7 +264,7 @@ def _unseal(
     if isinstance(value, dict) and SEAL_KEY not in value:
         raise mismatch(
             f"{path}.{SEAL_KEY}", None,
-            "missing: a raw-text cursor carries a check of its fields (issue 23), and a "
+            "missing: a raw-text cursor carries a check of its fields, and a "
             "state saved without one cannot vouch for its position, so it is refused; "
             "resume from a state saved by this version, or start the run's epoch afresh",
         )  # fmt: skip
