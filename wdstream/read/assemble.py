@@ -5,20 +5,23 @@ a spec file) becomes a :class:`~wdstream.read.mixture.reader.MixtureReader`; one
 dataset the global order (:class:`~wdstream.read.order.global_sequence.GlobalReader`) or
 per-rank streams; raw text (a tokenizer given) per-rank streams tokenised on the fly. The
 torch layer receives the parts and knows only their interfaces.
+
+A mixture's and raw text's modules (and through them the input readers and tokenizers)
+are imported only when the arguments select them: a Loader of one packed dataset imports
+about half the modules, which is most of its start-up before the first read.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
 
 from wdstream.read.batches.rows import RowLabels, row_labels
-from wdstream.read.mixture.reader import MixtureReader
-from wdstream.read.mixture.sources import open_sources
 from wdstream.read.mixture.spec import is_mixture, mixture_spec
 from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import BatchSequence
@@ -27,10 +30,12 @@ from wdstream.read.order.global_sequence import GlobalReader
 from wdstream.read.order.streams import ReaderContext
 from wdstream.read.order.streams_context import ReaderConfig
 from wdstream.read.order.streams_sequence import StreamsSequence
-from wdstream.read.order.text_streams import TextContext
 from wdstream.read.sources.packed import ShardSource
-from wdstream.read.sources.text import TextSource
-from wdstream.tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    from wdstream.read.mixture.reader import MixtureReader
+    from wdstream.read.sources.text import TextSource
+    from wdstream.tokenizers.base import Tokenizer
 
 __all__ = ["ReaderParts", "assemble", "check_sizes", "resolve_order", "resolve_rank"]
 
@@ -52,6 +57,9 @@ def assemble(source: Any, cfg: ReaderConfig, order: str, opts: ReadOptions) -> R
     mask_doc_ends, store_options = opts.mask_doc_ends, opts.store_options
     if is_mixture(source):
         spec = mixture_spec(source, opts.weights, opts.stop)
+        from wdstream.read.mixture.reader import MixtureReader
+        from wdstream.read.mixture.sources import open_sources
+
         sources = open_sources(spec, **store_options)
         labels = _mixture_labels(spec.names, sources, cfg.seq_len, mask_doc_ends)
         mixture = MixtureReader(
@@ -66,7 +74,9 @@ def assemble(source: Any, cfg: ReaderConfig, order: str, opts: ReadOptions) -> R
         source, opts.tokenizer, opts.batches_per_epoch, text_key=opts.text_key,
         on_error=opts.on_error, eos=opts.eos, **store_options,
     )  # fmt: skip
-    if isinstance(one, TextSource):
+    if not isinstance(one, ShardSource):  # raw text
+        from wdstream.read.order.text_streams import TextContext
+
         ctx = TextContext(one, cfg, opts.batches_per_epoch, opts.tokenize_threads)
         text = StreamsSequence(ctx, cfg, one.fingerprint, opts.epochs, sealed=True)
         return ReaderParts(text, None, one, None)
@@ -109,7 +119,14 @@ def check_sizes(**sizes: int) -> None:
 
 def is_text(source: Any, tokenizer: Any) -> bool:
     """Whether the reader reads raw text (a tokenizer given, or a text source)."""
-    return tokenizer is not None or isinstance(source, TextSource)
+    return tokenizer is not None or _is_text_source(source)
+
+
+def _is_text_source(source: Any) -> TypeGuard[TextSource]:
+    """Whether ``source`` is a :class:`TextSource` object; one can only exist once its
+    module was imported, so an unimported module answers no without importing it."""
+    module = sys.modules.get("wdstream.read.sources.text")
+    return module is not None and isinstance(source, module.TextSource)
 
 
 def _open_source(
@@ -122,11 +139,14 @@ def _open_source(
     **store_options: Any,
 ) -> ShardSource | TextSource:
     """Packed token shards, or raw text when a tokenizer is given (or a TextSource)."""
-    if isinstance(source, TextSource):
+    if _is_text_source(source):
         return source
+    source = cast("str | Sequence[str] | ShardSource", source)
     if tokenizer is not None:
         if isinstance(source, ShardSource):
             raise TypeError("tokenizer= reads raw text files, not a ShardSource of token shards")
+        from wdstream.read.sources.text import TextSource
+
         return TextSource(
             source, tokenizer, text_key=text_key, on_error=on_error, eos=eos, **store_options
         )

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from wdstream.tokenizers import Tokenizer
+if TYPE_CHECKING:
+    from wdstream.tokenizers.base import Tokenizer
 
 __all__ = ["ReadOptions"]
 

@@ -12,7 +12,7 @@ position. :class:`wdstream.Loader` uses it with ``K > 1``: it passes its own pos
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,9 +32,11 @@ from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.order.global_order import Origin
 from wdstream.read.order.streams_context import ReaderConfig
-from wdstream.read.sources.packed import ShardSource
-from wdstream.read.sources.text import TextSource
 from wdstream.read.torch.handoff import FreshBuffers, WorkerHandoff
+
+if TYPE_CHECKING:
+    from wdstream.read.sources.packed import ShardSource
+    from wdstream.read.sources.text import TextSource
 
 __all__ = ["Chunk", "TokenDataset", "chunk_to_batches", "resolve_order", "resolve_rank"]
 

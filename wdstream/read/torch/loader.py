@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -33,7 +33,9 @@ from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.torch.handoff import WorkerHandoff
-from wdstream.tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    from wdstream.tokenizers.base import Tokenizer
 
 __all__ = ["Loader"]
 
