@@ -58,3 +58,15 @@ def _write_jsonl(path: Path, texts: Iterable[str], key: str = "text") -> Path:
 def write_jsonl() -> Callable[..., Path]:
     """``write_jsonl(path, texts, key="text")`` writes one JSON object per line."""
     return _write_jsonl
+
+
+def pack_docs_corpus(d: Path, n_docs: int, seed: int, stdlib_files: int) -> str:
+    """A docs-mode pack (32 KB shards) of :func:`make_corpus` documents under ``d``; its root."""
+    import wdstream
+
+    src = d / "in.jsonl"
+    src.write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in make_corpus(n_docs, seed, stdlib_files))
+    )
+    wdstream.pack([str(src)], str(d / "out"), mode="docs", shard_size="32KB", workers=0)
+    return str(d / "out")

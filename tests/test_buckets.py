@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import wdstream
-from tests.conftest import make_corpus
+from tests.conftest import pack_docs_corpus
 from wdstream.errors import StateMismatchError
 from wdstream.read.batches.buckets import BucketedBatches, bucket_plan
 from wdstream.read.batches.rows import IGNORE_INDEX
@@ -44,13 +44,7 @@ def test_plan_refuses_a_row_over_the_budget() -> None:
 
 @pytest.fixture(scope="module")
 def docs_root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    d = tmp_path_factory.mktemp("buckets")
-    src = d / "in.jsonl"
-    src.write_text(
-        "".join(json.dumps({"text": t}) + "\n" for t in make_corpus(120, seed=2, stdlib_files=0))
-    )
-    wdstream.pack([str(src)], str(d / "out"), mode="docs", shard_size="32KB", workers=0)
-    return str(d / "out")
+    return pack_docs_corpus(tmp_path_factory.mktemp("buckets"), 120, seed=2, stdlib_files=0)
 
 
 SEQ, BUDGET = 128, 512

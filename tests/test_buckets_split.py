@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import wdstream
-from tests.conftest import make_corpus
+from tests.conftest import pack_docs_corpus
 from wdstream.errors import StateMismatchError
 from wdstream.read.batches.buckets import BucketedBatches
 from wdstream.testing import assert_resumes_exactly
@@ -31,13 +31,7 @@ SEQ, BUDGET = 64, 256
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    d = tmp_path_factory.mktemp("split")
-    src = d / "in.jsonl"
-    src.write_text(
-        "".join(json.dumps({"text": t}) + "\n" for t in make_corpus(90, seed=5, stdlib_files=1))
-    )
-    wdstream.pack([str(src)], str(d / "out"), mode="docs", shard_size="32KB", workers=0)
-    return str(d / "out")
+    return pack_docs_corpus(tmp_path_factory.mktemp("split"), 90, seed=5, stdlib_files=1)
 
 
 def decoded_documents(root: str) -> list[np.ndarray]:

@@ -58,6 +58,14 @@ def expected(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     return _files(ref)
 
 
+def _committed(store: Store) -> int:
+    """Shards the pack writing to ``store`` has committed so far (its journal's count)."""
+    try:
+        return len(json.loads(store.read(JOURNAL_NAME))["shards"])
+    except FileNotFoundError:
+        return 0
+
+
 def _pack_cmd(inp: str, out: str) -> list[str]:
     return [sys.executable, "-m", "wdstream.cli", "pack", inp, "-o", out, *OPTS]
 
@@ -234,10 +242,7 @@ def test_sigkilled_s3_pack_needs_force_unlock(
     store = _store(url)
 
     def committed() -> int:
-        try:
-            return len(json.loads(store.read(JOURNAL_NAME))["shards"])
-        except FileNotFoundError:
-            return 0
+        return _committed(store)
 
     cmd = _pack_cmd(str(corpus), url)
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
@@ -351,10 +356,7 @@ def test_s3_lock_taken_over_midway_stops_publishing(
     store = _store(url)
 
     def committed() -> int:
-        try:
-            return len(json.loads(store.read(JOURNAL_NAME))["shards"])
-        except FileNotFoundError:
-            return 0
+        return _committed(store)
 
     # Small tokenisation batches, so shards commit while the input still arrives.
     code = (
