@@ -59,6 +59,12 @@ class Store(abc.ABC):
         reader calls it when bytes fail their checksums, before reading them once more."""
         return []
 
+    def read_source_range(self, name: str, start: int, end: int) -> memoryview:
+        """Bytes ``[start, end)`` of ``name`` from the source itself, past any local copy:
+        the read after :meth:`forget_range` (a copy another thread maps meanwhile cannot
+        serve it)."""
+        return self.read_range_view(name, start, end)
+
     @abc.abstractmethod
     def size(self, name: str) -> int:
         """Size in bytes. Raises FileNotFoundError if it does not exist."""
@@ -150,6 +156,9 @@ class ForwardingStore(Store):
 
     def forget_range(self, name: str, start: int, end: int) -> list[str]:
         return self.inner.forget_range(name, start, end)
+
+    def read_source_range(self, name: str, start: int, end: int) -> memoryview:
+        return self.inner.read_source_range(name, start, end)
 
     def size(self, name: str) -> int:
         return self.inner.size(name)

@@ -25,11 +25,17 @@ import numpy as np
 
 from wdstream.errors import CorruptShardError
 from wdstream.format.checksum import Corruption, find_corruption, spot_check
-from wdstream.format.index import DatasetIndex
+from wdstream.format.index import DatasetIndex, ShardEntry
 from wdstream.format.sample import LocatedTokens, decode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.sources.layouts import KeptLayouts
-from wdstream.read.sources.shards import decode_span, parse_sidecar, read_index, sidecar_from_tar
+from wdstream.read.sources.shards import (
+    decode_span,
+    parse_sidecar,
+    read_index,
+    sibling_index,
+    sidecar_from_tar,
+)
 from wdstream.read.sources.stores import StoreCache, expand_urls, fingerprint
 from wdstream.storage import Store
 from wdstream.storage.urls import is_dataset_root, split_url
@@ -102,9 +108,11 @@ class ShardSource:
         self._layouts = KeptLayouts(_SIDECAR_CACHE)
         self._lock = threading.Lock()
         self.index: DatasetIndex | None = None
+        self._entries: list[ShardEntry] | None = None  # each shard's entry in self.index
         if isinstance(source, str) and is_dataset_root(source):
             store = self._store(source)
             self.index = read_index(store)
+            self._entries = list(self.index.shards)
             self.urls = [(source, s.name) for s in self.index.shards]
             self.sidecar_names = [s.sidecar for s in self.index.shards]
             self.samples = np.array([s.samples for s in self.index.shards], dtype=np.int64)
@@ -117,16 +125,26 @@ class ShardSource:
             if not self.urls:
                 raise ValueError(f"no shard URLs in {source!r}")
             self.sidecar_names = [sidecar_name(n) for _, n in self.urls]
+            # The meaning of shards opened by URL comes from the index.json beside them
+            # (their sidecars are then checked against its entries as they are read).
+            found = sibling_index(self.urls, self._store)
+            if found is not None:
+                self.index, self._entries = found
             counts = [self._sidecar(i)[0].tokens for i in range(len(self.urls))]
             self.samples = np.array([len(c) for c in counts], dtype=np.int64)
             self.tokens = np.array([int(c.sum(dtype=np.int64)) for c in counts], dtype=np.int64)
-            # Without an index the mode is inferred: equal-length samples (but a last short
-            # one) mean concat packing, which lets the plan count tokens arithmetically.
-            lens = np.concatenate(counts) if counts else np.zeros(0)
-            st = int(lens[0]) if len(lens) else 0
-            concat = len(lens) > 0 and bool(np.all(lens[:-1] == st)) and 0 < lens[-1] <= st
-            self.mode = "concat" if concat else "docs"
-            self.sample_tokens = st if concat else None
+            # Only without an index is the mode inferred: equal-length samples (but a last
+            # short one) mean concat packing, which lets the plan count tokens
+            # arithmetically (a best-fit pack's padded rows look the same: shards alone
+            # are read as plain rows, see docs/READER.md).
+            if self.index is not None:
+                self.mode, self.sample_tokens = self.index.mode, self.index.sample_tokens
+            else:
+                lens = np.concatenate(counts) if counts else np.zeros(0)
+                st = int(lens[0]) if len(lens) else 0
+                concat = len(lens) > 0 and bool(np.all(lens[:-1] == st)) and 0 < lens[-1] <= st
+                self.mode = "concat" if concat else "docs"
+                self.sample_tokens = st if concat else None
             ident = [
                 [f"{r}/{n}", int(a), int(b)]
                 for (r, n), a, b in zip(self.urls, self.samples, self.tokens, strict=True)
@@ -213,7 +231,7 @@ class ShardSource:
                 return hit
         root, name = self.urls[shard]
         store = self._store(root)
-        index_entry = self.index.shards[shard] if self.index is not None else None
+        index_entry = self._entries[shard] if self._entries is not None else None
         try:
             version = self.index.version if self.index is not None else None
             sidecar = parse_sidecar(store, self.sidecar_names[shard], index_entry, version)
@@ -407,7 +425,7 @@ class ShardSource:
             warnings.warn(f"{self.where(shard)}: cached bytes failed their checksums; the "
                           f"node cache's blocks {', '.join(dropped)} were dropped and fetched again",
                           stacklevel=3)  # fmt: skip
-            buf = store.read_range_view(name, begin, end)
+            buf = store.read_source_range(name, begin, end)
             bad = self._bad_bytes(shard, buf, begin, sidecar, a, b, check, verify)
         if bad is not None:
             raise CorruptShardError(self._corruption_message(shard, bad, dropped))

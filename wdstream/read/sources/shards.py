@@ -14,7 +14,7 @@ shard and the byte offset::
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -35,6 +35,7 @@ __all__ = [
     "read_index",
     "read_samples",
     "read_sidecar",
+    "sibling_index",
     "sidecar_from_tar",
     "store_sha256",
 ]
@@ -63,6 +64,63 @@ def read_index(store: Store) -> DatasetIndex:
             "`wdstream pack`, or pass shard URLs such as 'data-{000000..000009}.tar')"
         ) from None
     return DatasetIndex.from_json(text, where=where)
+
+
+def sibling_index(
+    urls: list[tuple[str, str]], store_of: Callable[[str], Store]
+) -> tuple[DatasetIndex, list[ShardEntry]] | None:
+    """The ``index.json`` beside shards opened by their URLs, so a dataset opened by a glob,
+    brace pattern or list keeps its meaning (mode, padding and EOS ids, tokenizer): the
+    one index of the folders ``urls`` lie in and each URL's entry in it (whose sidecar
+    sha256 then vouches for the shard: one of another pack is refused when its sidecar is
+    read), or None when none of the folders has one.
+
+    Raises:
+        ValueError: a shard not listed in the index beside it, shards with an index beside
+            some but not others, or indexes of different meaning (rows, targets, tokens):
+            such shards are refused rather than read under a guessed meaning.
+    """
+    found: dict[str, DatasetIndex | None] = {}
+    for root in dict.fromkeys(r for r, _ in urls):
+        store = store_of(root)
+        found[root] = read_index(store) if store.exists(INDEX_NAME) else None
+    have = [root for root, index in found.items() if index is not None]
+    if not have:
+        return None
+    if len(have) < len(found):
+        bare = next(root for root, index in found.items() if index is None)
+        raise ValueError(
+            f"shards of {have[0]} have an index.json beside them and shards of {bare} have "
+            "none: their meaning (mode, padding, EOS) cannot be told for all; open the "
+            "dataset roots, or keep every folder's index.json"
+        )
+    first = found[have[0]]
+    assert first is not None
+    for root in have:
+        index = found[root]
+        assert index is not None
+        if _meaning(index) != _meaning(first):
+            raise ValueError(
+                f"the index.json of {root} and of {have[0]} describe datasets of different "
+                f"meaning ({_meaning(index)} vs {_meaning(first)}); read them as a mixture"
+            )
+    listed = {root: {s.name: s for s in index.shards} for root, index in found.items() if index}
+    entries = []
+    for root, name in urls:
+        entry = listed[root].get(name)
+        if entry is None:
+            raise ValueError(
+                f"{root}/{name} is not a shard of the index.json beside it; open the dataset "
+                "root, or give only shards that index lists"
+            )
+        entries.append(entry)
+    return first, entries
+
+
+def _meaning(index: DatasetIndex) -> tuple[object, ...]:
+    """What a reader learns from an index besides its shards: rows and targets."""
+    return (index.mode, index.seq_len, index.sample_tokens, index.eos_id, index.bos_id,
+            index.pad_id, index.dtype, index.tokenizer.get("name"))  # fmt: skip
 
 
 def parse_sidecar(
