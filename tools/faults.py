@@ -739,6 +739,65 @@ def lying_servers(work: Path, scale: float) -> Iterator[Attempt]:
 # ---------------------------------------------------------------- rows
 
 
+def shard_url_openings(work: Path, scale: float) -> Iterator[Attempt]:
+    """A best-fit pack opened by its root, a brace pattern, a glob and a list must give the
+    same rows and targets (padding and document ends masked: the index beside the shards
+    says so); a stray shard, one of another pack, or folders with and without an index
+    must be refused, never read under a guessed meaning."""
+    packs = work / "url-openings"
+    if not packs.exists():
+        packs.mkdir()
+        src = packs / "in.jsonl"
+        src.write_text("\n".join(_corpus_lines(120)) + "\n")
+        for name in ("bf", "other"):
+            args = ["pack", str(src), "-o", str(packs / name), "--mode", "bestfit",
+                    "--seq-len", "63", "--shard-size", "8KB", "--workers", "0", "-q"]  # fmt: skip
+            if name == "other":
+                args[1] = str(packs / "in2.jsonl")
+                (packs / "in2.jsonl").write_text("\n".join(_corpus_lines(121)[1:]) + "\n")
+            subprocess.run([sys.executable, "-m", "wdstream.cli", *args], check=True)
+    root, other = packs / "bf", packs / "other"
+    names = sorted(p.name for p in root.glob("*.tar"))
+    opts = dict(seq_len=63, batch_size=2, num_workers=0, seed=1, epochs=1)
+
+    def targets(source: object) -> np.ndarray:
+        return np.concatenate([b["labels"].numpy() for b in Loader(source, **opts)])
+
+    want = targets(str(root))
+    n = len(names)
+    for opening in (str(root / f"data-{{000000..{n - 1:06d}}}.tar"), str(root / "*.tar"),
+                    [str(root / x) for x in names]):  # fmt: skip
+        yield lambda opening=opening: compare(lambda: targets(opening), want)
+
+    def refused(setup: Callable[[Path], object]) -> Attempt:
+        def attempt() -> str:
+            d = Path(tempfile.mkdtemp(dir=work))
+            shutil.copytree(root, d / "bf")
+            source = setup(d)
+            return compare(lambda: targets(source), np.zeros(0))  # any data is wrong here
+
+        return attempt
+
+    def stray(d: Path) -> object:
+        for suffix in ("tar", "idx"):
+            shutil.copy(other / f"data-000000.{suffix}", d / "bf" / f"stray-000000.{suffix}")
+        return str(d / "bf" / "*.tar")
+
+    def same_name(d: Path) -> object:
+        for suffix in ("tar", "idx"):
+            shutil.copy(other / f"data-000001.{suffix}", d / "bf" / f"data-000001.{suffix}")
+        return str(d / "bf" / "data-00000{0,1}.tar")
+
+    def mixed_folders(d: Path) -> object:
+        (d / "bare").mkdir()
+        for suffix in ("tar", "idx"):
+            shutil.copy(root / f"data-000000.{suffix}", d / "bare" / f"data-000000.{suffix}")
+        return [str(d / "bf" / "data-000001.tar"), str(d / "bare" / "data-000000.tar")]
+
+    for setup in (stray, same_name, mixed_folders):
+        yield refused(setup)
+
+
 def shuffled_short_sample(work: Path, scale: float) -> Iterator[Attempt]:
     """The dataset's short last sample must never splice two samples into one row."""
     root = work / "short-last"
@@ -998,6 +1057,7 @@ ATTACKS = [
     Attack("bucketed batches, long documents", "max_tokens batches at 1-3 ranks: served rows plus the counted left-out rows equal every piece of every document (tarfile + msgpack) exactly once", bucketed_tokens),
     Attack("node cache files and identity", "cached blocks copied over, swapped with or bit-flipped into one another, read with `checksums=False`; two datasets differing only by the URL's query string in one cache folder", cache_files),
     Attack("lying HTTP servers", "another shard's bytes (checksums on/off, cached or not), a short body then silence (always / once), a trickle of the shards: clear error within the documented time, or the right data", lying_servers),
+    Attack("shards opened by URL", "a best-fit pack read by brace pattern, glob and list: targets equal the root's (padding masked); a stray shard, one of another pack, folders with and without index.json: refused", shard_url_openings),
     Attack("short last sample, shuffled", "every row of 2 shuffled epochs a whole packed sample (global and streams orders)", shuffled_short_sample),
 ]  # fmt: skip
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from wdstream.errors import CorruptShardError, IncompleteDatasetError
+from wdstream.errors import CorruptShardError, IncompleteDatasetError, IndexValidationError
 from wdstream.format.checksum import sample_checksum
 from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex, ShardEntry
 from wdstream.format.sample import SAMPLE_SUFFIXES, Sample, decode_sample
@@ -76,7 +76,7 @@ def sibling_index(
     read), or None when none of the folders has one.
 
     Raises:
-        ValueError: a shard not listed in the index beside it, shards with an index beside
+        IndexValidationError: a shard not listed in the index beside it, shards with an index beside
             some but not others, or indexes of different meaning (rows, targets, tokens):
             such shards are refused rather than read under a guessed meaning.
     """
@@ -89,7 +89,7 @@ def sibling_index(
         return None
     if len(have) < len(found):
         bare = next(root for root, index in found.items() if index is None)
-        raise ValueError(
+        raise IndexValidationError(
             f"shards of {have[0]} have an index.json beside them and shards of {bare} have "
             "none: their meaning (mode, padding, EOS) cannot be told for all; open the "
             "dataset roots, or keep every folder's index.json"
@@ -100,7 +100,7 @@ def sibling_index(
         index = found[root]
         assert index is not None
         if _meaning(index) != _meaning(first):
-            raise ValueError(
+            raise IndexValidationError(
                 f"the index.json of {root} and of {have[0]} describe datasets of different "
                 f"meaning ({_meaning(index)} vs {_meaning(first)}); read them as a mixture"
             )
@@ -109,7 +109,7 @@ def sibling_index(
     for root, name in urls:
         entry = listed[root].get(name)
         if entry is None:
-            raise ValueError(
+            raise IndexValidationError(
                 f"{root}/{name} is not a shard of the index.json beside it; open the dataset "
                 "root, or give only shards that index lists"
             )
