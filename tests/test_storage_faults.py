@@ -201,6 +201,30 @@ def test_put_refused_for_good_is_not_retried(served: FileServer, status: int) ->
     assert [m for m, _, _ in served.faults.requests] == ["PUT"]
 
 
+@pytest.mark.parametrize("status", [405, 501])
+def test_put_refused_by_a_read_only_server_says_it_needs_put(
+    served: FileServer, status: int
+) -> None:
+    """A static server answers PUT with 501 (or 405): the error says the server must accept
+    PUT and what else to write to, not only the status."""
+    store = _store(served.base_url, retries=5)
+    served.faults.reset(fail_every=1, fail_status=status, methods=("PUT",))
+    with pytest.raises(RemoteWriteError) as info:
+        store.write_bytes("new.tar", b"payload")
+    text = str(info.value)
+    assert f"HTTP {status}" in text and "the server does not accept PUT" in text
+    assert "a server that accepts PUT, or write to a local folder or s3://" in text
+
+
+def test_put_refused_for_one_object_gives_no_put_advice(served: FileServer) -> None:
+    """A 403 refuses this object, not PUT itself: no advice to change servers."""
+    store = _store(served.base_url)
+    served.faults.reset(fail_every=1, fail_status=403, methods=("PUT",))
+    with pytest.raises(RemoteWriteError) as info:
+        store.write_bytes("new.tar", b"payload")
+    assert "HTTP 403" in str(info.value) and "accept PUT" not in str(info.value)
+
+
 @pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 504])
 def test_put_answered_with_a_passing_status_is_retried(served: FileServer, status: int) -> None:
     store = _store(served.base_url)

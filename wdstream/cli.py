@@ -15,14 +15,48 @@ from wdstream.words import count
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# What a command can meet in normal use: bad input or options, storage, a missing extra.
+# Each becomes one ``Error:`` line; anything else is a bug and keeps its traceback.
+_EXPECTED = (WdstreamError, ValueError, OSError, ImportError)
+
+
+def _debug() -> bool:
+    """Whether ``--debug`` was given (outside a command: False)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.find_root().params.get("debug"))
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line (a multi-line message's lines joined by "; ")."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return "; ".join(lines) or exc.__class__.__name__
+
+
+class _Group(click.Group):
+    """A group whose commands report expected errors as one ``Error:`` line, not a
+    traceback (``--debug`` keeps the traceback, for a bug report)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _EXPECTED as exc:
+            if _debug():
+                raise
+            raise click.ClickException(_one_line(exc)) from exc
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="wdstream")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="On an error, show the traceback too.")
+def main(debug: bool) -> None:
     """Pack text into WebDataset tar shards of tokens; inspect and verify them."""
 
 
 def _fail(exc: Exception) -> None:
-    raise click.ClickException(str(exc)) from exc
+    """Report an expected error as one ``Error:`` line; under ``--debug``, re-raise it."""
+    if _debug():
+        raise exc
+    raise click.ClickException(_one_line(exc)) from exc
 
 
 def _storage_options(command: Callable[..., None]) -> Callable[..., None]:

@@ -44,6 +44,11 @@ _CHUNK = 1 << 20
 _SPOOL = 16 << 20
 
 
+# Answers to a PUT that mean the server takes no writes at all (a read-only static server:
+# ``python -m http.server`` answers 501), not that this one object was refused.
+_NO_PUT = (405, 501)
+
+
 class _HttpStatusError(Exception):
     """A status that retrying will not fix (400, 405, 501, ...)."""
 
@@ -322,6 +327,12 @@ class HttpStore(RemoteStore):
                 headers={"Content-Type": "application/octet-stream"},
             )  # fmt: skip
             resp.close()
+            if resp.status_code in _NO_PUT:
+                raise _HttpStatusError(
+                    f"HTTP {resp.status_code} {resp.reason}: the server does not accept PUT; "
+                    "serve the output with a server that accepts PUT, or write to a local "
+                    "folder or s3://"
+                )
             _check_status(resp)
 
         self._retrier.call(put, "PUT", url, RemoteWriteError)
