@@ -95,3 +95,54 @@ def test_pack_to_a_server_refusing_put_says_what_to_do(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("Error: "), proc.stderr
     assert "HTTP 501" in lines[0] and "the server does not accept PUT" in lines[0]
     assert "or write to a local folder or s3://" in lines[0]
+
+
+def _pack_args(src: Path, out: Path, *more: str) -> tuple[str, ...]:
+    return ("pack", str(src), "-o", str(out), "--workers", "0", "--seq-len", "63", *more)
+
+
+def test_progress_off_a_terminal_is_one_line_at_a_time(tmp_path: Path) -> None:
+    """30,000 documents are 4 batches (8,192 documents each): a line after each, with a
+    period of 0 s; every line says documents, tokens, MB/s and shards."""
+    src = _jsonl(tmp_path / "in.jsonl", 30_000)
+    args = _pack_args(src, tmp_path / "ds", "--shard-size", "64KB", "--progress")
+    proc = _cli(*args, env={"WDSTREAM_PROGRESS_SECONDS": "0"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 4 and "\r" not in proc.stderr, proc.stderr
+    for line in lines:
+        assert line.startswith("pack: ") and " %): " in line, line
+        assert "documents, " in line and "tokens, " in line and " MB/s, " in line, line
+        assert line.endswith(" shards"), line
+    assert "30,000 documents" in lines[-1] and "(100 %)" in lines[-1]
+    assert proc.stdout.startswith("packed 30,000 documents")
+    assert len(proc.stdout.splitlines()) == 1
+
+
+def test_progress_from_the_environment_and_its_period(tmp_path: Path) -> None:
+    """WDSTREAM_PROGRESS=1 asks for the lines without --progress; a long period prints
+    none in a short pack; without either, nothing."""
+    src = _jsonl(tmp_path / "in.jsonl", 20_000)
+    args = _pack_args(src, tmp_path / "a", "--shard-size", "64KB")
+    proc = _cli(*args, env={"WDSTREAM_PROGRESS": "1", "WDSTREAM_PROGRESS_SECONDS": "0"})
+    assert proc.returncode == 0 and len(proc.stderr.splitlines()) == 3, proc.stderr
+    args = _pack_args(src, tmp_path / "b", "--shard-size", "64KB")
+    proc = _cli(*args, env={"WDSTREAM_PROGRESS": "1", "WDSTREAM_PROGRESS_SECONDS": "600"})
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    proc = _cli(*_pack_args(src, tmp_path / "c", "--shard-size", "64KB"))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    args = _pack_args(src, tmp_path / "d", "--shard-size", "64KB", "--progress", "--quiet")
+    proc = _cli(*args, env={"WDSTREAM_PROGRESS_SECONDS": "0"})
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == "", proc.stderr
+
+
+def test_one_shard_is_warned_about(tmp_path: Path) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", 50)
+    proc = _cli(*_pack_args(src, tmp_path / "one"))
+    assert proc.returncode == 0 and "into 1 shard " in proc.stdout, proc.stdout
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Warning: the dataset is 1 shard"), lines
+    assert "--shard-size" in lines[0] and "split_by_node" in lines[0]
+    proc = _cli(*_pack_args(src, tmp_path / "two", "--shard-size", "2KB"))
+    assert proc.returncode == 0 and "into 1 shard " not in proc.stdout, proc.stdout
+    assert proc.stderr == ""

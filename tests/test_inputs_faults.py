@@ -12,6 +12,7 @@ import gzip
 import io
 import json
 import re
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -320,7 +321,10 @@ def test_stdin_has_no_total() -> None:
     assert reader.source_total is None
 
 
-def test_progress_bar_shows_percentage_and_eta(capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_bar_shows_percentage_and_eta(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the bar is for a terminal
     bar = Progress(True, total=4_000_000)
     bar.update(1_000_000, docs=10, tokens=100)
     bar.update(2_000_000, docs=10, tokens=100)

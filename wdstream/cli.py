@@ -174,11 +174,19 @@ def _store_options(
     default=None,
     help="--engine ray: 'auto' (the running cluster), ray://host:port; default: a local one.",
 )
-@click.option("--quiet", "-q", is_flag=True)
+@click.option(
+    "--progress",
+    "show_progress",
+    is_flag=True,
+    help="Report progress: a bar on a terminal, else a line every WDSTREAM_PROGRESS_SECONDS "
+    "(10) s (default: on a terminal, or with WDSTREAM_PROGRESS=1).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress, summary or warnings.")
 @_storage_options
 def pack(
     inputs: tuple[str, ...],
     output: str,
+    show_progress: bool,
     quiet: bool,
     endpoint_url: str | None,
     retries: int | None,
@@ -186,7 +194,7 @@ def pack(
     **options: Any,
 ) -> None:
     """Tokenise INPUT... (JSONL[.gz|.zst], .txt, dirs, globs, {a..b}, -) into shards."""
-    from wdstream.write.pack import describe
+    from wdstream.write.pack import describe, one_shard_warning
     from wdstream.write.pack import pack as do_pack
 
     store_options = _store_options(output, endpoint_url, retries, timeout)
@@ -194,7 +202,7 @@ def pack(
         result = do_pack(
             list(inputs),
             output,
-            progress=None if not quiet else False,
+            progress=False if quiet else True if show_progress else None,
             store_options=store_options,
             **options,
         )
@@ -202,6 +210,9 @@ def pack(
         _fail(exc)
     if not quiet:
         click.echo(describe(result))
+        warning = one_shard_warning(result)
+        if warning is not None:
+            click.echo(f"Warning: {warning}", err=True)
         stats = result.index.stats
         if stats.get("records_skipped"):
             for loc in stats["skipped_locations"]:

@@ -223,7 +223,11 @@ class _Driver:
                 job.provenance, job.dtype, job.pad_id,
             )
         )  # fmt: skip
-        bar = Progress(job.progress, total=sum(p.source_bytes for p in self.pieces))
+        bar = Progress(
+            job.progress,
+            sum(p.source_bytes for p in self.pieces),
+            lambda: len(self.journal.entries),
+        )
         position = 0
         queue: deque[tuple[int, Any, Any]] = deque()
         try:

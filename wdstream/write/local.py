@@ -62,7 +62,7 @@ class LocalEngine:
         )
         tpool = TokenPool(job.tokenizer, self.workers, self.pool, job.bos_id, job.eos_id, job.dtype)
         builder = job.new_builder(DTYPES[job.dtype], job.eos_id or 0)
-        bar = Progress(job.progress, total=reader.source_total)
+        bar = Progress(job.progress, reader.source_total, lambda: len(journal.entries))
         _write_shards(tpool, reader, builder, writer, bar, job.batch_bytes, resume)
         return InputTotals(
             reader.empty, reader.bad, reader.input_bytes, reader.documents,

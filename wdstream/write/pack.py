@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,11 +48,12 @@ from wdstream.write.engine import PackEngine, PackJob
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.local import LocalEngine
 from wdstream.write.lock import LOCK_NAME, acquire
+from wdstream.write.progress import wanted
 from wdstream.write.resume import resume_point
 from wdstream.write.shards import parse_size, shard_names
 from wdstream.write.tokenpool import prestart
 
-__all__ = ["JOURNAL_NAME", "PackResult", "describe", "pack"]
+__all__ = ["JOURNAL_NAME", "PackResult", "describe", "one_shard_warning", "pack"]
 
 _CHECK_BYTES = 256 << 10  # input text bpe-openai must reproduce before it is trusted
 
@@ -215,7 +215,9 @@ def pack(
         force_unlock: take over the output's lock (``.wdstream-pack.lock``) left by a pack
             whose death could not be checked: on an object store, or a local folder locked
             from another host (see :mod:`wdstream.write.lock`).
-        progress: show a progress bar (default: when stderr is a terminal).
+        progress: report progress: a bar on a terminal, else a line every
+            ``WDSTREAM_PROGRESS_SECONDS`` (10) seconds (default: when stderr is a terminal
+            or ``WDSTREAM_PROGRESS=1``).
         batch_bytes: characters of text per tokenisation batch.
         store_options: passed to :func:`~wdstream.storage.open_store`.
         engine: ``local`` (this machine) or ``ray``: tokenise and write shards on a Ray
@@ -313,7 +315,7 @@ def pack(
             pad_id=eos_id or 0, name=name, shard_bytes=shard_bytes, shard_samples=shard_samples,
             output=output, store_options=store_options or {},
             provenance=["<stdin>" if f.path == "-" else f.path for f in files],
-            progress=sys.stderr.isatty() if progress is None else progress,
+            progress=wanted(progress),
             batch_bytes=batch_bytes, max_record_bytes=record_limit,
         )  # fmt: skip
         totals = runner.run(job, store, journal, resume)
@@ -372,4 +374,21 @@ def describe(result: PackResult) -> str:
         f"{count(result.workers, 'worker')}, {result.pool}]"
         + (f"; {count(skipped, 'bad record')} skipped" if skipped else "")
         + (f"; resumed after {count(resumed, 'shard')}" if resumed else "")
+    )
+
+
+def one_shard_warning(result: PackResult) -> str | None:
+    """A warning when the pack wrote a single shard, else None.
+
+    Readers that split a dataset by shard (webdataset's ``split_by_node`` and
+    ``split_by_worker``) then give all of it to one rank and one worker and leave the rest
+    empty; a smaller ``--shard-size`` makes as many shards as ranks x workers.
+    """
+    shards = result.index.shards
+    if len(shards) != 1:
+        return None
+    return (
+        f"the dataset is 1 shard ({shards[0].bytes / 1e6:,.1f} MB): readers that split by "
+        "shard (webdataset's split_by_node/split_by_worker) leave every other rank and worker "
+        "empty; pass a smaller --shard-size for at least as many shards as ranks x workers"
     )
