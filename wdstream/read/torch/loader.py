@@ -104,7 +104,7 @@ class Loader:
         shuffle: shuffle shards per epoch and samples in windows.
         seed: the one seed of all randomness.
         num_workers: torch worker processes (0: everything in this process); default: the
-            CPU cores this process may use, at most 4.
+            CPU cores this process may use less one (the training loop's), at most 4.
         rank: default ``torch.distributed`` rank, else ``RANK``, else 0.
         world_size: default ``torch.distributed`` world size, else ``WORLD_SIZE``, else 1.
         epochs: epochs per ``iter()``; None repeats forever with a fresh shuffle each epoch.
@@ -194,7 +194,7 @@ class Loader:
         **store_options: Any,
     ) -> None:
         if num_workers is None:
-            num_workers = min(4, _usable_cores())
+            num_workers = min(4, max(0, _usable_cores() - 1))
         order = resolve_order(order, tokenizer is not None, streams)
         if not drop_last:
             raise ValueError(
