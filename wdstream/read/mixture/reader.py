@@ -71,7 +71,7 @@ class MixturePosition(GlobalPosition):
     def from_dict(cls, d: dict[str, Any]) -> MixturePosition:
         worker = tuple(d["worker"]) if d["worker"] is not None else None
         pieces = tuple(SchedulePiece(s, r, tuple(w)) for s, r, w in d["pieces"])
-        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces)
+        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces=pieces)
 
 
 class MixtureReader:
@@ -158,7 +158,7 @@ class MixtureReader:
     def start(self, epoch: int) -> MixturePosition:
         if epoch:
             raise ValueError("a mixture has no epochs of its own (each source has its own)")
-        return MixturePosition(0, Origin(), None, None, tuple(self.future_pieces(0, Origin())))
+        return MixturePosition(pieces=tuple(self.future_pieces(0, Origin())))
 
     # ---- counts, progress, stop rules --------------------------------------------------
     def epoch_of(self, position: GlobalPosition) -> int:
@@ -417,7 +417,18 @@ class MixtureReader:
             row = _row_at(step, saved.origin, saved.global_batch)
             check_identity(state, list(_ORDER_VERSION), lambda: self.next_rows(row, saved.pieces))
         pieces = (*saved.pieces, *self.future_pieces(step, origin))
-        return MixturePosition(step, origin, stop, saved.worker, pieces)
+        return MixturePosition(step, origin, stop, saved.worker, saved.skips, pieces)
+
+    def skip_steps(self, position: GlobalPosition, n: int) -> MixturePosition:
+        """``position`` with ``n`` data steps skipped (:meth:`GlobalPosition.skip`)."""
+        out = position.copy()
+        out.skip(n)
+        assert isinstance(out, MixturePosition)
+        return out
+
+    def data_step(self, position: GlobalPosition, training_step: int) -> int:
+        """The data step of ``training_step`` (:meth:`GlobalPosition.data_step`)."""
+        return position.data_step(training_step)
 
 
 def _row_at(step: int, origin: Origin, g: int) -> int:

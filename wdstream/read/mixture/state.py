@@ -13,7 +13,8 @@
 ``schedule`` holds the pieces begun before ``step``: ``[step, first row, integer weights]``
 (weights are exact: ``[3, 2]`` is 3/5 and 2/5). Nothing depends on the rank, world size or
 workers; ``global_batch`` may differ when loaded (the run continues from the same row).
-``order_version`` (the interleave's and the sources' order versions) and ``next_rows`` (the
+``skips`` (``[[training step, n], ...]``, only once steps were skipped) maps training steps
+to data steps (``Loader.skip_steps``). ``order_version`` (the interleave's and the sources' order versions) and ``next_rows`` (the
 pieces of each source's next row) are checked by the reader (:mod:`~wdstream.read.order.identity`);
 states saved before they existed lack them and load unchecked.
 Every refusal is a :class:`StateMismatchError` naming the key.
@@ -29,6 +30,7 @@ from wdstream.read.mixture.interleave import exact_weights
 from wdstream.read.mixture.schedule import SchedulePiece
 from wdstream.read.order.global_order import Origin
 from wdstream.read.order.identity import IDENTITY_KEYS
+from wdstream.read.order.steps import parse_skips
 from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
 
 __all__ = ["MIXTURE_STATE_VERSION", "SavedMixture", "parse_mixture_state"]
@@ -47,6 +49,7 @@ class SavedMixture:
     iter_stop: int | None
     worker: tuple[int, int] | None
     global_batch: int
+    skips: tuple[tuple[int, int], ...]
 
 
 def _config(saved: Any, mine: dict[str, Any]) -> int:
@@ -119,7 +122,9 @@ def parse_mixture_state(state: Any, config: dict[str, Any], k: int) -> SavedMixt
             "with the Loader of that dataset"
         )
     named = isinstance(state, dict) and any(k in state for k in IDENTITY_KEYS)
-    state = dict_field("", state, (*_KEYS, *(IDENTITY_KEYS if named else ())))
+    skipped = isinstance(state, dict) and "skips" in state
+    extra = (*(IDENTITY_KEYS if named else ()), *(("skips",) if skipped else ()))
+    state = dict_field("", state, (*_KEYS, *extra))
     if not same_value(state["version"], MIXTURE_STATE_VERSION) or state["order"] != "mixture":
         raise mismatch("version", state["version"], "a mixture state (version 1) expected")
     g = _config(state["config"], config)
@@ -145,4 +150,5 @@ def parse_mixture_state(state: Any, config: dict[str, Any], k: int) -> SavedMixt
             raise mismatch("worker", worker, "None or [worker id, num_workers] expected")
         n = int_field("worker[1]", worker[1], lo=1, hi=1 << 16)
         worker = (int_field("worker[0]", worker[0], hi=n), n)
-    return SavedMixture(step, origin, pieces, stop, worker, g)
+    skips = parse_skips(state["skips"], step) if skipped else ()
+    return SavedMixture(step, origin, pieces, stop, worker, g, skips)

@@ -33,7 +33,7 @@ from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChun
 from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.identity import IDENTITY_KEYS, check_identity, rows_fingerprint
 from wdstream.read.order.step_check import check_step
-from wdstream.read.order.steps import GlobalPosition, RowScope, StepChunks
+from wdstream.read.order.steps import GlobalPosition, RowScope, StepChunks, parse_skips
 from wdstream.read.order.streams_state import (
     SEAL_KEY,
     cursor_seal,
@@ -141,7 +141,9 @@ class GlobalReader:
             )
         sealed = isinstance(state, dict) and SEAL_KEY in state
         named = isinstance(state, dict) and any(k in state for k in IDENTITY_KEYS)
-        keys = (*_STATE_KEYS, *(IDENTITY_KEYS if named else ()), *((SEAL_KEY,) if sealed else ()))
+        skipped = isinstance(state, dict) and "skips" in state
+        keys = (*_STATE_KEYS, *(IDENTITY_KEYS if named else ()), *((SEAL_KEY,) if sealed else ()),
+                *(("skips",) if skipped else ()))  # fmt: skip
         state = dict_field("", state, keys)
         if not same_value(state["version"], GLOBAL_STATE_VERSION) or state["order"] != "global":
             raise mismatch("version", state["version"], "a global-order state (version 2)")
@@ -170,7 +172,8 @@ class GlobalReader:
             origin = self._rebase(step, origin, old)
         if named:
             check_identity(state, ORDER_VERSION, lambda: self.next_rows(step, saved_origin, old))
-        position = GlobalPosition(step, origin, stop, _worker(state["worker"]))
+        skips = parse_skips(state["skips"], step) if skipped else ()
+        position = GlobalPosition(step, origin, stop, _worker(state["worker"]), skips)
         if stop is not None and self.epoch_of(position) > stop:
             raise mismatch(
                 "iter_stop", stop, f"is before the state's epoch {self.epoch_of(position)}"
@@ -179,6 +182,16 @@ class GlobalReader:
 
     def position_from_dict(self, d: dict[str, Any]) -> GlobalPosition:
         return GlobalPosition.from_dict(d)
+
+    def skip_steps(self, position: GlobalPosition, n: int) -> GlobalPosition:
+        """``position`` with ``n`` data steps skipped (:meth:`GlobalPosition.skip`)."""
+        out = position.copy()
+        out.skip(n)
+        return out
+
+    def data_step(self, position: GlobalPosition, training_step: int) -> int:
+        """The data step of ``training_step`` (:meth:`GlobalPosition.data_step`)."""
+        return position.data_step(training_step)
 
     def _old_order(self, old_g: int) -> GlobalOrder:
         """This order under the saved global batch ``old_g``."""
