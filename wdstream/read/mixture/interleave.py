@@ -27,7 +27,11 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["MAX_PERIOD", "Interleave", "exact_weights"]
+__all__ = ["MAX_PERIOD", "MIXTURE_ORDER_VERSION", "Interleave", "exact_weights"]
+
+# The version of the interleave above (with the sources' ``ORDER_VERSION``, a mixture
+# state's ``order_version``). Bump it with any change to which source gives a row.
+MIXTURE_ORDER_VERSION = 1
 
 # Rows of one period: its tables (5 bytes a row) are built in Python once per weight vector.
 MAX_PERIOD = 1 << 16

@@ -36,17 +36,21 @@ import numpy as np
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.checks import MixtureOwnRows
+from wdstream.read.mixture.interleave import MIXTURE_ORDER_VERSION
 from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weights
 from wdstream.read.mixture.sources import source_seed
 from wdstream.read.mixture.spec import MixtureSpec
 from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_state
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
-from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.identity import check_identity, rows_fingerprint
 from wdstream.read.order.step_check import check_step
 from wdstream.read.order.steps import GlobalPosition, StepChunks
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["MixturePosition", "MixtureReader"]
+
+_ORDER_VERSION = (MIXTURE_ORDER_VERSION, ORDER_VERSION)  # a state's ``order_version``
 
 
 @dataclass
@@ -67,7 +71,7 @@ class MixturePosition(GlobalPosition):
     def from_dict(cls, d: dict[str, Any]) -> MixturePosition:
         worker = tuple(d["worker"]) if d["worker"] is not None else None
         pieces = tuple(SchedulePiece(s, r, tuple(w)) for s, r, w in d["pieces"])
-        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces)
+        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces=pieces)
 
 
 class MixtureReader:
@@ -154,7 +158,7 @@ class MixtureReader:
     def start(self, epoch: int) -> MixturePosition:
         if epoch:
             raise ValueError("a mixture has no epochs of its own (each source has its own)")
-        return MixturePosition(0, Origin(), None, None, tuple(self.future_pieces(0, Origin())))
+        return MixturePosition(pieces=tuple(self.future_pieces(0, Origin())))
 
     # ---- counts, progress, stop rules --------------------------------------------------
     def epoch_of(self, position: GlobalPosition) -> int:
@@ -360,8 +364,29 @@ class MixtureReader:
         begun = [
             [p.step, p.row, list(p.weights)] for p in position.pieces if p.step < position.step
         ]
-        return position.state(MIXTURE_STATE_VERSION, "mixture", self.config(),
-                              {"step": o.step, "row": o.row}, schedule=begun)  # fmt: skip
+        state = position.state(MIXTURE_STATE_VERSION, "mixture", self.config(),
+                               {"step": o.step, "row": o.row}, schedule=begun)  # fmt: skip
+        state["order_version"] = list(_ORDER_VERSION)
+        state["next_rows"] = self.next_rows(
+            self.row_at(position.step, o),
+            tuple(p for p in position.pieces if p.step < position.step),
+        )
+        return state
+
+    def next_rows(self, row: int, begun: tuple[SchedulePiece, ...]) -> str:
+        """The fingerprint of each source's next row before mixture row ``row`` under the
+        pieces ``begun`` before it: independent of pieces not begun (they may change on
+        resume), yet any change to the interleave or a source's order changes it."""
+        counts = (
+            self.schedule(MixturePosition(pieces=begun)).counts(row)
+            if begun
+            else np.zeros(len(self.orders), dtype=np.int64)
+        )
+        ids = []
+        for i, (order, c) in enumerate(zip(self.orders, counts.tolist(), strict=True)):
+            epoch, r = divmod(c, order.rows_per_epoch)
+            ids += [(i, *x) for x in order.row_ids(epoch, r, 1)]
+        return rows_fingerprint(ids)
 
     def position_of(self, state: Any) -> MixturePosition:
         """Check ``state`` and return the position it continues from here, under the saved
@@ -388,8 +413,22 @@ class MixtureReader:
             origin = Origin(step, 0, _row_at(step, origin, saved.global_batch))
             if stop_row is not None:
                 stop = max(step, origin.step + (stop_row - origin.row) // g)
+        if isinstance(state, dict) and "order_version" in state:
+            row = _row_at(step, saved.origin, saved.global_batch)
+            check_identity(state, list(_ORDER_VERSION), lambda: self.next_rows(row, saved.pieces))
         pieces = (*saved.pieces, *self.future_pieces(step, origin))
-        return MixturePosition(step, origin, stop, saved.worker, pieces)
+        return MixturePosition(step, origin, stop, saved.worker, saved.skips, pieces)
+
+    def skip_steps(self, position: GlobalPosition, n: int) -> MixturePosition:
+        """``position`` with ``n`` data steps skipped (:meth:`GlobalPosition.skip`)."""
+        out = position.copy()
+        out.skip(n)
+        assert isinstance(out, MixturePosition)
+        return out
+
+    def data_step(self, position: GlobalPosition, training_step: int) -> int:
+        """The data step of ``training_step`` (:meth:`GlobalPosition.data_step`)."""
+        return position.data_step(training_step)
 
 
 def _row_at(step: int, origin: Origin, g: int) -> int:

@@ -8,11 +8,15 @@
                 "shuffle_lanes": 8, "global_batch": 64, "stop": null},
      "step": 41210, "origin": {"step": 0, "row": 0},
      "schedule": [[0, 0, [3, 2]], [30000, 1920000, [1, 4]]],
-     "iter_stop": null, "worker": null}
+     "iter_stop": null, "worker": null, "order_version": [1, 1], "next_rows": "<16 hex>"}
 
 ``schedule`` holds the pieces begun before ``step``: ``[step, first row, integer weights]``
 (weights are exact: ``[3, 2]`` is 3/5 and 2/5). Nothing depends on the rank, world size or
 workers; ``global_batch`` may differ when loaded (the run continues from the same row).
+``skips`` (``[[training step, n], ...]``, only once steps were skipped) maps training steps
+to data steps (``Loader.skip_steps``). ``order_version`` (the interleave's and the sources' order versions) and ``next_rows`` (the
+pieces of each source's next row) are checked by the reader (:mod:`~wdstream.read.order.identity`);
+states saved before they existed lack them and load unchecked.
 Every refusal is a :class:`StateMismatchError` naming the key.
 """
 
@@ -25,6 +29,8 @@ from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.interleave import exact_weights
 from wdstream.read.mixture.schedule import SchedulePiece
 from wdstream.read.order.global_order import Origin
+from wdstream.read.order.identity import IDENTITY_KEYS
+from wdstream.read.order.steps import parse_skips
 from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
 
 __all__ = ["MIXTURE_STATE_VERSION", "SavedMixture", "parse_mixture_state"]
@@ -43,6 +49,7 @@ class SavedMixture:
     iter_stop: int | None
     worker: tuple[int, int] | None
     global_batch: int
+    skips: tuple[tuple[int, int], ...]
 
 
 def _config(saved: Any, mine: dict[str, Any]) -> int:
@@ -114,7 +121,10 @@ def parse_mixture_state(state: Any, config: dict[str, Any], k: int) -> SavedMixt
             f"{state.get('order', 'streams')!r}); this loader reads a mixture: resume it "
             "with the Loader of that dataset"
         )
-    state = dict_field("", state, _KEYS)
+    named = isinstance(state, dict) and any(k in state for k in IDENTITY_KEYS)
+    skipped = isinstance(state, dict) and "skips" in state
+    extra = (*(IDENTITY_KEYS if named else ()), *(("skips",) if skipped else ()))
+    state = dict_field("", state, (*_KEYS, *extra))
     if not same_value(state["version"], MIXTURE_STATE_VERSION) or state["order"] != "mixture":
         raise mismatch("version", state["version"], "a mixture state (version 1) expected")
     g = _config(state["config"], config)
@@ -140,4 +150,5 @@ def parse_mixture_state(state: Any, config: dict[str, Any], k: int) -> SavedMixt
             raise mismatch("worker", worker, "None or [worker id, num_workers] expected")
         n = int_field("worker[1]", worker[1], lo=1, hi=1 << 16)
         worker = (int_field("worker[0]", worker[0], hi=n), n)
-    return SavedMixture(step, origin, pieces, stop, worker, g)
+    skips = parse_skips(state["skips"], step) if skipped else ()
+    return SavedMixture(step, origin, pieces, stop, worker, g, skips)

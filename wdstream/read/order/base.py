@@ -115,5 +115,20 @@ class BatchSequence(Protocol[P]):
             TypeError: for an order without random access (per-rank streams).
         """
 
+    def skip_steps(self, position: P, n: int) -> P:
+        """A copy of ``position`` whose next batch is ``n`` data steps later, the skip
+        recorded so training steps still map to data steps.
+
+        Raises:
+            TypeError: for an order without global steps (per-rank streams).
+        """
+
+    def data_step(self, position: P, training_step: int) -> int:
+        """The data step ``training_step`` reads under ``position``'s skips.
+
+        Raises:
+            TypeError: for an order without global steps (per-rank streams).
+        """
+
     def release(self) -> None:
         """Drop cached window data (the end of an iteration)."""

@@ -41,7 +41,11 @@ from wdstream.format.checksum import crc32c
 from wdstream.read.order.plan import EpochPlan, WindowGeometry
 from wdstream.read.sources.packed import CopyChecks, ShardSource
 
-__all__ = ["GlobalOrder", "OrderConfig", "Origin", "ReadSpans"]
+__all__ = ["ORDER_VERSION", "GlobalOrder", "OrderConfig", "Origin", "ReadSpans"]
+
+# The version of the algorithm above. Bump it with any change to which samples a step's rows
+# are cut from: a state saved under another version is refused, not read in another order.
+ORDER_VERSION = 1
 
 # ``(epoch, t0, t1)`` -> the token ranges ``[a, b)`` of ``[t0, t1)`` of the epoch's stream
 # that one consumer will read (see ``GlobalOrder.check_only``).
@@ -372,6 +376,17 @@ class GlobalOrder:
             (int(self.window(epoch, w).positions[i]), off, take)
             for w, i, off, take in self._segments(epoch, t0, t0 + self.row_tokens)
         ]
+
+    def row_ids(self, epoch: int, row: int, n: int) -> list[tuple[int, int, int, int]]:
+        """``(shard, sample, first token, tokens)`` of the sample pieces that make rows
+        ``[row, row + n)`` of ``epoch``: the rows' identity, from the plan alone (no data)."""
+        plan, T1 = self.plan(epoch), self.row_tokens
+        out = []
+        for w, i, off, take in self._segments(epoch, row * T1, (row + n) * T1):
+            position = int(self.window(epoch, w).positions[i])
+            [(shard, sample, _)] = plan.pieces(position, position + 1)
+            out.append((shard, sample, off, take))
+        return out
 
     def fill(self, epoch: int, row: int, tokens: np.ndarray, doc_start: np.ndarray | None) -> None:
         """Write rows ``[row, row + len(tokens))`` of ``epoch`` into ``tokens`` ([n, T + 1]).

@@ -10,8 +10,9 @@ the same batches. The state is the global step and where counting began::
      "config": {"dataset": ..., "seed": 0, "seq_len": 2048, "shuffle": true,
                 "shuffle_window": 1024, "shuffle_lanes": 8, "global_batch": 64},
      "step": 41210, "origin": {"step": 0, "epoch": 0, "row": 0}, "iter_stop": null,
-     "worker": null}
+     "worker": null, "order_version": 1, "next_rows": "<16 hex>", "check": "<48 hex>"}
 
+``order_version`` and ``next_rows`` name the order (:mod:`~wdstream.read.order.identity`).
 Nothing in it depends on the rank, the world size or the workers: every rank saves the same
 state, and any rank of any world size with the same global batch loads rank 0's. With another
 global batch the run continues from the same row of the same epoch (``origin``).
@@ -29,9 +30,10 @@ import torch
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
-from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.identity import IDENTITY_KEYS, check_identity, rows_fingerprint
 from wdstream.read.order.step_check import check_step
-from wdstream.read.order.steps import GlobalPosition, RowScope, StepChunks
+from wdstream.read.order.steps import GlobalPosition, RowScope, StepChunks, parse_skips
 from wdstream.read.order.streams_state import (
     SEAL_KEY,
     cursor_seal,
@@ -108,8 +110,16 @@ class GlobalReader:
         o = position.origin
         origin = {"step": o.step, "epoch": o.epoch, "row": o.row}
         state = position.state(GLOBAL_STATE_VERSION, "global", self.config(), origin)
+        state["order_version"] = ORDER_VERSION
+        state["next_rows"] = self.next_rows(position.step, position.origin, self.order)
         state[SEAL_KEY] = _seal(state)
         return state
+
+    def next_rows(self, step: int, origin: Origin, order: GlobalOrder) -> str:
+        """The fingerprint of the rows of global step ``step`` of ``order`` (its global
+        batch) counted from ``origin``: the identity a state vouches for (``identity``)."""
+        epoch, row = order.locate(step, origin)
+        return rows_fingerprint(order.row_ids(epoch, row, order.cfg.global_batch))
 
     def position_of(self, state: Any) -> GlobalPosition:
         """Check ``state`` and return the position it continues from here.
@@ -130,7 +140,11 @@ class GlobalReader:
                 "world size, batch size and streams it was saved with, or start a new run"
             )
         sealed = isinstance(state, dict) and SEAL_KEY in state
-        state = dict_field("", state, (*_STATE_KEYS, SEAL_KEY) if sealed else _STATE_KEYS)
+        named = isinstance(state, dict) and any(k in state for k in IDENTITY_KEYS)
+        skipped = isinstance(state, dict) and "skips" in state
+        keys = (*_STATE_KEYS, *(IDENTITY_KEYS if named else ()), *((SEAL_KEY,) if sealed else ()),
+                *(("skips",) if skipped else ()))  # fmt: skip
+        state = dict_field("", state, keys)
         if not same_value(state["version"], GLOBAL_STATE_VERSION) or state["order"] != "global":
             raise mismatch("version", state["version"], "a global-order state (version 2)")
         saved = dict_field("config", state["config"], list(self.config()))
@@ -152,9 +166,14 @@ class GlobalReader:
             stop = int_field("iter_stop", stop)
         if sealed:
             _check_seal(state)
+        old, saved_origin = self.order, origin
         if old_g != self.order.cfg.global_batch:
-            origin = self._rebase(step, origin, old_g)
-        position = GlobalPosition(step, origin, stop, _worker(state["worker"]))
+            old = self._old_order(old_g)
+            origin = self._rebase(step, origin, old)
+        if named:
+            check_identity(state, ORDER_VERSION, lambda: self.next_rows(step, saved_origin, old))
+        skips = parse_skips(state["skips"], step) if skipped else ()
+        position = GlobalPosition(step, origin, stop, _worker(state["worker"]), skips)
         if stop is not None and self.epoch_of(position) > stop:
             raise mismatch(
                 "iter_stop", stop, f"is before the state's epoch {self.epoch_of(position)}"
@@ -164,12 +183,23 @@ class GlobalReader:
     def position_from_dict(self, d: dict[str, Any]) -> GlobalPosition:
         return GlobalPosition.from_dict(d)
 
-    def _rebase(self, step: int, origin: Origin, old_g: int) -> Origin:
+    def skip_steps(self, position: GlobalPosition, n: int) -> GlobalPosition:
+        """``position`` with ``n`` data steps skipped (:meth:`GlobalPosition.skip`)."""
+        out = position.copy()
+        out.skip(n)
+        return out
+
+    def data_step(self, position: GlobalPosition, training_step: int) -> int:
+        """The data step of ``training_step`` (:meth:`GlobalPosition.data_step`)."""
+        return position.data_step(training_step)
+
+    def _old_order(self, old_g: int) -> GlobalOrder:
+        """This order under the saved global batch ``old_g``."""
+        cfg = OrderConfig(**{**self.order.cfg.__dict__, "global_batch": old_g})
+        return GlobalOrder(self.order.source, cfg)
+
+    def _rebase(self, step: int, origin: Origin, old: GlobalOrder) -> Origin:
         """Where ``step`` stands under the old global batch: the new run's origin."""
-        old = GlobalOrder(
-            self.order.source,
-            OrderConfig(**{**self.order.cfg.__dict__, "global_batch": old_g}),
-        )
         if origin.row >= old.rows_per_epoch:
             raise mismatch("origin.row", origin.row, "past the epoch's rows")
         epoch, row = old.locate(step, origin)

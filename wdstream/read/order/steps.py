@@ -19,23 +19,52 @@ import numpy as np
 from wdstream.read.batches.rows import position_ids
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import Origin
+from wdstream.read.order.streams_state import int_field, mismatch
 
-__all__ = ["GlobalPosition", "RowScope", "StepChunks", "StepRows"]
+__all__ = ["GlobalPosition", "RowScope", "StepChunks", "StepRows", "parse_skips"]
 
 
 @dataclass
 class GlobalPosition:
-    """The next global step, the origin steps are counted from, the iteration's stop epoch."""
+    """The next global step, the origin steps are counted from, the iteration's stop epoch,
+    and the steps skipped so far.
+
+    ``step`` is the next *data* step (the one whose rows come next). ``skips`` holds
+    ``(training step, n)``: at that training step (batches handed out, counted from 0)
+    ``n`` data steps were skipped, so training step ``t`` reads data step
+    ``t + sum(n for skips at or before t)`` (:meth:`data_step`).
+    """
 
     step: int = 0
     origin: Origin = field(default_factory=Origin)
     iter_stop: int | None = None
     worker: tuple[int, int] | None = None  # (id, num_workers) of one torch worker's share
+    skips: tuple[tuple[int, int], ...] = ()
 
     def copy(self) -> GlobalPosition:
         return copy.copy(self)
 
+    def training_step(self) -> int:
+        """The next training step: data steps less those skipped."""
+        return self.step - sum(n for _, n in self.skips)
+
+    def data_step(self, training_step: int) -> int:
+        """The data step training step ``training_step`` reads, under the skips so far."""
+        return training_step + sum(n for t, n in self.skips if t <= training_step)
+
+    def skip(self, n: int) -> None:
+        """Skip ``n`` data steps: the next batch is data step ``step + n``; recorded with the
+        training step it happens at (merged with a skip at the same training step)."""
+        t = self.training_step()
+        if self.skips and self.skips[-1][0] == t:
+            self.skips = (*self.skips[:-1], (t, self.skips[-1][1] + n))
+        else:
+            self.skips = (*self.skips, (t, n))
+        self.step += n
+
     def to_dict(self) -> dict[str, Any]:
+        """The hand-off to workers: they fill steps, so ``skips`` (a state's concern) stays
+        in the main process and the hand-off keeps its fixed size."""
         o = self.origin
         worker = list(self.worker) if self.worker is not None else None
         return {"step": self.step, "origin": [o.step, o.epoch, o.row],
@@ -52,8 +81,10 @@ class GlobalPosition:
         """The JSON state of this position (the global order's and a mixture's have this form;
         ``more`` goes between the origin and the iteration's stop)."""
         worker = list(self.worker) if self.worker is not None else None
+        skips = {"skips": [list(x) for x in self.skips]} if self.skips else {}
         return {"version": version, "order": order, "config": config, "step": self.step,
-                "origin": origin, **more, "iter_stop": self.iter_stop, "worker": worker}  # fmt: skip
+                "origin": origin, **more, "iter_stop": self.iter_stop, "worker": worker,
+                **skips}  # fmt: skip
 
     def hand_over(self, stream: int, cursors: list[Cursor], j: int) -> None:
         """Batch ``j`` of a chunk reached the caller: the next step is the one after it."""
@@ -61,6 +92,28 @@ class GlobalPosition:
 
     def pass_turn(self, stream: int) -> None:
         """The global order has no streams and no empty chunks: nothing to record."""
+
+
+def parse_skips(value: Any, step: int) -> tuple[tuple[int, int], ...]:
+    """A state's ``skips``: ``[[training step, n >= 1], ...]`` with training steps
+    increasing and none after the state's own (``step`` less all skipped).
+
+    Raises:
+        StateMismatchError: naming the entry.
+    """
+    if not isinstance(value, list):
+        raise mismatch("skips", value, "a list of [training step, steps skipped] expected")
+    out: list[tuple[int, int]] = []
+    for j, x in enumerate(value):
+        if not isinstance(x, list) or len(x) != 2:
+            raise mismatch(f"skips[{j}]", x, "[training step, steps skipped] expected")
+        t, n = int_field(f"skips[{j}][0]", x[0]), int_field(f"skips[{j}][1]", x[1], lo=1)
+        if out and t <= out[-1][0]:
+            raise mismatch(f"skips[{j}][0]", t, "training steps of skips increase")
+        out.append((t, n))
+    if out and step - sum(n for _, n in out) < out[-1][0]:
+        raise mismatch("skips", value, f"skips more steps than the state's step {step} allows")
+    return tuple(out)
 
 
 class RowScope(Protocol):

@@ -141,6 +141,15 @@ class StreamsSequence:
     ) -> None:
         raise TypeError("batch_at needs order='global' on a packed dataset")
 
+    def skip_steps(self, position: StreamsPosition, n: int) -> StreamsPosition:
+        raise TypeError(
+            "skip_steps needs order='global' (or a mixture) on a packed dataset: per-rank "
+            "streams have no global step to skip to"
+        )
+
+    def data_step(self, position: StreamsPosition, training_step: int) -> int:
+        raise TypeError("data_step needs order='global' (or a mixture) on a packed dataset")
+
     def release(self) -> None:
         """Nothing is cached across iterations (each stream closes its own reads)."""
 

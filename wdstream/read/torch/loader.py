@@ -326,12 +326,51 @@ class Loader:
         self._handed = position
 
     def batch_at(self, step: int) -> dict[str, torch.Tensor]:
-        """This rank's batch at global step ``step``, exactly as iteration yields it, in the
-        same time for any step (``order="global"`` only; see ``TokenDataset.batch_at``)."""
+        """This rank's batch at global *data* step ``step``, exactly as iteration yields it, in
+        the same time for any step (``order="global"`` only; see ``TokenDataset.batch_at``).
+        After :meth:`skip_steps` data steps run ahead of training steps: map a training
+        step with :meth:`data_step` first."""
         if self._buckets is not None:
             raise TypeError("batch_at: max_tokens batches are counted per epoch, not globally")
         batch = self.dataset.batch_at(step, None, self._handed)
         return batch if self.device is None else {k: v.to(self.device) for k, v in batch.items()}
+
+    def skip_steps(self, n: int) -> None:
+        """Skip ``n`` data steps: the next batch is data step ``k + n`` where ``k`` would have
+        been next (e.g. past data that made the loss spike, after a rollback).
+
+        The skip is recorded in the state, so training steps keep mapping to data steps
+        (:meth:`data_step`) across save, restore and a change of world size or global batch.
+        Call it between iterations: an iterator started before keeps its old position and
+        is no longer recorded; the next ``iter()`` starts at the new one.
+
+        Raises:
+            TypeError: ``n`` is no int; for ``order="streams"`` or ``max_tokens`` batches.
+            ValueError: ``n < 1``.
+        """
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"skip_steps: n must be an int, got {type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"skip_steps: n must be >= 1, got {n}")
+        if self._buckets is not None:
+            raise TypeError("skip_steps: max_tokens batches are counted per epoch, not globally")
+        self._handed = self.dataset.sequence.skip_steps(self._handed, n)
+
+    def data_step(self, training_step: int) -> int:
+        """The data step (the step ``batch_at`` takes) that training step ``training_step``
+        (batches handed out, counted from 0) reads, under the skips recorded so far.
+
+        Raises:
+            TypeError: for ``order="streams"`` or ``max_tokens`` batches.
+            ValueError: ``training_step < 0``.
+        """
+        if isinstance(training_step, bool) or not isinstance(training_step, int):
+            raise TypeError(f"data_step: training_step must be an int, got {training_step!r}")
+        if training_step < 0:
+            raise ValueError(f"data_step: training_step must be >= 0, got {training_step}")
+        if self._buckets is not None:
+            raise TypeError("data_step: max_tokens batches are counted per epoch, not globally")
+        return self.dataset.sequence.data_step(self._handed, training_step)
 
     def _torch_loader(self) -> DataLoader:
         if self._dl is None:
