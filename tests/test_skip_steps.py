@@ -169,3 +169,19 @@ def test_any_skips_match_the_uninterrupted_run(setup: tuple, plan: list[tuple[in
         loader.skip_steps(n)
     assert loader.data_step(t) == t + sum(n for _, n in plan)
     assert np.array_equal(_ids(loader, 1)[0], run[loader.data_step(t)])
+
+
+def test_skip_under_a_live_iterator_is_refused(setup: tuple) -> None:
+    """An iterator already running would go on from the old position while the state said
+    the steps were skipped: refused until it is finished or closed."""
+    data, run = setup
+    loader = _make(data)
+    it = iter(loader)
+    first = next(it)["input_ids"].numpy().copy()
+    with pytest.raises(RuntimeError, match="still running"):
+        loader.skip_steps(2)
+    it.close()
+    loader.skip_steps(2)
+    assert np.array_equal(first, run[0])
+    assert np.array_equal(next(iter(loader))["input_ids"].numpy(), run[3])
+    assert loader.data_step(1) == 3

@@ -229,6 +229,7 @@ class Loader:
         }
         self._dl: DataLoader | None = None
         self._handoff: WorkerHandoff | None = None
+        self._iterating = 0  # iterators of this loader not yet finished or closed
         # The position after the last batch handed to the caller: the dataset runs ahead of
         # it by the chunks prefetched or being sliced, so this is the loader's own.
         self._handed: SequencePosition = self.dataset.position.copy()
@@ -341,13 +342,17 @@ class Loader:
 
         The skip is recorded in the state, so training steps keep mapping to data steps
         (:meth:`data_step`) across save, restore and a change of world size or global batch.
-        Call it between iterations: an iterator started before keeps its old position and
-        is no longer recorded; the next ``iter()`` starts at the new one.
+        Call it between iterations (the next ``iter()`` starts at the new position): under
+        a live iterator, which would go on from the old one, it is refused.
 
         Raises:
             TypeError: ``n`` is no int; for ``order="streams"`` or ``max_tokens`` batches.
             ValueError: ``n < 1``.
+            RuntimeError: an iterator of this loader is still running (finish or close it).
         """
+        if self._iterating:
+            raise RuntimeError("skip_steps: an iterator of this loader is still running; finish "
+                               "or close it (it.close(), or leave its for loop) first")  # fmt: skip
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"skip_steps: n must be an int, got {type(n).__name__}")
         if n < 1:
@@ -406,6 +411,13 @@ class Loader:
             yield s, tokens, positions, cursors
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self._iterating += 1  # skip_steps refuses to run under a live iterator
+        try:
+            yield from self._batches()
+        finally:
+            self._iterating -= 1
+
+    def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
         if self._buckets is not None:
             for batch in self._buckets:
                 yield (
