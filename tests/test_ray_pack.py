@@ -353,8 +353,9 @@ def test_cli_pack_engine_ray(
 
 
 def test_one_progress_bar_on_the_driver(
-    cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the bar is for a terminal
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_corpus(200, seed=3)))
     pack([str(src)], str(tmp_path / "out"), engine="ray", **{**PACK_OPTS, "progress": True})
