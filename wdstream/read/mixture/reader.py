@@ -25,7 +25,6 @@ can re-weight its future (annealing), while any change to its past is refused.
 
 from __future__ import annotations
 
-import copy
 import functools
 import itertools
 from collections.abc import Iterator
@@ -59,9 +58,6 @@ class MixturePosition(GlobalPosition):
     the position, so workers and resumed runs use the schedule the state holds)."""
 
     pieces: tuple[SchedulePiece, ...] = field(default_factory=tuple)
-
-    def copy(self) -> MixturePosition:
-        return copy.copy(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(),
@@ -421,10 +417,8 @@ class MixtureReader:
 
     def skip_steps(self, position: GlobalPosition, n: int) -> MixturePosition:
         """``position`` with ``n`` data steps skipped (:meth:`GlobalPosition.skip`)."""
-        out = position.copy()
-        out.skip(n)
-        assert isinstance(out, MixturePosition)
-        return out
+        assert isinstance(position, MixturePosition)
+        return position.skipped(n)
 
     def data_step(self, position: GlobalPosition, training_step: int) -> int:
         """The data step of ``training_step`` (:meth:`GlobalPosition.data_step`)."""

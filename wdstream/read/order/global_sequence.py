@@ -185,9 +185,7 @@ class GlobalReader:
 
     def skip_steps(self, position: GlobalPosition, n: int) -> GlobalPosition:
         """``position`` with ``n`` data steps skipped (:meth:`GlobalPosition.skip`)."""
-        out = position.copy()
-        out.skip(n)
-        return out
+        return position.skipped(n)
 
     def data_step(self, position: GlobalPosition, training_step: int) -> int:
         """The data step of ``training_step`` (:meth:`GlobalPosition.data_step`)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from wdstream.read.order.global_order import Origin
 from wdstream.read.order.streams_state import int_field, mismatch
 
 __all__ = ["GlobalPosition", "RowScope", "StepChunks", "StepRows", "parse_skips"]
+
+
+_P = TypeVar("_P", bound="GlobalPosition")
 
 
 @dataclass
@@ -41,7 +44,7 @@ class GlobalPosition:
     worker: tuple[int, int] | None = None  # (id, num_workers) of one torch worker's share
     skips: tuple[tuple[int, int], ...] = ()
 
-    def copy(self) -> GlobalPosition:
+    def copy(self: _P) -> _P:
         return copy.copy(self)
 
     def training_step(self) -> int:
@@ -51,6 +54,12 @@ class GlobalPosition:
     def data_step(self, training_step: int) -> int:
         """The data step training step ``training_step`` reads, under the skips so far."""
         return training_step + sum(n for t, n in self.skips if t <= training_step)
+
+    def skipped(self: _P, n: int) -> _P:
+        """A copy of this position with ``n`` more steps skipped (:meth:`skip`)."""
+        out = self.copy()
+        out.skip(n)
+        return out
 
     def skip(self, n: int) -> None:
         """Skip ``n`` data steps: the next batch is data step ``step + n``; recorded with the

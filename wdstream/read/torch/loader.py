@@ -353,12 +353,7 @@ class Loader:
         if self._iterating:
             raise RuntimeError("skip_steps: an iterator of this loader is still running; finish "
                                "or close it (it.close(), or leave its for loop) first")  # fmt: skip
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"skip_steps: n must be an int, got {type(n).__name__}")
-        if n < 1:
-            raise ValueError(f"skip_steps: n must be >= 1, got {n}")
-        if self._buckets is not None:
-            raise TypeError("skip_steps: max_tokens batches are counted per epoch, not globally")
+        self._check_count("skip_steps", "n", n, 1)
         self._handed = self.dataset.sequence.skip_steps(self._handed, n)
 
     def data_step(self, training_step: int) -> int:
@@ -369,13 +364,22 @@ class Loader:
             TypeError: for ``order="streams"`` or ``max_tokens`` batches.
             ValueError: ``training_step < 0``.
         """
-        if isinstance(training_step, bool) or not isinstance(training_step, int):
-            raise TypeError(f"data_step: training_step must be an int, got {training_step!r}")
-        if training_step < 0:
-            raise ValueError(f"data_step: training_step must be >= 0, got {training_step}")
-        if self._buckets is not None:
-            raise TypeError("data_step: max_tokens batches are counted per epoch, not globally")
+        self._check_count("data_step", "training_step", training_step, 0)
         return self.dataset.sequence.data_step(self._handed, training_step)
+
+    def _check_count(self, method: str, name: str, value: Any, lo: int) -> None:
+        """``value`` is an int of at least ``lo`` steps, and this loader counts global steps.
+
+        Raises:
+            TypeError: ``value`` is no int (a bool is none either); ``max_tokens`` batches.
+            ValueError: ``value < lo``.
+        """
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{method}: {name} must be an int, got {value!r:.60}")
+        if value < lo:
+            raise ValueError(f"{method}: {name} must be >= {lo}, got {value}")
+        if self._buckets is not None:
+            raise TypeError(f"{method}: max_tokens batches are counted per epoch, not globally")
 
     def _torch_loader(self) -> DataLoader:
         if self._dl is None:
