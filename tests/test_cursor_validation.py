@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wdstream import Loader, StateMismatchError, TokenDataset
-from wdstream.read.order.streams_state import cursor_seal
+from wdstream.read.order.state_fields import cursor_seal
 from wdstream.read.order.text_streams import TEXT_CURSOR_KEYS
 from wdstream.testing import write_synthetic_dataset
 

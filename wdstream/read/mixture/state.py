@@ -30,8 +30,8 @@ from wdstream.read.mixture.interleave import exact_weights
 from wdstream.read.mixture.schedule import SchedulePiece
 from wdstream.read.order.global_order import Origin
 from wdstream.read.order.identity import IDENTITY_KEYS
+from wdstream.read.order.state_fields import dict_field, int_field, mismatch, same_value
 from wdstream.read.order.steps import parse_skips
-from wdstream.read.order.streams_state import dict_field, int_field, mismatch, same_value
 
 __all__ = ["MIXTURE_STATE_VERSION", "SavedMixture", "parse_mixture_state"]
 

@@ -32,9 +32,7 @@ from wdstream.errors import StateMismatchError
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.identity import IDENTITY_KEYS, check_identity, rows_fingerprint
-from wdstream.read.order.step_check import check_step
-from wdstream.read.order.steps import GlobalPosition, RowScope, StepChunks, parse_skips
-from wdstream.read.order.streams_state import (
+from wdstream.read.order.state_fields import (
     SEAL_KEY,
     cursor_seal,
     dict_field,
@@ -42,6 +40,8 @@ from wdstream.read.order.streams_state import (
     mismatch,
     same_value,
 )
+from wdstream.read.order.step_check import check_step
+from wdstream.read.order.steps import GlobalPosition, RowScope, StepChunks, parse_skips
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["GLOBAL_STATE_VERSION", "GlobalPosition", "GlobalReader", "global_batch_at"]

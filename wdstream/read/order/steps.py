@@ -19,7 +19,7 @@ import numpy as np
 from wdstream.read.batches.rows import position_ids
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import Origin
-from wdstream.read.order.streams_state import int_field, mismatch
+from wdstream.read.order.state_fields import int_field, mismatch
 
 __all__ = ["GlobalPosition", "RowScope", "StepChunks", "StepRows", "parse_skips"]
 

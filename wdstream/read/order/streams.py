@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from wdstream.read.order.plan import EpochPlan, WindowGeometry
+from wdstream.read.order.state_fields import mismatch
 from wdstream.read.order.streams_context import ReaderConfig, copy_window
-from wdstream.read.order.streams_state import mismatch
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = [

@@ -24,15 +24,13 @@ import numpy as np
 from wdstream.errors import StateMismatchError
 from wdstream.read.batches.rows import position_ids
 from wdstream.read.order.base import ChunkBuffers, DocStarts, FilledChunk, Worker
+from wdstream.read.order.state_fields import SEAL_KEY, cursor_seal, mismatch
 from wdstream.read.order.streams_context import ReaderConfig, StreamContext
 from wdstream.read.order.streams_state import (
-    SEAL_KEY,
     STATE_VERSION,
     StreamsPosition,
     check_iter_stop,
     check_turns,
-    cursor_seal,
-    mismatch,
     parse_state,
 )
 

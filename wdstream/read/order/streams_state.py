@@ -35,9 +35,6 @@ a state of another stream or configuration fails every tag.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import numbers
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,32 +43,31 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import StateMismatchError
+from wdstream.read.order.state_fields import (
+    SEAL_KEY,
+    TAG_HEX,
+    cursor_seal,
+    dict_field,
+    int_field,
+    json_kind,
+    mismatch,
+    quote_value,
+    same_value,
+)
 
 __all__ = [
-    "SEAL_KEY",
     "STATE_KEYS",
     "STATE_VERSION",
     "StreamsPosition",
     "check_in_window",
     "check_iter_stop",
     "check_turns",
-    "cursor_seal",
-    "dict_field",
-    "int_field",
-    "mismatch",
     "parse_state",
-    "same_value",
 ]
 
 STATE_VERSION = 1
 STATE_KEYS = ("version", "config", "streams", "next_stream", "chunk_left", "iter_stop", "worker")
-SEAL_KEY = "check"  # a sealed cursor's tags (raw text)
-_TAG_HEX = 8  # hex digits of one field's tag: an edit passes with odds 2**-32
 
-# Every position is an int64 (numpy, torch, JSON readers in other languages); past that a
-# number is no position a reader could have reached.
-_INT_LIMIT = 1 << 63
-_SHOW = 60  # characters of a bad value quoted in a message (a hostile value may be huge)
 _HINT_WORKERS = 64  # worker counts listed when a state's stream count differs
 
 
@@ -143,56 +139,9 @@ class StreamsPosition:
         self.next_stream = (stream + 1) % len(self.cursors)
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= _SHOW else text[: _SHOW - 3] + "..."
-
-
-def mismatch(path: str, value: Any, why: str) -> StateMismatchError:
-    """The error for field ``path`` of a state holding ``value``: ``path: why (got value)``."""
-    return StateMismatchError(f"{path}: {why} (got {_show(value)})")
-
-
-def int_field(path: str, value: Any, lo: int = 0, hi: int = _INT_LIMIT) -> int:
-    """``value`` as an int in ``[lo, hi)``; a bool, float or string is refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise mismatch(path, value, "an integer expected")
-    number = int(value)
-    if not lo <= number < hi:
-        top = "2**63" if hi == _INT_LIMIT else str(hi)
-        raise mismatch(path, value, f"must be in [{lo}, {top})")
-    return number
-
-
-def dict_field(path: str, value: Any, keys: Sequence[str]) -> dict[str, Any]:
-    """``value`` as a dict with exactly ``keys``."""
-    if not isinstance(value, dict):
-        raise mismatch(path, value, "a dict expected")
-    for k in keys:
-        if k not in value:
-            raise mismatch(f"{path}.{k}" if path else k, None, "missing")
-    for k in value:
-        if k not in keys:
-            raise mismatch(f"{path}.{k}" if path else str(k), value[k], "unknown key")
-    return value
-
-
-def _kind(value: Any) -> str:
-    """JSON kind of a config value, so that ``True`` never equals ``1`` nor ``1.0`` ``1``."""
-    if isinstance(value, bool | np.bool_):
-        return "bool"
-    if isinstance(value, numbers.Integral):
-        return "int"
-    return type(value).__name__
-
-
-def same_value(a: Any, b: Any) -> bool:
-    return _kind(a) == _kind(b) and a == b
-
-
 def _streams_hint(saved: Any, now: int) -> str:
     """How to resume a state saved with another stream count (``num_workers``)."""
-    if _kind(saved) != "int" or saved < 1:
+    if json_kind(saved) != "int" or saved < 1:
         return ""
     # The worker counts that divide it, up to a bound (a hostile count must not be factored).
     small = [str(w) for w in range(1, min(saved, _HINT_WORKERS) + 1) if saved % w == 0]
@@ -208,7 +157,9 @@ def _check_config(saved: Any, config: dict[str, Any]) -> None:
     saved = dict_field("config", saved, list(config))
     diff = {k: (saved[k], v) for k, v in config.items() if not same_value(saved[k], v)}
     if diff:
-        what = ", ".join(f"{k}: saved {_show(a)}, now {b!r}" for k, (a, b) in sorted(diff.items()))
+        what = ", ".join(
+            f"{k}: saved {quote_value(a)}, now {b!r}" for k, (a, b) in sorted(diff.items())
+        )
         hint = _streams_hint(diff["streams"][0], config["streams"]) if "streams" in diff else ""
         raise StateMismatchError(f"state does not belong to this reader ({what}){hint}")
 
@@ -234,24 +185,6 @@ def _worker(value: Any, n_streams: int) -> tuple[int, int] | None:
     return int_field("worker[0]", value[0], hi=n), n
 
 
-def cursor_seal(
-    config: dict[str, Any], stream: int, cursor: dict[str, int], keys: Sequence[str]
-) -> str:
-    """The ``check`` of ``cursor`` of ``stream``: per field of ``keys`` in order, 8 hex of
-    BLAKE2b over the config (canonical JSON), the stream, the field's name and value.
-
-    Not a secret (the config is in the state): it detects edits and states moved between
-    streams or readers, so a position the run never reached is refused, not read.
-    """
-    base = json.dumps(config, sort_keys=True, separators=(",", ":")) + f"|{stream}|"
-    return "".join(
-        hashlib.blake2b(
-            f"{base}{k}={int(cursor[k])}".encode(), digest_size=_TAG_HEX // 2
-        ).hexdigest()
-        for k in keys
-    )
-
-
 def _unseal(
     path: str, value: dict[str, Any], config: dict[str, Any], stream: int, keys: Sequence[str]
 ) -> dict[str, Any]:
@@ -270,13 +203,13 @@ def _unseal(
         )  # fmt: skip
     fields = dict_field(path, value, (*keys, SEAL_KEY))
     tags = fields[SEAL_KEY]
-    n = _TAG_HEX * len(keys)
+    n = TAG_HEX * len(keys)
     if not isinstance(tags, str) or len(tags) != n:
         raise mismatch(f"{path}.{SEAL_KEY}", tags, f"a string of {n} hex digits expected")
     cursor = {k: int_field(f"{path}.{k}", fields[k]) for k in keys}
     want = cursor_seal(config, stream, cursor, keys)
-    bad = [k for i, k in enumerate(keys) if tags[i * _TAG_HEX : (i + 1) * _TAG_HEX]
-           != want[i * _TAG_HEX : (i + 1) * _TAG_HEX]]  # fmt: skip
+    bad = [k for i, k in enumerate(keys) if tags[i * TAG_HEX : (i + 1) * TAG_HEX]
+           != want[i * TAG_HEX : (i + 1) * TAG_HEX]]  # fmt: skip
     if len(bad) == len(keys):
         raise mismatch(
             f"{path}.{SEAL_KEY}", tags,

@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import InputError, StateMismatchError
+from wdstream.read.order.state_fields import mismatch
 from wdstream.read.order.streams_context import ReaderConfig, copy_window
-from wdstream.read.order.streams_state import check_in_window, mismatch
+from wdstream.read.order.streams_state import check_in_window
 from wdstream.read.sources.text import TextSource
 
 __all__ = ["TEXT_CURSOR_KEYS", "TextContext", "TextStream"]

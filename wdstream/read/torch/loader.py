@@ -368,12 +368,8 @@ class Loader:
         return self.dataset.sequence.data_step(self._handed, training_step)
 
     def _check_count(self, method: str, name: str, value: Any, lo: int) -> None:
-        """``value`` is an int of at least ``lo`` steps, and this loader counts global steps.
-
-        Raises:
-            TypeError: ``value`` is no int (a bool is none either); ``max_tokens`` batches.
-            ValueError: ``value < lo``.
-        """
+        """Refuse a ``value`` that is no int (nor a bool: TypeError) or below ``lo``
+        (ValueError), and ``max_tokens`` batches (TypeError): they count no global steps."""
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{method}: {name} must be an int, got {value!r:.60}")
         if value < lo:
