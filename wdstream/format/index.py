@@ -74,6 +74,8 @@ class DatasetIndex:
     version: int = FORMAT_VERSION
     format: str = FORMAT_NAME
     pad_id: int | None = None  # bestfit: the id of the padding at rows' ends (the EOS id)
+    # "bit31": ids carry a loss mask in bit 31 (:mod:`wdstream.format.loss`); None: all loss
+    loss_mask: str | None = None
 
     @property
     def total_samples(self) -> int:
@@ -106,6 +108,8 @@ class DatasetIndex:
             del obj["checksum"]  # v1 indexes have no such key
         if self.pad_id is None:
             del obj["pad_id"]  # only best-fit datasets have padding
+        if self.loss_mask is None:
+            del obj["loss_mask"]  # only datasets with unsupervised tokens name a mask
         return json.dumps(obj, indent=1, sort_keys=True) + "\n"
 
     @classmethod

@@ -101,6 +101,9 @@ def _ids_fit_dtype(obj: dict[str, Any]) -> _Problem:
             "tokenizer.n_vocab",
             f"expected <= {ids} (ids that fit dtype {dtype!r}), got {n_vocab}",
         )
+    if obj.get("loss_mask") is not None and dtype != "uint32":
+        # The mask is bit 31 of each stored id (wdstream.format.loss).
+        return "dtype", f"expected 'uint32' when loss_mask is set, got {dtype!r}"
     eos_id, bos_id = obj["eos_id"], obj["bos_id"]
     if eos_id is not None and eos_id >= n_vocab:
         return "eos_id", f"expected an id below tokenizer.n_vocab = {n_vocab}, got {eos_id}"

@@ -17,6 +17,7 @@ from typing import Any
 
 from wdstream.errors import IndexValidationError
 from wdstream.format.checksum import CHECKSUM_NAME
+from wdstream.format.loss import LOSS_MASK_KIND
 from wdstream.format.sample import DTYPES
 from wdstream.format.tar import BLOCK
 
@@ -187,6 +188,7 @@ _TOP = (
     _Rule("shards", _list(min_len=1), each=_OBJECT),
     _Rule("checksum", _or_null(_one_of(CHECKSUM_NAME)), required=False),
     _Rule("pad_id", _or_null(_int(0, 2**32)), required=False),
+    _Rule("loss_mask", _or_null(_one_of(LOSS_MASK_KIND)), required=False),
     _Rule("stats", _OBJECT, required=False),
 )
 _TOKENIZER = (

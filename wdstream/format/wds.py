@@ -12,6 +12,11 @@ turns either into ready arrays::
     for sample in ds:
         sample["mp"]["input_ids"]  # numpy uint16/uint32 token ids
         sample["mp"]["doc_lens"], sample["mp"]["cont"]
+        sample["mp"]["loss_mask"]  # bool per token: False where the token carries no loss
+
+A chat dataset's ids carry their loss mask in bit 31 (:mod:`wdstream.format.loss`); the
+decoder splits it off, so ``input_ids`` are plain ids and ``loss_mask`` says which carry
+loss (all True for pretraining data).
 
 It does not check the per-sample CRC32C (that lives in the sidecar, which webdataset does
 not read); ``wdstream.Loader`` does.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from wdstream.format.loss import split_ids
 from wdstream.format.sample import SAMPLE_SUFFIXES, decode_sample
 
 __all__ = ["wds_decoder"]
@@ -36,7 +42,8 @@ def wds_decoder(key: str, data: bytes) -> dict[str, Any] | None:
         data: the member's bytes.
 
     Returns:
-        ``{"input_ids": np.ndarray, "doc_lens": list[int], "cont": bool}``, or None for
+        ``{"input_ids": np.ndarray, "doc_lens": list[int], "cont": bool,
+        "loss_mask": np.ndarray}``, or None for
         members of other kinds (webdataset then tries its other handlers).
 
     Raises:
@@ -48,4 +55,6 @@ def wds_decoder(key: str, data: bytes) -> dict[str, Any] | None:
         sample = decode_sample(data)
     except ValueError as exc:
         raise ValueError(f"member {key!r}: {exc}") from exc
-    return {"input_ids": sample.tokens, "doc_lens": list(sample.doc_lens), "cont": sample.cont}
+    ids, no_loss = split_ids(sample.tokens)
+    return {"input_ids": ids, "doc_lens": list(sample.doc_lens), "cont": sample.cont,
+            "loss_mask": ~no_loss}  # fmt: skip

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
@@ -224,10 +224,21 @@ def _mixture_labels(
         ValueError: naming two sources whose packing needs different target rules.
     """
     rules = [row_labels(s.index, seq_len, mask_doc_ends) for s in sources]
-    for name, rule in zip(names, rules, strict=True):
-        if rule != rules[0]:
+    # A loss mask travels in each source's own ids (bit 31), so a chat source and a
+    # pretraining source mix under one rule that splits it: only the rest must agree.
+    loss_mask = any(rule is not None and rule.loss_mask for rule in rules)
+    plain = [
+        None if r is None or (r.pad_id is None and not r.mask_doc_ends)
+        else replace(r, loss_mask=False)
+        for r in rules
+    ]  # fmt: skip
+    for name, rule in zip(names, plain, strict=True):
+        if rule != plain[0]:
             raise ValueError(
-                f"sources {names[0]!r} and {name!r} need different target rules ({rules[0]} "
+                f"sources {names[0]!r} and {name!r} need different target rules ({plain[0]} "
                 f"vs {rule}); pack them in the same mode, or pass mask_doc_ends"
             )
-    return rules[0]
+    if not loss_mask:
+        return plain[0]
+    first = plain[0] or RowLabels(None, None, None, False)
+    return replace(first, loss_mask=True)

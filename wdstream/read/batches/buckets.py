@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from wdstream.errors import StateMismatchError
+from wdstream.format.loss import split_ids
 from wdstream.read.batches.rows import IGNORE_INDEX
 from wdstream.read.sources.packed import ShardSource
 
@@ -158,6 +159,7 @@ class BucketedBatches:
         self.seq_len, self.max_tokens, self.seed = seq_len, max_tokens, seed
         self.rank, self.world_size, self.epochs, self.pool = rank, world_size, epochs, pool
         self.pad_id = index.eos_id if index.eos_id is not None else 0
+        self.loss_mask = index.loss_mask is not None  # ids carry bit 31 (format.loss)
         counts = [self.source.token_counts(s, 0, int(n)) for s, n in enumerate(self.source.samples)]
         lengths = np.concatenate(counts) if counts else np.zeros(0, np.int64)
         self.row_sample, self.row_start, self.rows = split_rows(lengths, seq_len)
@@ -270,11 +272,15 @@ class BucketedBatches:
             tokens[i, : n + 1] = self._tokens(int(self.row_sample[r]))[a : a + n + 1]
             real[i, : n + 1] = True
             positions[i, :n] = np.arange(a, a + n)
+        supervised = real[:, 1:]
+        if self.loss_mask:
+            tokens, no_loss = split_ids(tokens)
+            supervised = supervised & ~no_loss[:, 1:]
         t = torch.from_numpy(tokens)
         inputs = torch.from_numpy(real[:, 1:])  # input t is real iff its target is
         return {
             "input_ids": t[:, :-1].contiguous(),
-            "labels": t[:, 1:].masked_fill(~inputs, IGNORE_INDEX),
+            "labels": t[:, 1:].masked_fill(~torch.from_numpy(supervised), IGNORE_INDEX),
             "attention_mask": inputs.to(torch.int64),
             "position_ids": torch.from_numpy(positions),
         }

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from wdstream.format.index import DatasetIndex
+from wdstream.format.loss import split_ids
 
 __all__ = [
     "IGNORE_INDEX",
@@ -86,12 +87,22 @@ class RowLabels:
         eos_id: the dataset's EOS id (None: no document ends are known).
         bos_id: the dataset's BOS id, or None.
         mask_doc_ends: set the target after every document's last token to -100.
+        loss_mask: the ids may carry bit 31, "no loss" (:mod:`wdstream.format.loss`): strip
+            it from the ids and set those targets to -100.
     """
 
     pad_id: int | None
     eos_id: int | None
     bos_id: int | None
     mask_doc_ends: bool
+    loss_mask: bool = False
+
+    def split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(ids, no_loss)``: ``rows`` without the loss bit and where it was set (None:
+        this dataset has no loss mask, ``rows`` returned as they are)."""
+        if not self.loss_mask:
+            return rows, None
+        return split_ids(rows)
 
     def padding(self, rows: torch.Tensor) -> torch.Tensor | None:
         """bool ``[B, S]`` padding of ``rows``, or None for datasets without padding."""
@@ -136,7 +147,8 @@ def row_labels(
             "mask_doc_ends=True needs a dataset packed with EOS ids (its index has eos_id "
             "null, or it is read without an index)"
         )
-    if not bestfit and not mask:
+    loss_mask = index is not None and index.loss_mask is not None
+    if not bestfit and not mask and not loss_mask:
         return None
     assert index is not None
-    return RowLabels(index.pad_id if bestfit else None, eos_id, index.bos_id, mask)
+    return RowLabels(index.pad_id if bestfit else None, eos_id, index.bos_id, mask, loss_mask)

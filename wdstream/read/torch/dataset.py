@@ -259,21 +259,26 @@ def chunk_to_batches(
     (:mod:`wdstream.read.batches.rows`: -100 on best-fit padding and, if chosen, document ends).
     """
     n = tokens.shape[0] // batch_size * batch_size
+    # Ids carrying a loss mask lose it here, once per chunk (wdstream.format.loss).
+    no_loss = None
+    if labels is not None:
+        tokens, no_loss = labels.split(tokens[:n])
     # One int64 conversion per chunk, not per batch: each batch is a contiguous row slice of
     # it (two calls per chunk instead of two per batch, in the training loop's thread).
     all_ids, all_targets = _long(tokens[:n, :-1], pin), _long(tokens[:n, 1:], pin)
     for j in range(n // batch_size):
-        rows = tokens[j * batch_size : (j + 1) * batch_size]
-        batch = {
-            "input_ids": all_ids[j * batch_size : (j + 1) * batch_size],
-            "labels": all_targets[j * batch_size : (j + 1) * batch_size],
-        }
+        part = slice(j * batch_size, (j + 1) * batch_size)
+        rows = tokens[part]
+        batch = {"input_ids": all_ids[part], "labels": all_targets[part]}
         padding = labels.padding(rows) if labels is not None else None
         masked = labels.masked(rows, padding) if labels is not None else None
+        if no_loss is not None:
+            targets = no_loss[part, 1:]
+            masked = targets if masked is None else masked | targets
         if masked is not None:
             batch["labels"].masked_fill_(masked, IGNORE_INDEX)
         if positions is not None:
-            pos = _long(positions[j * batch_size : (j + 1) * batch_size], pin)
+            pos = _long(positions[part], pin)
             flat = pos.reshape(-1)
             starts = torch.nonzero(flat == 0).reshape(-1)
             batch["position_ids"] = pos
