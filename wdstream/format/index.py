@@ -129,13 +129,16 @@ class DatasetIndex:
         _check_format_version(obj, where)
         validate_index(obj, where)
         shards = tuple(
-            ShardEntry(**{k: s[k] for k in _SHARD_KEYS if k in s}) for s in obj["shards"]
-        )
+            ShardEntry(**s) if s.keys() <= _SHARD_KEY_SET else
+            ShardEntry(**{k: s[k] for k in _SHARD_KEYS if k in s})  # keys of a later version
+            for s in obj["shards"]
+        )  # fmt: skip
         known = {k: obj[k] for k in _INDEX_KEYS if k in obj}
         return cls(**{**known, "shards": shards})
 
 
 _SHARD_KEYS = tuple(f.name for f in fields(ShardEntry))
+_SHARD_KEY_SET = frozenset(_SHARD_KEYS)
 _OPTIONAL_SHARD_KEYS = ("provenance", "provenance_sha256")
 _INDEX_KEYS = tuple(f.name for f in fields(DatasetIndex))
 

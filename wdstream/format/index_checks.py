@@ -218,11 +218,14 @@ def _provenance_everywhere(obj: dict[str, Any]) -> _Problem:
     # number documents across shards), and a table is named after its shard like a sidecar.
     keys = ("provenance", "provenance_sha256")
     has = [all(k in shard for k in keys) for shard in obj["shards"]]
+    first = has.index(True) if any(has) else None  # once: this loop runs for every shard
     for i, shard in enumerate(obj["shards"]):
+        if first is None:
+            break
         missing = [k for k in keys if k not in shard]
-        if any(has) and missing:
+        if missing:
             return f"shards[{i}].{missing[0]}", (
-                f"missing (shards[{has.index(True)}] has provenance: every shard or none)"
+                f"missing (shards[{first}] has provenance: every shard or none)"
             )
         if has[i] and shard["provenance"] != shard["name"].removesuffix(".tar") + ".prov":
             return f"shards[{i}].provenance", (

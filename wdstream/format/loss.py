@@ -17,18 +17,13 @@ and uint32 arrays hold it as a value ``>= 2**31``. Both are handled.
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 import numpy as np
-import torch
 
 __all__ = ["ID_BITS", "LOSS_MASK_KIND", "NO_LOSS_BIT", "mark_no_loss", "split_ids"]
 
 LOSS_MASK_KIND = "bit31"  # the value of index.json's "loss_mask"
 NO_LOSS_BIT = 1 << 31
 ID_BITS = NO_LOSS_BIT - 1  # the id part of a stored token
-
-Tokens = TypeVar("Tokens", np.ndarray, torch.Tensor)
 
 
 def mark_no_loss(ids: np.ndarray, supervised: np.ndarray) -> np.ndarray:
@@ -47,16 +42,13 @@ def mark_no_loss(ids: np.ndarray, supervised: np.ndarray) -> np.ndarray:
     return out
 
 
-def split_ids(tokens: Tokens) -> tuple[Tokens, Tokens]:
+def split_ids(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, no_loss)``: the ids without bit 31, and a bool array True where it was set.
 
-    Works on int32 (bit 31 reads as negative), int64 and uint32 arrays or tensors.
+    Works on int32 (bit 31 reads as negative), int64 and uint32 arrays; narrower arrays
+    cannot hold the bit and carry loss everywhere. (Tensors: ``RowLabels.split``.)
     """
-    if isinstance(tokens, torch.Tensor):
-        if tokens.dtype == torch.int32:
-            return tokens & ID_BITS, tokens < 0
-        return tokens & ID_BITS, tokens >= NO_LOSS_BIT
-    if tokens.dtype.itemsize < 4:  # too narrow for the bit: every token carries loss
+    if tokens.dtype.itemsize < 4:
         return tokens, np.zeros(tokens.shape, dtype=bool)
     if tokens.dtype == np.int32:
         return tokens & ID_BITS, tokens < 0

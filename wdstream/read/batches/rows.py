@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from wdstream.format.index import DatasetIndex
-from wdstream.format.loss import split_ids
+from wdstream.format.loss import ID_BITS, NO_LOSS_BIT
 
 __all__ = [
     "IGNORE_INDEX",
@@ -102,7 +102,9 @@ class RowLabels:
         this dataset has no loss mask, ``rows`` returned as they are)."""
         if not self.loss_mask:
             return rows, None
-        return split_ids(rows)
+        if rows.dtype == torch.int32:  # the reader's row buffers: bit 31 reads as negative
+            return rows & ID_BITS, rows < 0
+        return rows & ID_BITS, rows >= NO_LOSS_BIT
 
     def padding(self, rows: torch.Tensor) -> torch.Tensor | None:
         """bool ``[B, S]`` padding of ``rows``, or None for datasets without padding."""
