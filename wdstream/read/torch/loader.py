@@ -107,7 +107,8 @@ class Loader:
             CPU cores this process may use less one (the training loop's), at most 4.
         rank: default ``torch.distributed`` rank, else ``RANK``, else 0.
         world_size: default ``torch.distributed`` world size, else ``WORLD_SIZE``, else 1.
-        epochs: epochs per ``iter()``; None repeats forever with a fresh shuffle each epoch.
+        epochs: epochs per ``iter()``; None (default) repeats forever with a fresh shuffle
+            each epoch: pretraining counts steps, and a mixture is endless too. 1: one pass.
         streams: ``order="streams"``: independent streams per rank (default
             ``max(1, num_workers)``); a multiple of ``num_workers``. That order depends on
             ``streams``, not on the workers. Giving it with ``order=None`` selects that order.
