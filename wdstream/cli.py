@@ -333,7 +333,10 @@ def verify(root: str, **remote: Any) -> None:
 
 @main.command()
 @click.argument("dataset")
-@click.option("--step", type=int, required=True, help="Global step to explain.")
+@click.option("--step", type=int, default=None, help="Global (training) step to explain.")
+@click.option("--steps", default=None, metavar="A:B", help="Steps A to B-1 (instead of --step).")
+@click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text",
+              show_default=True, help="jsonl: one JSON record per row.")  # fmt: skip
 @click.option("--seq-len", type=int, default=None, help="Loader's seq_len (default: packed).")
 @click.option("--batch-size", type=int, default=None, help="Rows per rank (B).")
 @click.option("--world-size", type=int, default=1, show_default=True, help="Ranks (W).")
@@ -345,14 +348,16 @@ def verify(root: str, **remote: Any) -> None:
     "--state",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help="A saved Loader state (JSON): seed, seq_len, shuffle options, global batch and step "
-    "origin are taken from it.",
+    help="A saved Loader state (JSON): seed, seq_len, shuffle options, global batch, step "
+    "origin and skipped steps are taken from it.",
 )
 @click.option("--text", is_flag=True, help="Show each piece's decoded text (cut to 200 chars).")
 @_storage_options
 def explain(
     dataset: str,
-    step: int,
+    step: int | None,
+    steps: str | None,
+    fmt: str,
     seq_len: int | None,
     batch_size: int | None,
     world_size: int,
@@ -364,33 +369,24 @@ def explain(
     text: bool,
     **remote: Any,
 ) -> None:
-    """Where every row of global step STEP came from: rank, shard, sample, file:line.
+    """Where every row of global step STEP (or steps A:B) came from: rank, shard, sample,
+    file:line. With a --state that skipped steps, steps are training steps.
 
     DATASET may be a mixture spec (.json / .toml): each row also names its source."""
+    from wdstream.cli_explain import explain_output, load_state, parse_steps
     from wdstream.read.mixture.spec import is_mixture
-    from wdstream.read.provenance import explain as run_explain
-    from wdstream.read.provenance import explanation_lines
 
-    try:
-        saved = None
-        if state is not None:
-            with open(state, encoding="utf-8") as f:
-                saved = json.load(f)
-        if is_mixture(dataset):
-            _explain_mixture(dataset, step, saved, text, remote, batch_size=batch_size,
-                             world_size=world_size, seq_len=seq_len, seed=seed,
-                             shuffle=not no_shuffle, shuffle_window=shuffle_window,
-                             shuffle_lanes=shuffle_lanes)  # fmt: skip
-            return
-        result = run_explain(
-            dataset, step, batch_size=batch_size, world_size=world_size, seq_len=seq_len,
-            seed=seed, shuffle=not no_shuffle, shuffle_window=shuffle_window,
-            shuffle_lanes=shuffle_lanes, state=saved, text=text,
-            **_store_options(dataset, **remote),
-        )  # fmt: skip
-    except (WdstreamError, ValueError, OSError) as exc:
-        _fail(exc)
-    for line in explanation_lines(result):
+    mixture = is_mixture(dataset)
+    store = (
+        _mixture_store_options(dataset, remote) if mixture else _store_options(dataset, **remote)
+    )
+    lines = explain_output(
+        dataset, parse_steps(step, steps), fmt, store, batch_size=batch_size,
+        world_size=world_size, seq_len=seq_len, seed=seed, shuffle=not no_shuffle,
+        shuffle_window=shuffle_window, shuffle_lanes=shuffle_lanes, state=load_state(state),
+        text=text,
+    )  # fmt: skip
+    for line in lines:
         click.echo(line)
 
 
@@ -413,20 +409,6 @@ def _mixture_stats(spec: str, as_json: bool, remote: dict[str, Any]) -> None:
         click.echo(json.dumps(s, indent=1, sort_keys=True))
         return
     for line in mixture_stats_lines(s):
-        click.echo(line)
-
-
-def _explain_mixture(
-    spec: str, step: int, saved: Any, text: bool, remote: dict[str, Any], **options: Any
-) -> None:
-    from wdstream.read.mixture.inspect import explain_mixture, mixture_explanation_lines
-
-    try:
-        result = explain_mixture(spec, step, state=saved, text=text, **options,
-                                 **_mixture_store_options(spec, remote))  # fmt: skip
-    except (WdstreamError, ValueError, OSError) as exc:
-        _fail(exc)
-    for line in mixture_explanation_lines(result):
         click.echo(line)
 
 

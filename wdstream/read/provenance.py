@@ -11,7 +11,9 @@ offset its first piece begins at. :class:`Provenance` turns ``(shard, sample)`` 
 :func:`explain` locates the rows of a global step (:class:`~wdstream.read.order.global_order.GlobalOrder`,
 exactly as ``Loader(..., order="global")`` reads them) and lists, for every row, the rank it
 goes to and each piece: shard, sample, ``file:line``, its token span in the row and in its
-document, and optionally its decoded text.
+document, and optionally its decoded text. :func:`explain_steps` does so for a range of
+steps with the dataset opened once; :func:`explanation_records` gives a step's rows as
+JSON records (``wdstream explain --steps A:B --format jsonl``).
 """
 
 from __future__ import annotations
@@ -20,16 +22,17 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from wdstream.errors import CorruptShardError, StateMismatchError, WdstreamError
+from wdstream.errors import CorruptShardError, WdstreamError
 from wdstream.format.provenance import ShardProvenance
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
-from wdstream.read.order.step_check import check_step
 from wdstream.read.sources.packed import ShardSource
+from wdstream.read.step_query import StepQuery, checked_steps, state_order_config
 from wdstream.storage import Store, open_store
 from wdstream.words import count
 
@@ -41,7 +44,10 @@ __all__ = [
     "RowPiece",
     "StepQuery",
     "explain",
+    "explain_steps",
     "explanation_lines",
+    "explanation_records",
+    "piece_record",
     "row_pieces",
     "state_order_config",
     "with_text",
@@ -203,7 +209,8 @@ class ExplainedRow:
 class Explanation:
     """Every row of global step ``step`` and where its tokens came from."""
 
-    step: int
+    step: int  # the training step asked about (batches handed out, from the origin)
+    data_step: int  # the step whose rows it reads: ``step`` unless the state records skips
     epoch: int
     seq_len: int
     seed: int
@@ -213,94 +220,18 @@ class Explanation:
     rows: tuple[ExplainedRow, ...]
 
 
-def state_order_config(state: Any) -> OrderConfig:
-    """The order parameters a saved global-order (or mixture) Loader state was taken with."""
-    try:
-        c = state["config"]
-        return OrderConfig(
-            seq_len=int(c["seq_len"]), global_batch=int(c["global_batch"]),
-            shuffle=bool(c["shuffle"]), seed=int(c["seed"]),
-            shuffle_window=int(c["shuffle_window"]), shuffle_lanes=int(c["shuffle_lanes"]),
-        )  # fmt: skip
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StateMismatchError(f"not a global-order Loader state (config: {exc!r})") from exc
-
-
-def _order_and_origin(
+def _order_and_position(
     source: ShardSource, state: Any, cfg: OrderConfig
-) -> tuple[GlobalOrder, Origin]:
-    """The order of ``cfg``; with a saved state, the origin that run counts steps from."""
+) -> tuple[GlobalOrder, Origin, Callable[[int], int] | None]:
+    """The order of ``cfg``; with a saved state, the origin that run counts steps from and
+    its mapping of training to data steps (its skips)."""
     if state is None:
-        return GlobalOrder(source, cfg), Origin()
+        return GlobalOrder(source, cfg), Origin(), None
     from wdstream.read.order.global_sequence import GlobalReader  # torch: only for a state
 
     reader = GlobalReader(source, cfg, 0, cfg.global_batch, 1, False)
-    return reader.order, reader.position_of(state).origin  # checks dataset, seed, ...
-
-
-@dataclass(frozen=True)
-class StepQuery:
-    """Which global step's rows :func:`explain` (and ``explain_mixture``) is asked about:
-    the Loader options that ordered them, or a saved state to take them from (see
-    :func:`explain` for each field)."""
-
-    batch_size: int | None = None
-    world_size: int = 1
-    seq_len: int | None = None
-    seed: int | None = None
-    shuffle: bool = True
-    shuffle_window: int = 1024
-    shuffle_lanes: int = 8
-    state: dict[str, Any] | None = None
-    text: bool = False
-
-    @classmethod
-    def of(cls, options: dict[str, Any]) -> tuple[StepQuery, dict[str, Any]]:
-        """The query among keyword ``options``, and the rest (store options)."""
-        names = set(cls.__dataclass_fields__)
-        mine = {k: v for k, v in options.items() if k in names}
-        return cls(**mine), {k: v for k, v in options.items() if k not in names}
-
-    def order_config(self, packed_seq_len: int | None) -> tuple[OrderConfig, int]:
-        """The order's parameters and the rows per rank (B), from the state or the options
-        (``seq_len`` defaults to ``packed_seq_len``).
-
-        Raises:
-            ValueError: options that disagree with the state, inconsistent sizes, or no
-                ``seq_len`` or ``batch_size`` to go by.
-            StateMismatchError: a state that is not a global-order or mixture state.
-        """
-        world_size, batch_size = self.world_size, self.batch_size
-        if self.state is not None:
-            cfg = state_order_config(self.state)
-            given = {"seq_len": self.seq_len, "seed": self.seed}
-            clash = [f"{k} {v} (state: {getattr(cfg, k)})" for k, v in given.items()
-                     if v is not None and v != getattr(cfg, k)]  # fmt: skip
-            if clash:
-                raise ValueError(f"options disagree with the state: {', '.join(clash)}")
-            if batch_size is None:
-                batch_size = cfg.global_batch // world_size
-            if world_size * batch_size != cfg.global_batch:
-                raise ValueError(
-                    f"world_size x batch_size = {world_size} x {batch_size} is not the state's "
-                    f"global batch {cfg.global_batch}"
-                )
-        else:
-            seq_len = self.seq_len if self.seq_len is not None else packed_seq_len
-            if seq_len is None:
-                raise ValueError(
-                    "seq_len is needed: no one packed length to default to (a docs-mode "
-                    "dataset, or sources packed at different lengths)"
-                )
-            if batch_size is None:
-                raise ValueError("batch_size is needed (or a state to take the global batch from)")
-            cfg = OrderConfig(seq_len, world_size * batch_size, self.shuffle, self.seed or 0,
-                              self.shuffle_window, self.shuffle_lanes)  # fmt: skip
-        if world_size < 1 or batch_size < 1:
-            raise ValueError(
-                f"world_size and batch_size must be >= 1, got {world_size}, {batch_size}"
-            )
-        return cfg, batch_size
+    position = reader.position_of(state)  # checks dataset, seed, ...
+    return reader.order, position.origin, position.data_step
 
 
 def explain(
@@ -323,14 +254,15 @@ def explain(
 
     Args:
         dataset: packed dataset root (packed with provenance).
-        step: the global step, counted as the run counts it (from ``state``'s origin).
+        step: the global training step, counted as the run counts it (from ``state``'s
+            origin; with skips recorded in ``state``, the data step it maps to is read).
         batch_size: rows per rank (B); with ``state``, defaults to its global batch / W.
         world_size: ranks (W); row ``r`` of the step goes to rank ``r // B``.
         seq_len, seed, shuffle, shuffle_window, shuffle_lanes: the Loader's; ``seq_len``
             defaults to the packed one.
         state: a saved ``Loader.state_dict()`` (global order): seed, ``seq_len``, the
-            shuffle options, global batch and origin are taken from it (``seq_len`` and
-            ``seed``, if also given, must match it; the shuffle arguments are ignored).
+            shuffle options, global batch, origin and skips are taken from it (``seq_len``
+            and ``seed``, if also given, must match it; the shuffle arguments are ignored).
         text: decode each piece's tokens (with the index's tokenizer).
         store_options: passed to :func:`wdstream.storage.open_store`.
 
@@ -346,28 +278,55 @@ def explain(
     """
     query = StepQuery(batch_size, world_size, seq_len, seed, shuffle, shuffle_window,
                       shuffle_lanes, state, text)  # fmt: skip
+    return next(_explained(dataset, [step], query, store_options))
+
+
+def explain_steps(dataset: str, steps: Iterable[int], **options: Any) -> Iterator[Explanation]:
+    """:func:`explain` of each of ``steps`` (e.g. ``range(41200, 41300)``), opening the
+    dataset once: the provenance tables, the epoch's plan and its windows are shared by
+    the steps. Keyword options as :func:`explain`; the rest are store options.
+
+    Every step is checked before this returns, so a bad range fails before any output; the
+    explanations are made as they are iterated.
+
+    Raises:
+        as :func:`explain`.
+    """
+    query, store_options = StepQuery.of(options)
+    return _explained(dataset, steps, query, store_options)
+
+
+def _explained(
+    dataset: str, steps: Iterable[int], query: StepQuery, store_options: dict[str, Any]
+) -> Iterator[Explanation]:
+    """Open and check everything for ``steps`` now; return the explanations' generator."""
     prov = Provenance(dataset, **store_options)
-    index = prov.index
-    cfg, batch_size = query.order_config(index.seq_len)
-    order, origin = _order_and_origin(prov.source, state, cfg)
-    step = check_step(step, origin.step, origin.row, cfg.global_batch)
-    epoch, first = order.locate(step, origin)
+    cfg, batch_size = query.order_config(prov.index.seq_len)
+    order, origin, data_step = _order_and_position(prov.source, query.state, cfg)
+    pairs = checked_steps(steps, origin, cfg.global_batch, data_step)
     tok = None
-    if text:
+    if query.text:
         from wdstream.tokenizers import index_tokenizer
 
-        tok = index_tokenizer(index.tokenizer)
-    rows = []
-    for r in range(cfg.global_batch):
-        pieces = row_pieces(prov, order, epoch, first + r)
-        if tok is not None:
-            tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
-            order.fill(epoch, first + r, tokens, None)
-            pieces = [with_text(p, tok.decode(tokens[0, p.row_start : p.row_end])) for p in pieces]
-        rows.append(ExplainedRow(r, r // batch_size, r % batch_size, first + r, tuple(pieces)))
-    return Explanation(
-        step, epoch, cfg.seq_len, cfg.seed, world_size, batch_size, origin, tuple(rows)
-    )
+        tok = index_tokenizer(prov.index.tokenizer)
+
+    def explanations() -> Iterator[Explanation]:
+        for step, data in pairs:
+            epoch, first = order.locate(data, origin)
+            rows = []
+            for r in range(cfg.global_batch):
+                pieces = row_pieces(prov, order, epoch, first + r)
+                if tok is not None:
+                    tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
+                    order.fill(epoch, first + r, tokens, None)
+                    pieces = [with_text(p, tok.decode(tokens[0, p.row_start : p.row_end]))
+                              for p in pieces]  # fmt: skip
+                rows.append(ExplainedRow(r, r // batch_size, r % batch_size, first + r,
+                                         tuple(pieces)))  # fmt: skip
+            yield Explanation(step, data, epoch, cfg.seq_len, cfg.seed, query.world_size,
+                              batch_size, origin, tuple(rows))  # fmt: skip
+
+    return explanations()
 
 
 def row_pieces(prov: Provenance, order: GlobalOrder, epoch: int, row: int) -> list[RowPiece]:
@@ -399,8 +358,9 @@ def explanation_lines(exp: Explanation) -> list[str]:
     """``wdstream explain``'s output: a header, then per row its rank and one line per piece
     (``[start, end)`` token spans; text, when decoded, as a JSON string on the next line)."""
     o, a, b = exp.origin, exp.rows[0].epoch_row, exp.rows[-1].epoch_row
+    data = f" (data step {exp.data_step})" if exp.data_step != exp.step else ""
     lines = [
-        f"step {exp.step}: epoch {exp.epoch}, {f'rows {a}-{b}' if b > a else f'row {a}'} of the "
+        f"step {exp.step}{data}: epoch {exp.epoch}, {f'rows {a}-{b}' if b > a else f'row {a}'} of the "
         f"epoch; global batch {len(exp.rows)} = {count(exp.world_size, 'rank')} x "
         f"{exp.batch_size}; seq_len {exp.seq_len}, seed {exp.seed}"
         + (f"; steps counted from step {o.step} = epoch {o.epoch} row {o.row}" if o.step else "")
@@ -415,3 +375,31 @@ def explanation_lines(exp: Explanation) -> list[str]:
             if p.text is not None:
                 lines.append("    " + json.dumps(p.text, ensure_ascii=False))
     return lines
+
+
+def piece_record(p: RowPiece) -> dict[str, Any]:
+    """One piece as ``explain --format jsonl`` writes it: the shard (name and number in
+    ``index.json``), sample, dataset-wide document number, input ``file`` and 1-based
+    ``line``, and ``[start, end)`` token spans in the row (``span``) and in the document
+    (``doc_span``); ``text`` when decoded."""
+    record: dict[str, Any] = {
+        "shard": p.shard_name, "shard_index": p.shard, "sample": p.sample,
+        "document": p.document, "file": p.file, "line": p.line,
+        "span": [p.row_start, p.row_end], "doc_span": [p.doc_start, p.doc_end],
+    }  # fmt: skip
+    if p.text is not None:
+        record["text"] = p.text
+    return record
+
+
+def explanation_records(exp: Explanation) -> list[dict[str, Any]]:
+    """``wdstream explain --format jsonl``'s records of one step, one per row: training
+    ``step``, ``data_step``, ``row`` of the global step, the ``rank`` it goes to and its
+    ``rank_row`` there, ``epoch`` and ``epoch_row``, and its ``pieces``
+    (:func:`piece_record`), for joining with a loss log on ``step`` (and ``rank``)."""
+    return [
+        {"step": exp.step, "data_step": exp.data_step, "row": row.row, "rank": row.rank,
+         "rank_row": row.rank_row, "epoch": exp.epoch, "epoch_row": row.epoch_row,
+         "pieces": [piece_record(p) for p in row.pieces]}
+        for row in exp.rows
+    ]  # fmt: skip

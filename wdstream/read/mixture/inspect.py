@@ -11,6 +11,7 @@ mix.toml``), and the rows of a global step with the source, source epoch and inp
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,15 +24,17 @@ from wdstream.read.mixture.schedule import parse_weights
 from wdstream.read.mixture.sources import open_sources
 from wdstream.read.mixture.spec import MixtureSpec, read_spec
 from wdstream.read.order.global_order import Origin
-from wdstream.read.order.step_check import check_step
-from wdstream.read.provenance import Provenance, RowPiece, StepQuery, row_pieces, with_text
+from wdstream.read.provenance import Provenance, RowPiece, piece_record, row_pieces, with_text
+from wdstream.read.step_query import StepQuery, checked_steps
 from wdstream.words import count
 
 __all__ = [
     "MixtureExplanation",
     "MixtureRow",
     "explain_mixture",
+    "explain_mixture_steps",
     "mixture_explanation_lines",
+    "mixture_explanation_records",
     "mixture_stats",
     "mixture_stats_lines",
 ]
@@ -55,7 +58,8 @@ class MixtureRow:
 class MixtureExplanation:
     """Every row of global step ``step`` of a mixture, and the weights in effect there."""
 
-    step: int
+    step: int  # the training step asked about
+    data_step: int  # the step whose rows it reads: ``step`` unless the state records skips
     seq_len: int
     seed: int
     world_size: int
@@ -75,51 +79,74 @@ def explain_mixture(
     """Every row of global step ``step`` of ``Loader(spec, ...)``: rank, source, the
     source's epoch and row, and (for sources packed with provenance) each piece's
     ``file:line``. Keyword options as :func:`wdstream.read.provenance.explain`
-    (:class:`~wdstream.read.provenance.StepQuery`; the rest are store options); ``seq_len``
-    defaults to the sources' packed one when they share it.
+    (:class:`~wdstream.read.step_query.StepQuery`; the rest are store options); ``seq_len``
+    defaults to the sources' packed one when they share it. With skips recorded in a
+    ``state``, ``step`` is a training step and the data step it maps to is read.
 
     Raises:
         ValueError: inconsistent sizes, or no ``seq_len`` to default to.
         StateMismatchError: a state of another mixture or configuration.
     """
+    return next(explain_mixture_steps(spec, [step], **options))
+
+
+def explain_mixture_steps(
+    spec: str | Path | MixtureSpec, steps: Iterable[int], **options: Any
+) -> Iterator[MixtureExplanation]:
+    """:func:`explain_mixture` of each of ``steps``, with the sources opened once. Every
+    step is checked before this returns; the explanations are made as they are iterated.
+
+    Raises:
+        as :func:`explain_mixture`.
+    """
     query, store_options = StepQuery.of(options)
-    state, text = query.state, query.text
     mix = _spec(spec)
     sources = open_sources(mix, **store_options)
     packed = {s.index.seq_len if s.index else None for s in sources}
     cfg, batch_size = query.order_config(packed.pop() if len(packed) == 1 else None)
     reader = MixtureReader(mix, sources, cfg, 0, cfg.global_batch, 1, False)
+    state = query.state
     position = reader.position_of(state) if state is not None else reader.start(0)
-    step = check_step(step, position.origin.step, position.origin.row, cfg.global_batch)
-    rows = reader.rank_rows(step, 1, position.origin)
-    provs: dict[int, Provenance | None] = {}
+    mapping = position.data_step if state is not None else None
+    pairs = checked_steps(steps, position.origin, cfg.global_batch, mapping)
     tok = None
-    if text:
+    if query.text:
         from wdstream.tokenizers import index_tokenizer
 
         index = next(s.index for s in sources if s.index is not None)
         tok = index_tokenizer(index.tokenizer)
-    out = []
-    for r, (i, epoch, row) in enumerate(reader.locate(rows, position)):
+    provs: dict[int, Provenance | None] = {}
+
+    def provenance(i: int) -> Provenance | None:
         if i not in provs:
             try:
                 provs[i] = Provenance(sources[i], **store_options)
             except (WdstreamError, ValueError):
                 provs[i] = None  # packed without provenance tables, or shard URLs
-        prov, order = provs[i], reader.orders[i]
-        pieces = row_pieces(prov, order, epoch, row) if prov is not None else None
-        if pieces is not None and tok is not None:
-            tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
-            order.fill(epoch, row, tokens, None)
-            pieces = [with_text(p, tok.decode(tokens[0, p.row_start : p.row_end])) for p in pieces]
-        out.append(MixtureRow(r, r // batch_size, r % batch_size, mix.names[i], epoch, row,
-                              None if pieces is None else tuple(pieces)))  # fmt: skip
-    sched = reader.schedule(position)
-    piece = sched.pieces[sched.piece_at(int(rows[0]))]
-    total = sum(piece.weights)
-    weights = {n: (w, total) for n, w in zip(mix.names, piece.weights, strict=True)}
-    return MixtureExplanation(step, cfg.seq_len, cfg.seed, query.world_size, batch_size,
-                              position.origin, weights, tuple(out))  # fmt: skip
+        return provs[i]
+
+    def explanations() -> Iterator[MixtureExplanation]:
+        for step, data in pairs:
+            rows = reader.rank_rows(data, 1, position.origin)
+            out = []
+            for r, (i, epoch, row) in enumerate(reader.locate(rows, position)):
+                prov, order = provenance(i), reader.orders[i]
+                pieces = row_pieces(prov, order, epoch, row) if prov is not None else None
+                if pieces is not None and tok is not None:
+                    tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
+                    order.fill(epoch, row, tokens, None)
+                    pieces = [with_text(p, tok.decode(tokens[0, p.row_start : p.row_end]))
+                              for p in pieces]  # fmt: skip
+                out.append(MixtureRow(r, r // batch_size, r % batch_size, mix.names[i], epoch,
+                                      row, None if pieces is None else tuple(pieces)))  # fmt: skip
+            sched = reader.schedule(position)
+            piece = sched.pieces[sched.piece_at(int(rows[0]))]
+            total = sum(piece.weights)
+            weights = {n: (w, total) for n, w in zip(mix.names, piece.weights, strict=True)}
+            yield MixtureExplanation(step, data, cfg.seq_len, cfg.seed, query.world_size,
+                                     batch_size, position.origin, weights, tuple(out))  # fmt: skip
+
+    return explanations()
 
 
 def mixture_explanation_lines(exp: MixtureExplanation) -> list[str]:
@@ -127,8 +154,9 @@ def mixture_explanation_lines(exp: MixtureExplanation) -> list[str]:
     one line per piece (as ``explanation_lines``)."""
     o = exp.origin
     mix = " ".join(f"{n} {a}/{b}" for n, (a, b) in exp.weights.items())
+    data = f" (data step {exp.data_step})" if exp.data_step != exp.step else ""
     lines = [
-        f"step {exp.step}: global batch {len(exp.rows)} = {count(exp.world_size, 'rank')} x "
+        f"step {exp.step}{data}: global batch {len(exp.rows)} = {count(exp.world_size, 'rank')} x "
         f"{exp.batch_size}; seq_len {exp.seq_len}, seed {exp.seed}; weights {mix}"
         + (f"; steps counted from step {o.step} = mixture row {o.row}" if o.step else "")
     ]
@@ -144,6 +172,20 @@ def mixture_explanation_lines(exp: MixtureExplanation) -> list[str]:
             if p.text is not None:
                 lines.append("    " + json.dumps(p.text, ensure_ascii=False))
     return lines
+
+
+def mixture_explanation_records(exp: MixtureExplanation) -> list[dict[str, Any]]:
+    """``wdstream explain SPEC --format jsonl``'s records of one step, one per row: as
+    :func:`~wdstream.read.provenance.explanation_records`, with the row's ``source``, its
+    ``source_epoch`` and ``source_row`` in place of ``epoch`` and ``epoch_row``; ``pieces``
+    is null for a source packed without provenance tables."""
+    return [
+        {"step": exp.step, "data_step": exp.data_step, "row": row.row, "rank": row.rank,
+         "rank_row": row.rank_row, "source": row.source, "source_epoch": row.source_epoch,
+         "source_row": row.source_row,
+         "pieces": None if row.pieces is None else [piece_record(p) for p in row.pieces]}
+        for row in exp.rows
+    ]  # fmt: skip
 
 
 def mixture_stats(spec: str | Path | MixtureSpec, **store_options: Any) -> dict[str, Any]:
