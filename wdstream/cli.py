@@ -153,16 +153,36 @@ def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> 
             f"{count(index.total_documents, 'document')}, {count(index.total_tokens, 'token')}; "
             f"{index.tokenizer['name']} ({index.dtype}), mode {index.mode}, seq_len {index.seq_len}"
         )
+    if any(p.supervised is not None for p in previews):
+        click.echo("loss mask: [[supervised spans]] carry loss, the rest does not")
     for p in previews:
+        sup = "" if p.supervised is None else f", {int(p.supervised.sum())} supervised"
         click.echo(
-            f"{p.key}: {count(p.tokens, 'token')}, doc_lens {list(p.doc_lens)}, cont {p.cont}"
+            f"{p.key}: {count(p.tokens, 'token')}{sup}, doc_lens {list(p.doc_lens)}, cont {p.cont}"
         )
         pos = 0
         for j, n in enumerate(p.doc_lens):
-            piece = p.sample.tokens[pos : pos + n]
+            piece, mask = p.ids[pos : pos + 64][: min(n, 64)], None
+            if p.supervised is not None:
+                mask = p.supervised[pos : pos + len(piece)]
             pos += n
             head = "  ...cont " if j == 0 and p.cont else "  doc      "
-            click.echo(f"{head}[{count(n, 'token')}] {_preview(decode(piece[:64]))}")
+            click.echo(f"{head}[{count(n, 'token')}] {_preview(_marked(decode, piece, mask))}")
+
+
+def _marked(decode: Callable[[Any], str], ids: Any, supervised: Any) -> str:
+    """``ids`` decoded, each run of supervised tokens in ``[[...]]`` (no mask: plain text).
+
+    Runs are decoded one by one, so a character split across a run edge shows as U+FFFD."""
+    if supervised is None:
+        return decode(ids)
+    edges = [0, *(i for i in range(1, len(ids)) if supervised[i] != supervised[i - 1]), len(ids)]
+    runs = [
+        (decode(ids[a:b]), bool(supervised[a]))
+        for a, b in zip(edges[:-1], edges[1:], strict=True)
+        if b > a
+    ]
+    return "".join(f"[[{text}]]" if sup else text for text, sup in runs)
 
 
 @main.command()
@@ -201,6 +221,15 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
     top = max(s["doc_len_histogram"].values(), default=1)
     for bucket, n in s["doc_len_histogram"].items():
         click.echo(f"  {bucket:>17} {n:>9,} {'#' * max(1, round(40 * n / top))}")
+    mask = s["loss_mask"]
+    if mask is not None:
+        click.echo(_mask_lines(mask))
+        if mask["index_agrees"] is False:
+            click.echo(
+                f"Warning: index.json says {mask['index_supervised_tokens']:,} supervised "
+                f"tokens, the shards hold {mask['supervised_tokens']:,}",
+                err=True,
+            )
     input_stats = s["input_stats"]
     if input_stats:
         click.echo(
@@ -208,6 +237,22 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
             f"{count(input_stats.get('empty_documents_skipped', 0), 'empty document')} skipped, "
             f"{count(input_stats.get('records_skipped', 0), 'bad record')} skipped"
         )
+
+
+def _mask_lines(mask: dict[str, Any]) -> str:
+    """The loss-mask audit of ``stats``, as lines."""
+    lines = [
+        f"loss mask: {mask['supervised_tokens']:,} supervised tokens "
+        f"({mask['supervised_pct']:.2f} % of all tokens), {mask['unsupervised_tokens']:,} not"
+    ]
+    named = {
+        "masked_documents": "documents with a mask",
+        "unsupervised_documents_refused": "documents without a supervised token refused",
+        "long_documents_dropped": "documents longer than a row dropped",
+        "long_documents_truncated": "documents longer than a row truncated",
+    }
+    lines += [f"  {what}: {mask[key]:,}" for key, what in named.items() if key in mask]
+    return "\n".join(lines)
 
 
 @main.command()
