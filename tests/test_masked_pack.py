@@ -25,12 +25,12 @@ from tests.test_pack import EOT, raw_samples
 from wdstream import CorruptShardError, InputError, Loader
 from wdstream.cli import main
 from wdstream.format.wds import wds_decoder
+from wdstream.inputs.pretokenized import TokenDocument
 from wdstream.inspect import verify_dataset
 from wdstream.inspect_stats import dataset_stats
 from wdstream.write.builders import sample_builder
 from wdstream.write.docrules import DocumentRules
 from wdstream.write.encoders import TokenIdsEncoder
-from wdstream.inputs.pretokenized import TokenDocument
 
 BIT = 1 << 31
 MASKED = {"pretokenized": True, "mask_key": "loss_mask", "tokenizer": "cl100k_base", "workers": 0}
