@@ -27,10 +27,10 @@ from wdstream.format.index import DatasetIndex, ShardEntry
 from wdstream.format.wds import wds_decoder
 
 if TYPE_CHECKING:
+    from wdstream.inspect import documents
     from wdstream.read.mixture.inspect import explain_mixture
     from wdstream.read.order.global_sequence import global_batch_at
     from wdstream.read.provenance import explain
-    from wdstream.read.sources.shards import documents
     from wdstream.read.torch.dataset import TokenDataset
     from wdstream.read.torch.loader import Loader
     from wdstream.write.pack import PackResult, pack
@@ -41,7 +41,7 @@ _LAZY = {
     "Loader": "wdstream.read.torch.loader",
     "PackResult": "wdstream.write.pack",
     "TokenDataset": "wdstream.read.torch.dataset",
-    "documents": "wdstream.read.sources.shards",
+    "documents": "wdstream.inspect",
     "explain": "wdstream.read.provenance",
     "explain_mixture": "wdstream.read.mixture.inspect",
     "global_batch_at": "wdstream.read.order.global_sequence",

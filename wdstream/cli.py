@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from wdstream.cli_pack import pack_options, run_pack
 from wdstream.errors import WdstreamError
 from wdstream.words import count
 
@@ -94,94 +95,7 @@ def _store_options(
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--output", "-o", required=True, help="Dataset root: folder, s3://, http(s)://.")
-@click.option(
-    "--text-key", default="text", show_default=True, help="JSON field (dotted for nested)."
-)
-@click.option(
-    "--tokenizer",
-    default="cl100k_base",
-    show_default=True,
-    help="Encoding name, .tiktoken path, HF tokenizer.json or SentencePiece .model.",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "tiktoken", "bpe-openai"]),
-    default="auto",
-    show_default=True,
-)
-@click.option(
-    "--eos/--no-eos", default=True, show_default=True, help="Append EOS to every document."
-)
-@click.option(
-    "--bos", is_flag=True, help="Prepend BOS (the tokenizer's BOS, else its EOS, unless --bos-id)."
-)
-@click.option("--bos-id", type=int, default=None, help="BOS id (implies --bos).")
-@click.option(
-    "--seq-len", type=int, default=2048, show_default=True, help="Samples hold seq_len+1 tokens."
-)
-@click.option(
-    "--mode",
-    type=click.Choice(["concat", "docs", "bestfit"]),
-    default="concat",
-    show_default=True,
-    help="bestfit: rows of whole documents, padded (docs/PACK.md).",
-)
-@click.option(
-    "--bestfit-buffer",
-    type=int,
-    default=1024,
-    show_default=True,
-    help="--mode bestfit: documents per best-fit block (and rows' worth of tokens).",
-)
-@click.option("--shard-size", default="256MB", show_default=True)
-@click.option("--shard-samples", type=int, default=None)
-@click.option("--name", default="data", show_default=True, help="Shard name prefix.")
-@click.option("--lines", is_flag=True, help=".txt inputs: one document per line.")
-@click.option(
-    "--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True
-)
-@click.option(
-    "--errors", type=click.Choice(["strict", "replace"]), default="strict", show_default=True
-)
-@click.option(
-    "--max-record-bytes",
-    default="256MiB",
-    show_default=True,
-    help="Longest record (a line, or a whole .txt document); a longer one is a bad record.",
-)
-@click.option("--workers", type=int, default=None, help="Tokenizer workers (default: all cores).")
-@click.option(
-    "--pool", type=click.Choice(["auto", "threads", "processes"]), default="auto", show_default=True
-)
-@click.option(
-    "--overwrite", is_flag=True, help="Replace a dataset or interrupted pack at --output."
-)
-@click.option(
-    "--force-unlock",
-    is_flag=True,
-    help="Take over the output's lock left by a pack that is dead (S3/HTTP, or another host).",
-)
-@click.option(
-    "--engine",
-    type=click.Choice(["local", "ray"]),
-    default="local",
-    show_default=True,
-    help="ray: tokenise and write shards on a Ray cluster's workers (docs/RAY.md).",
-)
-@click.option(
-    "--ray-address",
-    default=None,
-    help="--engine ray: 'auto' (the running cluster), ray://host:port; default: a local one.",
-)
-@click.option(
-    "--progress",
-    "show_progress",
-    is_flag=True,
-    help="Report progress: a bar on a terminal, else a line every WDSTREAM_PROGRESS_SECONDS "
-    "(10) s (default: on a terminal, or with WDSTREAM_PROGRESS=1).",
-)
-@click.option("--quiet", "-q", is_flag=True, help="No progress, summary or warnings.")
+@pack_options
 @_storage_options
 def pack(
     inputs: tuple[str, ...],
@@ -193,30 +107,16 @@ def pack(
     timeout: float | None,
     **options: Any,
 ) -> None:
-    """Tokenise INPUT... (JSONL[.gz|.zst], .txt, dirs, globs, {a..b}, -) into shards."""
-    from wdstream.write.pack import describe, one_shard_warning
-    from wdstream.write.pack import pack as do_pack
+    """Tokenise INPUT... (JSONL[.gz|.zst], .txt, dirs, globs, {a..b}, -) into shards.
 
+    With --pretokenized, INPUT... are JSON Lines records of token ids (docs/PACK.md)."""
     store_options = _store_options(output, endpoint_url, retries, timeout)
     try:
-        result = do_pack(
-            list(inputs),
-            output,
-            progress=False if quiet else True if show_progress else None,
-            store_options=store_options,
-            **options,
-        )
+        lines = run_pack(list(inputs), output, show_progress, quiet, store_options, options)
     except (WdstreamError, ValueError, OSError) as exc:
         _fail(exc)
-    if not quiet:
-        click.echo(describe(result))
-        warning = one_shard_warning(result)
-        if warning is not None:
-            click.echo(f"Warning: {warning}", err=True)
-        stats = result.index.stats
-        if stats.get("records_skipped"):
-            for loc in stats["skipped_locations"]:
-                click.echo(f"  skipped {loc}", err=True)
+    for text, to_stderr in lines:
+        click.echo(text, err=to_stderr)
 
 
 def _preview(text: str, width: int = 160) -> str:
@@ -253,16 +153,36 @@ def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> 
             f"{count(index.total_documents, 'document')}, {count(index.total_tokens, 'token')}; "
             f"{index.tokenizer['name']} ({index.dtype}), mode {index.mode}, seq_len {index.seq_len}"
         )
+    if any(p.supervised is not None for p in previews):
+        click.echo("loss mask: [[supervised spans]] carry loss, the rest does not")
     for p in previews:
+        sup = "" if p.supervised is None else f", {int(p.supervised.sum())} supervised"
         click.echo(
-            f"{p.key}: {count(p.tokens, 'token')}, doc_lens {list(p.doc_lens)}, cont {p.cont}"
+            f"{p.key}: {count(p.tokens, 'token')}{sup}, doc_lens {list(p.doc_lens)}, cont {p.cont}"
         )
         pos = 0
         for j, n in enumerate(p.doc_lens):
-            piece = p.sample.tokens[pos : pos + n]
+            piece, mask = p.ids[pos : pos + 64][: min(n, 64)], None
+            if p.supervised is not None:
+                mask = p.supervised[pos : pos + len(piece)]
             pos += n
             head = "  ...cont " if j == 0 and p.cont else "  doc      "
-            click.echo(f"{head}[{count(n, 'token')}] {_preview(decode(piece[:64]))}")
+            click.echo(f"{head}[{count(n, 'token')}] {_preview(_marked(decode, piece, mask))}")
+
+
+def _marked(decode: Callable[[Any], str], ids: Any, supervised: Any) -> str:
+    """``ids`` decoded, each run of supervised tokens in ``[[...]]`` (no mask: plain text).
+
+    Runs are decoded one by one, so a character split across a run edge shows as U+FFFD."""
+    if supervised is None:
+        return decode(ids)
+    edges = [0, *(i for i in range(1, len(ids)) if supervised[i] != supervised[i - 1]), len(ids)]
+    runs = [
+        (decode(ids[a:b]), bool(supervised[a]))
+        for a, b in zip(edges[:-1], edges[1:], strict=True)
+        if b > a
+    ]
+    return "".join(f"[[{text}]]" if sup else text for text, sup in runs)
 
 
 @main.command()
@@ -301,6 +221,15 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
     top = max(s["doc_len_histogram"].values(), default=1)
     for bucket, n in s["doc_len_histogram"].items():
         click.echo(f"  {bucket:>17} {n:>9,} {'#' * max(1, round(40 * n / top))}")
+    mask = s["loss_mask"]
+    if mask is not None:
+        click.echo(_mask_lines(mask))
+        if mask["index_agrees"] is False:
+            click.echo(
+                f"Warning: index.json says {mask['index_supervised_tokens']:,} supervised "
+                f"tokens, the shards hold {mask['supervised_tokens']:,}",
+                err=True,
+            )
     input_stats = s["input_stats"]
     if input_stats:
         click.echo(
@@ -308,6 +237,22 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
             f"{count(input_stats.get('empty_documents_skipped', 0), 'empty document')} skipped, "
             f"{count(input_stats.get('records_skipped', 0), 'bad record')} skipped"
         )
+
+
+def _mask_lines(mask: dict[str, Any]) -> str:
+    """The loss-mask audit of ``stats``, as lines."""
+    lines = [
+        f"loss mask: {mask['supervised_tokens']:,} supervised tokens "
+        f"({mask['supervised_pct']:.2f} % of all tokens), {mask['unsupervised_tokens']:,} not"
+    ]
+    named = {
+        "masked_documents": "documents with a mask",
+        "unsupervised_documents_refused": "documents without a supervised token refused",
+        "long_documents_dropped": "documents longer than a row dropped",
+        "long_documents_truncated": "documents longer than a row truncated",
+    }
+    lines += [f"  {what}: {mask[key]:,}" for key, what in named.items() if key in mask]
+    return "\n".join(lines)
 
 
 @main.command()

@@ -7,7 +7,6 @@ return). All reads go through a :class:`~wdstream.storage.Store`.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +16,12 @@ import numpy as np
 from wdstream.errors import CorruptShardError, IncompleteDatasetError, IndexValidationError
 from wdstream.format.checksum import running_checksum
 from wdstream.format.index import DatasetIndex, ShardEntry
+from wdstream.format.loss import NO_LOSS_BIT, split_ids
 from wdstream.format.provenance import ShardProvenance
 from wdstream.format.sample import SAMPLE_SUFFIXES, Sample
 from wdstream.format.sidecar import ShardSidecar
 from wdstream.format.tar import BLOCK, END_OF_ARCHIVE
+from wdstream.inspect_stats import dataset_stats
 from wdstream.read.sources.shards import (
     decode_span,
     iter_samples,
@@ -30,11 +31,12 @@ from wdstream.read.sources.shards import (
     sidecar_from_tar,
     store_sha256,
 )
+from wdstream.read.sources.shards import documents as _stored_documents
 from wdstream.storage import Store, open_store
 from wdstream.storage.urls import is_shard_url, split_url
 from wdstream.write.shards import doc_tokens_after
 
-__all__ = ["SamplePreview", "dataset_stats", "preview_samples", "verify_dataset"]
+__all__ = ["SamplePreview", "dataset_stats", "documents", "preview_samples", "verify_dataset"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,42 @@ class SamplePreview:
     tokens: int
     doc_lens: tuple[int, ...]
     cont: bool
-    sample: Sample
+    sample: Sample  # as stored (a masked dataset's ids carry bit 31)
+    ids: np.ndarray  # the token ids, without the loss bit
+    supervised: np.ndarray | None  # masked datasets: True where the token carries loss
+
+
+def _ids(index: DatasetIndex | None, smp: Sample) -> tuple[np.ndarray, np.ndarray | None]:
+    """A sample's ids without the loss bit, and its supervised mask (None: no mask).
+
+    A single shard read without its index may carry the bit too: uint32 ids at or above
+    2**31 are no vocabulary's, so they are read as the bit."""
+    if (index is not None and index.loss_mask is None) or smp.tokens.dtype.itemsize < 4:
+        return smp.tokens, None
+    ids, no_loss = split_ids(smp.tokens)
+    if index is None and not no_loss.any():
+        return smp.tokens, None
+    return ids, ~no_loss
+
+
+def documents(root: str | Store, with_mask: bool = False) -> Iterator[Any]:
+    """Every document's token ids in dataset order, as :func:`wdstream.read.sources.shards.
+    documents` gives them but never with the loss bit: a masked dataset's ids are split
+    (:func:`~wdstream.format.loss.split_ids`).
+
+    Args:
+        root: the dataset root or its store.
+        with_mask: yield ``(ids, supervised)`` pairs (``supervised`` all True in a dataset
+            without a loss mask) instead of ids.
+
+    Raises:
+        CorruptShardError: as :func:`wdstream.read.sources.shards.documents`.
+    """
+    for doc in _stored_documents(root):
+        ids, no_loss = split_ids(doc)
+        if not no_loss.any():
+            ids = doc
+        yield (ids, ~no_loss) if with_mask else ids
 
 
 def _open_target(
@@ -92,68 +129,15 @@ def preview_samples(
         n = min(count, len(sidecar))
         it = ((shard, k, smp) for k, smp in enumerate(read_samples(store, shard, sidecar, 0, n)))
     for name, k, smp in it:
-        out.append(SamplePreview(f"{name}#{k}", len(smp.tokens), smp.doc_lens, smp.cont, smp))
+        ids, supervised = _ids(index, smp)
+        out.append(
+            SamplePreview(
+                f"{name}#{k}", len(smp.tokens), smp.doc_lens, smp.cont, smp, ids, supervised
+            )
+        )
         if len(out) >= count:
             break
     return index, out
-
-
-def dataset_stats(root: str | Store) -> dict[str, Any]:
-    """Counts from the index plus a log2 histogram of document lengths (reads every sample).
-
-    Returns:
-        dict with shards, samples, documents, tokens, bytes, ``doc_len_histogram``:
-        ``{"2^k..2^(k+1)-1": count}`` by token length (EOS included), and what the mode
-        did to documents: ``rows`` (samples of concat/bestfit; None in docs mode),
-        ``documents_truncated`` (documents cut into more than one piece: at row edges in
-        concat mode, only those longer than a row in bestfit mode) with
-        ``documents_truncated_pct``, and ``padding_tokens`` / ``padding_pct`` (bestfit rows'
-        padding, as a share of all tokens; 0 in the other modes).
-    """
-    store = root if isinstance(root, Store) else open_store(root)
-    index = read_index(store)
-    bestfit = index.mode == "bestfit"
-    hist: dict[int, int] = {}
-    current = pieces = padding = 0
-    lengths: list[int] = []
-    cut = 0
-    for _, _, smp in iter_samples(store, index):
-        if bestfit:  # the last piece of a best-fit row is its padding
-            padding += smp.doc_lens[-1]
-        for j, n in enumerate(index.document_pieces(smp.doc_lens)):
-            if j == 0 and smp.cont:
-                current += n
-                pieces += 1
-                continue
-            if current:
-                lengths.append(current)
-                cut += pieces > 1
-            current, pieces = n, 1
-    if current:
-        lengths.append(current)
-        cut += pieces > 1
-    if lengths:
-        buckets = np.floor(np.log2(np.asarray(lengths, dtype=np.float64))).astype(int)
-        for b, c in zip(*np.unique(buckets, return_counts=True), strict=True):
-            hist[int(b)] = int(c)
-    return {
-        "shards": len(index.shards),
-        "samples": index.total_samples,
-        "documents": index.total_documents,
-        "tokens": index.total_tokens,
-        "bytes": sum(s.bytes for s in index.shards),
-        "mode": index.mode,
-        "seq_len": index.seq_len,
-        "tokenizer": index.tokenizer,
-        "doc_len_histogram": {f"{2**b}..{2 ** (b + 1) - 1}": hist[b] for b in sorted(hist)},
-        "doc_len_mean": float(np.mean(lengths)) if lengths else math.nan,
-        "input_stats": index.stats,
-        "rows": None if index.mode == "docs" else index.total_samples,
-        "documents_truncated": cut,
-        "documents_truncated_pct": 100 * cut / len(lengths) if lengths else 0.0,
-        "padding_tokens": padding,
-        "padding_pct": 100 * padding / index.total_tokens if index.total_tokens else 0.0,
-    }
 
 
 @dataclass
@@ -165,6 +149,7 @@ class VerifyReport:
     samples: int = 0
     tokens: int = 0
     documents: int = 0
+    supervised: int = 0  # tokens without the loss bit (datasets with a loss mask)
     problems: list[str] = field(default_factory=list)
     # Tokens of the last document so far (for the provenance check of the next shard).
     _doc_tokens: int = field(default=0, repr=False, compare=False)
@@ -181,7 +166,9 @@ def verify_dataset(root: str | Store) -> VerifyReport:
     ``sample_tokens`` tokens but in the dataset's last sample, docs: one whole document);
     the shard's sha256; its token and document counts; its provenance table, when the
     dataset has them (sha256, counts, and every sample's first document and offset against
-    the documents rebuilt from the samples).
+    the documents rebuilt from the samples). A dataset with a loss mask: ids are checked
+    without the bit, best-fit padding must carry it, and the supervised tokens must add up
+    to ``stats.supervised_tokens``.
 
     Member names are part of the format, so a shard whose members are named otherwise
     fails even though readers (which go by the sidecars) read it: the names are the only
@@ -211,6 +198,13 @@ def verify_dataset(root: str | Store) -> VerifyReport:
             report.problems.append(problem)
             return report
         report.shards += 1
+    said = index.stats.get("supervised_tokens")
+    if index.loss_mask is not None and said is not None and said != report.supervised:
+        report.ok = False
+        report.problems.append(
+            f"{store.child_url('index.json')}: stats.supervised_tokens = {said}, the shards "
+            f"hold {report.supervised} tokens without the no-loss bit"
+        )
     return report
 
 
@@ -250,6 +244,8 @@ def _verify_shard(
         report._doc_tokens = doc_tokens_after(off, pieces, smp.cont) if pieces else 0
         tokens += len(smp.tokens)
         docs += len(pieces) - (1 if smp.cont else 0)
+        if index.loss_mask is not None:
+            report.supervised += int(np.count_nonzero(smp.tokens < NO_LOSS_BIT))
     if hashlib.sha256(data).hexdigest() != shard.sha256:
         return f"{where}: sha256 differs from index.json"
     # After the hash: a damaged header is reported as such; a shard that hashes right but
@@ -345,9 +341,10 @@ def _sample_problem(index: DatasetIndex, smp: Sample, number: int, last: int) ->
     n = len(smp.tokens)
     if smp.tokens.dtype.name != index.dtype:
         return f"dtype {smp.tokens.dtype.name}, index says {index.dtype}"
+    ids = split_ids(smp.tokens)[0] if index.loss_mask is not None else smp.tokens
     limit = max(index.tokenizer["n_vocab"], -1 if index.bos_id is None else index.bos_id + 1)
-    if n and int(smp.tokens.max()) >= limit:
-        return f"token id {int(smp.tokens.max())} outside the vocabulary (ids < {limit})"
+    if n and int(ids.max()) >= limit:
+        return f"token id {int(ids.max())} outside the vocabulary (ids < {limit})"
     if number == 0 and smp.cont:
         return "continues a document, but it is the dataset's first sample"
     if index.mode == "docs" and (smp.cont or smp.doc_lens != (n,)):
@@ -359,13 +356,14 @@ def _sample_problem(index: DatasetIndex, smp: Sample, number: int, last: int) ->
     if index.mode == "concat" and st and not (0 < n <= st if number == last else n == st):
         return f"{n} tokens, sample_tokens is {st} (only the dataset's last sample may be shorter)"
     if index.mode == "bestfit":
-        return _bestfit_problem(index, smp)
+        return _bestfit_problem(index, smp, ids)
     return None
 
 
-def _bestfit_problem(index: DatasetIndex, smp: Sample) -> str | None:
+def _bestfit_problem(index: DatasetIndex, smp: Sample, ids: np.ndarray) -> str | None:
     """A best-fit row: ``sample_tokens`` tokens, documents, then ``doc_lens[-1]`` of padding
-    (``pad_id``) right after a document's EOS."""
+    (``pad_id``) right after a document's EOS; in a masked dataset the padding carries no
+    loss (bit 31). ``ids``: the sample's ids without the loss bit."""
     n, st = len(smp.tokens), index.sample_tokens
     if n != st or len(smp.doc_lens) < 2:
         return (
@@ -374,11 +372,12 @@ def _bestfit_problem(index: DatasetIndex, smp: Sample) -> str | None:
         )
     pad = smp.doc_lens[-1]
     if pad and not (
-        bool((smp.tokens[n - pad :] == index.pad_id).all())
-        and int(smp.tokens[n - pad - 1]) == index.eos_id
+        bool((ids[n - pad :] == index.pad_id).all()) and int(ids[n - pad - 1]) == index.eos_id
     ):
         return (
             f"its last {pad} tokens are not padding (pad_id {index.pad_id}) after a "
             f"document's EOS (eos_id {index.eos_id})"
         )
+    if pad and index.loss_mask is not None and bool((smp.tokens[n - pad :] < NO_LOSS_BIT).any()):
+        return f"its last {pad} tokens are padding that carries loss (no bit 31)"
     return None

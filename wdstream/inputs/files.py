@@ -60,6 +60,13 @@ class InputPosition(NamedTuple):
     empty: int  # empty documents skipped before this record
     bad: int  # malformed records skipped before this record
     input_bytes: int  # input bytes read before this record
+    # Counted by the pack after encoding (wdstream.write.docrules), before this document:
+    # supervised tokens of masked documents, and documents dropped or truncated for being
+    # longer than a best-fit row, or refused for having no supervised token.
+    supervised: int = 0
+    long_dropped: int = 0
+    long_truncated: int = 0
+    unsupervised: int = 0
 
 
 _SPECIAL = (

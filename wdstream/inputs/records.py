@@ -24,7 +24,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from wdstream.errors import InputError
 from wdstream.inputs.compressed import compression, open_binary, truncated
@@ -39,7 +39,7 @@ from wdstream.inputs.lines import (
     too_long,
 )
 
-__all__ = ["DocumentReader"]
+__all__ = ["DocumentReader", "RecordDocument"]
 
 _MAX_LOCATIONS = 10
 _MAX_KEYS = 8  # keys an error lists when the text field is missing
@@ -76,6 +76,18 @@ def _clip(text: str, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+class RecordDocument(Protocol):
+    """Turns one parsed JSON record into the document a pack's encoder takes (pre-tokenized
+    ids and mask, a conversation, ...), instead of the text under ``text_key``.
+
+    Raises ValueError saying what is wrong with a record; the reader makes that a bad
+    record naming file and line. The document needs a ``len()`` (0: an empty document,
+    skipped and counted like empty text).
+    """
+
+    def __call__(self, record: Any) -> Any: ...
+
+
 @dataclass
 class DocumentReader:
     """Iterate ``(text, InputPosition)`` over every non-empty document of the inputs, in order.
@@ -92,6 +104,8 @@ class DocumentReader:
         max_record_bytes: the longest record read (a line with its line end, or a whole
             ``.txt`` document); a longer one is a bad record (an InputError naming file and
             line, or skipped and counted), never held in memory past this many bytes.
+        document: JSON records only: what each record's document is (a
+            :class:`RecordDocument`, e.g. pre-tokenized ids); None: the text at ``text_key``.
 
     Attributes:
         empty, bad: empty documents and bad records skipped so far (``start``'s included).
@@ -110,9 +124,15 @@ class DocumentReader:
     start: InputPosition | None = None
     bad_locations: list[str] = field(default_factory=list)
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    document: RecordDocument | None = None
 
     def __post_init__(self) -> None:
         check_limit(self.max_record_bytes)
+        if self.document is not None and (text := [f.path for f in self.files if f.is_text]):
+            raise InputError(
+                f"{text[0]}: a .txt input holds text, but this pack reads JSON records of "
+                "another kind (pre-tokenized ids or conversations): give JSON Lines inputs"
+            )
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.errors not in ("strict", "replace"):
@@ -160,12 +180,14 @@ class DocumentReader:
                 "--errors replace to substitute U+FFFD)"
             ) from exc
 
-    def text_of(self, line: str, path: str, lineno: int) -> str | None:
-        """The text field of one JSON record, or None if it was bad and ``on_error`` skips.
+    def text_of(self, line: str, path: str, lineno: int) -> Any:
+        """The text field of one JSON record (with :attr:`document`, the record's document),
+        or None if it was bad and ``on_error`` skips.
 
         A record is bad when it is not JSON Python can load (malformed, nested deeper than
         the recursion limit, an integer longer than Python's digit limit), has no text field,
-        or the field is not a string or holds a lone surrogate.
+        or the field is not a string or holds a lone surrogate; with :attr:`document`, when
+        that refuses it.
         """
         try:
             obj: Any = json.loads(line)
@@ -183,6 +205,12 @@ class DocumentReader:
                 f"{path}:{lineno}", f"JSON integer longer than Python's limit of {limit:,} digits"
             )
             return None
+        if self.document is not None:
+            try:
+                return self.document(obj)
+            except ValueError as exc:
+                self._bad(f"{path}:{lineno}", str(exc))
+                return None
         for depth, key in enumerate(self._keys):
             if not isinstance(obj, dict) or key not in obj:
                 owner = repr(".".join(self._keys[:depth])) if depth else "the record"
@@ -333,14 +361,14 @@ class DocumentReader:
             if pos.offset == 0 and line.startswith("\ufeff"):
                 line = line[1:]  # a UTF-8 byte-order mark is not part of the first record
             if as_text:
-                text: str | None = line.removesuffix("\n").removesuffix("\r")
+                text: Any = line.removesuffix("\n").removesuffix("\r")
             elif not line.strip():
                 continue  # blank line between JSON records
             else:
                 text = self.text_of(line, name, record)
                 if text is None:
                     continue
-            if text:
+            if len(text):
                 self.documents += 1
                 yield text, pos
             else:

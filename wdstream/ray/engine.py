@@ -112,7 +112,14 @@ class RayEngine:
                 other system process killed, an object lost for good): the message says
                 what, and that rerunning the same command resumes after the shards
                 committed so far.
+            ValueError: the job's documents are not text (pre-tokenized, masked, or with a
+                long-document rule): the Ray tasks tokenise text only.
         """
+        if job.document is not None or job.encoder is not None or job.new_rules is not None:
+            raise ValueError(
+                "engine='ray' packs text only: pre-tokenized and masked documents and "
+                "--long-docs need engine='local'"
+            )
         try:
             return _Driver(job, journal, resume).run()
         except ray.exceptions.RayTaskError:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import CorruptShardError, WdstreamError
+from wdstream.format.loss import split_ids
 from wdstream.format.provenance import ShardProvenance
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
 from wdstream.read.sources.packed import ShardSource
@@ -319,6 +320,7 @@ def _explained(
                 if tok is not None:
                     tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
                     order.fill(epoch, first + r, tokens, None)
+                    tokens = split_ids(tokens)[0]  # a masked dataset's ids without the loss bit
                     pieces = [with_text(p, tok.decode(tokens[0, p.row_start : p.row_end]))
                               for p in pieces]  # fmt: skip
                 rows.append(ExplainedRow(r, r // batch_size, r % batch_size, first + r,

@@ -31,6 +31,7 @@ class DatasetMeta:
     dtype: str
     mode: str
     seq_len: int
+    loss_mask: str | None = None  # "bit31": stored ids carry a loss mask (format.loss)
 
 
 def commit_dataset(
@@ -54,6 +55,7 @@ def commit_dataset(
         stats=stats,
         checksum=CHECKSUM_NAME,
         pad_id=meta.eos_id if meta.mode == "bestfit" else None,
+        loss_mask=meta.loss_mask,
     )
     lock.verify()  # publish nothing if another pack has taken the output meanwhile
     store.write_bytes(INDEX_NAME, index.to_json().encode())

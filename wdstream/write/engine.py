@@ -22,11 +22,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from wdstream.inputs import InputFile
+from wdstream.inputs import InputFile, InputPosition
 from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES
+from wdstream.inputs.records import RecordDocument
 from wdstream.storage import Store
 from wdstream.tokenizers import Tokenizer
 from wdstream.write.builders import SampleBuilder
+from wdstream.write.docrules import DocumentRules
+from wdstream.write.encoders import DocumentEncoder, TextEncoder
 from wdstream.write.journal import Journal
 from wdstream.write.resume import ResumePoint
 
@@ -57,6 +60,15 @@ class PackJob:
     progress: bool
     batch_bytes: int = 1 << 20  # local engine: characters of text per tokenisation batch
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # a longer record is a bad record
+    # What a JSON record's document is (None: the text at text_key), what documents become
+    # (stored tokens), and the rules between the two (None: none); masked packs: local only.
+    document: RecordDocument | None = None
+    encoder: DocumentEncoder | None = None  # None: TextEncoder(bos_id, eos_id, dtype)
+    new_rules: Callable[[InputPosition | None], DocumentRules] | None = None
+
+    def document_encoder(self) -> DocumentEncoder:
+        """The encoder of this job's documents."""
+        return self.encoder or TextEncoder(self.bos_id, self.eos_id, self.dtype)
 
 
 @dataclass
@@ -70,6 +82,7 @@ class InputTotals:
     bad_locations: list[str] = field(default_factory=list)
     workers: int = 0  # local: tokenising workers; ray: the cluster's CPUs at the start
     pool: str = ""  # "threads", "processes", "serial" or "ray"
+    rule_counts: dict[str, int] = field(default_factory=dict)  # DocumentRules.counts()
 
 
 class PackEngine(Protocol):

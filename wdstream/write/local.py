@@ -2,8 +2,9 @@
 
 Pipeline (one packing thread, tokenisation in a pool, writes in a background thread)::
 
-    DocumentReader -> batches (~1 MB) -> TokenPool (ordered) -> sample builder
-        -> ShardWriter -> Store  (provenance, sidecar, tar, then journal)
+    DocumentReader -> batches (~1 MB) -> TokenPool (ordered, the job's DocumentEncoder)
+        -> DocumentRules -> sample builder -> ShardWriter -> Store
+                                            (provenance, sidecar, tar, then journal)
 
 Packing depends only on the token stream, never on batch or worker boundaries, so the
 shards are byte-identical for any worker count and to the Ray engine's.
@@ -12,12 +13,14 @@ shards are byte-identical for any worker count and to the Ray engine's.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from wdstream.errors import WdstreamError
 from wdstream.format.sample import DTYPES
 from wdstream.inputs import DocumentReader, InputPosition
 from wdstream.storage import Store
 from wdstream.write.builders import SampleBuilder
+from wdstream.write.docrules import DocumentRules
 from wdstream.write.engine import InputTotals, PackJob
 from wdstream.write.journal import Journal
 from wdstream.write.progress import Progress
@@ -45,7 +48,7 @@ class LocalEngine:
         """Read, tokenise, build samples and write shards; see :class:`PackEngine`."""
         reader = DocumentReader(
             job.files, job.text_key, job.lines, job.on_error, job.errors, resume.start,
-            resume.bad_locations, job.max_record_bytes,
+            resume.bad_locations, job.max_record_bytes, job.document,
         )  # fmt: skip
         entries = journal.entries
         writer = ShardWriter(
@@ -60,13 +63,15 @@ class LocalEngine:
             first_doc=sum(e.documents for e in entries),
             doc_offset=resume.emitted,
         )
-        tpool = TokenPool(job.tokenizer, self.workers, self.pool, job.bos_id, job.eos_id, job.dtype)
-        builder = job.new_builder(DTYPES[job.dtype], job.eos_id or 0)
+        tpool = TokenPool(job.tokenizer, self.workers, self.pool, job.document_encoder())
+        rules = job.new_rules(resume.start) if job.new_rules is not None else None
+        builder = job.new_builder(DTYPES[job.dtype], job.pad_id)
         bar = Progress(job.progress, reader.source_total, lambda: len(journal.entries))
-        _write_shards(tpool, reader, builder, writer, bar, job.batch_bytes, resume)
+        _write_shards(tpool, reader, rules, builder, writer, bar, job.batch_bytes, resume)
         return InputTotals(
             reader.empty, reader.bad, reader.input_bytes, reader.documents,
-            list(reader.bad_locations), self.workers, tpool.kind,
+            list(reader.bad_locations), tpool.workers, tpool.kind,
+            rules.counts() if rules is not None else {},
         )  # fmt: skip
 
     def close(self) -> None:
@@ -75,8 +80,8 @@ class LocalEngine:
 
 def _batches(
     reader: DocumentReader, batch_chars: int, max_docs: int = 8192
-) -> Iterator[tuple[list[str], list[InputPosition]]]:
-    texts: list[str] = []
+) -> Iterator[tuple[list[Any], list[InputPosition]]]:
+    texts: list[Any] = []
     positions: list[InputPosition] = []
     size = 0
     for text, pos in reader:
@@ -93,13 +98,15 @@ def _batches(
 def _write_shards(
     tpool: TokenPool,
     reader: DocumentReader,
+    rules: DocumentRules | None,
     builder: SampleBuilder,
     writer: ShardWriter,
     bar: Progress,
     batch_bytes: int,
     resume: ResumePoint,
 ) -> None:
-    """Run the pipeline: read, tokenise, build samples, write shards; wait for the last.
+    """Run the pipeline: read, encode, apply the document rules, build samples, write
+    shards; wait for the last.
 
     On resume the first document's tokens already in committed shards are dropped. On any
     error the shards already queued still finish and commit, the partial one is dropped.
@@ -107,6 +114,10 @@ def _write_shards(
     try:
         first = True
         for positions, flat, lens in tpool.map(_batches(reader, batch_bytes)):
+            if rules is not None:
+                flat, lens, positions = rules.apply(flat, lens, positions)
+                if not len(lens):
+                    continue
             if first and resume.start is not None:
                 flat, lens, positions = drop_packed(flat, lens, positions, resume, builder)
             first = False

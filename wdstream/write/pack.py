@@ -44,6 +44,7 @@ from wdstream.words import count
 from wdstream.write.bestfit import DEFAULT_BUFFER
 from wdstream.write.builders import MODES, check_mode, sample_builder, special_ids
 from wdstream.write.commit import DatasetMeta, commit_dataset
+from wdstream.write.documents import PackDocuments, mask_stats
 from wdstream.write.engine import PackEngine, PackJob
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.local import LocalEngine
@@ -181,6 +182,11 @@ def pack(
     store_options: dict[str, Any] | None = None,
     engine: str = "local",
     ray_address: str | None = None,
+    pretokenized: bool = False,
+    ids_key: str = "input_ids",
+    mask_key: str | None = None,
+    long_docs: str | None = None,
+    allow_unsupervised: bool = False,
 ) -> PackResult:
     """Tokenise text inputs and write a wdstream dataset (shards, sidecars, ``index.json``).
 
@@ -225,6 +231,17 @@ def pack(
             reachable from every node); the output is byte-identical (``docs/RAY.md``).
         ray_address: ``engine="ray"``: ``"auto"`` (the running cluster), ``"ray://host:port"``,
             or None: the Ray instance this process started, else a new local one.
+        pretokenized: inputs are JSON Lines records of token ids in ``tokenizer``'s
+            vocabulary (``{"input_ids": [...]}``), not text (``docs/PACK.md``).
+        ids_key: ``pretokenized``: the field holding the ids.
+        mask_key: ``pretokenized``: the field holding each record's loss mask (0/1 or
+            bools, one per id); given, the dataset stores it (``"loss_mask": "bit31"``,
+            uint32 ids, ``docs/MASKS.md``) and every record needs one.
+        long_docs: ``mode="bestfit"``: a document longer than a row is ``split`` across
+            rows, ``drop``-ped or ``truncate``-d (counted in the stats); default ``drop``
+            for masked packs, ``split`` otherwise.
+        allow_unsupervised: masked packs: keep a document whose mask is all 0 (by default
+            it is a bad record, per ``on_error``).
 
     With ``workers > 0`` and the default pool, tokenisation runs in a forkserver process
     pool, so a script calling ``pack`` needs the usual ``if __name__ == "__main__":`` guard.
@@ -247,6 +264,8 @@ def pack(
     if engine not in ("local", "ray"):
         raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
     check_mode(mode, seq_len, eos)
+    documents = PackDocuments(pretokenized, ids_key, mask_key, long_docs, allow_unsupervised)
+    documents.check(mode, engine)
     shard_bytes = parse_size(shard_size)
     record_limit = check_limit(parse_size(max_record_bytes))
     if shard_samples is not None and shard_samples < 1:
@@ -279,9 +298,15 @@ def pack(
                 "pack into a fresh output or pass --overwrite"
             )
 
-        tok = load_tokenizer(tokenizer, backend, _peek_texts(files, text_key, lines, record_limit))
+        peek = [] if pretokenized else _peek_texts(files, text_key, lines, record_limit)
+        tok = load_tokenizer(tokenizer, backend, peek)
         eos_id, bos_id = special_ids(tok, eos, bos, bos_id)
-        dtype = token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))
+        names = ["<stdin>" if f.path == "-" else f.path for f in files]
+        parts = documents.resolve(
+            tok, (bos_id, eos_id, token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))),
+            (mode, seq_len), on_error, names,
+        )  # fmt: skip
+        dtype = parts.dtype
         fingerprint = {
             "inputs": [f.fingerprint() for f in files],
             "text_key": text_key,
@@ -301,6 +326,7 @@ def pack(
             "name": name,
             "provenance": PROVENANCE_VERSION,
             **({"bestfit_buffer": bestfit_buffer} if mode == "bestfit" else {}),
+            **documents.fingerprint(),
         }
         journal = Journal(store, fingerprint, name)
         if overwrite:
@@ -312,11 +338,10 @@ def pack(
             files=files, text_key=text_key, lines=lines, on_error=on_error, errors=errors,
             tokenizer=tok, bos_id=bos_id, eos_id=eos_id, dtype=dtype,
             new_builder=partial(sample_builder, mode, seq_len, bestfit_buffer, bos_id, eos_id),
-            pad_id=eos_id or 0, name=name, shard_bytes=shard_bytes, shard_samples=shard_samples,
-            output=output, store_options=store_options or {},
-            provenance=["<stdin>" if f.path == "-" else f.path for f in files],
-            progress=wanted(progress),
-            batch_bytes=batch_bytes, max_record_bytes=record_limit,
+            pad_id=parts.pad_id, name=name, shard_bytes=shard_bytes, shard_samples=shard_samples,
+            output=output, store_options=store_options or {}, provenance=names,
+            progress=wanted(progress), batch_bytes=batch_bytes, max_record_bytes=record_limit,
+            document=parts.document, encoder=parts.encoder, new_rules=parts.rules,
         )  # fmt: skip
         totals = runner.run(job, store, journal, resume)
 
@@ -330,8 +355,9 @@ def pack(
             "skipped_locations": list(totals.bad_locations),
             "input_bytes": totals.input_bytes,
             "input_files": len(files),
+            **mask_stats(totals.rule_counts, entries, parts.loss_mask is not None),
         }
-        meta = DatasetMeta(tok.info(), eos_id, bos_id, dtype, mode, seq_len)
+        meta = DatasetMeta(tok.info(), eos_id, bos_id, dtype, mode, seq_len, parts.loss_mask)
         index = commit_dataset(store, lock, journal, meta, stats)
         # A crashed run may have written shards past what this run produced (only if its
         # output was longer, e.g. after --overwrite with other options): remove them.

@@ -1,8 +1,10 @@
-"""Tokenise batches of documents in parallel, in order, with a bounded number in flight.
+"""Encode batches of documents in parallel, in order, with a bounded number in flight.
 
-The packing process only reads, batches (~1 MB of text), and packs; workers return each
-batch as one flat token array in the on-disk dtype (BOS/EOS already added) plus the document
-lengths, so nothing crosses the process boundary as Python ints.
+The packing process only reads, batches (~1 MB of text), and packs; workers run the pack's
+:class:`~wdstream.write.encoders.DocumentEncoder` (text: tokenise) and return each batch as
+one flat array of stored tokens (BOS/EOS already added) plus the document lengths, so
+nothing crosses the process boundary as Python ints. An encoder that is not ``parallel``
+(pre-tokenized ids) runs inline whatever the pool.
 
 Kinds of pool:
 
@@ -39,43 +41,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from wdstream.tokenizers.base import Tokenizer
-from wdstream.tokenizers.tiktoken import BpeEncoder, TiktokenTokenizer
+from wdstream.tokenizers.tiktoken import BpeEncoder
+from wdstream.write.encoders import DocumentEncoder, encode_flat
 
 __all__ = ["POOL_KINDS", "TokenPool", "encode_flat", "prestart"]
 
 POOL_KINDS = ("auto", "threads", "processes")
 M = TypeVar("M")
 
-_worker: tuple[Any, int | None, int | None, str] | None = None
-
-
-def encode_flat(
-    tok: Tokenizer | BpeEncoder,
-    texts: list[str],
-    bos_id: int | None,
-    eos_id: int | None,
-    dtype: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Encode ``texts``; return all ids (BOS/EOS added) concatenated, and each document's length."""
-    fast = tok.bpe if isinstance(tok, TiktokenTokenizer) else tok
-    if isinstance(fast, BpeEncoder):
-        flat, lens = fast.encode_flat(texts, bos_id, eos_id)
-        return flat.astype(dtype, copy=False), lens
-    assert isinstance(tok, Tokenizer)
-    arrays = tok.encode_batch(texts)
-    pieces: list[np.ndarray] = []
-    bos = None if bos_id is None else np.array([bos_id], dtype=np.uint32)
-    eos = None if eos_id is None else np.array([eos_id], dtype=np.uint32)
-    for a in arrays:
-        if bos is not None:
-            pieces.append(bos)
-        pieces.append(a)
-        if eos is not None:
-            pieces.append(eos)
-    extra = (bos_id is not None) + (eos_id is not None)
-    lens = np.fromiter((len(a) + extra for a in arrays), dtype=np.int64, count=len(arrays))
-    flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint32)
-    return flat.astype(dtype, copy=False), lens
+_worker: tuple[Tokenizer | BpeEncoder, DocumentEncoder] | None = None
 
 
 def _process_context() -> multiprocessing.context.BaseContext:
@@ -123,21 +97,21 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="wdstream-parent-watch", daemon=True).start()
 
 
-def _init_worker(tok: Tokenizer | str, bos_id: int | None, eos_id: int | None, dtype: str) -> None:
+def _init_worker(tok: Tokenizer | str, encoder: DocumentEncoder) -> None:
     """``tok``: the tokenizer (it crossed as its recipe and reloaded itself, a file checked
     against its hash), or for bpe-openai just the encoding's name."""
     global _worker
     _exit_with_parent()
-    _worker = (BpeEncoder(tok) if isinstance(tok, str) else tok, bos_id, eos_id, dtype)
+    _worker = (BpeEncoder(tok) if isinstance(tok, str) else tok, encoder)
 
 
 def _ready() -> None:
     """Runs once a process worker is initialised (start-up probe)."""
 
 
-def _encode_in_worker(texts: list[str]) -> tuple[bytes, bytes]:
+def _encode_in_worker(docs: list[Any]) -> tuple[bytes, bytes]:
     assert _worker is not None, "worker not initialised"
-    flat, lens = encode_flat(_worker[0], texts, _worker[1], _worker[2], _worker[3])
+    flat, lens = _worker[1].encode(_worker[0], docs)
     return flat.tobytes(), lens.tobytes()
 
 
@@ -176,7 +150,7 @@ class _Starter:
 
 
 class TokenPool:
-    """Ordered, bounded parallel map from text batches to ``(meta, tokens, lens)``.
+    """Ordered, bounded parallel map from document batches to ``(meta, tokens, lens)``.
 
     While process workers start, batches are encoded on the calling thread
     (``inline_while_starting``; tests turn it off to exercise the pool on tiny inputs).
@@ -185,6 +159,7 @@ class TokenPool:
         tok: the tokenizer (pickled to process workers; it reloads itself there).
         workers: parallel encoders; 0 encodes inline.
         kind: ``auto`` (processes), ``threads`` or ``processes``.
+        encoder: what a batch of documents becomes (its ``dtype`` is the stored one).
         max_in_flight: batches submitted but not yet consumed (default ``2 * workers + 1``).
     """
 
@@ -195,9 +170,7 @@ class TokenPool:
         tok: Tokenizer,
         workers: int,
         kind: str,
-        bos_id: int | None,
-        eos_id: int | None,
-        dtype: str,
+        encoder: DocumentEncoder,
         max_in_flight: int | None = None,
     ) -> None:
         if kind not in POOL_KINDS:
@@ -207,9 +180,11 @@ class TokenPool:
             # too; with threads, the packing thread and the GIL-held parts of each encode
             # call contend for the interpreter.
             kind = "processes"
+        if not encoder.parallel:
+            workers = 0
         self.kind = kind if workers > 0 else "inline"
         self.workers = workers
-        self._args = (tok, bos_id, eos_id, dtype)
+        self._tok, self._encoder, self._dtype = tok, encoder, encoder.dtype
         self._max = max_in_flight or 2 * workers + 1
         self._executor: Executor | None = None
         self._starter: _Starter | None = None
@@ -217,31 +192,27 @@ class TokenPool:
             ctx = _process_context()
             # bpe-openai workers need only the binding, not tiktoken's ranks (~0.3 s each).
             recipe = tok.name if tok.backend == "bpe-openai" else tok
-            initargs = (recipe, bos_id, eos_id, dtype)
+            initargs = (recipe, encoder)
             self._executor = ProcessPoolExecutor(
                 workers, mp_context=ctx, initializer=_init_worker, initargs=initargs
             )
         elif self.kind == "threads":
             self._executor = ThreadPoolExecutor(workers, thread_name_prefix="wdstream-encode")
 
-    def _submit(self, texts: list[str]) -> Future[tuple[Any, Any]]:
+    def _submit(self, docs: list[Any]) -> Future[tuple[Any, Any]]:
         assert self._executor is not None
         if self.kind == "processes":
-            return self._executor.submit(_encode_in_worker, texts)
-        return self._executor.submit(encode_flat, *self._bind(texts))
-
-    def _bind(self, texts: list[str]) -> tuple[Any, ...]:
-        tok, bos_id, eos_id, dtype = self._args
-        return (tok, texts, bos_id, eos_id, dtype)
+            return self._executor.submit(_encode_in_worker, docs)
+        return self._executor.submit(self._encoder.encode, self._tok, docs)
 
     def map(
-        self, batches: Iterable[tuple[list[str], M]]
+        self, batches: Iterable[tuple[list[Any], M]]
     ) -> Iterator[tuple[M, np.ndarray, np.ndarray]]:
-        """Yield ``(meta, flat_tokens, lens)`` for every ``(texts, meta)``, in input order."""
-        dtype = self._args[3]
+        """Yield ``(meta, flat_tokens, lens)`` for every ``(documents, meta)``, in input order."""
+        dtype = self._dtype
         if self._executor is None:
             for texts, meta in batches:
-                flat, lens = encode_flat(*self._bind(texts))
+                flat, lens = self._encoder.encode(self._tok, texts)
                 yield meta, flat, lens
             return
         pending: deque[tuple[M, Future[tuple[Any, Any]]]] = deque()
@@ -256,7 +227,7 @@ class TokenPool:
                 # Workers are still starting (fork server imports, vocabulary: 1-2 s, and
                 # submitting blocks meanwhile, hence the thread): encode here meanwhile.
                 # Only while nothing is pending, so the order of results is unchanged.
-                flat, lens = encode_flat(*self._bind(texts))
+                flat, lens = self._encoder.encode(self._tok, texts)
                 yield meta, flat, lens
                 continue
             if starter is not None:

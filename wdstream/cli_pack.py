@@ -1,0 +1,197 @@
+"""The ``pack`` command's options and its run, kept apart from :mod:`wdstream.cli` so the
+command line module stays one screen per command: ``cli.pack`` parses, :func:`run_pack`
+calls :func:`wdstream.pack` and says what to print."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+__all__ = ["pack_options", "run_pack"]
+
+_OPTIONS = [
+    click.option("--output", "-o", required=True, help="Dataset root: folder, s3://, http(s)://."),
+    click.option(
+        "--text-key", default="text", show_default=True, help="JSON field (dotted for nested)."
+    ),
+    click.option(
+        "--tokenizer",
+        default="cl100k_base",
+        show_default=True,
+        help="Encoding name, .tiktoken path, HF tokenizer.json or SentencePiece .model.",
+    ),
+    click.option(
+        "--backend",
+        type=click.Choice(["auto", "tiktoken", "bpe-openai"]),
+        default="auto",
+        show_default=True,
+    ),
+    click.option(
+        "--eos/--no-eos", default=True, show_default=True, help="Append EOS to every document."
+    ),
+    click.option(
+        "--bos",
+        is_flag=True,
+        help="Prepend BOS (the tokenizer's BOS, else its EOS, unless --bos-id).",
+    ),
+    click.option("--bos-id", type=int, default=None, help="BOS id (implies --bos)."),
+    click.option(
+        "--seq-len",
+        type=int,
+        default=2048,
+        show_default=True,
+        help="Samples hold seq_len+1 tokens.",
+    ),
+    click.option(
+        "--mode",
+        type=click.Choice(["concat", "docs", "bestfit"]),
+        default="concat",
+        show_default=True,
+        help="bestfit: rows of whole documents, padded (docs/PACK.md).",
+    ),
+    click.option(
+        "--bestfit-buffer",
+        type=int,
+        default=1024,
+        show_default=True,
+        help="--mode bestfit: documents per best-fit block (and rows' worth of tokens).",
+    ),
+    click.option("--shard-size", default="256MB", show_default=True),
+    click.option("--shard-samples", type=int, default=None),
+    click.option("--name", default="data", show_default=True, help="Shard name prefix."),
+    click.option("--lines", is_flag=True, help=".txt inputs: one document per line."),
+    click.option(
+        "--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True
+    ),
+    click.option(
+        "--errors", type=click.Choice(["strict", "replace"]), default="strict", show_default=True
+    ),
+    click.option(
+        "--max-record-bytes",
+        default="256MiB",
+        show_default=True,
+        help="Longest record (a line, or a whole .txt document); a longer one is a bad record.",
+    ),
+    click.option(
+        "--workers", type=int, default=None, help="Tokenizer workers (default: all cores)."
+    ),
+    click.option(
+        "--pool",
+        type=click.Choice(["auto", "threads", "processes"]),
+        default="auto",
+        show_default=True,
+    ),
+    click.option(
+        "--overwrite", is_flag=True, help="Replace a dataset or interrupted pack at --output."
+    ),
+    click.option(
+        "--force-unlock",
+        is_flag=True,
+        help="Take over the output's lock left by a pack that is dead (S3/HTTP, or another host).",
+    ),
+    click.option(
+        "--engine",
+        type=click.Choice(["local", "ray"]),
+        default="local",
+        show_default=True,
+        help="ray: tokenise and write shards on a Ray cluster's workers (docs/RAY.md).",
+    ),
+    click.option(
+        "--ray-address",
+        default=None,
+        help="--engine ray: 'auto' (the running cluster), ray://host:port; default: a local one.",
+    ),
+    click.option(
+        "--progress",
+        "show_progress",
+        is_flag=True,
+        help="Report progress: a bar on a terminal, else a line every WDSTREAM_PROGRESS_SECONDS "
+        "(10) s (default: on a terminal, or with WDSTREAM_PROGRESS=1).",
+    ),
+    click.option("--quiet", "-q", is_flag=True, help="No progress, summary or warnings."),
+    click.option(
+        "--pretokenized",
+        is_flag=True,
+        help='Inputs are JSON Lines records of token ids ({"input_ids": [...]}) in --tokenizer\'s '
+        "vocabulary, not text (docs/PACK.md).",
+    ),
+    click.option(
+        "--ids-key", default="input_ids", show_default=True, help="--pretokenized: the ids field."
+    ),
+    click.option(
+        "--mask-key",
+        default=None,
+        help="--pretokenized: the field holding each record's loss mask (0/1 per id); the "
+        "dataset then stores it (uint32 ids, bit 31 = no loss; docs/MASKS.md).",
+    ),
+    click.option(
+        "--long-docs",
+        type=click.Choice(["split", "drop", "truncate"]),
+        default=None,
+        help="--mode bestfit: a document longer than a row is split across rows, dropped or "
+        "truncated, and counted (default: drop for masked packs, split otherwise).",
+    ),
+    click.option(
+        "--allow-unsupervised",
+        is_flag=True,
+        help="Masked packs: keep documents whose mask is all 0 (default: a bad record).",
+    ),
+]
+
+
+def pack_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add every option of ``wdstream pack`` (but the storage ones) to ``command``."""
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
+
+def run_pack(
+    inputs: list[str],
+    output: str,
+    show_progress: bool,
+    quiet: bool,
+    store_options: dict[str, Any],
+    options: dict[str, Any],
+) -> list[tuple[str, bool]]:
+    """Run the pack; the lines to print, each with whether it goes to stderr.
+
+    Raises:
+        WdstreamError, ValueError, OSError: as :func:`wdstream.pack` raises them.
+    """
+    from wdstream.write.pack import describe, one_shard_warning
+    from wdstream.write.pack import pack as do_pack
+
+    result = do_pack(
+        inputs,
+        output,
+        progress=False if quiet else True if show_progress else None,
+        store_options=store_options,
+        **options,
+    )
+    if quiet:
+        return []
+    lines = [(describe(result), False)]
+    warning = one_shard_warning(result)
+    if warning is not None:
+        lines.append((f"Warning: {warning}", True))
+    stats = result.index.stats
+    if stats.get("records_skipped"):
+        lines += [(f"  skipped {loc}", True) for loc in stats["skipped_locations"]]
+    if "supervised_tokens" in stats:
+        lines.append((_mask_summary(stats, result.index.total_tokens), False))
+    return lines
+
+
+def _mask_summary(stats: dict[str, Any], tokens: int) -> str:
+    """One line on a masked pack: supervised share and the documents the rules took out."""
+    share = 100 * stats["supervised_tokens"] / tokens if tokens else 0.0
+    dropped = stats.get("long_documents_dropped", 0)
+    cut = stats.get("long_documents_truncated", 0)
+    return (
+        f"loss mask: {stats['supervised_tokens']:,} supervised tokens ({share:.2f} %); "
+        f"long documents dropped {dropped:,}, truncated {cut:,}; documents without a "
+        f"supervised token refused {stats['unsupervised_documents_refused']:,}"
+    )
