@@ -100,7 +100,11 @@ Spans = list[tuple[int, int]]
 
 def _tool_calls_json(message: dict[str, Any]) -> str:
     calls = message.get("tool_calls")
-    return "" if calls is None else "<tool_call>" + json.dumps(calls, ensure_ascii=False) + "</tool_call>"
+    return (
+        ""
+        if calls is None
+        else "<tool_call>" + json.dumps(calls, ensure_ascii=False) + "</tool_call>"
+    )
 
 
 def oracle_chatml(messages: list[dict[str, Any]]) -> tuple[str, Spans]:

@@ -80,15 +80,17 @@ class ChatEncoder:
         for k in range(n):
             if prepared[k].get("role") == "assistant":
                 prompt = render(k, True)
-                if k > 0 and ends[k - 1] < 0 and whole.startswith(prompt):
-                    ends[k - 1] = len(prompt)  # the assistant's header counts with message k-1
                 through = whole if k == n - 1 else render(k + 1)
                 found = turn_span(whole, prompt, through, prepared[k].get("content"))
                 turns.append((k, found))
-                if k < n - 1 and whole.startswith(through):
+                if k > 0 and ends[k - 1] < 0 and found.end > found.start:
+                    ends[k - 1] = found.start  # the assistant's header counts with message k-1
+                if k == n - 1:
+                    continue
+                if whole.startswith(through):
                     ends[k] = len(through)
-                elif found.end > found.start:
-                    ends[k] = found.end
+                elif found.end > found.start:  # with the whitespace after it, as under rule 1
+                    ends[k] = len(whole) - len(whole[found.end :].lstrip())
             elif k < n - 1 and prepared[k + 1].get("role") != "assistant":
                 through = render(k + 1)
                 ends[k] = len(through) if whole.startswith(through) else -1

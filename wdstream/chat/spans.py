@@ -15,15 +15,22 @@ Rule 1 (the prefix property holds: T starts with Q_i, Q_i starts with P_i): the 
 characters are ``[len(P_i), len(Q_i))`` less the trailing whitespace, i.e. the turn's content
 and its end-of-turn token, nothing of the header or the separator after it.
 
-Rule 2 (the template rewrites the turn in T, e.g. drops its reasoning once a later user
-message exists, but T still starts with P_i): the turn's text in T starts at ``len(P_i)``
-and is the longest suffix of Q_i's added text (less trailing whitespace) that T continues
-with there; it is used only when it holds the message's whole (stripped) string content. The
-record gets a ``relocated`` problem.
+Rule 2 (the template rewrites the conversation when later messages follow, e.g. drops an
+assistant turn's reasoning once a later user message exists, so T does not start with Q_i):
 
-Otherwise (T does not start with P_i, Q_i does not start with P_i, or rule 2 finds no text
-holding the content) the turn is not supervised and the record gets an ``unlocated``
-problem: a turn is never supervised at a place that was guessed.
+* the turn's start in T: ``len(P_i)`` when T starts with P_i; otherwise the end of the one
+  place in T, after the first character where P_i and T differ, holding the longest tail of
+  P_i found there (what follows the last rewritten text: later messages and the header).
+  No such tail, or a tail found at two places, and the turn is not located;
+* the turn's text in T: from that start, the longest suffix of Q_i's added text (less
+  trailing whitespace) that T continues with, used only when it holds the message's whole
+  (stripped) string content.
+
+The record gets a ``relocated`` problem naming how much of the turn was found.
+
+Otherwise (Q_i does not start with P_i, or rule 2 finds no start or no text holding the
+content) the turn is not supervised and the record gets an ``unlocated`` problem: a turn is
+never supervised at a place that was guessed.
 """
 
 from __future__ import annotations
@@ -55,6 +62,37 @@ def _end_before_space(text: str, lo: int, hi: int) -> int:
     return hi
 
 
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (binary search on slices)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _anchor(whole: str, prompt: str) -> int | None:
+    """Where the turn after ``prompt`` starts in ``whole`` (module docstring, rule 2)."""
+    if whole.startswith(prompt):
+        return len(prompt)
+    differ = _common_prefix(whole, prompt)
+    lo, hi = 0, len(prompt) - differ  # the longest tail of prompt found in whole[differ:]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if whole.find(prompt[-mid:], differ) >= 0:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo == 0:
+        return None
+    tail = prompt[-lo:]
+    at = whole.find(tail, differ)
+    return None if whole.find(tail, at + 1) >= 0 else at + lo
+
+
 def _located(whole: str, at: int, added: str, content: Any) -> int | None:
     """Length of the longest suffix of ``added`` that ``whole`` continues with at ``at``, if
     that suffix holds the content (module docstring, rule 2); else None."""
@@ -76,39 +114,32 @@ def turn_span(whole: str, prompt: str, turn: str, content: Any) -> TurnSpan:
         content: the turn's ``content`` (checked to lie in a rule-2 span).
     """
     start = len(prompt)
-    if turn.startswith(prompt) and whole.startswith(turn):
-        return TurnSpan(start, _end_before_space(turn, start, len(turn)))
-    if not whole.startswith(prompt):
-        return TurnSpan(
-            start,
-            start,
-            UNLOCATED,
-            "the template renders the conversation before this turn "
-            "differently when later messages follow; turn not supervised",
-        )
     if not turn.startswith(prompt):
         return TurnSpan(
             start,
             start,
             UNLOCATED,
-            "the turn rendered alone does not start with the "
-            "generation prompt; turn not supervised",
+            "the turn rendered alone does not start with the generation prompt; turn not "
+            "supervised",
         )
-    added = turn[start : _end_before_space(turn, start, len(turn))]
-    length = _located(whole, start, added, content)
-    if not length:
+    end = _end_before_space(turn, start, len(turn))
+    if whole.startswith(turn):
+        return TurnSpan(start, end)
+    at = _anchor(whole, prompt)
+    length = None if at is None else _located(whole, at, turn[start:end], content)
+    if at is None or not length:
         return TurnSpan(
             start,
             start,
             UNLOCATED,
-            "the template rewrites this turn when later messages "
-            "follow and its content was not found; turn not supervised",
+            "the template rewrites the conversation when later messages follow and this "
+            f"turn was not found ({'no place for its start' if at is None else 'its content is not there'}); "
+            "turn not supervised",
         )
     return TurnSpan(
-        start,
-        start + length,
+        at,
+        at + length,
         RELOCATED,
-        f"the template rewrites this turn when later "
-        f"messages follow; supervised the {length} of its {len(added)} characters that the "
-        "whole conversation holds",
+        "the template rewrites the conversation when later messages follow; supervised the "
+        f"{length} of the turn's {end - start} characters found in the whole conversation",
     )
