@@ -8,6 +8,8 @@ the problem is.
 from __future__ import annotations
 
 __all__ = [
+    "ChatTemplateError",
+    "ConversationError",
     "CorruptShardError",
     "IncompleteDatasetError",
     "IndexValidationError",
@@ -29,6 +31,15 @@ class WdstreamError(Exception):
 
 class InputError(WdstreamError, ValueError):
     """A document source could not be read: names the file and the line or byte offset."""
+
+
+class ConversationError(InputError):
+    """A record is not a well-formed conversation, or its chat template refuses it: names the
+    key and the message index (the caller adds the file and line; a bad record)."""
+
+
+class ChatTemplateError(WdstreamError, ValueError):
+    """A chat template cannot be found, read or compiled: names the file and the key."""
 
 
 class CorruptShardError(WdstreamError, ValueError):

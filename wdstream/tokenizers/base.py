@@ -18,7 +18,7 @@ import numpy as np
 
 from wdstream.errors import TokenizerError
 
-__all__ = ["Tokenizer", "read_pinned"]
+__all__ = ["Tokenizer", "char_spans", "read_pinned"]
 
 
 class Tokenizer(ABC):
@@ -73,12 +73,49 @@ class Tokenizer(ABC):
         """Token ids of every text, in order, using up to ``num_threads`` threads."""
 
     @abstractmethod
+    def encode_chat(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of a rendered chat ``text`` and each token's character span in it.
+
+        Unlike :meth:`encode`, the text of the tokenizer's special tokens is recognised (a
+        chat template writes ``<|im_end|>`` to mean that token), and nothing is added around
+        the text (no BOS/EOS): the ids ``transformers``' ``apply_chat_template(tokenize=True)``
+        gives, which encodes the rendered chat with ``add_special_tokens=False``.
+
+        Returns:
+            ``(ids, spans)``: ``int64`` ids, and an ``int64`` array of shape ``(n, 2)`` of
+            each token's ``[start, end)`` character offsets in ``text``. Tokens that share a
+            character (a multi-byte character split by byte-level BPE) both cover it; a token
+            that stands for no text (SentencePiece's dummy prefix) has ``start == end``.
+        """
+
+    @abstractmethod
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text of ``ids``; bytes that are not valid UTF-8 become U+FFFD."""
 
     @abstractmethod
     def id_to_text(self, token: int) -> str:
         """Readable form of one id (special tokens by name)."""
+
+
+def char_spans(text: str, byte_starts: np.ndarray, byte_ends: np.ndarray) -> np.ndarray:
+    """Character ``[start, end)`` spans in ``text`` of tokens given by UTF-8 byte spans.
+
+    A token that starts inside a character starts at that character; one that ends inside a
+    character ends after it, so both tokens that split a character cover it. An empty byte
+    span stays empty. Returns an ``int64`` array of shape ``(n, 2)``.
+    """
+    raw = text.encode("utf-8")
+    starts = np.asarray(byte_starts, dtype=np.int64)
+    ends = np.asarray(byte_ends, dtype=np.int64)
+    if len(raw) != len(text):  # not ASCII: one character may be several bytes
+        lead = (np.frombuffer(raw, dtype=np.uint8) & 0xC0) != 0x80
+        char_of_byte = np.empty(len(raw) + 1, dtype=np.int64)
+        np.cumsum(lead, out=char_of_byte[:-1])
+        char_of_byte[:-1] -= 1
+        char_of_byte[-1] = len(text)
+        last = char_of_byte[np.maximum(ends - 1, 0)] + 1
+        starts, ends = char_of_byte[starts], np.where(ends > starts, last, char_of_byte[starts])
+    return np.stack([starts, ends], axis=1) if len(starts) else np.zeros((0, 2), np.int64)
 
 
 def read_pinned(path: str, expected: str | None) -> tuple[bytes, str]:

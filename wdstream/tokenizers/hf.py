@@ -10,7 +10,10 @@ BOS and EOS come from the tokenizer's own configuration, first found wins:
 
 Document text is encoded with ``add_special_tokens=False`` and ``encode_special_tokens``
 on, so a document that contains the text ``</s>`` gets the ordinary ids of those characters,
-never the EOS id (tiktoken documents are encoded the same way).
+never the EOS id (tiktoken documents are encoded the same way). Rendered chat text
+(:meth:`HFTokenizer.encode_chat`) is encoded by a second copy of the tokenizer with that
+setting off, so the special tokens a chat template writes are recognised, exactly as
+``transformers`` encodes them.
 """
 
 from __future__ import annotations
@@ -153,6 +156,7 @@ class HFTokenizer(Tokenizer):
                 f"cannot load Hugging Face tokenizer file {path}: {type(exc).__name__}: {exc}"
             ) from exc
         self._tok.encode_special_tokens = True
+        self._chat_tok: Any = None  # the copy that recognises special tokens, made on first use
         self.bos_id = self._id_of(bos)
         self.eos_id = self._id_of(eos)
         self.n_vocab = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
@@ -180,6 +184,18 @@ class HFTokenizer(Tokenizer):
 
     def encode(self, text: str) -> np.ndarray:
         return np.array(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+
+    def encode_chat(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of a rendered chat with special tokens recognised and nothing added, and each
+        token's character span: ``tokenizers``' own offsets, the ones ``transformers`` maps
+        its assistant masks with (:meth:`Tokenizer.encode_chat`)."""
+        if self._chat_tok is None:
+            chat_tok = _import_tokenizers().Tokenizer.from_str(self._tok.to_str())
+            chat_tok.encode_special_tokens = False
+            self._chat_tok = chat_tok
+        enc = self._chat_tok.encode(text, add_special_tokens=False)
+        spans = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        return np.array(enc.ids, dtype=np.int64), spans
 
     def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
         """Sequential below 2 threads; else tokenizers' own (Rayon) pool, whose size is

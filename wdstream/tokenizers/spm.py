@@ -2,17 +2,25 @@
 
 SentencePiece never turns control-symbol text (``<s>``, ``</s>``) in a document into those
 ids, so documents are encoded as ordinary text, as with every other backend.
+
+Rendered chat text (:meth:`SentencePieceTokenizer.encode_chat`) must turn the ``<s>`` a chat
+template writes into the BOS id, as ``transformers`` does: the text is cut at the text of
+every control and unknown piece (``<s>``, ``</s>``, ``<unk>``, ``<pad>``...), those become
+their ids, and each piece of text between them is encoded by SentencePiece on its own (so
+each gets SentencePiece's own start-of-text handling, e.g. its dummy-prefix ``▁``, which has
+no characters: an empty span). User-defined symbols are recognised by SentencePiece itself.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from wdstream.errors import TokenizerError
-from wdstream.tokenizers.base import Tokenizer, read_pinned
+from wdstream.tokenizers.base import Tokenizer, char_spans, read_pinned
 
 __all__ = ["SentencePieceTokenizer"]
 
@@ -57,6 +65,21 @@ class SentencePieceTokenizer(Tokenizer):
         self.n_vocab = int(self._sp.get_piece_size())
         self.bos_id = self._id_or_none(self._sp.bos_id())
         self.eos_id = self._id_or_none(self._sp.eos_id())
+        self._controls: re.Pattern[str] | None = None  # made on first encode_chat
+
+    def _control_pattern(self) -> re.Pattern[str]:
+        """A regex matching the text of every control and unknown piece, longest first."""
+        if self._controls is None:
+            sp = self._sp
+            texts = {
+                sp.id_to_piece(i)
+                for i in range(sp.get_piece_size())
+                if sp.is_control(i) or sp.is_unknown(i)
+            }
+            texts.discard("")
+            alternatives = sorted(texts, key=len, reverse=True)
+            self._controls = re.compile("|".join(map(re.escape, alternatives)) or "(?!)")
+        return self._controls
 
     @staticmethod
     def _id_or_none(token: int) -> int | None:
@@ -72,6 +95,41 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode(self, text: str) -> np.ndarray:
         return np.array(self._sp.encode(text, out_type=int), dtype=np.uint32)
+
+    def encode_chat(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of a rendered chat with control-piece text turned into those ids, and each
+        token's character span (see the module docstring and :meth:`Tokenizer.encode_chat`)."""
+        ids: list[int] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        at = 0  # byte offset in the UTF-8 text of the piece being encoded
+        pos = 0
+        for match in self._control_pattern().finditer(text):
+            at = self._encode_piece(text[pos : match.start()], at, ids, starts, ends)
+            width = len(match.group().encode("utf-8"))
+            ids.append(int(self._sp.piece_to_id(match.group())))
+            starts.append(at)
+            ends.append(at + width)
+            at += width
+            pos = match.end()
+        self._encode_piece(text[pos:], at, ids, starts, ends)
+        spans = char_spans(text, np.array(starts, np.int64), np.array(ends, np.int64))
+        return np.array(ids, dtype=np.int64), spans
+
+    def _encode_piece(
+        self, piece: str, at: int, ids: list[int], starts: list[int], ends: list[int]
+    ) -> int:
+        """Append the pieces of ``piece`` (which starts at byte ``at``) with their byte spans;
+        return the byte offset after it."""
+        if piece:
+            # sentencepiece < 0.2.1 has the immutable proto; later ones only the proto.
+            to_proto = getattr(self._sp, "encode_as_immutable_proto", None)
+            proto = to_proto(piece) if to_proto else self._sp.encode_as_proto(piece)
+            for p in proto.pieces:
+                ids.append(p.id)
+                starts.append(at + p.begin)
+                ends.append(at + p.end)
+        return at + len(piece.encode("utf-8"))
 
     def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
         ids: list[list[int]] = self._sp.encode(list(texts), out_type=int, num_threads=num_threads)

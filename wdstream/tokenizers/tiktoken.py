@@ -15,6 +15,11 @@ Two backends encode the same ids:
   a check text (built in, plus a sample of the real input); any mismatch or import error
   falls back to tiktoken, and :attr:`Tokenizer.backend` says which one is in use.
 
+Rendered chat text (:meth:`TiktokenTokenizer.encode_chat`) is always encoded by tiktoken,
+whichever the backend: bpe-openai recognises no special tokens and gives no offsets, and
+tiktoken's encoder of the same encoding is loaded anyway (the ids of ordinary text are the
+ones bpe-openai was checked to reproduce).
+
 ``ranks_sha256`` is the sha256 of the ranks written in the canonical ``.tiktoken`` form
 (``base64(token) rank\\n`` lines in rank order), so it equals the hash of a rank-sorted
 ``.tiktoken`` file and does not depend on where the ranks were loaded from.
@@ -34,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import TokenizerError
-from wdstream.tokenizers.base import Tokenizer
+from wdstream.tokenizers.base import Tokenizer, char_spans
 
 __all__ = ["BACKENDS", "CHECK_TEXT", "BpeEncoder", "TiktokenTokenizer", "reference_ids"]
 
@@ -306,6 +311,16 @@ class TiktokenTokenizer(Tokenizer):
             return np.array(self.bpe.encode(text), dtype=np.uint32)
         ids = self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
         return ids.astype(np.uint32, copy=False)
+
+    def encode_chat(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of a rendered chat with every special token's text recognised, and each
+        token's character span (:meth:`Tokenizer.encode_chat`); tiktoken for every backend
+        (see the module docstring). The spans come from each token's bytes, as tiktoken's
+        ``decode_with_offsets`` computes its start offsets, plus the end of each token."""
+        ids = self._enc.encode(text, allowed_special="all")
+        lengths = np.fromiter(map(len, self._enc.decode_tokens_bytes(ids)), np.int64, len(ids))
+        ends = np.cumsum(lengths)
+        return np.array(ids, dtype=np.int64), char_spans(text, ends - lengths, ends)
 
     def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
         """tiktoken's batch encoder on ``num_threads`` threads (its Rust core drops the GIL)."""

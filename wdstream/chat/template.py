@@ -1,0 +1,279 @@
+"""A chat template: where it comes from, and rendering messages with it as ``transformers`` does.
+
+Sources (:func:`load_chat_template`)::
+
+    --chat-template chat.jinja              a raw Jinja template
+    --chat-template tokenizer_config.json   any JSON object with "chat_template"
+    (no flag)                               the tokenizer's folder: chat_template.jinja, else
+                                            tokenizer_config.json's "chat_template"
+
+``chat_template`` is a string, or a list of ``{"name", "template"}`` from which the one named
+``default`` is used. The special-token strings a template reads (``bos_token``,
+``eos_token``, ``pad_token``...) come from the same JSON object or the folder's
+``tokenizer_config.json`` (strings, or ``AddedToken`` objects with a ``content``); a
+``bos_token``/``eos_token`` still missing is the loaded tokenizer's own BOS/EOS.
+
+Rendering (:meth:`ChatTemplate.render`) follows ``transformers``' ``render_jinja_template``:
+keys whose value is ``null`` are dropped from every message, a message's reasoning given as
+``reasoning_content``, ``thinking`` or ``reasoning`` is offered under ``reasoning_content``
+and ``thinking`` both, and the template sees ``messages``, ``tools``, ``documents``,
+``add_generation_prompt`` and the special-token strings, in the environment of
+:mod:`wdstream.chat.jinja`. The template is compiled once per :class:`ChatTemplate`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+
+from wdstream.chat.jinja import chat_environment
+from wdstream.errors import ChatTemplateError, ConversationError
+from wdstream.tokenizers.base import Tokenizer
+
+__all__ = ["SPECIAL_TOKEN_KEYS", "ChatTemplate", "load_chat_template", "tokenizer_folder"]
+
+SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+CONFIG_NAME = "tokenizer_config.json"
+JINJA_NAME = "chat_template.jinja"
+
+
+def _special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
+    """The special-token strings of a tokenizer config (``AddedToken`` objects unwrapped)."""
+    out = {}
+    for key in SPECIAL_TOKEN_KEYS:
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def _pick_template(value: Any, where: str, name: str) -> str:
+    """The template text of a ``chat_template`` value: a string, or the named entry of a
+    list of ``{"name", "template"}``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {
+            t.get("name"): t.get("template")
+            for t in value
+            if isinstance(t, dict) and isinstance(t.get("template"), str)
+        }
+        if name in named:
+            return str(named[name])
+        raise ChatTemplateError(
+            f"{where}: chat_template: no template named {name!r} (it has "
+            f"{', '.join(map(repr, named)) or 'no named templates'})"
+        )
+    raise ChatTemplateError(
+        f"{where}: chat_template: expected a string or a list of {{name, template}}, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChatTemplateError(f"{path}: cannot read the chat template ({exc})") from exc
+
+
+def _read_config(path: str) -> dict[str, Any]:
+    try:
+        config = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise ChatTemplateError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ChatTemplateError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
+def _prepared(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as ``transformers`` hands them to the template (module docstring)."""
+    out = []
+    for message in messages:
+        m = {k: v for k, v in message.items() if v is not None}
+        reasoning = next((m[k] for k in _REASONING_FIELDS if k in m), None)
+        if reasoning is not None:
+            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        out.append(m)
+    return out
+
+
+# (template source, special-token strings, origin for messages)
+_Found = tuple[str, dict[str, str], str]
+
+
+def _from_file(path: str, name: str) -> _Found:
+    text = _read_text(path)
+    if not (path.endswith(".json") or text.lstrip().startswith('{"')):
+        return text, {}, path
+    config = _read_config(path)
+    if "chat_template" not in config:
+        raise ChatTemplateError(f"{path}: has no 'chat_template' key")
+    source = _pick_template(config["chat_template"], path, name)
+    return source, _special_tokens(config), f"{path}: chat_template"
+
+
+def _from_folder(folder: str, name: str) -> _Found:
+    config_path = os.path.join(folder, CONFIG_NAME)
+    config = _read_config(config_path) if os.path.isfile(config_path) else {}
+    jinja_path = os.path.join(folder, JINJA_NAME)
+    if os.path.isfile(jinja_path):
+        return _read_text(jinja_path), _special_tokens(config), jinja_path
+    if "chat_template" not in config:
+        raise ChatTemplateError(
+            f"{folder}: no chat template (neither {JINJA_NAME} nor a 'chat_template' in "
+            f"{CONFIG_NAME}); give one with --chat-template FILE"
+        )
+    source = _pick_template(config["chat_template"], config_path, name)
+    return source, _special_tokens(config), f"{config_path}: chat_template"
+
+
+class ChatTemplate:
+    """A compiled chat template and the special-token strings it is rendered with.
+
+    Args:
+        source: the Jinja text.
+        special_tokens: ``bos_token``, ``eos_token``... as strings.
+        origin: where the template came from, for messages.
+        now: the time ``strftime_now`` formats (default: when this object is made); pin it
+            so that every render of a pack (and of its resume) writes the same date.
+
+    Raises:
+        ChatTemplateError: the template does not compile (names ``origin`` and the line).
+    """
+
+    def __init__(
+        self,
+        source: str,
+        special_tokens: Mapping[str, str] | None = None,
+        origin: str = "<string>",
+        now: datetime | None = None,
+    ) -> None:
+        self.source = source
+        self.origin = origin
+        self.special_tokens = dict(special_tokens or {})
+        self.now = now if now is not None else datetime.now()
+        try:
+            self._template = chat_environment(self.now).from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ChatTemplateError(
+                f"{origin}: line {exc.lineno}: the chat template does not compile: {exc.message}"
+            ) from exc
+        # Every render's variables start from the globals and special tokens, merged once:
+        # Jinja would otherwise copy its chained globals into a new dict on every render
+        # (a third of a short render's time). Same precedence: variables over globals.
+        self._template.globals = dict(self._template.globals)
+        self._base_vars = {**self._template.globals, **self.special_tokens}
+
+    @classmethod
+    def from_file(cls, path: str, name: str = "default") -> ChatTemplate:
+        """A raw Jinja file, or a JSON object holding ``chat_template`` (and maybe the
+        special-token strings), e.g. a ``tokenizer_config.json``."""
+        return cls(*_from_file(path, name))
+
+    @classmethod
+    def from_folder(cls, folder: str, name: str = "default") -> ChatTemplate:
+        """A tokenizer folder's template: ``chat_template.jinja``, else the ``chat_template``
+        of ``tokenizer_config.json``; special tokens from ``tokenizer_config.json``."""
+        return cls(*_from_folder(folder, name))
+
+    def prepare(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The messages as the template sees them (``null`` keys dropped, reasoning aliased);
+        :meth:`render_prepared` renders any prefix of the result without preparing again."""
+        return _prepared(messages)
+
+    def render_prepared(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The template's text for messages already :meth:`prepare`-d.
+
+        Raises:
+            ConversationError: the template refuses the conversation (its
+                ``raise_exception``, or a failure on these messages' values).
+        """
+        variables = {
+            **self._base_vars,
+            "messages": messages,
+            "tools": tools,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        try:
+            context = self._template.new_context(variables, shared=True)
+            return "".join(self._template.root_render_func(context))
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+            raise ConversationError(
+                f"the chat template ({self.origin}) refuses the conversation: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The template's text for ``messages`` (see the module docstring)."""
+        return self.render_prepared(self.prepare(messages), add_generation_prompt, tools)
+
+
+def tokenizer_folder(spec: str) -> str | None:
+    """The folder of a tokenizer file or folder (``tokenizer.json``, ``.model``, a folder);
+    None for a tokenizer named without a path (a tiktoken encoding)."""
+    if os.path.isdir(spec):
+        return spec
+    if spec.endswith((".json", ".model")):
+        return os.path.dirname(spec) or "."
+    return None
+
+
+def load_chat_template(
+    tokenizer: Tokenizer, template_file: str | None = None, now: datetime | None = None
+) -> ChatTemplate:
+    """The chat template of a pack: ``template_file`` if given, else the tokenizer folder's.
+
+    Special-token strings come from the template's JSON file, else from the tokenizer
+    folder's ``tokenizer_config.json``; a ``bos_token``/``eos_token`` still missing is the
+    text of the tokenizer's own BOS/EOS id.
+
+    Raises:
+        ChatTemplateError: no template is found, or it cannot be read or compiled.
+    """
+    folder = tokenizer_folder(tokenizer.spec)
+    if template_file is not None:
+        source, tokens, origin = _from_file(template_file, "default")
+    elif folder is not None:
+        source, tokens, origin = _from_folder(folder, "default")
+    else:
+        raise ChatTemplateError(
+            f"tokenizer {tokenizer.spec!r} has no folder with a chat template; give one with "
+            "--chat-template FILE"
+        )
+    config_path = os.path.join(folder, CONFIG_NAME) if folder is not None else None
+    if not tokens and config_path is not None and os.path.isfile(config_path):
+        tokens = _special_tokens(_read_config(config_path))
+    for key, token_id in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id)):
+        if key not in tokens and token_id is not None:
+            tokens[key] = tokenizer.id_to_text(token_id)
+    return ChatTemplate(source, tokens, origin, now)
