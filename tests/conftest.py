@@ -21,6 +21,22 @@ from hypothesis import settings
 settings.register_profile("wdstream", deadline=None, derandomize=True)
 settings.load_profile("wdstream")
 
+# The README's test command runs the files on all cores (pytest-xdist, ``-n auto --dist
+# loadgroup`` in setup.cfg). A file runs whole on one worker (its module fixtures, such as a
+# server, start once); the Ray files run one after another on one worker, as two Ray
+# clusters started at once on a 2-core machine starve each other's raylets.
+_RAY_FILES = frozenset(
+    ("test_ray_node_loss.py", "test_ray_optional.py", "test_ray_pack.py", "test_ray_system_kill.py")
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group each test with its file (and the Ray files together) for ``--dist loadgroup``."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("ray" if name in _RAY_FILES else name))
+
+
 _WORDS = (
     "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
     "sigma tau upsilon phi chi psi omega shard token sample stream cursor resume"
