@@ -146,7 +146,7 @@ def test_states_of_another_dataset_or_seed_are_refused(concat_root: str, docs_ro
     ld = loader(concat_root)
     run(ld, 3)
     state = ld.state_dict()
-    with pytest.raises(StateMismatchError, match=r"dataset: saved .*seed: saved 7, now 8"):
+    with pytest.raises(StateMismatchError, match=r"config.dataset: .*mode.*seed: saved 7, now 8"):
         loader(docs_root, seed=8).load_state_dict(state)
     with pytest.raises(StateMismatchError, match=r"seq_len: saved 16, now 20"):
         loader(concat_root, seq_len=20).load_state_dict(state)

@@ -78,7 +78,7 @@ def assemble(source: Any, cfg: ReaderConfig, order: str, opts: ReadOptions) -> R
         from wdstream.read.order.text_streams import TextContext
 
         ctx = TextContext(one, cfg, opts.batches_per_epoch, opts.tokenize_threads)
-        text = StreamsSequence(ctx, cfg, one.fingerprint, opts.epochs, sealed=True)
+        text = StreamsSequence(ctx, cfg, one, opts.epochs, sealed=True)
         return ReaderParts(text, None, one, None)
     labels = row_labels(one.index, cfg.seq_len, mask_doc_ends)
     if order == "global":
@@ -87,7 +87,7 @@ def assemble(source: Any, cfg: ReaderConfig, order: str, opts: ReadOptions) -> R
             cfg.doc_boundaries,
         )  # fmt: skip
     else:
-        sequence = StreamsSequence(ReaderContext(one, cfg), cfg, one.fingerprint, opts.epochs)
+        sequence = StreamsSequence(ReaderContext(one, cfg), cfg, one, opts.epochs)
     return ReaderParts(sequence, labels, one, None, packed=one)
 
 

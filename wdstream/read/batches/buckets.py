@@ -42,6 +42,7 @@ import torch
 from wdstream.errors import StateMismatchError
 from wdstream.format.loss import split_ids
 from wdstream.read.batches.rows import IGNORE_INDEX
+from wdstream.read.order.state_fields import accept_dataset
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["BUCKETS_STATE_VERSION", "BucketedBatches", "bucket_plan", "split_rows"]
@@ -209,7 +210,7 @@ class BucketedBatches:
 
     def _config(self) -> dict[str, Any]:
         return {
-            "dataset": self.source.fingerprint, "seq_len": self.seq_len,
+            "dataset": self.source.identity.state(), "seq_len": self.seq_len,
             "max_tokens": self.max_tokens, "seed": self.seed, "pool": self.pool,
         }  # fmt: skip
 
@@ -237,7 +238,7 @@ class BucketedBatches:
                 f"seq_len={self.seq_len}; this one splits them ({self.split_documents} such "
                 "documents here), so its batches are not that run's: start an epoch afresh"
             )
-        theirs, ours = state.get("config"), self._config()
+        theirs, ours = state.get("config"), accept_dataset(state, self._config(), self.source)
         if theirs != ours:
             keys = sorted(
                 k for k in ours if not isinstance(theirs, dict) or theirs.get(k) != ours[k]

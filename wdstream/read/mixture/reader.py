@@ -347,8 +347,8 @@ class MixtureReader:
     def config(self) -> dict[str, Any]:
         c = self.cfg
         return {
-            "sources": [[n, o.source.fingerprint] for n, o in zip(self.names, self.orders,
-                                                                  strict=True)],
+            "sources": [[n, o.source.identity.state()] for n, o in zip(self.names, self.orders,
+                                                                         strict=True)],
             "seed": c.seed, "seq_len": c.seq_len, "shuffle": c.shuffle,
             "shuffle_window": c.shuffle_window, "shuffle_lanes": c.shuffle_lanes,
             "global_batch": c.global_batch, "stop": self.stop,
@@ -393,7 +393,7 @@ class MixtureReader:
                 seed, ``seq_len``, shuffle or stop rule, or a schedule whose pieces before
                 the saved step differ from the state's.
         """
-        saved = parse_mixture_state(state, self.config(), len(self.names))
+        saved = parse_mixture_state(state, self.config(), [o.source for o in self.orders])
         step, g = saved.step, self.cfg.global_batch
         past = [(p.step, p.weights) for p in saved.pieces]
         mine = [(s, w) for s, w in self.schedule_args if s < step]

@@ -3,7 +3,7 @@
 ::
 
     {"version": 1, "order": "mixture",
-     "config": {"sources": [["web", "<16 hex>"], ["code", "<16 hex>"]], "seed": 0,
+     "config": {"sources": [["web", {<dataset>}], ["code", {<dataset>}]], "seed": 0,
                 "seq_len": 2048, "shuffle": true, "shuffle_window": 1024,
                 "shuffle_lanes": 8, "global_batch": 64, "stop": null},
      "step": 41210, "origin": {"step": 0, "row": 0},
@@ -22,6 +22,7 @@ Every refusal is a :class:`StateMismatchError` naming the key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from wdstream.read.order.global_order import Origin
 from wdstream.read.order.identity import IDENTITY_KEYS
 from wdstream.read.order.state_fields import dict_field, int_field, mismatch, same_value
 from wdstream.read.order.steps import parse_skips
+from wdstream.read.sources.base import Source
 
 __all__ = ["MIXTURE_STATE_VERSION", "SavedMixture", "parse_mixture_state"]
 
@@ -52,14 +54,16 @@ class SavedMixture:
     skips: tuple[tuple[int, int], ...]
 
 
-def _config(saved: Any, mine: dict[str, Any]) -> int:
+def _config(saved: Any, mine: dict[str, Any], sources: Sequence[Source]) -> int:
     """Compare the config (all but ``global_batch``); return the saved global batch."""
     saved = dict_field("config", saved, list(mine))
-    if saved["sources"] != mine["sources"]:
-        raise StateMismatchError(
-            "config.sources: the state belongs to other sources: "
-            + _source_diff(saved["sources"], mine["sources"])
-        )
+    names = [name for name, _ in mine["sources"]]
+    wrong = _source_diff(saved["sources"], names)
+    if wrong:
+        raise StateMismatchError(f"config.sources: the state belongs to other sources: {wrong}")
+    for j, (name, source) in enumerate(zip(names, sources, strict=True)):
+        at = f"config.sources[{j}][1] (source {name!r})"
+        source.identity.check(at, saved["sources"][j][1], source.where)
     diff = [k for k in mine if k not in ("sources", "global_batch")
             and not same_value(saved[k], mine[k])]  # fmt: skip
     if diff:
@@ -68,17 +72,18 @@ def _config(saved: Any, mine: dict[str, Any]) -> int:
     return int_field("config.global_batch", saved["global_batch"], lo=1)
 
 
-def _source_diff(saved: Any, mine: list[list[str]]) -> str:
+def _source_diff(saved: Any, names: list[str]) -> str:
+    """How the saved ``[name, dataset]`` list differs from ``names`` in its names; "" if not."""
     if not isinstance(saved, list):
         return "the saved value is not a list"
-    for j, (name, fp) in enumerate(mine):
+    for j, name in enumerate(names):
         if j >= len(saved) or not isinstance(saved[j], list) or len(saved[j]) != 2:
             return f"source {j} ({name!r}) is not in the state"
         if saved[j][0] != name:
             return f"source {j} is {saved[j][0]!r} in the state, {name!r} now"
-        if saved[j][1] != fp:
-            return f"source {name!r} holds other data now (fingerprint {saved[j][1]} -> {fp})"
-    return f"the state has {len(saved)} sources, this loader {len(mine)}"
+    if len(saved) != len(names):
+        return f"the state has {len(saved)} sources, this loader {len(names)}"
+    return ""
 
 
 def _pieces(value: Any, k: int, step: int) -> tuple[SchedulePiece, ...]:
@@ -108,8 +113,11 @@ def _pieces(value: Any, k: int, step: int) -> tuple[SchedulePiece, ...]:
     return tuple(out)
 
 
-def parse_mixture_state(state: Any, config: dict[str, Any], k: int) -> SavedMixture:
-    """Check ``state`` against a mixture reader's ``config`` (``k`` sources).
+def parse_mixture_state(
+    state: Any, config: dict[str, Any], sources: Sequence[Source]
+) -> SavedMixture:
+    """Check ``state`` against a mixture reader's ``config`` and its ``sources`` (whose data
+    each saved ``[name, dataset]`` must name, by content: ``sources/identity.py``).
 
     Raises:
         StateMismatchError: naming the key for a state of another kind, other sources or
@@ -127,7 +135,8 @@ def parse_mixture_state(state: Any, config: dict[str, Any], k: int) -> SavedMixt
     state = dict_field("", state, (*_KEYS, *extra))
     if not same_value(state["version"], MIXTURE_STATE_VERSION) or state["order"] != "mixture":
         raise mismatch("version", state["version"], "a mixture state (version 1) expected")
-    g = _config(state["config"], config)
+    k = len(sources)
+    g = _config(state["config"], config, sources)
     raw = dict_field("origin", state["origin"], ("step", "row"))
     origin = Origin(int_field("origin.step", raw["step"]), 0, int_field("origin.row", raw["row"]))
     step = int_field("step", state["step"], lo=origin.step)

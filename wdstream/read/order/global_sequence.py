@@ -34,6 +34,7 @@ from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderCo
 from wdstream.read.order.identity import IDENTITY_KEYS, check_identity, rows_fingerprint
 from wdstream.read.order.state_fields import (
     SEAL_KEY,
+    accept_dataset,
     cursor_seal,
     dict_field,
     int_field,
@@ -101,7 +102,7 @@ class GlobalReader:
     def config(self) -> dict[str, Any]:
         c = self.order.cfg
         return {
-            "dataset": self.order.source.fingerprint, "seed": c.seed, "seq_len": c.seq_len,
+            "dataset": self.order.source.identity.state(), "seed": c.seed, "seq_len": c.seq_len,
             "shuffle": c.shuffle, "shuffle_window": c.shuffle_window,
             "shuffle_lanes": c.shuffle_lanes, "global_batch": c.global_batch,
         }  # fmt: skip
@@ -147,8 +148,8 @@ class GlobalReader:
         state = dict_field("", state, keys)
         if not same_value(state["version"], GLOBAL_STATE_VERSION) or state["order"] != "global":
             raise mismatch("version", state["version"], "a global-order state (version 2)")
-        saved = dict_field("config", state["config"], list(self.config()))
-        mine = self.config()
+        mine = accept_dataset(state, self.config(), self.order.source, free=("global_batch",))
+        saved = dict_field("config", state["config"], list(mine))
         diff = [k for k in mine if k != "global_batch" and not same_value(saved[k], mine[k])]
         if diff:
             what = ", ".join(f"{k}: saved {saved[k]!r}, now {mine[k]!r}" for k in diff)

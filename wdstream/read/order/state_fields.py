@@ -3,8 +3,9 @@
 Each order parses its own state (the per-rank streams in ``streams_state.py``, the global
 order in ``global_sequence.py``, a mixture in ``mixture/state.py``); what they share is
 here: typed fields with the error that names them (``streams[1].offset: ... (got ...)``),
-JSON-kind comparison of config values, and the ``check`` tags that let a state vouch for
-its own fields.
+JSON-kind comparison of config values, the ``check`` tags that let a state vouch for
+its own fields, and the check of the dataset a state names (by content,
+:mod:`wdstream.read.sources.identity`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import StateMismatchError
+from wdstream.read.sources.base import Source
 
 __all__ = [
     "SEAL_KEY",
     "TAG_HEX",
+    "accept_dataset",
     "cursor_seal",
     "dict_field",
     "int_field",
@@ -104,3 +107,34 @@ def cursor_seal(
         ).hexdigest()
         for k in keys
     )
+
+
+def accept_dataset(
+    state: Any, config: dict[str, Any], source: Source, free: Sequence[str] = ()
+) -> dict[str, Any]:
+    """``config`` (a reader's, with ``dataset``) as a state of ``source`` must match it: with
+    the state's ``config.dataset`` once that names ``source``'s data, so the comparison of
+    the other keys and the ``check`` tags (made over the saved config) take it as equal.
+    Unchanged when the state has no ``config.dataset``: its shape check names what is missing.
+
+    Args:
+        free: config keys a state may change on load (the global order's ``global_batch``),
+            not listed among the other differences of a refused state.
+
+    Raises:
+        StateMismatchError: ``config.dataset: ...`` naming what differs (the key, the shard),
+            and the other config keys that differ too.
+    """
+    saved = state.get("config") if isinstance(state, dict) else None
+    if not isinstance(saved, dict) or "dataset" not in saved:
+        return config
+    try:
+        source.identity.check("config.dataset", saved["dataset"], source.where)
+    except StateMismatchError as exc:
+        also = [f"{k}: saved {quote_value(saved[k])}, now {config[k]!r}" for k in config
+                if k != "dataset" and k not in free and k in saved
+                and not same_value(saved[k], config[k])]  # fmt: skip
+        if also:
+            raise StateMismatchError(f"{exc}; the state differs in {', '.join(also)} too") from None
+        raise
+    return {**config, "dataset": saved["dataset"]}

@@ -24,7 +24,7 @@ import numpy as np
 from wdstream.errors import StateMismatchError
 from wdstream.read.batches.rows import position_ids
 from wdstream.read.order.base import ChunkBuffers, DocStarts, FilledChunk, Worker
-from wdstream.read.order.state_fields import SEAL_KEY, cursor_seal, mismatch
+from wdstream.read.order.state_fields import SEAL_KEY, accept_dataset, cursor_seal, mismatch
 from wdstream.read.order.streams_context import ReaderConfig, StreamContext
 from wdstream.read.order.streams_state import (
     STATE_VERSION,
@@ -33,6 +33,7 @@ from wdstream.read.order.streams_state import (
     check_turns,
     parse_state,
 )
+from wdstream.read.sources.base import Source
 
 __all__ = ["StreamsSequence"]
 
@@ -43,7 +44,7 @@ class StreamsSequence:
     Args:
         ctx: the streams' source-specific half (packed tokens or raw text).
         cfg: the reader's geometry and seed.
-        fingerprint: the dataset's fingerprint, saved in every state.
+        source: the dataset, named in every state by its content (``identity``).
         epochs: epochs per iteration (None: forever), checked against a state's stop.
         sealed: every saved cursor carries a ``check`` of its fields, and a state whose
             cursors do not match theirs is refused naming the field (raw text, whose
@@ -54,11 +55,11 @@ class StreamsSequence:
         self,
         ctx: StreamContext,
         cfg: ReaderConfig,
-        fingerprint: str,
+        source: Source,
         epochs: int | None,
         sealed: bool = False,
     ) -> None:
-        self.ctx, self.cfg, self.fingerprint, self.epochs = ctx, cfg, fingerprint, epochs
+        self.ctx, self.cfg, self.source, self.epochs = ctx, cfg, source, epochs
         self.sealed = sealed
 
     # ---- counts ------------------------------------------------------------------------
@@ -82,7 +83,7 @@ class StreamsSequence:
         """What a state must match to be loaded here."""
         c = self.cfg
         return {
-            "dataset": self.fingerprint, "seed": c.seed, "world_size": c.world_size,
+            "dataset": self.source.identity.state(), "seed": c.seed, "world_size": c.world_size,
             "rank": c.rank, "streams": c.streams, "seq_len": c.seq_len, "batch_size": c.batch_size,
             "shuffle": c.shuffle, "shuffle_window": c.shuffle_window,
             "shuffle_lanes": c.shuffle_lanes, "chunk_batches": c.chunk_batches,
@@ -117,7 +118,8 @@ class StreamsSequence:
         Raises:
             StateMismatchError: naming the first bad field (``streams[1].offset``) and value.
         """
-        position, chunk_left = parse_state(state, self.config(), self.ctx.cursor_keys, self.sealed)
+        config = accept_dataset(state, self.config(), self.source)
+        position, chunk_left = parse_state(state, config, self.ctx.cursor_keys, self.sealed)
         for t, cursor in enumerate(position.cursors):
             self.ctx.check_cursor(t, cursor)
         if self.ctx.lockstep:

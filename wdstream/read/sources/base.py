@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from wdstream.read.sources.identity import DatasetIdentity
+
 __all__ = ["Source"]
 
 
 class Source(Protocol):
     """One dataset, as a reader sees it."""
 
-    fingerprint: str  # what a saved state names this dataset by
+    @property
+    def identity(self) -> DatasetIdentity:
+        """What a saved state names this dataset by: its content (``identity.py``)."""
 
     def __len__(self) -> int:
         """Shards (packed) or files (text)."""

@@ -13,12 +13,13 @@ are loaded lazily, only for the shards actually read), a brace pattern of shard 
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, ThreadPoolExecutor
-from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NoReturn
 
 import numpy as np
@@ -28,49 +29,26 @@ from wdstream.format.checksum import Corruption, find_corruption, spot_check
 from wdstream.format.index import DatasetIndex, ShardEntry
 from wdstream.format.sample import LocatedTokens, decode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
+from wdstream.read.sources.identity import DatasetIdentity, packed_identity
 from wdstream.read.sources.layouts import KeptLayouts
+from wdstream.read.sources.reads import CopyChecks, PieceRead
 from wdstream.read.sources.shards import (
     decode_span,
+    infer_mode,
     parse_sidecar,
     read_index,
     sibling_index,
     sidecar_from_tar,
 )
-from wdstream.read.sources.stores import StoreCache, expand_urls, fingerprint
+from wdstream.read.sources.stores import StoreCache, expand_urls
 from wdstream.storage import Store
 from wdstream.storage.urls import is_dataset_root, split_url
 
-__all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]  # expand_urls: stores.py
+# expand_urls: stores.py; CopyChecks, PieceRead: reads.py
+__all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]
 
 _REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
 _SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
-
-
-@dataclass(frozen=True)
-class CopyChecks:
-    """The per-sample checksums of one ranged read that its copier verifies itself: sample
-    ``i`` of the read (sample ``first + i`` of ``shard``) is ``buf[offsets[i]:][:sizes[i]]``
-    with CRC32C ``crcs[i]``; ``buf`` begins at shard byte ``begin`` (see
-    :meth:`ShardSource.read` with ``verify=False``)."""
-
-    buf: memoryview
-    begin: int
-    shard: int
-    first: int
-    offsets: np.ndarray  # int64[n], in ``buf``
-    sizes: np.ndarray  # int64[n]
-    crcs: np.ndarray  # uint32[n]
-
-
-@dataclass(frozen=True)
-class PieceRead:
-    """What :meth:`ShardSource.read` gives for one piece: the samples' tokens, their
-    document piece lengths (with ``docs``, else empty), and what verifies each sample when
-    the caller checks them (``verify=False``, else None)."""
-
-    tokens: LocatedTokens
-    doc_lens: list[tuple[int, ...]]
-    checks: CopyChecks | None
 
 
 class ShardSource:
@@ -109,6 +87,8 @@ class ShardSource:
         self._lock = threading.Lock()
         self.index: DatasetIndex | None = None
         self._entries: list[ShardEntry] | None = None  # each shard's entry in self.index
+        # Opened by URL: per shard (samples, tokens, sha256 of its sidecar), for the identity.
+        self._records: list[tuple[int, int, str]] | None = None
         if isinstance(source, str) and is_dataset_root(source):
             store = self._store(source)
             self.index = read_index(store)
@@ -119,7 +99,6 @@ class ShardSource:
             self.tokens = np.array([s.tokens for s in self.index.shards], dtype=np.int64)
             self.mode = self.index.mode
             self.sample_tokens = self.index.sample_tokens
-            ident: list[list[Any]] = [[s.name, s.sha256] for s in self.index.shards]
         else:
             self.urls = [split_url(u) for u in expand_urls(source, **store_options)]
             if not self.urls:
@@ -130,26 +109,16 @@ class ShardSource:
             found = sibling_index(self.urls, self._store)
             if found is not None:
                 self.index, self._entries = found
-            counts = [self._sidecar(i)[0].tokens for i in range(len(self.urls))]
-            self.samples = np.array([len(c) for c in counts], dtype=np.int64)
-            self.tokens = np.array([int(c.sum(dtype=np.int64)) for c in counts], dtype=np.int64)
-            # Only without an index is the mode inferred: equal-length samples (but a last
-            # short one) mean concat packing, which lets the plan count tokens
-            # arithmetically (a best-fit pack's padded rows look the same: shards alone
-            # are read as plain rows, see docs/READER.md).
-            if self.index is not None:
+            loaded = [self._load_sidecar(i) for i in range(len(self.urls))]
+            counts = [entry[0].tokens for entry, _ in loaded]
+            self._records = [(len(c), int(c.sum(dtype=np.int64)), sha)
+                             for c, (_, sha) in zip(counts, loaded, strict=True)]  # fmt: skip
+            self.samples = np.array([r[0] for r in self._records], dtype=np.int64)
+            self.tokens = np.array([r[1] for r in self._records], dtype=np.int64)
+            if self.index is not None:  # only without an index is the mode inferred
                 self.mode, self.sample_tokens = self.index.mode, self.index.sample_tokens
             else:
-                lens = np.concatenate(counts) if counts else np.zeros(0)
-                st = int(lens[0]) if len(lens) else 0
-                concat = len(lens) > 0 and bool(np.all(lens[:-1] == st)) and 0 < lens[-1] <= st
-                self.mode = "concat" if concat else "docs"
-                self.sample_tokens = st if concat else None
-            ident = [
-                [f"{r}/{n}", int(a), int(b)]
-                for (r, n), a, b in zip(self.urls, self.samples, self.tokens, strict=True)
-            ]
-        self.fingerprint = fingerprint(ident)
+                self.mode, self.sample_tokens = infer_mode(counts)
         self._drop_short_last_sample()
         # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
         self.remote = any("://" in root and not root.startswith("file://") for root, _ in self.urls)
@@ -174,6 +143,14 @@ class ShardSource:
         if 0 < short < st:
             self.samples[last] -= 1
             self.tokens[last] -= short
+
+    @cached_property
+    def identity(self) -> DatasetIdentity:
+        """What a saved state names this dataset by: its content, made on first use
+        (:mod:`~wdstream.read.sources.identity`)."""
+        return packed_identity(
+            self.index, self._entries, self.urls, self._records, self.mode, self.sample_tokens
+        )
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -229,14 +206,19 @@ class ShardSource:
             if hit is not None:
                 self._cache.move_to_end(shard)
                 return hit
+        return self._load_sidecar(shard)[0]
+
+    def _load_sidecar(self, shard: int) -> tuple[tuple[ShardSidecar, np.ndarray], str]:
+        """Read shard ``shard``'s sidecar (or scan the tar without one) into the cache;
+        returns the cache entry and the sha256 of the bytes read (sidecar, else tar)."""
         root, name = self.urls[shard]
         store = self._store(root)
         index_entry = self._entries[shard] if self._entries is not None else None
         try:
             version = self.index.version if self.index is not None else None
-            sidecar = parse_sidecar(store, self.sidecar_names[shard], index_entry, version)
+            sidecar, sha = parse_sidecar(store, self.sidecar_names[shard], index_entry, version)
         except FileNotFoundError:
-            sidecar = self._scan(shard)
+            sidecar, sha = self._scan(shard)
         if sidecar.crc32c is None and self.checksums and not self._unchecked_warned:
             self._unchecked_warned = True
             warnings.warn(
@@ -250,16 +232,18 @@ class ShardSource:
             self._cache[shard] = entry
             while len(self._cache) > _SIDECAR_CACHE:
                 self._cache.popitem(last=False)
-        return entry
+        return entry, sha
 
-    def _scan(self, shard: int) -> ShardSidecar:
-        """Build a sidecar for a shard that has none by reading the whole tar once."""
+    def _scan(self, shard: int) -> tuple[ShardSidecar, str]:
+        """Build a sidecar for a shard that has none by reading the whole tar once; returns
+        it and the tar's sha256."""
         root, name = self.urls[shard]
         data = self._store(root).read(name)
         found = sidecar_from_tar(data, self.where(shard))
         spans = zip(found.offsets.tolist(), found.sizes.tolist(), strict=True)
         ntok = [len(self._decode(shard, data[o : o + n], o).tokens) for o, n in spans]
-        return ShardSidecar(found.offsets, found.sizes, np.array(ntok, dtype="<u4"))
+        sha = hashlib.sha256(data).hexdigest()
+        return ShardSidecar(found.offsets, found.sizes, np.array(ntok, dtype="<u4")), sha
 
     def _decode(self, shard: int, data: bytes | memoryview, offset: int) -> Any:
         try:

@@ -30,6 +30,7 @@ _SAMPLE_MEMBER_SUFFIXES = tuple(SAMPLE_SUFFIXES.values())
 __all__ = [
     "decode_span",
     "documents",
+    "infer_mode",
     "iter_samples",
     "parse_sidecar",
     "read_index",
@@ -123,10 +124,22 @@ def _meaning(index: DatasetIndex) -> tuple[object, ...]:
             index.pad_id, index.dtype, index.tokenizer.get("name"))  # fmt: skip
 
 
+def infer_mode(counts: list[np.ndarray]) -> tuple[str, int | None]:
+    """``(mode, sample_tokens)`` of shards without an index, from their samples' token
+    ``counts``: equal-length samples (but a last short one) mean concat packing, which lets
+    the plan count tokens arithmetically (a best-fit pack's padded rows look the same:
+    shards alone are read as plain rows, see docs/READER.md); anything else is docs."""
+    lens = np.concatenate(counts) if counts else np.zeros(0)
+    st = int(lens[0]) if len(lens) else 0
+    concat = len(lens) > 0 and bool(np.all(lens[:-1] == st)) and 0 < lens[-1] <= st
+    return ("concat", st) if concat else ("docs", None)
+
+
 def parse_sidecar(
     store: Store, name: str, entry: ShardEntry | None = None, version: int | None = None
-) -> ShardSidecar:
-    """Read, parse and check sidecar ``name``.
+) -> tuple[ShardSidecar, str]:
+    """Read, parse and check sidecar ``name``; returns it and the sha256 of its bytes (what
+    it commits to, for a dataset's identity without an index).
 
     Every sidecar must describe samples in tar order without overlap. With the shard's
     ``index.json`` entry it must also have the entry's sha256 (so any flipped bit is caught,
@@ -141,8 +154,8 @@ def parse_sidecar(
     """
     where = store.child_url(name)
     data = store.read(name)
+    got = hashlib.sha256(data).hexdigest()
     if entry is not None and entry.sidecar_sha256:
-        got = hashlib.sha256(data).hexdigest()
         if got != entry.sidecar_sha256:
             raise CorruptShardError(
                 f"{where}: sha256 {got[:16]}... differs from index.json's "
@@ -165,7 +178,7 @@ def parse_sidecar(
         tokens = int(sidecar.tokens.sum(dtype=np.int64))
         if tokens != entry.tokens:
             raise CorruptShardError(f"{where}: {tokens} tokens, index.json says {entry.tokens}")
-    return sidecar
+    return sidecar, got
 
 
 def read_sidecar(store: Store, shard: ShardEntry, version: int | None = None) -> ShardSidecar:
@@ -174,7 +187,7 @@ def read_sidecar(store: Store, shard: ShardEntry, version: int | None = None) ->
     Raises:
         CorruptShardError: if the sidecar does not parse or disagrees with the index entry.
     """
-    return parse_sidecar(store, shard.sidecar, shard, version)
+    return parse_sidecar(store, shard.sidecar, shard, version)[0]
 
 
 def sidecar_from_tar(data: bytes | memoryview, where: str = "shard") -> ShardSidecar:

@@ -1,4 +1,4 @@
-"""What every reader source keeps the same way: its open stores and its fingerprint.
+"""What every reader source keeps the same way: its open stores and its shard URLs.
 
 Both sources (packed shards, raw text) read objects under a few roots through
 :mod:`wdstream.storage`. A :class:`StoreCache` opens each root's store once, closes them
@@ -10,7 +10,6 @@ With ``cache_dir`` among the options, remote stores read through the node-local 
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ from wdstream.storage.cache import CachedStore, parse_cache_limit
 from wdstream.storage.local import LocalStore
 from wdstream.storage.urls import has_wildcard, join_url, split_url
 
-__all__ = ["CACHE_OPTIONS", "StoreCache", "expand_urls", "fingerprint"]
+__all__ = ["CACHE_OPTIONS", "StoreCache", "expand_urls"]
 
 CACHE_OPTIONS = ("cache_dir", "cache_limit")  # the node cache's, not a store's
 
@@ -69,11 +68,6 @@ class StoreCache:
         stores, self._stores = self._stores, {}
         for store in stores.values():
             store.close()
-
-
-def fingerprint(ident: Any) -> str:
-    """16 hex digits identifying a source's contents (names, sizes, hashes) for its states."""
-    return hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
 
 
 def expand_urls(source: str | Sequence[str], **store_options: Any) -> list[str]:

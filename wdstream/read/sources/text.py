@@ -38,7 +38,8 @@ from wdstream.inputs.lines import (
     bounded_lines,
     read_bounded,
 )
-from wdstream.read.sources.stores import StoreCache, fingerprint
+from wdstream.read.sources.identity import DatasetIdentity, legacy_fingerprint, text_identity
+from wdstream.read.sources.stores import StoreCache
 from wdstream.storage import Store, split_url
 from wdstream.tokenizers import Tokenizer, load_tokenizer
 
@@ -156,8 +157,12 @@ class TextSource:
         self.urls = [split_url(u) for u in urls]
         self.kinds = [_kind(n) for _, n in self.urls]
         sizes = [self._store(r).size(n) for r, n in self.urls]
-        ident = [[f"{r}/{n}", s] for (r, n), s in zip(self.urls, sizes, strict=True)]
-        self.fingerprint = fingerprint(ident)
+        # By name (not folder) and size: no index commits to the bytes of raw text.
+        legacy = legacy_fingerprint(
+            [[f"{r}/{n}", s] for (r, n), s in zip(self.urls, sizes, strict=True)]
+        )
+        files = [(posixpath.basename(n), s) for (_, n), s in zip(self.urls, sizes, strict=True)]
+        self.identity: DatasetIdentity = text_identity(files, legacy)
 
     def __len__(self) -> int:
         return len(self.urls)
