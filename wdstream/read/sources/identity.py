@@ -120,11 +120,13 @@ class DatasetIdentity:
         keys: the value of every key of :data:`KEYS` (None where the kind has none).
         digests: uint64, one per shard (or file), in order.
         legacy: what a state saved before content identity names this opening by.
+        unit: what one digest stands for, in messages ("shard", raw text's "file").
     """
 
     keys: dict[str, Any]
     digests: np.ndarray
     legacy: str
+    unit: str = "shard"
 
     @cached_property
     def summary(self) -> dict[str, Any]:
@@ -204,24 +206,34 @@ class DatasetIdentity:
         if keys:
             now = ", ".join(f"{k} {_quote(self.keys[k])}" for k in keys)
             verb = "differs" if len(keys) == 1 else "differ"
-            return f"another dataset: its {', '.join(keys)} {verb} from the saved one's (now {now})"
+            why = (
+                ": shards read with their index.json and without one are different datasets "
+                "(the index gives them their meaning: tokenizer, ids, mode)"
+                if "kind" in keys
+                else ""
+            )
+            return (
+                f"another dataset: its {', '.join(keys)} {verb} from the saved one's "
+                f"(now {now}){why}"
+            )
         if saved["shards"] != len(self.digests):
             return self._count_difference(saved, where)
         if saved["set"] == mine["set"] and saved["slices"] != mine["slices"]:
             return (
-                f"the same {saved['shards']} shards in another order (the order decides the "
-                "rows): open them in the saved run's order (the dataset root, or its shard "
-                "names sorted)"
+                f"the same {count(saved['shards'], self.unit)} in another order (the order "
+                "decides the rows): open them in the saved run's order (the dataset root, or "
+                "the names sorted)"
             )
         shard = self._changed_shard(saved)
         if shard is not None:
+            u = self.unit
             return (
-                f"shard {shard} ({where(shard)}) is not the saved dataset's shard {shard}: its "
+                f"{u} {shard} ({where(shard)}) is not the saved dataset's {u} {shard}: its "
                 "content (hashes or counts) differs: changed or re-packed"
             )
         if saved["set"] != mine["set"]:
             return (
-                f"several of its {saved['shards']} shards differ from the saved dataset's "
+                f"several of its {count(saved['shards'], self.unit)} differ from the saved one's "
                 "(re-packed, or other data under the same names)"
             )
         return "the fields of the saved identity disagree with each other: the state was edited"
@@ -229,20 +241,21 @@ class DatasetIdentity:
     def _count_difference(self, saved: dict[str, Any], where: Callable[[int], str]) -> str:
         """A shard count that differs: the added shard, or where a removed one was."""
         n, m = saved["shards"], len(self.digests)
-        counts = f"the saved dataset has {count(n, 'shard')}, this one {m:,}"
+        u = self.unit
+        counts = f"the saved dataset has {count(n, u)}, this one {m:,}"
         extra = (int(self.summary["set"], 16) - int(saved["set"], 16)) % (1 << 64)
         if m == n + 1:
             for j in np.flatnonzero(self.digests == np.uint64(extra)).tolist():
                 if _joined(_slices(np.delete(self.digests, j))) == saved["slices"]:
-                    return f"{counts}: shard {j} ({where(j)}) was added"
+                    return f"{counts}: {u} {j} ({where(j)}) was added"
         if m == n - 1:
             gap = _gap(self.digests, (-extra) % (1 << 64), saved["slices"])
             if gap is not None:
                 near = [f"after {where(gap - 1)}"] if gap else []
                 near += [f"before {where(gap)}"] if gap < m else []
                 at = f" (it was {' and '.join(near)})" if near else ""
-                return f"{counts}: the saved dataset's shard {gap} is not here{at}: removed"
-        return f"{counts}: shards were added or removed"
+                return f"{counts}: the saved dataset's {u} {gap} is not here{at}: removed"
+        return f"{counts}: {u}s were added or removed"
 
     def _changed_shard(self, saved: dict[str, Any]) -> int | None:
         """The one shard whose digest differs, read off the slices; None unless exactly one."""
@@ -332,7 +345,7 @@ def text_identity(files: Sequence[tuple[str, int]], legacy: str) -> DatasetIdent
     """The identity of raw text files: per file ``(name without its folder, size)``."""
     keys = dict.fromkeys(KEYS) | {"kind": "text"}
     digests = [_shard_digest(f"{name}|{size}") for name, size in files]
-    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), legacy)
+    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), legacy, "file")
 
 
 def packed_identity(
