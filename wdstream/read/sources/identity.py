@@ -7,8 +7,8 @@ or URLs it was opened with:
 
 * **keys** (:data:`KEYS`): what gives the samples their meaning. An indexed dataset:
   index.json's format version, checksum, tokenizer, EOS/BOS/pad ids, dtype, mode,
-  ``seq_len`` and ``sample_tokens``. Shards without an index: the mode and sample length
-  inferred from their sidecars. Raw text: only its kind.
+  ``seq_len``, ``sample_tokens`` and ``loss_mask``. Shards without an index: the mode and
+  sample length inferred from their sidecars. Raw text: only its kind.
 * **shards**, in order, one 64-bit digest each of what commits to the shard: with an index,
   its entry's sample and token counts, sha256 and sidecar sha256; without one, the counts
   and the sha256 of its sidecar's bytes (read on open anyway, to count); a shard without a
@@ -18,16 +18,16 @@ or URLs it was opened with:
 
 The state holds a fixed-size summary, which grows only with the log of the shard count::
 
-    "dataset": {"shards": 9, "digest": "<16 hex>", "keys": "<8 hex x 11>",
+    "dataset": {"shards": 9, "digest": "<16 hex>", "keys": "<8 hex x 12>",
                 "set": "<16 hex>", "slices": "<2 x 8 hex per bit of the shard number>"}
 
 ``digest`` (BLAKE2b over the keys and the shard digests in order) alone decides: equal, the
 same data. The rest only says *what* differs when it is not:
 
 * ``keys``: one tag per key: names the keys that differ (another tokenizer, seq_len, ...).
-* ``set``: the sum of the shard digests mod 2**64, blind to their order: equal sets with
-  another digest are the same shards reordered; with one shard more, the difference *is*
-  the added shard's digest, which names it.
+* ``set``: the sum of the shard digests mod 2**64, blind to their order: an equal set with
+  other slices is the same shards reordered; with one shard more, the difference *is* the
+  added shard's digest, which names it.
 * ``slices``: per bit ``b`` of the shard number, the sums (mod 2**32) of the digests of the
   shards whose number has bit ``b`` clear, and of those with it set. A changed shard
   changes exactly one sum of every pair, and which one spells its number::
@@ -73,7 +73,7 @@ __all__ = [
 
 # The keys of a dataset's meaning, in the order of their tags (absent ones are None).
 KEYS = ("kind", "format", "checksum", "tokenizer", "eos_id", "bos_id", "pad_id", "dtype",
-        "mode", "seq_len", "sample_tokens")  # fmt: skip
+        "mode", "seq_len", "sample_tokens", "loss_mask")  # fmt: skip
 _FIELDS = ("shards", "digest", "keys", "set", "slices")
 _TAG = 8  # hex digits of one key's or slice's tag
 _LOW = (1 << 32) - 1
@@ -324,7 +324,8 @@ def indexed_identity(
     keys = {"kind": "index.json", "format": index.version, "checksum": index.checksum,
             "tokenizer": index.tokenizer, "eos_id": index.eos_id, "bos_id": index.bos_id,
             "pad_id": index.pad_id, "dtype": index.dtype, "mode": index.mode,
-            "seq_len": index.seq_len, "sample_tokens": index.sample_tokens}  # fmt: skip
+            "seq_len": index.seq_len, "sample_tokens": index.sample_tokens,
+            "loss_mask": index.loss_mask}  # fmt: skip
     digests = [
         _shard_digest(f"{e.samples}|{e.tokens}|{e.sha256}|{e.sidecar_sha256}") for e in entries
     ]
