@@ -41,8 +41,8 @@ same data. The rest only says *what* differs when it is not:
   shards"); a removed shard is found by the one gap whose refill gives the saved sums.
 
 States saved before content identity (``"dataset": "<16 hex>"``, a hash of the root or
-URLs they were opened with, :func:`legacy_fingerprint`) load when this reader was opened the
-same way, and are refused otherwise with a message saying so.
+URLs they were opened with, :attr:`DatasetIdentity.legacy`) load when this reader was
+opened the same way, and are refused otherwise with a message saying so.
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ __all__ = [
     "KEYS",
     "DatasetIdentity",
     "indexed_identity",
-    "legacy_fingerprint",
     "packed_identity",
     "shards_identity",
     "text_identity",
@@ -79,12 +78,6 @@ _TAG = 8  # hex digits of one key's or slice's tag
 _LOW = (1 << 32) - 1
 _HEX = re.compile(r"[0-9a-f]*")
 _SHOW = 60  # characters of a value quoted in a message
-
-
-def legacy_fingerprint(ident: Any) -> str:
-    """16 hex of SHA-256 over ``repr(ident)``: how states named their dataset before content
-    identity (the names or URLs of its shards, with sizes or hashes), kept to check them."""
-    return hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
 
 
 def _shard_digest(record: str) -> int:
@@ -119,13 +112,14 @@ class DatasetIdentity:
     Attributes:
         keys: the value of every key of :data:`KEYS` (None where the kind has none).
         digests: uint64, one per shard (or file), in order.
-        legacy: what a state saved before content identity names this opening by.
+        old: what states saved before content identity hashed to name this opening (the
+            shards' names and sha256 of a root, else the URLs with counts or sizes).
         unit: what one digest stands for, in messages ("shard", raw text's "file").
     """
 
     keys: dict[str, Any]
     digests: np.ndarray
-    legacy: str
+    old: list[list[Any]]
     unit: str = "shard"
 
     @cached_property
@@ -144,6 +138,12 @@ class DatasetIdentity:
     def _key_tag(self, key: str) -> str:
         text = f"{key}={json.dumps(self.keys[key], sort_keys=True, separators=(',', ':'))}"
         return hashlib.blake2b(text.encode(), digest_size=_TAG // 2).hexdigest()
+
+    @cached_property
+    def legacy(self) -> str:
+        """How a state saved before content identity names this opening: 16 hex of SHA-256
+        over ``repr`` of :attr:`old` (made only to check such a state)."""
+        return hashlib.sha256(repr(self.old).encode()).hexdigest()[:16]
 
     def state(self) -> dict[str, Any]:
         """What a state saves as ``dataset`` (a fresh dict: the caller may change it)."""
@@ -317,7 +317,7 @@ def _quote(value: Any) -> str:
 
 
 def indexed_identity(
-    index: DatasetIndex, entries: Sequence[ShardEntry], legacy: str
+    index: DatasetIndex, entries: Sequence[ShardEntry], old: list[list[Any]]
 ) -> DatasetIdentity:
     """The identity of the shards ``entries`` of ``index`` (a root, or shards opened by URL
     beside their index.json: the same shards give the same identity either way)."""
@@ -329,24 +329,27 @@ def indexed_identity(
     digests = [
         _shard_digest(f"{e.samples}|{e.tokens}|{e.sha256}|{e.sidecar_sha256}") for e in entries
     ]
-    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), legacy)
+    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), old)
 
 
 def shards_identity(
-    mode: str, sample_tokens: int | None, records: Sequence[tuple[int, int, str]], legacy: str
+    mode: str,
+    sample_tokens: int | None,
+    records: Sequence[tuple[int, int, str]],
+    old: list[list[Any]],
 ) -> DatasetIdentity:
     """The identity of shards read without an index: ``mode`` and ``sample_tokens`` as
     inferred, per shard ``(samples, tokens, sha256 of its sidecar, or of the tar without one)``."""
     keys = dict.fromkeys(KEYS) | {"kind": "shards", "mode": mode, "sample_tokens": sample_tokens}
     digests = [_shard_digest(f"{s}|{t}|{sha}") for s, t, sha in records]
-    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), legacy)
+    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), old)
 
 
-def text_identity(files: Sequence[tuple[str, int]], legacy: str) -> DatasetIdentity:
+def text_identity(files: Sequence[tuple[str, int]], old: list[list[Any]]) -> DatasetIdentity:
     """The identity of raw text files: per file ``(name without its folder, size)``."""
     keys = dict.fromkeys(KEYS) | {"kind": "text"}
     digests = [_shard_digest(f"{name}|{size}") for name, size in files]
-    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), legacy, "file")
+    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), old, "file")
 
 
 def packed_identity(
@@ -359,15 +362,14 @@ def packed_identity(
 ) -> DatasetIdentity:
     """The identity of a packed dataset as a :class:`ShardSource` opened it: ``entries`` of
     ``index`` when it has one (opened by root or beside it), else the shards' ``records``
-    (samples, tokens, sidecar sha256) and inferred ``mode``; the legacy fingerprint from the
+    (samples, tokens, sidecar sha256) and inferred ``mode``; what old states hashed from the
     root's index (opened by root: ``records`` None) or from the shard URLs and counts."""
+    old: list[list[Any]]
     if records is None:
-        legacy = legacy_fingerprint([[s.name, s.sha256] for s in entries or ()])
+        old = [[s.name, s.sha256] for s in entries or ()]
     else:
-        legacy = legacy_fingerprint(
-            [[f"{r}/{n}", a, b] for (r, n), (a, b, _) in zip(urls, records, strict=True)]
-        )
+        old = [[f"{r}/{n}", a, b] for (r, n), (a, b, _) in zip(urls, records, strict=True)]
     if index is not None and entries is not None:
-        return indexed_identity(index, entries, legacy)
+        return indexed_identity(index, entries, old)
     assert records is not None
-    return shards_identity(mode, sample_tokens, records, legacy)
+    return shards_identity(mode, sample_tokens, records, old)

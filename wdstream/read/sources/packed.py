@@ -159,6 +159,7 @@ class ShardSource:
         state = self.__dict__.copy()
         state["_cache"] = OrderedDict()
         state["_fetch_pool"] = None  # threads are per process
+        state.pop("identity", None)  # made again where asked (states are the loader's)
         del state["_lock"]
         return state
 

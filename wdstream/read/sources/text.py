@@ -38,7 +38,7 @@ from wdstream.inputs.lines import (
     bounded_lines,
     read_bounded,
 )
-from wdstream.read.sources.identity import DatasetIdentity, legacy_fingerprint, text_identity
+from wdstream.read.sources.identity import DatasetIdentity, text_identity
 from wdstream.read.sources.stores import StoreCache
 from wdstream.storage import Store, split_url
 from wdstream.tokenizers import Tokenizer, load_tokenizer
@@ -158,11 +158,9 @@ class TextSource:
         self.kinds = [_kind(n) for _, n in self.urls]
         sizes = [self._store(r).size(n) for r, n in self.urls]
         # By name (not folder) and size: no index commits to the bytes of raw text.
-        legacy = legacy_fingerprint(
-            [[f"{r}/{n}", s] for (r, n), s in zip(self.urls, sizes, strict=True)]
-        )
+        old = [[f"{r}/{n}", s] for (r, n), s in zip(self.urls, sizes, strict=True)]
         files = [(posixpath.basename(n), s) for (_, n), s in zip(self.urls, sizes, strict=True)]
-        self.identity: DatasetIdentity = text_identity(files, legacy)
+        self.identity: DatasetIdentity = text_identity(files, old)
 
     def __len__(self) -> int:
         return len(self.urls)
