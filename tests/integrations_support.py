@@ -18,17 +18,19 @@ from tests.tokenizer_files import build_hf_bpe
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SEQ, BATCH = 32, 2
-EPOCH_BATCHES = 8  # of the dataset below, with SEQ and BATCH
+EPOCH_BATCHES = 9  # of the dataset below, with SEQ and BATCH: odd, so that an epoch ends
+# inside a gradient-accumulation group
 
 
 def pack_tiny(root: Path, docs: list[str]) -> Path:
-    """6 documents packed with ``seq_len`` 32 by a byte-level BPE trained on 40 (446 ids): 8
+    """8 documents packed with ``seq_len`` 32 by a byte-level BPE trained on 40 (446 ids): 9
     batches of 2 an epoch, so a run of a few steps crosses into the second epoch."""
     tokenizer = build_hf_bpe(root / "tokenizer", docs[:40])
     corpus = root / "c.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:6]))
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:8]))
     wdstream.pack([str(corpus)], str(root / "data"), seq_len=SEQ, tokenizer=str(tokenizer),
                   shard_size="32KB", workers=0, progress=False)  # fmt: skip
+    assert len(tiny_loader(root / "data")) == EPOCH_BATCHES
     return root / "data"
 
 

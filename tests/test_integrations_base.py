@@ -42,22 +42,22 @@ def _plain(data: str, n: int) -> tuple[list[torch.Tensor], list[dict]]:
 def test_state_is_after_the_last_batch_trained_not_drawn(data: str) -> None:
     batches, states = _plain(data, 6)
     tracked = TrackedBatches(_loader(data))
-    assert tracked.state() == _loader(data).state_dict()  # before any batch
+    assert tracked.state_dict() == _loader(data).state_dict()  # before any batch
     it = iter(tracked)
     drawn = [next(it)["input_ids"] for _ in range(3)]  # drawn ahead, like a prefetching trainer
     assert all(torch.equal(a, b) for a, b in zip(drawn, batches, strict=False))
     assert tracked.waiting == 3
     tracked.mark_trained()
-    assert tracked.state() == states[0] != tracked.loader.state_dict()
+    assert tracked.state_dict() == states[0] != tracked.loader.state_dict()
     tracked.mark_trained()
-    assert tracked.state() == states[1]
+    assert tracked.state_dict() == states[1]
 
     # A new iterator (a trainer's next epoch) draws the untrained batch again, then goes on.
     again = [b["input_ids"] for _, b in zip(range(3), iter(tracked), strict=False)]
     assert all(torch.equal(a, b) for a, b in zip(again, batches[2:5], strict=True))
 
-    tracked.restore(states[4])
-    assert tracked.waiting == 0 and tracked.state() == states[4]
+    tracked.load_state_dict(states[4])
+    assert tracked.waiting == 0 and tracked.state_dict() == states[4]
     assert torch.equal(next(iter(tracked))["input_ids"], batches[5])
 
 
@@ -78,7 +78,10 @@ def test_per_rank_state(data: str) -> None:
 def test_a_missing_framework_is_one_clear_line(
     monkeypatch: pytest.MonkeyPatch, module: str, framework: str, install: str
 ) -> None:
-    monkeypatch.setitem(sys.modules, framework, None)  # what `import` sees when it is absent
+    # What `import` sees when the framework is absent, even if an earlier test imported it.
+    for name in [m for m in sys.modules if m == framework or m.startswith(f"{framework}.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, framework, None)
     monkeypatch.delitem(sys.modules, f"wdstream.integrations.{module}", raising=False)
     with pytest.raises(ImportError) as caught:
         importlib.import_module(f"wdstream.integrations.{module}")

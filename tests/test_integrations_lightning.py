@@ -23,7 +23,7 @@ from tests.integrations_support import (
 )
 from wdstream.integrations.lightning import LoaderDataModule
 
-ACCUM, STEPS, STOP_AT = 2, 7, 3
+ACCUM, STEPS = 2, 7
 
 
 @pytest.fixture(scope="module")
@@ -37,23 +37,64 @@ def _run(data: Path, ckpt: Path, steps: int, *extra: str) -> list[dict[str, Any]
     return list(load_example("lightning_datamodule").main(argv))
 
 
-@pytest.mark.timeout(120)
-def test_lightning_resume_sees_the_same_batches(packed: Path, tmp_path: Path) -> None:
-    full = _run(packed, tmp_path / "full", STEPS, "--save-steps", str(STEPS))
-    first = _run(packed, tmp_path / "split", STOP_AT, "--save-steps", str(STOP_AT))
-    # The checkpoint holds the loader's state after the batches of STOP_AT steps.
-    ckpt = torch.load(tmp_path / "split" / "last.ckpt", weights_only=True)
-    assert ckpt["LoaderDataModule"] == {"loader": state_after(packed, STOP_AT * ACCUM)}
-    second = _run(packed, tmp_path / "split", STEPS, "--save-steps", str(STOP_AT), "--resume")
+@pytest.fixture(scope="module")
+def full(packed: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The run never stopped: every batch it trained on, with its step and loss."""
+    return _run(packed, tmp_path_factory.mktemp("full"), STEPS, "--save-steps", str(STEPS))
 
-    n = STEPS * ACCUM
-    assert n > EPOCH_BATCHES  # the run crosses the loader's epoch boundary
-    assert [r["targets_sha256"] for r in full] == oracle(packed, n)
-    assert len({r["targets_sha256"] for r in full}) == n  # the hashes tell batches apart
-    assert [r["step"] for r in full] == [s for s in range(1, STEPS + 1) for _ in range(ACCUM)]
-    # Stopped after STOP_AT steps and resumed: the rest, from the next batch, same losses.
-    assert first == full[: STOP_AT * ACCUM]
-    assert second == full[STOP_AT * ACCUM :]
+
+def _lightning_steps(steps: int) -> list[int]:
+    """The step of each batch: Lightning steps the optimizer after every ``ACCUM`` batches and
+    at the end of each epoch of the loader (its length), also after fewer."""
+    out: list[int] = []
+    while True:
+        for start in range(0, EPOCH_BATCHES, ACCUM):
+            out += [len(set(out)) + 1] * min(ACCUM, EPOCH_BATCHES - start)
+            if len(set(out)) == steps:
+                return out
+
+
+def test_lightning_trains_on_the_loader_batches_in_order(packed: Path, full: list) -> None:
+    steps = _lightning_steps(STEPS)
+    assert len(steps) > EPOCH_BATCHES  # the run crosses the loader's epoch boundary
+    assert [r["step"] for r in full] == steps
+    assert [r["targets_sha256"] for r in full] == oracle(packed, len(steps))
+    assert len({r["targets_sha256"] for r in full}) == len(steps)  # the hashes tell them apart
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stop_at", [3, 5])  # mid-epoch; at the epoch's end (a short step)
+def test_lightning_resume_sees_the_same_batches(
+    packed: Path, full: list, tmp_path: Path, stop_at: int
+) -> None:
+    first = _run(packed, tmp_path, stop_at, "--save-steps", str(stop_at))
+    # The checkpoint holds the loader's state after the batches of stop_at steps.
+    ckpt = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert ckpt["LoaderDataModule"] == {"loader": state_after(packed, len(first))}
+    second = _run(packed, tmp_path, STEPS, "--save-steps", str(stop_at), "--resume")
+    # Stopped and resumed: the rest, from the next batch, nothing replayed; same losses.
+    assert len(first) == _lightning_steps(STEPS).index(stop_at + 1)
+    assert first + second == full
+
+
+@pytest.mark.timeout(60)
+def test_epoch_based_resume_at_an_epoch_end(packed: Path, tmp_path: Path) -> None:
+    """Trained by epochs (no max_steps) and resumed at an epoch's end, Lightning restores no
+    loader itself (it counts such a run as not restarting): the DataModule's state does it."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    example = load_example("lightning_datamodule")
+    seen: list[str] = []
+    for epochs in (1, 2):
+        model = example.TinyLM(1000)  # more than the 446 ids of the tiny BPE
+        trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
+                            callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True)],
+                            enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        dm = LoaderDataModule(lambda: tiny_loader(packed))
+        trainer.fit(model, datamodule=dm, ckpt_path=tmp_path / "last.ckpt" if epochs > 1 else None)
+        seen += [r["targets_sha256"] for r in model.record]
+    assert seen == oracle(packed, 2 * EPOCH_BATCHES)
 
 
 class _Prefetching(LoaderDataModule):

@@ -6,11 +6,11 @@ the loader has no length, HF ``Trainer`` fetches a whole gradient-accumulation g
 first forward. ``Loader.state_dict()`` is the position after the last batch *handed out*, so a
 checkpoint taken from it would skip the batches drawn but not yet trained. :class:`TrackedBatches`
 keeps the state after each drawn batch in a queue; the trainer's per-batch hook calls
-:meth:`TrackedBatches.mark_trained` as a batch goes to the model, and :meth:`TrackedBatches.state`
-is the state to checkpoint::
+:meth:`TrackedBatches.mark_trained` as a batch goes to the model, and
+:meth:`TrackedBatches.state_dict` is the state to checkpoint::
 
     drawn:    b5  b6  b7          (queue: state after b5, after b6, after b7)
-    trained:  b5                  mark_trained() -> state() == state after b5
+    trained:  b5                  mark_trained() -> state_dict() == state after b5
     saved:    state after b5      resume: b6, b7, ... exactly, nothing skipped or replayed
 """
 
@@ -56,8 +56,10 @@ def per_rank_state(state: dict[str, Any]) -> bool:
 class TrackedBatches:
     """The loader's batches, with the state after each one kept until it is trained on.
 
-    Not a ``Stateful`` (no ``state_dict``): Lightning would otherwise save and restore it on
-    its own, from a state taken when it had drawn ahead.
+    Its ``state_dict`` is the state after the last batch trained, never one taken while the
+    trainer had drawn ahead; so Lightning, which saves and restores a train loader that has
+    ``state_dict``/``load_state_dict`` on its own, saves the same state (restoring it twice does
+    no harm) and does not warn that the loader cannot resume mid-epoch.
 
     Args:
         loader: the :class:`~wdstream.Loader` to iterate.
@@ -70,10 +72,6 @@ class TrackedBatches:
         self.transform = transform
         self._drawn: deque[dict[str, Any]] = deque()  # states after drawn, untrained batches
         self._trained: dict[str, Any] | None = None
-
-    def __len__(self) -> int:
-        """The loader's batches per epoch (``TypeError`` where it has no count)."""
-        return len(self.loader)
 
     def __iter__(self) -> Iterator[Batch]:
         if self._drawn:
@@ -104,11 +102,11 @@ class TrackedBatches:
             )
         self._trained = self._drawn.popleft()
 
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """The loader state after the last batch marked trained (before any: the loader's)."""
         return self.loader.state_dict() if self._trained is None else self._trained
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the batch at which ``state`` was taken (``Loader.load_state_dict``)."""
         self.loader.load_state_dict(state)
         self._drawn.clear()

@@ -118,7 +118,7 @@ class _SaveLoaderState(_transformers.TrainerCallback):  # type: ignore[name-defi
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         folder = f"{_trainer_utils.PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        save_loader_state(self.batches.state(), os.path.join(args.output_dir, folder),
+        save_loader_state(self.batches.state_dict(), os.path.join(args.output_dir, folder),
                           self.batches.loader.rank)  # fmt: skip
 
 
@@ -176,5 +176,7 @@ class WdstreamTrainer(_transformers.Trainer):  # type: ignore[name-defined]
                 raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")  # fmt: skip
         if resume_from_checkpoint:
             assert isinstance(resume_from_checkpoint, str)
-            self.batches.restore(load_loader_state(resume_from_checkpoint, self.loader.rank))
+            self.batches.load_state_dict(
+                load_loader_state(resume_from_checkpoint, self.loader.rank)
+            )
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)

@@ -39,6 +39,13 @@ __all__ = ["LoaderDataModule"]
 _STATE_KEY = "loader"
 
 
+class _EpochBatches(TrackedBatches):
+    """The tracked batches with the loader's length: a Lightning epoch is one of the loader's."""
+
+    def __len__(self) -> int:
+        return len(self.loader)  # a TypeError where it has no count: Lightning runs on by steps
+
+
 class LoaderDataModule(_pl.LightningDataModule):  # type: ignore[name-defined]
     """A ``LightningDataModule`` serving a :class:`~wdstream.Loader`, its state in every checkpoint.
 
@@ -65,9 +72,9 @@ class LoaderDataModule(_pl.LightningDataModule):  # type: ignore[name-defined]
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self._batches is None:
-            self._batches = TrackedBatches(self.make_loader())
+            self._batches = _EpochBatches(self.make_loader())
             if self._loaded is not None:
-                self._batches.restore(self._loaded)
+                self._batches.load_state_dict(self._loaded)
                 self._loaded = None
 
     def train_dataloader(self) -> TrackedBatches:
@@ -98,7 +105,7 @@ class LoaderDataModule(_pl.LightningDataModule):  # type: ignore[name-defined]
         """
         if self._batches is None:
             return {} if self._loaded is None else {_STATE_KEY: self._loaded}
-        state = self._batches.state()
+        state = self._batches.state_dict()
         if per_rank_state(state) and self._batches.loader.world_size > 1:
             raise ValueError(
                 "LoaderDataModule: this loader's state is per rank (order='streams' or raw text) "
@@ -119,4 +126,4 @@ class LoaderDataModule(_pl.LightningDataModule):  # type: ignore[name-defined]
         if self._batches is None:
             self._loaded = state_dict[_STATE_KEY]
         else:
-            self._batches.restore(state_dict[_STATE_KEY])
+            self._batches.load_state_dict(state_dict[_STATE_KEY])
