@@ -11,8 +11,8 @@ whose state is the loader's JSON as a ``uint8`` tensor, which DCP stores like an
 
 DCP loads *into* the tensors the ``Stateful`` hands it, so their size must be known before the
 checkpoint is read: the JSON is padded with spaces (valid JSON whitespace) to ``capacity``
-bytes, the same at save and load (the default, 64 KiB, holds any state wdstream makes; one
-larger is refused at save, naming its size).
+bytes, the same at save and load (the default, 64 KiB, is 16 times the state of 64 per-rank
+streams; a state larger than it is refused at save, naming its size).
 
 A state that is the same on every rank (the global order, the default) is stored once, under
 ``json``: DCP keeps one copy of a tensor every rank saves under the same name. A per-rank
