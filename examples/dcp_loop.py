@@ -69,9 +69,12 @@ class AppState(Stateful):
 
 def latest_checkpoint(ckpt_dir: str) -> str | None:
     """``CKPT_DIR/step-K`` with the largest K that DCP finished writing (its ``.metadata``)."""
-    steps = [int(m.group(1)) for name in os.listdir(ckpt_dir) if (m := re.fullmatch(r"step-(\d+)", name))
-             and os.path.exists(os.path.join(ckpt_dir, name, ".metadata"))] if os.path.isdir(ckpt_dir) else []  # fmt: skip
-    return os.path.join(ckpt_dir, f"step-{max(steps)}") if steps else None
+    done = []
+    for name in os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []:
+        match = re.fullmatch(r"step-(\d+)", name)
+        if match and os.path.exists(os.path.join(ckpt_dir, name, ".metadata")):
+            done.append(int(match.group(1)))
+    return os.path.join(ckpt_dir, f"step-{max(done)}") if done else None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         # after the last trained batch (a `for ... break` would draw one too many).
         batch = next(batches)
         logits = model(batch["input_ids"])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), batch["labels"].reshape(-1))  # fmt: skip
+        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), batch["labels"].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

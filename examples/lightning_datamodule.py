@@ -53,7 +53,9 @@ class TinyLM(L.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self(batch["input_ids"])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, self.vocab), batch["labels"].reshape(-1))  # fmt: skip
+        loss = nn.functional.cross_entropy(
+            logits.reshape(-1, self.vocab), batch["labels"].reshape(-1)
+        )
         targets = batch["labels"].to(torch.int64).cpu().numpy().astype("<i8")
         self.record.append({
             "step": self.trainer.global_step + 1,  # the optimizer step this batch counts toward

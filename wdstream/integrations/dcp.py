@@ -32,7 +32,9 @@ from wdstream.integrations.base import per_rank_state, require
 if TYPE_CHECKING:
     from wdstream.read.torch.loader import Loader
 
-_stateful = require("torch.distributed.checkpoint.stateful", "wdstream.integrations.dcp", "torch>=2.1")  # fmt: skip
+_stateful = require(
+    "torch.distributed.checkpoint.stateful", "wdstream.integrations.dcp", "torch>=2.1"
+)
 
 __all__ = ["DEFAULT_CAPACITY", "LoaderState"]
 
@@ -85,7 +87,9 @@ class LoaderState(_stateful.Stateful):  # type: ignore[name-defined]
             wdstream.StateMismatchError: a state of another dataset or configuration.
         """
         if len(state_dict) != 1:
-            raise ValueError(f"LoaderState: expected one loader state, got keys {sorted(state_dict)}")  # fmt: skip
+            raise ValueError(
+                f"LoaderState: expected one loader state, got keys {sorted(state_dict)}"
+            )
         ((key, tensor),) = state_dict.items()
         raw = tensor.to("cpu", torch.uint8).numpy().tobytes()
         try:

@@ -42,16 +42,28 @@ if TYPE_CHECKING:
     from wdstream.read.torch.loader import Loader
 
 _transformers = require("transformers", "wdstream.integrations.hf", "transformers>=4.45")
-_trainer_utils = require("transformers.trainer_utils", "wdstream.integrations.hf", "transformers>=4.45")  # fmt: skip
+_trainer_utils = require(
+    "transformers.trainer_utils", "wdstream.integrations.hf", "transformers>=4.45"
+)
 
-__all__ = ["LOADER_STATE_FILE", "WdstreamTrainer", "load_loader_state", "save_loader_state"]
+__all__ = [
+    "LOADER_STATE_FILE",
+    "WdstreamTrainer",
+    "causal_lm_batch",
+    "load_loader_state",
+    "save_loader_state",
+]
 
 LOADER_STATE_FILE = "wdstream_loader_state.json"
 
 
 def _state_file(checkpoint: str, rank: int | None) -> str:
     """The state file in ``checkpoint``: one for all ranks (``rank`` None), or one rank's."""
-    name = LOADER_STATE_FILE if rank is None else LOADER_STATE_FILE.replace(".json", f".rank{rank}.json")  # fmt: skip
+    name = (
+        LOADER_STATE_FILE
+        if rank is None
+        else LOADER_STATE_FILE.replace(".json", f".rank{rank}.json")
+    )
     return os.path.join(checkpoint, name)
 
 
@@ -137,9 +149,13 @@ class WdstreamTrainer(_transformers.Trainer):  # type: ignore[name-defined]
         ValueError: ``args.max_steps`` is not set, or a ``train_dataset`` is given.
     """
 
-    def __init__(self, *args: Any, loader: Loader, shift_labels: bool = True, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self, *args: Any, loader: Loader, shift_labels: bool = True, **kwargs: Any
+    ) -> None:
         if kwargs.get("train_dataset") is not None:
-            raise ValueError("WdstreamTrainer: pass loader=, not train_dataset= (the loader replaces it)")  # fmt: skip
+            raise ValueError(
+                "WdstreamTrainer: pass loader=, not train_dataset= (the loader replaces it)"
+            )
         super().__init__(*args, **kwargs)
         if self.args.max_steps <= 0:
             raise ValueError(
@@ -163,20 +179,24 @@ class WdstreamTrainer(_transformers.Trainer):  # type: ignore[name-defined]
         self.batches.mark_trained()  # this batch counts as trained in the next checkpoint
         return super().training_step(model, inputs, *args, **kwargs)
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+    def train(
+        self, resume_from_checkpoint: str | os.PathLike[str] | bool | None = None, **kwargs: Any
+    ) -> Any:
         """``Trainer.train``; resuming, the loader first continues from the checkpoint's state.
 
         Raises:
             FileNotFoundError: the checkpoint has no loader state (:func:`load_loader_state`).
             wdstream.StateMismatchError: the state belongs to another dataset or configuration.
         """
+        checkpoint: str | None = None
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = _trainer_utils.get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")  # fmt: skip
-        if resume_from_checkpoint:
-            assert isinstance(resume_from_checkpoint, str)
-            self.batches.load_state_dict(
-                load_loader_state(resume_from_checkpoint, self.loader.rank)
-            )
-        return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+            checkpoint = _trainer_utils.get_last_checkpoint(self.args.output_dir)
+            if checkpoint is None:
+                raise ValueError(
+                    f"No valid checkpoint found in output directory ({self.args.output_dir})"
+                )
+        elif resume_from_checkpoint:  # a path (False and None: no resume)
+            checkpoint = os.fspath(resume_from_checkpoint)
+        if checkpoint is not None:
+            self.batches.load_state_dict(load_loader_state(checkpoint, self.loader.rank))
+        return super().train(resume_from_checkpoint=checkpoint, **kwargs)

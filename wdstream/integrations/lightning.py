@@ -67,7 +67,9 @@ class LoaderDataModule(_pl.LightningDataModule):  # type: ignore[name-defined]
 
     def _tracked(self) -> TrackedBatches:
         if self._batches is None:
-            raise RuntimeError("LoaderDataModule: the loader is made in setup('fit'); call it first")  # fmt: skip
+            raise RuntimeError(
+                "LoaderDataModule: the loader is made in setup('fit'); call it first"
+            )
         return self._batches
 
     def setup(self, stage: str) -> None:
@@ -121,7 +123,9 @@ class LoaderDataModule(_pl.LightningDataModule):  # type: ignore[name-defined]
             wdstream.StateMismatchError: a state of another dataset or configuration.
         """
         if _STATE_KEY not in state_dict:
-            raise KeyError(f"LoaderDataModule.load_state_dict: no {_STATE_KEY!r} key in {sorted(state_dict)}")  # fmt: skip
+            raise KeyError(
+                f"LoaderDataModule.load_state_dict: no {_STATE_KEY!r} key in {sorted(state_dict)}"
+            )
         self._restored = True
         if self._batches is None:
             self._loaded = state_dict[_STATE_KEY]
