@@ -18,7 +18,6 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import numpy as np
@@ -26,9 +25,10 @@ import numpy as np
 from wdstream.errors import CorruptShardError
 from wdstream.format.checksum import Corruption, find_corruption, spot_check
 from wdstream.format.index import DatasetIndex, ShardEntry
-from wdstream.format.sample import LocatedTokens, decode_sample
+from wdstream.format.sample import LocatedTokens, Sample, decode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.sources.layouts import KeptLayouts
+from wdstream.read.sources.reads import CopyChecks, PieceRead
 from wdstream.read.sources.shards import (
     decode_span,
     parse_sidecar,
@@ -40,37 +40,11 @@ from wdstream.read.sources.stores import StoreCache, expand_urls, fingerprint
 from wdstream.storage import Store
 from wdstream.storage.urls import is_dataset_root, split_url
 
-__all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]  # expand_urls: stores.py
+# CopyChecks, PieceRead: reads.py; expand_urls: stores.py
+__all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]
 
 _REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
 _SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
-
-
-@dataclass(frozen=True)
-class CopyChecks:
-    """The per-sample checksums of one ranged read that its copier verifies itself: sample
-    ``i`` of the read (sample ``first + i`` of ``shard``) is ``buf[offsets[i]:][:sizes[i]]``
-    with CRC32C ``crcs[i]``; ``buf`` begins at shard byte ``begin`` (see
-    :meth:`ShardSource.read` with ``verify=False``)."""
-
-    buf: memoryview
-    begin: int
-    shard: int
-    first: int
-    offsets: np.ndarray  # int64[n], in ``buf``
-    sizes: np.ndarray  # int64[n]
-    crcs: np.ndarray  # uint32[n]
-
-
-@dataclass(frozen=True)
-class PieceRead:
-    """What :meth:`ShardSource.read` gives for one piece: the samples' tokens, their
-    document piece lengths (with ``docs``, else empty), and what verifies each sample when
-    the caller checks them (``verify=False``, else None)."""
-
-    tokens: LocatedTokens
-    doc_lens: list[tuple[int, ...]]
-    checks: CopyChecks | None
 
 
 class ShardSource:
@@ -222,6 +196,14 @@ class ShardSource:
             f"{self.where(shard)}: sample {bad.sample} at byte {bad.byte}: checksum mismatch "
             f"(corrupt bytes{via})"
         )
+
+    def sidecar(self, shard: int) -> ShardSidecar:
+        """The sidecar of ``shard`` (read once, checked, kept in a per-process LRU).
+
+        Raises:
+            CorruptShardError, OSError: it cannot be read, or fails its checks.
+        """
+        return self._sidecar(shard)[0]
 
     def _sidecar(self, shard: int) -> tuple[ShardSidecar, np.ndarray]:
         with self._lock:
@@ -384,6 +366,22 @@ class ShardSource:
         crcs = sidecar.crc32c[a:b]
         checks = CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs)
         return PieceRead(tokens, [], checks)
+
+    def read_sample(self, shard: int, k: int) -> Sample:
+        """Sample ``k`` of ``shard`` alone, decoded, checked against its own CRC32C (not the
+        running one: the bytes between samples are no sample's), as a torch worker checks
+        what it copies; for reads that failed, sample by sample (``on_corrupt="mask"``).
+
+        Raises:
+            CorruptShardError, OSError: naming the shard, the sample and its byte offset.
+        """
+        sidecar = self.sidecar(shard)
+        root, name = self.urls[shard]
+        begin, end = sidecar.byte_range(k, k + 1)
+        data = self._store(root).read_range_view(name, begin, end)
+        where, verify = self.where(shard), self.checksums
+        [sample] = decode_span(data, begin, sidecar, k, k + 1, where, verify=verify)
+        return sample
 
     def _mapped(self, shard: int) -> Callable[[int], memoryview]:
         """The first ``end`` bytes of a local shard, mapped (its token layout is searched once)."""

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.batches.buckets import BucketedBatches
+from wdstream.read.batches.quarantine import QuarantineEvent, QuarantineLog
 from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
@@ -155,6 +156,17 @@ class Loader:
             workers and the global order do not apply (read in this process). Same batch
             count on every rank, exact resume, also on another world size
             (:mod:`wdstream.read.batches.buckets`).
+        on_corrupt: ``"raise"`` (default) or ``"mask"``: a row holding any token of a sample
+            that cannot be read (CRC32C mismatch, truncated shard, a shard or sidecar the
+            store cannot serve after its retries) is delivered in its place masked whole
+            (``input_ids`` the padding, else EOS, else 0 id; ``labels`` all -100), every
+            other row as a clean dataset gives it, at any ``num_workers`` and world size;
+            each event is in :attr:`quarantined`, logged once (``logging.warning``) and
+            counted in the state (``"quarantined"``). Global order and mixtures only.
+        max_quarantined: with ``"mask"``: an int, the most masked rows the run may have
+            (this rank's, counted across resumes); a float in (0, 1), the largest fraction
+            of the rows this loader handed out that may be masked. Past it the batch is not
+            handed out: ``QuarantineLimitError`` names the count and the last events.
         store_options: passed to the storage backend.
     """
 
@@ -192,6 +204,8 @@ class Loader:
         weights: Any = None,
         stop: str | None = None,
         max_tokens: int | None = None,
+        on_corrupt: str = "raise",
+        max_quarantined: int | float | None = None,
         **store_options: Any,
     ) -> None:
         if num_workers is None:
@@ -216,7 +230,7 @@ class Loader:
             mask_doc_ends=mask_doc_ends, tokenizer=tokenizer, text_key=text_key,
             batches_per_epoch=batches_per_epoch, on_error=on_error, eos=eos,
             tokenize_threads=tokenize_threads, order=order, weights=weights, stop=stop,
-            store_options=store_options,
+            on_corrupt=on_corrupt, max_quarantined=max_quarantined, store_options=store_options,
         )  # fmt: skip
         self.dataset = TokenDataset(source, seq_len, batch_size, options)
         self.epochs = epochs
@@ -234,6 +248,10 @@ class Loader:
         # The position after the last batch handed to the caller: the dataset runs ahead of
         # it by the chunks prefetched or being sliced, so this is the loader's own.
         self._handed: SequencePosition = self.dataset.position.copy()
+        self._quarantine = QuarantineLog(max_quarantined)
+        if max_tokens is not None and on_corrupt != "raise":
+            raise ValueError("on_corrupt='mask' needs the global order; max_tokens batches "
+                             "have no fixed place to keep a masked row in")  # fmt: skip
         self._buckets = None if max_tokens is None else self._bucketed(seq_len, max_tokens, seed)
 
     def _bucketed(self, seq_len: int, max_tokens: int, seed: int) -> BucketedBatches:
@@ -252,6 +270,13 @@ class Loader:
     @property
     def world_size(self) -> int:
         return self.dataset.cfg.world_size
+
+    @property
+    def quarantined(self) -> list[QuarantineEvent]:
+        """Rows masked in place (``on_corrupt="mask"``), one event per row and unreadable
+        sample, as their batches were handed out by this loader (the state keeps only the
+        count: a resumed run lists what it reads itself)."""
+        return self._quarantine.events
 
     @property
     def sources(self) -> list[str]:
@@ -441,7 +466,9 @@ class Loader:
                 handed.pass_turn(s)
                 continue
             for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin, labels=labels)):
-                # Record the position only now, as the batch is handed over.
+                # Record the position only now, as the batch is handed over (its masked rows
+                # first: past max_quarantined it is not handed over).
+                self._quarantine.admit(cursors[j], handed.quarantined, B)
                 handed.hand_over(s, cursors, j)
                 if "source" in cursors[j]:  # a mixture: each row's source index
                     src = torch.from_numpy(cursors[j]["source"])
