@@ -15,7 +15,7 @@
 workers; ``global_batch`` may differ when loaded (the run continues from the same row).
 ``skips`` (``[[training step, n], ...]``, only once steps were skipped) maps training steps
 to data steps (``Loader.skip_steps``); ``quarantined`` (only once rows were masked,
-``on_corrupt="mask"``) counts the masked rows. ``order_version`` (the interleave's and the sources' order versions) and ``next_rows`` (the
+``on_corrupt="mask"``) counts the rows the saving rank masked. ``order_version`` (the interleave's and the sources' order versions) and ``next_rows`` (the
 pieces of each source's next row) are checked by the reader (:mod:`~wdstream.read.order.identity`);
 states saved before they existed lack them and load unchecked.
 Every refusal is a :class:`StateMismatchError` naming the key.

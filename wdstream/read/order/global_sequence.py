@@ -12,7 +12,9 @@ the same batches. The state is the global step and where counting began::
      "step": 41210, "origin": {"step": 0, "epoch": 0, "row": 0}, "iter_stop": null,
      "worker": null, "order_version": 1, "next_rows": "<16 hex>", "check": "<48 hex>"}
 
-``order_version`` and ``next_rows`` name the order (:mod:`~wdstream.read.order.identity`).
+``order_version`` and ``next_rows`` name the order (:mod:`~wdstream.read.order.identity`);
+``skips`` and ``quarantined`` (rows the saving rank masked, ``on_corrupt="mask"``) appear
+once above 0.
 Nothing in it depends on the rank, the world size or the workers: every rank saves the same
 state, and any rank of any world size with the same global batch loads rank 0's. With another
 global batch the run continues from the same row of the same epoch (``origin``).

@@ -33,6 +33,7 @@ from wdstream.read.batches.quarantine import QuarantineEvent, QuarantineLog
 from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
+from wdstream.read.torch.device import pinned, to_device
 from wdstream.read.torch.handoff import WorkerHandoff
 
 if TYPE_CHECKING:
@@ -45,43 +46,6 @@ __all__ = ["Loader"]
 # most 8 int64 fields in JSON (< 300 bytes), the rest a few numbers.
 def _identity(x: Any) -> Any:
     return x
-
-
-def _pin(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
-    for s, t, p, c in chunks:
-        yield s, t.pin_memory(), (p.pin_memory() if p is not None else None), c
-
-
-def _to_device(chunks: Iterator[Chunk], device: torch.device) -> Iterator[Chunk]:
-    """Copy each chunk to ``device`` on a side stream, one chunk ahead of its use."""
-    side = torch.cuda.Stream(device)
-
-    def send(chunk: Chunk) -> tuple[Chunk, torch.cuda.Event]:
-        s, t, p, c = chunk
-        with torch.cuda.stream(side):
-            t = t.to(device, non_blocking=True)
-            p = p.to(device, non_blocking=True) if p is not None else None
-            done = torch.cuda.Event()
-            done.record(side)
-        return (s, t, p, c), done
-
-    def ready(sent: tuple[Chunk, torch.cuda.Event]) -> Chunk:
-        (s, t, p, c), done = sent
-        main = torch.cuda.current_stream(device)
-        main.wait_event(done)
-        t.record_stream(main)
-        if p is not None:
-            p.record_stream(main)
-        return s, t, p, c
-
-    pending = None
-    for chunk in chunks:
-        sent = send(chunk)
-        if pending is not None:
-            yield ready(pending)
-        pending = sent
-    if pending is not None:
-        yield ready(pending)
 
 
 def _usable_cores() -> int:
@@ -156,17 +120,12 @@ class Loader:
             workers and the global order do not apply (read in this process). Same batch
             count on every rank, exact resume, also on another world size
             (:mod:`wdstream.read.batches.buckets`).
-        on_corrupt: ``"raise"`` (default) or ``"mask"``: a row holding any token of a sample
-            that cannot be read (CRC32C mismatch, truncated shard, a shard or sidecar the
-            store cannot serve after its retries) is delivered in its place masked whole
-            (``input_ids`` the padding, else EOS, else 0 id; ``labels`` all -100), every
-            other row as a clean dataset gives it, at any ``num_workers`` and world size;
-            each event is in :attr:`quarantined`, logged once (``logging.warning``) and
-            counted in the state (``"quarantined"``). Global order and mixtures only.
-        max_quarantined: with ``"mask"``: an int, the most masked rows the run may have
-            (this rank's, counted across resumes); a float in (0, 1), the largest fraction
-            of the rows this loader handed out that may be masked. Past it the batch is not
-            handed out: ``QuarantineLimitError`` names the count and the last events.
+        on_corrupt: ``"raise"`` (default) or ``"mask"``: every row holding a token of a
+            sample that cannot be read is delivered in its place masked whole (``labels``
+            all -100), the rest as a clean dataset gives them; events in
+            :attr:`quarantined`, logged once, counted in the state (``ReadOptions``).
+        max_quarantined: with ``"mask"``: the most masked rows (int) or fraction of rows
+            (float) before a ``QuarantineLimitError`` (``ReadOptions``).
         store_options: passed to the storage backend.
     """
 
@@ -273,9 +232,7 @@ class Loader:
 
     @property
     def quarantined(self) -> list[QuarantineEvent]:
-        """Rows masked in place (``on_corrupt="mask"``), one event per row and unreadable
-        sample, as their batches were handed out by this loader (the state keeps only the
-        count: a resumed run lists what it reads itself)."""
+        """Masked rows' events (one per row and bad sample) this loader handed out."""
         return self._quarantine.events
 
     @property
@@ -456,7 +413,7 @@ class Loader:
         cuda = self.device is not None and self.device.type == "cuda"
         if cuda:
             assert self.device is not None
-            chunks = _to_device(_pin(chunks), self.device)
+            chunks = to_device(pinned(chunks), self.device)
         pin = self.pin_memory and not cuda and torch.cuda.is_available()
         B = self.dataset.cfg.batch_size
         labels = self.dataset.labels
@@ -466,8 +423,8 @@ class Loader:
                 handed.pass_turn(s)
                 continue
             for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin, labels=labels)):
-                # Record the position only now, as the batch is handed over (its masked rows
-                # first: past max_quarantined it is not handed over).
+                # Record the position only now, as the batch is handed over (past
+                # max_quarantined it is not).
                 self._quarantine.admit(cursors[j], handed.quarantined, B)
                 handed.hand_over(s, cursors, j)
                 if "source" in cursors[j]:  # a mixture: each row's source index
