@@ -16,6 +16,7 @@ __all__ = [
     "InputError",
     "ListingNotSupportedError",
     "PackLockedError",
+    "QuarantineLimitError",
     "RemoteReadError",
     "RemoteStoreError",
     "RemoteWriteError",
@@ -44,6 +45,11 @@ class ChatTemplateError(WdstreamError, ValueError):
 
 class CorruptShardError(WdstreamError, ValueError):
     """A shard or its sidecar index does not decode: names the shard and the byte offset."""
+
+
+class QuarantineLimitError(CorruptShardError):
+    """More rows were masked (``on_corrupt="mask"``) than ``max_quarantined`` allows: names
+    the count, the limit and the last events."""
 
 
 class IndexValidationError(WdstreamError, ValueError):

@@ -37,7 +37,14 @@ if TYPE_CHECKING:
     from wdstream.read.sources.text import TextSource
     from wdstream.tokenizers.base import Tokenizer
 
-__all__ = ["ReaderParts", "assemble", "check_sizes", "resolve_order", "resolve_rank"]
+__all__ = [
+    "ReaderParts",
+    "assemble",
+    "check_quarantine",
+    "check_sizes",
+    "resolve_order",
+    "resolve_rank",
+]
 
 
 @dataclass
@@ -53,8 +60,14 @@ class ReaderParts:
 
 
 def assemble(source: Any, cfg: ReaderConfig, order: str, opts: ReadOptions) -> ReaderParts:
-    """Open ``source`` and build its sequence (``order`` from :func:`resolve_order`)."""
+    """Open ``source`` and build its sequence (``order`` from :func:`resolve_order`).
+
+    Raises:
+        ValueError: ``on_corrupt`` other than ``"raise"`` or ``"mask"``, or ``"mask"`` where
+            rows have no global place (per-rank streams, raw text).
+    """
     mask_doc_ends, store_options = opts.mask_doc_ends, opts.store_options
+    quarantine = check_quarantine(opts, order, is_text(source, opts.tokenizer))
     if is_mixture(source):
         spec = mixture_spec(source, opts.weights, opts.stop)
         from wdstream.read.mixture.reader import MixtureReader
@@ -64,9 +77,9 @@ def assemble(source: Any, cfg: ReaderConfig, order: str, opts: ReadOptions) -> R
         labels = _mixture_labels(spec.names, sources, cfg.seq_len, mask_doc_ends)
         mixture = MixtureReader(
             spec, sources, order_config(cfg), cfg.rank, cfg.batch_size, cfg.chunk_batches,
-            cfg.doc_boundaries,
+            cfg.doc_boundaries, quarantine,
         )  # fmt: skip
-        return ReaderParts(mixture, labels, None, mixture)
+        return ReaderParts(mixture, _split_bit31(labels) if quarantine else labels, None, mixture)
     if opts.weights is not None or opts.stop is not None:
         raise ValueError("weights= and stop= are options of a mixture (a mapping of "
                          "sources or a spec file); this source is one dataset")  # fmt: skip
@@ -81,14 +94,49 @@ def assemble(source: Any, cfg: ReaderConfig, order: str, opts: ReadOptions) -> R
         text = StreamsSequence(ctx, cfg, one, opts.epochs, sealed=True)
         return ReaderParts(text, None, one, None)
     labels = row_labels(one.index, cfg.seq_len, mask_doc_ends)
+    if quarantine:
+        labels = _split_bit31(labels)
     if order == "global":
         sequence: BatchSequence[Any] = GlobalReader(
             one, order_config(cfg), cfg.rank, cfg.batch_size, cfg.chunk_batches,
-            cfg.doc_boundaries,
+            cfg.doc_boundaries, quarantine,
         )  # fmt: skip
     else:
         sequence = StreamsSequence(ReaderContext(one, cfg), cfg, one, opts.epochs)
     return ReaderParts(sequence, labels, one, None, packed=one)
+
+
+def check_quarantine(opts: ReadOptions, order: str, raw_text: bool) -> bool:
+    """Whether rows that cannot be read are masked (``on_corrupt="mask"``), checked.
+
+    Raises:
+        ValueError: an unknown ``on_corrupt``, a bad ``max_quarantined``, or ``"mask"`` for
+            per-rank streams or raw text: their rows have no place fixed before they are
+            read, so a masked row could not keep the clean run's place.
+    """
+    if opts.on_corrupt not in ("raise", "mask"):
+        raise ValueError(f"on_corrupt must be 'raise' or 'mask', got {opts.on_corrupt!r}")
+    limit = opts.max_quarantined
+    if limit is not None:
+        if opts.on_corrupt != "mask":
+            raise ValueError("max_quarantined limits on_corrupt='mask'; it is 'raise' here")
+        if isinstance(limit, bool) or not isinstance(limit, int | float):
+            raise ValueError(f"max_quarantined must be an int or a float, got {limit!r:.60}")
+        if isinstance(limit, float) and not 0 < limit < 1:
+            raise ValueError(f"max_quarantined as a fraction must be in (0, 1), got {limit!r}")
+        if isinstance(limit, int) and limit < 0:
+            raise ValueError(f"max_quarantined must be >= 0, got {limit}")
+    if opts.on_corrupt == "mask" and (raw_text or order != "global"):
+        raise ValueError(
+            "on_corrupt='mask' keeps a masked row in its place of the global order: it needs "
+            "order='global' on packed data (or a mixture), not per-rank streams or raw text"
+        )
+    return opts.on_corrupt == "mask"
+
+
+def _split_bit31(labels: RowLabels | None) -> RowLabels:
+    """``labels`` that also split the no-loss bit, which masked rows carry."""
+    return replace(labels or RowLabels(None, None, None, False), loss_mask=True)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

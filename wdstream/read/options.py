@@ -60,6 +60,19 @@ class ReadOptions:
         weights: a mixture's ``{name: weight}``, or a schedule ``[(step, {name: weight})]``.
         stop: a mixture's stop rule: None (forever), ``"first_exhausted"`` or
             ``"all_exhausted"`` (``docs/MIXTURES.md``).
+        on_corrupt: ``"raise"`` (default): a sample that cannot be read (a CRC32C mismatch,
+            a truncated shard, a shard or sidecar the store cannot serve after its retries)
+            is a ``CorruptShardError`` / ``OSError``. ``"mask"``: every row holding a token
+            of it is delivered masked whole, in its place (``input_ids`` the dataset's
+            padding, else EOS, else 0; ``labels`` all -100), every other row exactly as a
+            clean dataset gives it; each is recorded in ``Loader.quarantined``, logged and
+            counted in the state (``docs/READER.md``, "Quarantine"). Global order and
+            mixtures only.
+        max_quarantined: with ``"mask"``: an int, the most masked rows a run (counted in
+            its state, this rank's) may have; a float in (0, 1), the largest fraction of the
+            rows this reader handed out in this process that may be masked. Past it the
+            batch is not handed out and ``QuarantineLimitError`` names the count and the
+            last events. None (default): no limit.
         store_options: passed to the storage backend.
     """
 
@@ -83,6 +96,8 @@ class ReadOptions:
     order: str | None = None
     weights: Any = None
     stop: str | None = None
+    on_corrupt: str = "raise"
+    max_quarantined: int | float | None = None
     store_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

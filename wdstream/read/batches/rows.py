@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from wdstream.format.index import DatasetIndex
-from wdstream.format.loss import ID_BITS, NO_LOSS_BIT
+from wdstream.format.loss import ID_BITS, NO_LOSS_BIT, split_ids
 
 __all__ = [
     "IGNORE_INDEX",
@@ -99,9 +99,18 @@ class RowLabels:
 
     def split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(ids, no_loss)``: ``rows`` without the loss bit and where it was set (None:
-        this dataset has no loss mask, ``rows`` returned as they are)."""
+        this dataset has no loss mask, or no row carries the bit: ``rows`` as they are)."""
         if not self.loss_mask:
             return rows, None
+        if rows.device.type == "cpu":
+            # Through numpy: one thread, the caller's. torch's CPU ops wake their intra-op
+            # thread team, which cost ~10 ms per [256, 513] chunk on a busy 2-core host (the
+            # whole read then ran 3-4x slower; see _long in read/torch/dataset.py).
+            tokens = rows.numpy()
+            if tokens.dtype == np.int32 and int(tokens.min(initial=0)) >= 0:
+                return rows, None  # no token carries the bit (one pass, no copies)
+            ids, no_loss = split_ids(tokens)
+            return torch.from_numpy(ids), torch.from_numpy(no_loss)
         if rows.dtype == torch.int32:  # the reader's row buffers: bit 31 reads as negative
             return rows & ID_BITS, rows < 0
         return rows & ID_BITS, rows >= NO_LOSS_BIT

@@ -44,7 +44,8 @@ from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChun
 from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.identity import check_identity, rows_fingerprint
 from wdstream.read.order.step_check import check_step
-from wdstream.read.order.steps import GlobalPosition, StepChunks
+from wdstream.read.order.steps import GlobalPosition, StepChunks, step_cursors
+from wdstream.read.order.window_data import Hit
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["MixturePosition", "MixtureReader"]
@@ -81,6 +82,7 @@ class MixtureReader:
         batch_size: rows per rank and step (B).
         chunk_batches: steps per chunk (K).
         doc_boundaries: also return where document pieces start.
+        quarantine: ``on_corrupt="mask"`` in every source (:class:`GlobalOrder`).
 
     Raises:
         ValueError: for a bad schedule, or a source too small for one row.
@@ -95,6 +97,7 @@ class MixtureReader:
         batch_size: int,
         chunk_batches: int,
         doc_boundaries: bool,
+        quarantine: bool = False,
     ) -> None:
         self.names = spec.names
         self.stop = spec.stop
@@ -105,7 +108,7 @@ class MixtureReader:
             one = OrderConfig(cfg.seq_len, 1, cfg.shuffle, source_seed(cfg.seed, i),
                               cfg.shuffle_window, cfg.shuffle_lanes)  # fmt: skip
             try:
-                self.orders.append(GlobalOrder(src, one))
+                self.orders.append(GlobalOrder(src, one, quarantine))
             except ValueError as exc:
                 raise ValueError(f"source {name!r}: {exc}") from None
         self.rows_per_epoch = [o.rows_per_epoch for o in self.orders]
@@ -260,8 +263,9 @@ class MixtureReader:
         position: GlobalPosition,
         tokens: np.ndarray,
         doc_start: np.ndarray | None,
-    ) -> np.ndarray:
-        """Mixture rows ``rows`` into ``tokens`` ([len(rows), T + 1]); returns their sources.
+    ) -> tuple[np.ndarray, list[Hit]]:
+        """Mixture rows ``rows`` into ``tokens`` ([len(rows), T + 1]); returns their sources
+        and the rows masked (:meth:`GlobalOrder.fill`).
 
         A source's rows among them have consecutive source indices, so the rows are grouped
         by source (a stable sort), each run of one source's epoch is filled with one call
@@ -270,19 +274,18 @@ class MixtureReader:
         src, idx = self.schedule(position).locate(rows)
         r = np.asarray(self.rows_per_epoch, dtype=np.int64)
         if (src == src[0]).all():
-            self._fill_runs(src, idx, r, tokens, doc_start)
-            return src
+            return src, self._fill_runs(src, idx, r, tokens, doc_start)
         order = np.argsort(src, kind="stable")
         n, t1 = len(rows), tokens.shape[1]
         if self._scratch is None or self._scratch.shape[0] < n or self._scratch.shape[1] != t1:
             self._scratch = np.empty((n, t1), dtype=tokens.dtype)
         out = self._scratch[:n]
         ds = None if doc_start is None else np.empty((n, t1), dtype=bool)
-        self._fill_runs(src[order], idx[order], r, out, ds)
+        hits = self._fill_runs(src[order], idx[order], r, out, ds)
         tokens[order] = out
         if doc_start is not None:
             doc_start[order] = ds
-        return src
+        return src, [(int(order[q]), bad) for q, bad in hits]
 
     def _fill_runs(
         self,
@@ -291,23 +294,29 @@ class MixtureReader:
         rows_per_epoch: np.ndarray,
         out: np.ndarray,
         doc_start: np.ndarray | None,
-    ) -> None:
+    ) -> list[Hit]:
         """Fill ``out`` from rows grouped by source: one call per run of consecutive rows
-        of one source's epoch."""
+        of one source's epoch; returns the rows (of ``out``) masked."""
         epoch, row = np.divmod(idx, rows_per_epoch[src])
         cut = (np.diff(src) != 0) | (np.diff(idx) != 1) | (np.diff(epoch) != 0)
         bounds = [0, *(np.flatnonzero(cut) + 1).tolist(), len(idx)]
+        hits: list[Hit] = []
         for a, b in itertools.pairwise(bounds):
             ds = None if doc_start is None else doc_start[a:b]
-            self.orders[int(src[a])].fill(int(epoch[a]), int(row[a]), out[a:b], ds)
+            got = self.orders[int(src[a])].fill(int(epoch[a]), int(row[a]), out[a:b], ds)
+            hits += [(a + q, bad) for q, bad in got]
+        return hits
 
     def fill_chunk(
         self, first: int, n: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
     ) -> list[Cursor]:
         rows = self.rank_rows(first, n, position.origin)
-        src = self.fill_rows(rows, position, tokens, doc)
+        src, hits = self.fill_rows(rows, position, tokens, doc)
         b = self.batch_size
-        return [{"step": first + i + 1, "source": src[i * b : (i + 1) * b]} for i in range(n)]
+        cursors = step_cursors(first, n, b, self.rank, hits)
+        for i, cursor in enumerate(cursors):
+            cursor["source"] = src[i * b : (i + 1) * b]
+        return cursors
 
     def verify_own_rows(
         self, position: GlobalPosition, worker: int, workers: int
@@ -338,7 +347,7 @@ class MixtureReader:
         """
         o = position.origin
         step = check_step(step, o.step, o.row, self.cfg.global_batch)
-        return self.fill_rows(self.rank_rows(step, 1, position.origin), position, tokens, doc)
+        return self.fill_rows(self.rank_rows(step, 1, position.origin), position, tokens, doc)[0]
 
     # ---- state -------------------------------------------------------------------------
     def position_from_dict(self, d: dict[str, Any]) -> MixturePosition:
@@ -413,7 +422,8 @@ class MixtureReader:
             row = _row_at(step, saved.origin, saved.global_batch)
             check_identity(state, list(_ORDER_VERSION), lambda: self.next_rows(row, saved.pieces))
         pieces = (*saved.pieces, *self.future_pieces(step, origin))
-        return MixturePosition(step, origin, stop, saved.worker, saved.skips, pieces)
+        return MixturePosition(step, origin, stop, saved.worker, saved.skips, saved.quarantined,
+                               pieces)  # fmt: skip
 
     def skip_steps(self, position: GlobalPosition, n: int) -> MixturePosition:
         """``position`` with ``n`` data steps skipped (:meth:`GlobalPosition.skip`)."""

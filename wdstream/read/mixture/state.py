@@ -14,7 +14,8 @@
 (weights are exact: ``[3, 2]`` is 3/5 and 2/5). Nothing depends on the rank, world size or
 workers; ``global_batch`` may differ when loaded (the run continues from the same row).
 ``skips`` (``[[training step, n], ...]``, only once steps were skipped) maps training steps
-to data steps (``Loader.skip_steps``). ``order_version`` (the interleave's and the sources' order versions) and ``next_rows`` (the
+to data steps (``Loader.skip_steps``); ``quarantined`` (only once rows were masked,
+``on_corrupt="mask"``) counts the rows the saving rank masked. ``order_version`` (the interleave's and the sources' order versions) and ``next_rows`` (the
 pieces of each source's next row) are checked by the reader (:mod:`~wdstream.read.order.identity`);
 states saved before they existed lack them and load unchecked.
 Every refusal is a :class:`StateMismatchError` naming the key.
@@ -52,6 +53,7 @@ class SavedMixture:
     worker: tuple[int, int] | None
     global_batch: int
     skips: tuple[tuple[int, int], ...]
+    quarantined: int  # rows masked so far (0 when the state has no "quarantined")
 
 
 def _config(saved: Any, mine: dict[str, Any], sources: Sequence[Source]) -> int:
@@ -131,7 +133,9 @@ def parse_mixture_state(
         )
     named = isinstance(state, dict) and any(k in state for k in IDENTITY_KEYS)
     skipped = isinstance(state, dict) and "skips" in state
-    extra = (*(IDENTITY_KEYS if named else ()), *(("skips",) if skipped else ()))
+    counted = isinstance(state, dict) and "quarantined" in state
+    extra = (*(IDENTITY_KEYS if named else ()), *(("skips",) if skipped else ()),
+             *(("quarantined",) if counted else ()))  # fmt: skip
     state = dict_field("", state, (*_KEYS, *extra))
     if not same_value(state["version"], MIXTURE_STATE_VERSION) or state["order"] != "mixture":
         raise mismatch("version", state["version"], "a mixture state (version 1) expected")
@@ -160,4 +164,5 @@ def parse_mixture_state(
         n = int_field("worker[1]", worker[1], lo=1, hi=1 << 16)
         worker = (int_field("worker[0]", worker[0], hi=n), n)
     skips = parse_skips(state["skips"], step) if skipped else ()
-    return SavedMixture(step, origin, pieces, stop, worker, g, skips)
+    masked = int_field("quarantined", state["quarantined"], lo=1) if counted else 0
+    return SavedMixture(step, origin, pieces, stop, worker, g, skips, masked)

@@ -47,6 +47,10 @@ class SequencePosition(Protocol):
     iter_stop: int | None
     worker: tuple[int, int] | None
 
+    @property
+    def quarantined(self) -> int:
+        """Rows masked so far (``on_corrupt="mask"``), as the state counts them."""
+
     def copy(self) -> Any:
         """An independent copy."""
 

@@ -37,9 +37,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wdstream.format.checksum import crc32c
 from wdstream.read.order.plan import EpochPlan, WindowGeometry
-from wdstream.read.sources.packed import CopyChecks, ShardSource
+from wdstream.read.order.window_data import (
+    CopyTimeChecks,
+    Hit,
+    WindowData,
+    emitted_bad,
+    mask_rows,
+    samples_used,
+)
+from wdstream.read.sources.packed import ShardSource
+from wdstream.read.sources.quarantine import QuarantinedReads
+from wdstream.read.sources.reads import CopyChecks, neutral_id
 
 __all__ = ["ORDER_VERSION", "GlobalOrder", "OrderConfig", "Origin", "ReadSpans"]
 
@@ -90,59 +99,26 @@ class _OrderWindow:
         return self.begin + self.bounds[-1]
 
 
-@dataclass(frozen=True)
-class _WindowData:
-    """The window's samples, emitted order: sample ``i`` is
-    ``bases[base_of[i]][first[i] : first[i] + its tokens]`` (no view per sample: a torch
-    worker copies only its own rows out of a window, a view per sample cost more than the
-    copies)."""
-
-    bases: list[np.ndarray]  # token arrays the samples lie in: one per piece read
-    base_of: list[int]
-    first: list[int]
-    pieces: list[tuple[int, ...]]  # their document piece lengths (empty unless asked for)
-    # Samples still to verify when first copied (a worker of several), else None.
-    unverified: _CopyTimeChecks | None = None
-
-
-@dataclass(frozen=True)
-class _CopyTimeChecks:
-    """Emitted sample ``i`` is bytes ``[start[i], end[i])`` of ``reads[r].buf``, where ``r`` is
-    its read (``_WindowData.base_of[i]``), with CRC32C ``want[i]``; ``want[i]`` is -1 once the
-    filling thread has verified it, and from the start for a read without checksums (a v1 or
-    sidecar-less shard, read unchecked with a warning). Plain lists: looked up once per
-    copied row, and three columns are all a window builds for them."""
-
-    reads: list[CopyChecks | None]
-    start: list[int]
-    end: list[int]
-    want: list[int]
-
-    def verify(self, i: int, read: int, source: ShardSource) -> None:
-        """Verify emitted sample ``i`` of read ``read`` (raises :class:`CorruptShardError`
-        naming it)."""
-        checks, start = self.reads[read], self.start[i]
-        assert checks is not None, "only samples of checked reads are pending"
-        # GIL held (below 16 KiB): one short sum of cached bytes, no hand-off to a thread.
-        if crc32c(checks.buf[start : self.end[i]]) != self.want[i]:
-            source.report_corrupt(checks, start)
-        self.want[i] = -1
-
-
 class GlobalOrder:
     """Locate and read the rows of any global step.
 
     Args:
         source: the packed dataset.
         cfg: the sequence's parameters.
+        quarantine: ``on_corrupt="mask"``: a sample that cannot be read stands in masked and
+            the rows holding its tokens are masked whole (:mod:`~wdstream.read.order.window_data`),
+            instead of raising.
 
     Raises:
         ValueError: if an epoch holds less than one global batch.
     """
 
-    def __init__(self, source: ShardSource, cfg: OrderConfig) -> None:
+    def __init__(self, source: ShardSource, cfg: OrderConfig, quarantine: bool = False) -> None:
         self.source = source
         self.cfg = cfg
+        self.quarantine = quarantine
+        self.reads = QuarantinedReads(source) if quarantine else source
+        self.neutral = neutral_id(source.index)
         self.row_tokens = cfg.seq_len + 1
         self.n_samples = int(source.samples.sum())
         self.rows_per_epoch = int(source.tokens.sum()) // self.row_tokens
@@ -157,7 +133,7 @@ class GlobalOrder:
         self.n_windows = self.geometry.n_windows
         self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
         self._windows: OrderedDict[tuple[int, int], _OrderWindow] = OrderedDict()
-        self._data: OrderedDict[tuple[int, int, bool], Future[_WindowData]] = OrderedDict()
+        self._data: OrderedDict[tuple[int, int, bool], Future[WindowData]] = OrderedDict()
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
         self._readahead: ThreadPoolExecutor | None = None
@@ -166,10 +142,10 @@ class GlobalOrder:
         self._read_spans: ReadSpans | None = None
 
     def __getstate__(self) -> dict[str, object]:
-        return {"source": self.source, "cfg": self.cfg}
+        return {"source": self.source, "cfg": self.cfg, "quarantine": self.quarantine}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["source"], state["cfg"])  # type: ignore[misc]
+        self.__init__(state["source"], state["cfg"], state["quarantine"])  # type: ignore[misc]
 
     # ---- where a step is ---------------------------------------------------------------
     def locate(self, step: int, origin: Origin = Origin()) -> tuple[int, int]:
@@ -267,7 +243,7 @@ class GlobalOrder:
                         return w
         return self.geometry.window_at(token, self.plan(epoch).tokens_before)
 
-    def _window_data(self, epoch: int, w: int, with_docs: bool) -> _WindowData:
+    def _window_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         """The sample views of window ``w``, read with one ranged read per lane and shard
         (concurrently from remote stores) and kept while rows are cut from it; the next
         window is read ahead in a background thread."""
@@ -310,14 +286,14 @@ class GlobalOrder:
         self.release()
         self._read_spans = read_spans
 
-    def _submit(self, key: tuple[int, int, bool]) -> Future[_WindowData]:
+    def _submit(self, key: tuple[int, int, bool]) -> Future[WindowData]:
         if self._readahead is None:
             self._readahead = ThreadPoolExecutor(1, thread_name_prefix="wdstream-readahead")
         fut = self._readahead.submit(self._load_data, *key)
         self._data[key] = fut
         return fut
 
-    def _load_data(self, epoch: int, w: int, with_docs: bool) -> _WindowData:
+    def _load_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         plan, win = self.plan(epoch), self.window(epoch, w)
         pieces = [pc for p, q in self.geometry.spans(w) for pc in plan.pieces(p, q)]
         order = win.order
@@ -325,29 +301,32 @@ class GlobalOrder:
             return self._load_unverified(pieces, order)
         checks = None
         if self._read_spans is not None and self.source.checksums:
-            used = _samples_used(win, self._read_spans(epoch, win.begin, win.end))
+            used = samples_used(
+                win.begin + win.starts, order, self._read_spans(epoch, win.begin, win.end)
+            )
             bounds = np.cumsum([0] + [b - a for _, a, b in pieces])
             checks = [used[i:j] for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
         if with_docs:
-            parts = self.source.read(pieces, docs=True, checks=checks)
+            parts = self.reads.read(pieces, docs=True, checks=checks)
             toks = [t for part in parts for t in part.tokens.views()]
             docs = [d for part in parts for d in part.doc_lens]
-            return _WindowData(toks, order.tolist(), [0] * len(order), [docs[k] for k in order])
-        located = [part.tokens for part in self.source.read(pieces, checks=checks)]
+            return WindowData(toks, order.tolist(), [0] * len(order), [docs[k] for k in order],
+                              bad=emitted_bad(parts, order))  # fmt: skip
+        parts = self.reads.read(pieces, checks=checks)
+        located = [part.tokens for part in parts]
         base_of = np.repeat(np.arange(len(located)), [len(x) for x in located])
         first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
         bases = [x.base for x in located]
-        return _WindowData(bases, base_of[order].tolist(), first[order].tolist(), [])
+        return WindowData(bases, base_of[order].tolist(), first[order].tolist(), [],
+                          bad=emitted_bad(parts, order))  # fmt: skip
 
-    def _load_unverified(
-        self, pieces: list[tuple[int, int, int]], order: np.ndarray
-    ) -> _WindowData:
+    def _load_unverified(self, pieces: list[tuple[int, int, int]], order: np.ndarray) -> WindowData:
         """A torch worker's window (one of several workers): it copies scattered samples,
         and verifies each right after its first copy (:meth:`fill`), while the bytes are
         in the cache. Checked by a read-ahead thread instead, in runs of the samples it
         uses, the sums cost 2-3x more there: every run is a GIL hand-off between that
         thread and the filling one, on cores the other workers already keep busy."""
-        reads = self.source.read(pieces, verify=False)
+        reads = self.reads.read(pieces, verify=False)
         located = [part.tokens for part in reads]
         checks = [part.checks for part in reads]
         counts = [len(x) for x in located]
@@ -361,12 +340,13 @@ class GlobalOrder:
                          for c, n in zip(checks, counts, strict=True)]  # fmt: skip
                 return np.concatenate(parts)[order].tolist()
 
-            unverified = _CopyTimeChecks(
+            unverified = CopyTimeChecks(
                 checks, column(lambda c: c.offsets), column(lambda c: c.offsets + c.sizes),
                 column(lambda c: c.crcs),
             )  # fmt: skip
         bases = [x.base for x in located]
-        return _WindowData(bases, base_of, first[order].tolist(), [], unverified)
+        return WindowData(bases, base_of, first[order].tolist(), [], unverified,
+                          emitted_bad(reads, order))  # fmt: skip
 
     def row_segments(self, epoch: int, row: int) -> list[tuple[int, int, int]]:
         """``(epoch position, first token in the sample, tokens)`` of the sample pieces that
@@ -388,21 +368,29 @@ class GlobalOrder:
             out.append((shard, sample, off, take))
         return out
 
-    def fill(self, epoch: int, row: int, tokens: np.ndarray, doc_start: np.ndarray | None) -> None:
+    def fill(
+        self, epoch: int, row: int, tokens: np.ndarray, doc_start: np.ndarray | None
+    ) -> list[Hit]:
         """Write rows ``[row, row + len(tokens))`` of ``epoch`` into ``tokens`` ([n, T + 1]).
 
         ``doc_start`` (bool, same shape), when given, is True where a document piece begins:
         at every sample start (the next sample of a shuffled stream is unrelated) and at
         every document start inside a sample.
+
+        Returns:
+            With ``quarantine``, each row (of ``tokens``) masked whole with each stand-in
+            sample it holds tokens of, in stream order; else empty.
         """
-        t0 = row * self.row_tokens
+        T1 = self.row_tokens
+        t0 = row * T1
         with_docs = doc_start is not None
         flat = tokens.reshape(-1)
         flat_ds = doc_start.reshape(-1) if doc_start is not None else None
         if flat_ds is not None:
             flat_ds[:] = False
         o = 0
-        windows: dict[int, _WindowData] = {}
+        windows: dict[int, WindowData] = {}
+        hits: list[Hit] = []
         for w, i, off, take in self._segments(epoch, t0, t0 + tokens.size):
             data = windows.get(w)
             if data is None:
@@ -411,22 +399,16 @@ class GlobalOrder:
             flat[o : o + take] = base[at : at + take]
             unverified = data.unverified
             if unverified is not None and unverified.want[i] >= 0:
-                unverified.verify(i, data.base_of[i], self.source)
+                bad = data.bad if self.quarantine else None
+                unverified.verify(i, data.base_of[i], self.source, bad)
+            if data.bad and i in data.bad:
+                hits += [(r, data.bad[i]) for r in range(o // T1, (o + take - 1) // T1 + 1)]
             if flat_ds is not None:
                 starts = np.concatenate([[0], np.cumsum(data.pieces[i])[:-1]]) - off
                 starts = starts[(starts >= 0) & (starts < take)]
                 flat_ds[o + starts] = True
                 flat_ds[o] = True  # a sample boundary, or a row start inside a sample
             o += take
-
-
-def _samples_used(win: _OrderWindow, spans: list[tuple[int, int]]) -> np.ndarray:
-    """Which of the window's samples (lane order, as read) the token ``spans`` touch."""
-    starts = win.begin + win.starts
-    emitted = np.zeros(len(win.positions), dtype=bool)
-    for a, b in spans:
-        first = int(np.searchsorted(starts, a, side="right")) - 1
-        emitted[max(first, 0) : int(np.searchsorted(starts, b, side="left"))] = True
-    used = np.empty_like(emitted)
-    used[win.order] = emitted
-    return used
+        if hits:
+            mask_rows(tokens, doc_start, hits, self.neutral)
+        return hits

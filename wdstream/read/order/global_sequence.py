@@ -12,7 +12,9 @@ the same batches. The state is the global step and where counting began::
      "step": 41210, "origin": {"step": 0, "epoch": 0, "row": 0}, "iter_stop": null,
      "worker": null, "order_version": 1, "next_rows": "<16 hex>", "check": "<48 hex>"}
 
-``order_version`` and ``next_rows`` name the order (:mod:`~wdstream.read.order.identity`).
+``order_version`` and ``next_rows`` name the order (:mod:`~wdstream.read.order.identity`);
+``skips`` and ``quarantined`` (rows the saving rank masked, ``on_corrupt="mask"``) appear
+once above 0.
 Nothing in it depends on the rank, the world size or the workers: every rank saves the same
 state, and any rank of any world size with the same global batch loads rank 0's. With another
 global batch the run continues from the same row of the same epoch (``origin``).
@@ -42,7 +44,14 @@ from wdstream.read.order.state_fields import (
     same_value,
 )
 from wdstream.read.order.step_check import check_step
-from wdstream.read.order.steps import GlobalPosition, RowScope, StepChunks, parse_skips
+from wdstream.read.order.steps import (
+    GlobalPosition,
+    RowScope,
+    StepChunks,
+    parse_skips,
+    step_cursors,
+)
+from wdstream.read.order.window_data import Hit
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["GLOBAL_STATE_VERSION", "GlobalPosition", "GlobalReader", "global_batch_at"]
@@ -61,6 +70,7 @@ class GlobalReader:
         batch_size: rows per rank and step (B).
         chunk_batches: steps per chunk (K).
         doc_boundaries: also return where document pieces start.
+        quarantine: ``on_corrupt="mask"`` (:class:`GlobalOrder`).
     """
 
     def __init__(
@@ -71,8 +81,9 @@ class GlobalReader:
         batch_size: int,
         chunk_batches: int,
         doc_boundaries: bool,
+        quarantine: bool = False,
     ) -> None:
-        self.order = GlobalOrder(source, order)
+        self.order = GlobalOrder(source, order, quarantine)
         self.row_tokens = self.order.row_tokens
         self.rank, self.batch_size = rank, batch_size
         self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
@@ -143,8 +154,9 @@ class GlobalReader:
         sealed = isinstance(state, dict) and SEAL_KEY in state
         named = isinstance(state, dict) and any(k in state for k in IDENTITY_KEYS)
         skipped = isinstance(state, dict) and "skips" in state
+        counted = isinstance(state, dict) and "quarantined" in state
         keys = (*_STATE_KEYS, *(IDENTITY_KEYS if named else ()), *((SEAL_KEY,) if sealed else ()),
-                *(("skips",) if skipped else ()))  # fmt: skip
+                *(("skips",) if skipped else ()), *(("quarantined",) if counted else ()))  # fmt: skip
         state = dict_field("", state, keys)
         if not same_value(state["version"], GLOBAL_STATE_VERSION) or state["order"] != "global":
             raise mismatch("version", state["version"], "a global-order state (version 2)")
@@ -174,7 +186,8 @@ class GlobalReader:
         if named:
             check_identity(state, ORDER_VERSION, lambda: self.next_rows(step, saved_origin, old))
         skips = parse_skips(state["skips"], step) if skipped else ()
-        position = GlobalPosition(step, origin, stop, _worker(state["worker"]), skips)
+        masked = int_field("quarantined", state["quarantined"], lo=1) if counted else 0
+        position = GlobalPosition(step, origin, stop, _worker(state["worker"]), skips, masked)
         if stop is not None and self.epoch_of(position) > stop:
             raise mismatch(
                 "iter_stop", stop, f"is before the state's epoch {self.epoch_of(position)}"
@@ -227,10 +240,11 @@ class GlobalReader:
 
     def fill(
         self, step: int, origin: Origin, tokens: np.ndarray, doc_start: np.ndarray | None
-    ) -> None:
-        """This rank's rows of global step ``step`` into ``tokens`` ([B, T + 1])."""
+    ) -> list[Hit]:
+        """This rank's rows of global step ``step`` into ``tokens`` ([B, T + 1]); the rows
+        masked (:meth:`GlobalOrder.fill`)."""
         epoch, row = self.order.locate(step, origin)
-        self.order.fill(epoch, row + self.rank * self.batch_size, tokens, doc_start)
+        return self.order.fill(epoch, row + self.rank * self.batch_size, tokens, doc_start)
 
     def stopped(self, position: GlobalPosition) -> bool:
         """Whether the iteration ends at ``position`` (its stop epoch reached)."""
@@ -275,18 +289,20 @@ class GlobalReader:
         self, first: int, n: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
     ) -> list[Cursor]:
         """This rank's rows of steps ``[first, first + n)`` into ``tokens`` ([n*B, T + 1]);
-        returns the cursor after each step (``{"step": k + 1}``)."""
+        returns the cursor after each step (:func:`step_cursors`)."""
         B = self.batch_size
         if B == self.order.cfg.global_batch:
             # One rank: the chunk's steps are consecutive rows of one epoch, one copy.
             epoch, row = self.order.locate(first, position.origin)
-            self.order.fill(epoch, row, tokens, doc)
+            hits = self.order.fill(epoch, row, tokens, doc)
         else:
+            hits = []
             for i in range(n):
                 rows = slice(i * B, (i + 1) * B)
                 ds = None if doc is None else doc[rows]
-                self.fill(first + i, position.origin, tokens[rows], ds)
-        return [{"step": first + i + 1} for i in range(n)]
+                got = self.fill(first + i, position.origin, tokens[rows], ds)
+                hits += [(i * B + r, bad) for r, bad in got]
+        return step_cursors(first, n, B, self.rank, hits)
 
     def start(self, epoch: int) -> GlobalPosition:
         """The position at the start of ``epoch``."""

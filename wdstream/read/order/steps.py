@@ -20,8 +20,17 @@ from wdstream.read.batches.rows import position_ids
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import Origin
 from wdstream.read.order.state_fields import int_field, mismatch
+from wdstream.read.order.window_data import Hit
 
-__all__ = ["GlobalPosition", "RowScope", "StepChunks", "StepRows", "parse_skips"]
+__all__ = [
+    "GlobalPosition",
+    "RowScope",
+    "StepChunks",
+    "StepRows",
+    "masked_rows",
+    "parse_skips",
+    "step_cursors",
+]
 
 
 _P = TypeVar("_P", bound="GlobalPosition")
@@ -35,7 +44,8 @@ class GlobalPosition:
     ``step`` is the next *data* step (the one whose rows come next). ``skips`` holds
     ``(training step, n)``: at that training step (batches handed out, counted from 0)
     ``n`` data steps were skipped, so training step ``t`` reads data step
-    ``t + sum(n for skips at or before t)`` (:meth:`data_step`).
+    ``t + sum(n for skips at or before t)`` (:meth:`data_step`). ``quarantined`` counts
+    the rows masked so far (``on_corrupt="mask"``) by the rank that holds the position.
     """
 
     step: int = 0
@@ -43,6 +53,7 @@ class GlobalPosition:
     iter_stop: int | None = None
     worker: tuple[int, int] | None = None  # (id, num_workers) of one torch worker's share
     skips: tuple[tuple[int, int], ...] = ()
+    quarantined: int = 0
 
     def copy(self: _P) -> _P:
         return copy.copy(self)
@@ -88,16 +99,20 @@ class GlobalPosition:
         self, version: int, order: str, config: dict[str, Any], origin: dict[str, int], **more: Any
     ) -> dict[str, Any]:
         """The JSON state of this position (the global order's and a mixture's have this form;
-        ``more`` goes between the origin and the iteration's stop)."""
+        ``more`` goes between the origin and the iteration's stop; ``skips`` and
+        ``quarantined`` are there only once something was skipped or masked)."""
         worker = list(self.worker) if self.worker is not None else None
         skips = {"skips": [list(x) for x in self.skips]} if self.skips else {}
+        masked = {"quarantined": self.quarantined} if self.quarantined else {}
         return {"version": version, "order": order, "config": config, "step": self.step,
                 "origin": origin, **more, "iter_stop": self.iter_stop, "worker": worker,
-                **skips}  # fmt: skip
+                **skips, **masked}  # fmt: skip
 
     def hand_over(self, stream: int, cursors: list[Cursor], j: int) -> None:
-        """Batch ``j`` of a chunk reached the caller: the next step is the one after it."""
+        """Batch ``j`` of a chunk reached the caller: the next step is the one after it, and
+        its masked rows are counted."""
         self.step = cursors[j]["step"]
+        self.quarantined += masked_rows(cursors[j])
 
     def pass_turn(self, stream: int) -> None:
         """The global order has no streams and no empty chunks: nothing to record."""
@@ -123,6 +138,27 @@ def parse_skips(value: Any, step: int) -> tuple[tuple[int, int], ...]:
     if out and step - sum(n for _, n in out) < out[-1][0]:
         raise mismatch("skips", value, f"skips more steps than the state's step {step} allows")
     return tuple(out)
+
+
+def step_cursors(first: int, n: int, batch_size: int, rank: int, hits: list[Hit]) -> list[Cursor]:
+    """The cursor after each of the steps ``[first, first + n)`` of a chunk (``{"step": k +
+    1}``), with the events of the rows ``hits`` names (rows of the chunk, ``batch_size`` a
+    step) under ``"quarantined"``: plain dicts (step, rank, row in the batch, shard,
+    sample, byte, reason), one per row and stand-in sample, in row order; they travel with
+    the chunk from a torch worker to the loader."""
+    cursors: list[Cursor] = [{"step": first + i + 1} for i in range(n)]
+    for r, bad in sorted(hits, key=lambda h: (h[0], h[1].shard, h[1].sample)):
+        i, row = divmod(r, batch_size)
+        event = {"step": first + i, "rank": rank, "row": row, "shard": bad.shard,
+                 "sample": bad.sample, "byte": bad.byte, "reason": bad.reason}  # fmt: skip
+        cursors[i].setdefault("quarantined", []).append(event)
+    return cursors
+
+
+def masked_rows(cursor: Cursor) -> int:
+    """Rows of the batch after which ``cursor`` was taken that were masked (a row that holds
+    tokens of two stand-in samples is one row and two events)."""
+    return len({e["row"] for e in cursor.get("quarantined", ())})
 
 
 class RowScope(Protocol):
@@ -230,6 +266,7 @@ class StepChunks:
                 tokens, positions = buffers.take(mine, n * B)
                 doc = np.empty((n * B, T1), dtype=bool) if r.doc_boundaries else None
                 cursors = r.fill_chunk(first, n, position, tokens.numpy(), doc)
+                position.quarantined += sum(masked_rows(c) for c in cursors)
                 if doc is not None and positions is not None:
                     positions.numpy()[:] = position_ids(doc)
                 yield -1, mine, tokens, positions, cursors

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -86,6 +86,7 @@ class StreamsPosition:
     next_stream: int = 0
     iter_stop: int | None = None
     worker: tuple[int, int] | None = None
+    quarantined: ClassVar[int] = 0  # per-rank streams never mask a row (on_corrupt="raise")
 
     def copy(self) -> StreamsPosition:
         return StreamsPosition(

@@ -27,13 +27,14 @@ import numpy as np
 from wdstream.errors import CorruptShardError
 from wdstream.format.checksum import Corruption, find_corruption, spot_check
 from wdstream.format.index import DatasetIndex, ShardEntry
-from wdstream.format.sample import LocatedTokens, decode_sample
+from wdstream.format.sample import LocatedTokens, Sample, decode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.sources.identity import DatasetIdentity, packed_identity
 from wdstream.read.sources.layouts import KeptLayouts
 from wdstream.read.sources.reads import CopyChecks, PieceRead
 from wdstream.read.sources.shards import (
     decode_span,
+    drop_short_last_sample,
     infer_mode,
     parse_sidecar,
     read_index,
@@ -44,7 +45,7 @@ from wdstream.read.sources.stores import StoreCache, expand_urls
 from wdstream.storage import Store
 from wdstream.storage.urls import is_dataset_root, split_url
 
-# expand_urls: stores.py; CopyChecks, PieceRead: reads.py
+# CopyChecks, PieceRead: reads.py; expand_urls: stores.py
 __all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]
 
 _REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
@@ -115,11 +116,11 @@ class ShardSource:
                              for c, (_, sha) in zip(counts, loaded, strict=True)]  # fmt: skip
             self.samples = np.array([r[0] for r in self._records], dtype=np.int64)
             self.tokens = np.array([r[1] for r in self._records], dtype=np.int64)
-            if self.index is not None:  # only without an index is the mode inferred
-                self.mode, self.sample_tokens = self.index.mode, self.index.sample_tokens
-            else:
-                self.mode, self.sample_tokens = infer_mode(counts)
-        self._drop_short_last_sample()
+            ix = self.index  # only without an index is the mode inferred
+            self.mode, self.sample_tokens = (
+                (ix.mode, ix.sample_tokens) if ix else infer_mode(counts)
+            )
+        drop_short_last_sample(self.samples, self.tokens, self.mode, self.sample_tokens)
         # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
         self.remote = any("://" in root and not root.startswith("file://") for root, _ in self.urls)
         st = self.sample_tokens or 0
@@ -132,17 +133,6 @@ class ShardSource:
             if self.mode == "concat" and st
             else np.zeros(len(self.samples), dtype=bool)
         )
-
-    def _drop_short_last_sample(self) -> None:
-        """Leave a short final concat sample out of the counts (see the class docstring)."""
-        st = self.sample_tokens
-        if self.mode != "concat" or not st or not len(self.samples):
-            return
-        last = len(self.samples) - 1
-        short = int(self.tokens[last]) - (int(self.samples[last]) - 1) * st
-        if 0 < short < st:
-            self.samples[last] -= 1
-            self.tokens[last] -= short
 
     @cached_property
     def identity(self) -> DatasetIdentity:
@@ -200,6 +190,14 @@ class ShardSource:
             f"{self.where(shard)}: sample {bad.sample} at byte {bad.byte}: checksum mismatch "
             f"(corrupt bytes{via})"
         )
+
+    def sidecar(self, shard: int) -> ShardSidecar:
+        """The sidecar of ``shard`` (read once, checked, kept in a per-process LRU).
+
+        Raises:
+            CorruptShardError, OSError: it cannot be read, or fails its checks.
+        """
+        return self._sidecar(shard)[0]
 
     def _sidecar(self, shard: int) -> tuple[ShardSidecar, np.ndarray]:
         with self._lock:
@@ -369,6 +367,22 @@ class ShardSource:
         crcs = sidecar.crc32c[a:b]
         checks = CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs)
         return PieceRead(tokens, [], checks)
+
+    def read_sample(self, shard: int, k: int) -> Sample:
+        """Sample ``k`` of ``shard`` alone, decoded, checked against its own CRC32C (not the
+        running one: the bytes between samples are no sample's), as a torch worker checks
+        what it copies; for reads that failed, sample by sample (``on_corrupt="mask"``).
+
+        Raises:
+            CorruptShardError, OSError: naming the shard, the sample and its byte offset.
+        """
+        sidecar = self.sidecar(shard)
+        root, name = self.urls[shard]
+        begin, end = sidecar.byte_range(k, k + 1)
+        data = self._store(root).read_range_view(name, begin, end)
+        where, verify = self.where(shard), self.checksums
+        [sample] = decode_span(data, begin, sidecar, k, k + 1, where, verify=verify)
+        return sample
 
     def _mapped(self, shard: int) -> Callable[[int], memoryview]:
         """The first ``end`` bytes of a local shard, mapped (its token layout is searched once)."""

@@ -30,6 +30,7 @@ _SAMPLE_MEMBER_SUFFIXES = tuple(SAMPLE_SUFFIXES.values())
 __all__ = [
     "decode_span",
     "documents",
+    "drop_short_last_sample",
     "infer_mode",
     "iter_samples",
     "parse_sidecar",
@@ -133,6 +134,21 @@ def infer_mode(counts: list[np.ndarray]) -> tuple[str, int | None]:
     st = int(lens[0]) if len(lens) else 0
     concat = len(lens) > 0 and bool(np.all(lens[:-1] == st)) and 0 < lens[-1] <= st
     return ("concat", st) if concat else ("docs", None)
+
+
+def drop_short_last_sample(
+    samples: np.ndarray, tokens: np.ndarray, mode: str, sample_tokens: int | None
+) -> None:
+    """Leave a short final concat sample out of the per-shard counts ``samples`` and
+    ``tokens`` (in place): see :class:`~wdstream.read.sources.packed.ShardSource`."""
+    st = sample_tokens
+    if mode != "concat" or not st or not len(samples):
+        return
+    last = len(samples) - 1
+    short = int(tokens[last]) - (int(samples[last]) - 1) * st
+    if 0 < short < st:
+        samples[last] -= 1
+        tokens[last] -= short
 
 
 def parse_sidecar(

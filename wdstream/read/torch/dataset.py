@@ -26,11 +26,13 @@ from wdstream.read.assemble import (
     resolve_order,
     resolve_rank,
 )
+from wdstream.read.batches.quarantine import QuarantineLog
 from wdstream.read.batches.rows import IGNORE_INDEX, RowLabels, doc_ids, position_ids
 from wdstream.read.mixture.spec import is_mixture
 from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.order.global_order import Origin
+from wdstream.read.order.steps import masked_rows
 from wdstream.read.order.streams_context import ReaderConfig
 from wdstream.read.torch.handoff import FreshBuffers, WorkerHandoff
 
@@ -105,6 +107,8 @@ class TokenDataset(IterableDataset):
         # position and chunk ring they share with it.
         self.yields_chunks = False
         self.handoff: WorkerHandoff | None = None
+        # Masked rows of batches yielded one by one (a Loader keeps its own record).
+        self.quarantine = QuarantineLog(opts.max_quarantined)
 
     def use(self, handoff: WorkerHandoff | None) -> None:
         """Serve a ``Loader``: yield chunks, and with workers use ``handoff``."""
@@ -224,7 +228,11 @@ class TokenDataset(IterableDataset):
             return
         for _, tokens, positions, cursors in self.iter_chunks():
             batches = chunk_to_batches(tokens, positions, self.cfg.batch_size, labels=self.labels)
+            # The position counted the chunk's masked rows as it was filled.
+            before = self.position.quarantined - sum(masked_rows(c) for c in cursors)
             for cursor, batch in zip(cursors, batches, strict=False):
+                self.quarantine.admit(cursor, before, self.cfg.batch_size)
+                before += masked_rows(cursor)
                 if "source" in cursor:
                     batch["source"] = torch.from_numpy(cursor["source"])
                 yield batch

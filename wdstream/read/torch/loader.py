@@ -29,9 +29,11 @@ from torch.utils.data import DataLoader
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.batches.buckets import BucketedBatches
+from wdstream.read.batches.quarantine import QuarantineEvent, QuarantineLog
 from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
+from wdstream.read.torch.device import pinned, to_device
 from wdstream.read.torch.handoff import WorkerHandoff
 
 if TYPE_CHECKING:
@@ -44,43 +46,6 @@ __all__ = ["Loader"]
 # most 8 int64 fields in JSON (< 300 bytes), the rest a few numbers.
 def _identity(x: Any) -> Any:
     return x
-
-
-def _pin(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
-    for s, t, p, c in chunks:
-        yield s, t.pin_memory(), (p.pin_memory() if p is not None else None), c
-
-
-def _to_device(chunks: Iterator[Chunk], device: torch.device) -> Iterator[Chunk]:
-    """Copy each chunk to ``device`` on a side stream, one chunk ahead of its use."""
-    side = torch.cuda.Stream(device)
-
-    def send(chunk: Chunk) -> tuple[Chunk, torch.cuda.Event]:
-        s, t, p, c = chunk
-        with torch.cuda.stream(side):
-            t = t.to(device, non_blocking=True)
-            p = p.to(device, non_blocking=True) if p is not None else None
-            done = torch.cuda.Event()
-            done.record(side)
-        return (s, t, p, c), done
-
-    def ready(sent: tuple[Chunk, torch.cuda.Event]) -> Chunk:
-        (s, t, p, c), done = sent
-        main = torch.cuda.current_stream(device)
-        main.wait_event(done)
-        t.record_stream(main)
-        if p is not None:
-            p.record_stream(main)
-        return s, t, p, c
-
-    pending = None
-    for chunk in chunks:
-        sent = send(chunk)
-        if pending is not None:
-            yield ready(pending)
-        pending = sent
-    if pending is not None:
-        yield ready(pending)
 
 
 def _usable_cores() -> int:
@@ -155,6 +120,12 @@ class Loader:
             workers and the global order do not apply (read in this process). Same batch
             count on every rank, exact resume, also on another world size
             (:mod:`wdstream.read.batches.buckets`).
+        on_corrupt: ``"raise"`` (default) or ``"mask"``: every row holding a token of a
+            sample that cannot be read is delivered in its place masked whole (``labels``
+            all -100), the rest as a clean dataset gives them; events in
+            :attr:`quarantined`, logged once, counted in the state (``ReadOptions``).
+        max_quarantined: with ``"mask"``: the most masked rows (int) or fraction of rows
+            (float) before a ``QuarantineLimitError`` (``ReadOptions``).
         store_options: passed to the storage backend.
     """
 
@@ -192,6 +163,8 @@ class Loader:
         weights: Any = None,
         stop: str | None = None,
         max_tokens: int | None = None,
+        on_corrupt: str = "raise",
+        max_quarantined: int | float | None = None,
         **store_options: Any,
     ) -> None:
         if num_workers is None:
@@ -216,7 +189,7 @@ class Loader:
             mask_doc_ends=mask_doc_ends, tokenizer=tokenizer, text_key=text_key,
             batches_per_epoch=batches_per_epoch, on_error=on_error, eos=eos,
             tokenize_threads=tokenize_threads, order=order, weights=weights, stop=stop,
-            store_options=store_options,
+            on_corrupt=on_corrupt, max_quarantined=max_quarantined, store_options=store_options,
         )  # fmt: skip
         self.dataset = TokenDataset(source, seq_len, batch_size, options)
         self.epochs = epochs
@@ -234,6 +207,10 @@ class Loader:
         # The position after the last batch handed to the caller: the dataset runs ahead of
         # it by the chunks prefetched or being sliced, so this is the loader's own.
         self._handed: SequencePosition = self.dataset.position.copy()
+        self._quarantine = QuarantineLog(max_quarantined)
+        if max_tokens is not None and on_corrupt != "raise":
+            raise ValueError("on_corrupt='mask' needs the global order; max_tokens batches "
+                             "have no fixed place to keep a masked row in")  # fmt: skip
         self._buckets = None if max_tokens is None else self._bucketed(seq_len, max_tokens, seed)
 
     def _bucketed(self, seq_len: int, max_tokens: int, seed: int) -> BucketedBatches:
@@ -252,6 +229,11 @@ class Loader:
     @property
     def world_size(self) -> int:
         return self.dataset.cfg.world_size
+
+    @property
+    def quarantined(self) -> list[QuarantineEvent]:
+        """Masked rows' events (one per row and bad sample) this loader handed out."""
+        return self._quarantine.events
 
     @property
     def sources(self) -> list[str]:
@@ -431,7 +413,7 @@ class Loader:
         cuda = self.device is not None and self.device.type == "cuda"
         if cuda:
             assert self.device is not None
-            chunks = _to_device(_pin(chunks), self.device)
+            chunks = to_device(pinned(chunks), self.device)
         pin = self.pin_memory and not cuda and torch.cuda.is_available()
         B = self.dataset.cfg.batch_size
         labels = self.dataset.labels
@@ -441,7 +423,9 @@ class Loader:
                 handed.pass_turn(s)
                 continue
             for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin, labels=labels)):
-                # Record the position only now, as the batch is handed over.
+                # Record the position only now, as the batch is handed over (past
+                # max_quarantined it is not).
+                self._quarantine.admit(cursors[j], handed.quarantined, B)
                 handed.hand_over(s, cursors, j)
                 if "source" in cursors[j]:  # a mixture: each row's source index
                     src = torch.from_numpy(cursors[j]["source"])
