@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import jinja2.meta
+import jinja2.nodes
 
 from wdstream.chat.jinja import chat_environment
 from wdstream.chat.masks import TRAIN_ON, ChatEncoder
@@ -38,8 +38,8 @@ _NO_CLOCK = datetime(1970, 1, 1)  # what a template that never calls strftime_no
 
 def reads_clock(source: str) -> bool:
     """Whether the template text calls ``strftime_now`` (its output then depends on the time)."""
-    env = chat_environment(_NO_CLOCK)
-    return "strftime_now" in jinja2.meta.find_undeclared_variables(env.parse(source))
+    tree = chat_environment(_NO_CLOCK).parse(source)
+    return any(n.name == "strftime_now" for n in tree.find_all(jinja2.nodes.Name))
 
 
 def _pinned(now: datetime | str | None) -> str:
