@@ -25,6 +25,15 @@ from wdstream.errors import ConversationError
 __all__ = ["ChatRecord", "ConversationFields"]
 
 
+def _chars(value: Any) -> int:
+    """Characters of the text in a message's content (a string or content parts)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_chars(part.get("text")) for part in value if isinstance(part, dict))
+    return 0
+
+
 @dataclass(frozen=True)
 class ChatRecord:
     """One conversation: its messages (at least one) and the tool schemas, or None."""
@@ -33,8 +42,12 @@ class ChatRecord:
     tools: list[dict[str, Any]] | None = None
 
     def __len__(self) -> int:
-        """Messages (never 0: a record without one is refused)."""
-        return len(self.messages)
+        """The conversation's size: characters of its messages' text, plus one per message.
+
+        Never 0 (a conversation of empty messages still renders its markup, and a record
+        without a message is refused); the pack batches documents by this size, so a batch
+        of conversations holds about as much text as a batch of documents."""
+        return sum(_chars(m.get("content")) + 1 for m in self.messages)
 
 
 @dataclass(frozen=True)
