@@ -139,6 +139,17 @@ def test_mixture_with_pretraining_text_keeps_each_rows_labels(
                 chat_rows += 1
                 oracle.check(ids, labels)
     assert chat_rows and text_rows
+    spec = tmp_path / "mix.json"
+    spec.write_text(json.dumps({"sources": {"chat": root, "text": text},
+                                "weights": {"chat": 1, "text": 1}}))  # fmt: skip
+    from wdstream.read.mixture.inspect import explain_mixture, mixture_explanation_records
+
+    exp = explain_mixture(str(spec), 3, batch_size=4, seq_len=SEQ, seed=1)
+    for row in mixture_explanation_records(exp):
+        for piece in row["pieces"]:
+            assert ("turns" in piece) == (row["source"] == "chat")
+            if "turns" in piece:
+                assert piece["turns"]["first"] == 0 and "error" not in piece["turns"]
 
 
 def test_a_flipped_mask_bit_is_a_corrupt_shard(

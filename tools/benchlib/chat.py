@@ -186,8 +186,11 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
     encode = ratio_spread(res["encode"]["wdstream"], res["encode"]["transformers"], "seconds",
                           inverse=True)  # fmt: skip
     read = ratio_spread(res["read"]["chat"], res["read"]["pretraining"], "tokens_per_s")
-    rows = [[name, value_spread(pack[name], "seconds"),
-             ratio_spread(pack[name], base, "seconds", inverse=True)] for name in pack]  # fmt: skip
+    rows = []
+    for name in pack:
+        secs = value_spread(pack[name], "seconds")
+        rows.append([name, secs.fmt(" s") if secs else None,
+                     ratio_spread(pack[name], base, "seconds", inverse=True)])  # fmt: skip
     b = res["bytes"]
     added = (b["chat"]["shard_bytes"] - b["pretraining"]["shard_bytes"]) / b["chat"]["samples"]
     chk = res["check"]

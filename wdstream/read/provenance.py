@@ -50,6 +50,7 @@ __all__ = [
     "explain_steps",
     "explanation_lines",
     "explanation_records",
+    "piece_line",
     "piece_record",
     "row_pieces",
     "state_order_config",
@@ -373,6 +374,16 @@ def with_turns(rows: list[ExplainedRow], chat: ChatTurns) -> list[ExplainedRow]:
     ]
 
 
+def piece_line(p: RowPiece) -> str:
+    """One piece as ``explain`` prints it: spans, shard, sample, ``file:line``, and in a chat
+    dataset its turns."""
+    return (
+        f"  row [{p.row_start}, {p.row_end}) {p.shard_name} sample {p.sample} "
+        f"{p.file}:{p.line} doc [{p.doc_start}, {p.doc_end})"
+        + ("" if p.turns is None else f" {p.turns.describe()}")
+    )
+
+
 def explanation_lines(exp: Explanation) -> list[str]:
     """``wdstream explain``'s output: a header, then per row its rank and one line per piece
     (``[start, end)`` token spans; text, when decoded, as a JSON string on the next line)."""
@@ -387,11 +398,7 @@ def explanation_lines(exp: Explanation) -> list[str]:
     for row in exp.rows:
         lines.append(f"row {row.row}: rank {row.rank} row {row.rank_row}")
         for p in row.pieces:
-            lines.append(
-                f"  row [{p.row_start}, {p.row_end}) {p.shard_name} sample {p.sample} "
-                f"{p.file}:{p.line} doc [{p.doc_start}, {p.doc_end})"
-                + ("" if p.turns is None else f" {p.turns.describe()}")
-            )
+            lines.append(piece_line(p))
             if p.text is not None:
                 lines.append("    " + json.dumps(p.text, ensure_ascii=False))
     return lines

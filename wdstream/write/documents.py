@@ -11,6 +11,7 @@ whatever the vocabulary) and is part of the pack's resume fingerprint.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -18,16 +19,17 @@ from typing import Any
 
 from wdstream.chat.recorded import ChatSettings
 from wdstream.chat.records import ConversationFields
-from wdstream.format.index import ShardEntry
+from wdstream.format.index import JOURNAL_NAME, ShardEntry
 from wdstream.format.loss import LOSS_MASK_KIND
 from wdstream.inputs.pretokenized import TokenFields
 from wdstream.inputs.records import RecordDocument
+from wdstream.storage import Store
 from wdstream.tokenizers import Tokenizer
 from wdstream.write.chatdocs import ChatDocumentEncoder, chat_tokenizer
 from wdstream.write.docrules import LONG_DOCS, DocumentRules
 from wdstream.write.encoders import DocumentEncoder, TextEncoder, TokenIdsEncoder, stored_id
 
-__all__ = ["DocumentParts", "PackDocuments", "mask_stats"]
+__all__ = ["DocumentParts", "PackDocuments", "interrupted_chat_now", "mask_stats"]
 
 
 @dataclass(frozen=True)
@@ -184,3 +186,15 @@ def mask_stats(
         out["masked_documents"] = sum(e.documents for e in entries)
         out["unsupervised_tokens"] = tokens - counts["supervised_tokens"]
     return out
+
+
+def interrupted_chat_now(store: Store) -> str | None:
+    """The time an interrupted chat pack at ``store`` pinned for its template, so that its
+    resume renders ``strftime_now`` as it did (None: no such pack, or its template never
+    called it). A journal that does not parse is left to :meth:`Journal.load` to report."""
+    try:
+        fingerprint = json.loads(store.read(JOURNAL_NAME)).get("fingerprint", {})
+        now = fingerprint.get("chat", {}).get("now")
+    except (FileNotFoundError, ValueError, AttributeError):
+        return None
+    return now if isinstance(now, str) else None

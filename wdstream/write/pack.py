@@ -23,7 +23,6 @@ One pack per output: the whole run holds the output's writer lock ``.wdstream-pa
 from __future__ import annotations
 
 import errno
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -46,7 +45,7 @@ from wdstream.words import count
 from wdstream.write.bestfit import DEFAULT_BUFFER
 from wdstream.write.builders import MODES, check_mode, sample_builder, special_ids
 from wdstream.write.commit import DatasetMeta, commit_dataset
-from wdstream.write.documents import PackDocuments, mask_stats
+from wdstream.write.documents import PackDocuments, interrupted_chat_now, mask_stats
 from wdstream.write.engine import PackEngine, PackJob
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.local import LocalEngine
@@ -324,7 +323,7 @@ def pack(
         eos_id, bos_id = special_ids(tok, eos, bos, bos_id)
         names = ["<stdin>" if f.path == "-" else f.path for f in files]
         if chat and chat_now is None and not overwrite:
-            chat_now = _interrupted_chat_now(store)
+            chat_now = interrupted_chat_now(store)
         parts = documents.resolve(
             tok, (bos_id, eos_id, token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))),
             (mode, seq_len), on_error, names, chat_now,
@@ -392,18 +391,6 @@ def pack(
         if runner is not None:
             runner.close()
         lock.release()
-
-
-def _interrupted_chat_now(store: Store) -> str | None:
-    """The time an interrupted chat pack at ``store`` pinned for its template, so that its
-    resume renders ``strftime_now`` as it did (None: no such pack, or its template never
-    called it). A journal that does not parse is left to :meth:`Journal.load` to report."""
-    try:
-        fingerprint = json.loads(store.read(JOURNAL_NAME)).get("fingerprint", {})
-        now = fingerprint.get("chat", {}).get("now")
-    except (FileNotFoundError, ValueError, AttributeError):
-        return None
-    return now if isinstance(now, str) else None
 
 
 def _open_engine(
