@@ -67,6 +67,9 @@ class InputPosition(NamedTuple):
     long_dropped: int = 0
     long_truncated: int = 0
     unsupervised: int = 0
+    # A chat pack's audit before this document (wdstream.write.chataudit: tokens per role,
+    # template problems), JSON-able; None in other packs.
+    audit: dict[str, Any] | None = None
 
 
 _SPECIAL = (

@@ -113,9 +113,10 @@ def _write_shards(
     """
     try:
         first = True
-        for positions, flat, lens in tpool.map(_batches(reader, batch_bytes)):
+        for positions, batch in tpool.map(_batches(reader, batch_bytes)):
+            flat, lens = batch.flat, batch.lens
             if rules is not None:
-                flat, lens, positions = rules.apply(flat, lens, positions)
+                flat, lens, positions = rules.apply(batch, positions)
                 if not len(lens):
                     continue
             if first and resume.start is not None:

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from typing import Any, BinaryIO
 
@@ -44,7 +45,7 @@ from wdstream.words import count
 from wdstream.write.bestfit import DEFAULT_BUFFER
 from wdstream.write.builders import MODES, check_mode, sample_builder, special_ids
 from wdstream.write.commit import DatasetMeta, commit_dataset
-from wdstream.write.documents import PackDocuments, mask_stats
+from wdstream.write.documents import PackDocuments, interrupted_chat_now, mask_stats
 from wdstream.write.engine import PackEngine, PackJob
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.local import LocalEngine
@@ -164,7 +165,7 @@ def pack(
     bos: bool = False,
     bos_id: int | None = None,
     seq_len: int = 2048,
-    mode: str = "concat",
+    mode: str | None = None,
     bestfit_buffer: int = DEFAULT_BUFFER,
     shard_size: str | int = "256MB",
     shard_samples: int | None = None,
@@ -187,6 +188,11 @@ def pack(
     mask_key: str | None = None,
     long_docs: str | None = None,
     allow_unsupervised: bool = False,
+    chat: bool = False,
+    messages_key: str = "messages",
+    chat_template: str | None = None,
+    train_on: str = "assistant",
+    chat_now: datetime | str | None = None,
 ) -> PackResult:
     """Tokenise text inputs and write a wdstream dataset (shards, sidecars, ``index.json``).
 
@@ -203,7 +209,7 @@ def pack(
         seq_len: training row length; concat samples hold ``seq_len + 1`` tokens.
         mode: ``concat`` (fixed-length samples), ``docs`` (one document per sample) or
             ``bestfit`` (rows of whole documents padded to ``seq_len + 1``; needs ``eos``;
-            see ``docs/PACK.md``).
+            see ``docs/PACK.md``). Default ``concat``, ``bestfit`` with ``chat``.
         bestfit_buffer: ``bestfit``: documents per best-fit block (memory about one block).
         shard_size: maximum tar size (``"256MB"``, ``"1GiB"``, bytes).
         shard_samples: optional maximum samples per shard.
@@ -236,12 +242,23 @@ def pack(
         ids_key: ``pretokenized``: the field holding the ids.
         mask_key: ``pretokenized``: the field holding each record's loss mask (0/1 or
             bools, one per id); given, the dataset stores it (``"loss_mask": "bit31"``,
-            uint32 ids, ``docs/MASKS.md``) and every record needs one.
+            uint32 ids, ``docs/CHAT.md``) and every record needs one.
         long_docs: ``mode="bestfit"``: a document longer than a row is ``split`` across
             rows, ``drop``-ped or ``truncate``-d (counted in the stats); default ``drop``
             for masked packs, ``split`` otherwise.
         allow_unsupervised: masked packs: keep a document whose mask is all 0 (by default
             it is a bad record, per ``on_error``).
+        chat: inputs are JSON Lines conversations (messages, ShareGPT or prompt/completion)
+            rendered through a chat template, stored with a loss mask (``docs/CHAT.md``);
+            ``mode`` ``bestfit`` (default) or ``docs``, never ``concat``.
+        messages_key: ``chat``: the key of the messages form.
+        chat_template: ``chat``: a Jinja template file or a JSON file holding
+            ``chat_template``; default: the tokenizer folder's.
+        train_on: ``chat``: ``assistant`` (every assistant turn), ``last`` (the last one)
+            or ``all`` (every token).
+        chat_now: ``chat``: the time a template's ``strftime_now`` formats (a datetime or
+            ISO 8601 text); default: the clock when the pack starts, or the interrupted
+            pack's when it resumes. Recorded only for templates that call it.
 
     With ``workers > 0`` and the default pool, tokenisation runs in a forkserver process
     pool, so a script calling ``pack`` needs the usual ``if __name__ == "__main__":`` guard.
@@ -259,12 +276,15 @@ def pack(
     t0 = time.perf_counter()
     if isinstance(inputs, str):
         inputs = [inputs]
+    if mode is None:
+        mode = "bestfit" if chat else "concat"
     if mode not in MODES:  # a bad mode is reported before a bad engine
         check_mode(mode, seq_len, eos)
     if engine not in ("local", "ray"):
         raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
     check_mode(mode, seq_len, eos)
-    documents = PackDocuments(pretokenized, ids_key, mask_key, long_docs, allow_unsupervised)
+    documents = PackDocuments(pretokenized, ids_key, mask_key, long_docs, allow_unsupervised,
+                              chat, messages_key, chat_template, train_on)  # fmt: skip
     documents.check(mode, engine)
     shard_bytes = parse_size(shard_size)
     record_limit = check_limit(parse_size(max_record_bytes))
@@ -298,13 +318,15 @@ def pack(
                 "pack into a fresh output or pass --overwrite"
             )
 
-        peek = [] if pretokenized else _peek_texts(files, text_key, lines, record_limit)
+        peek = [] if pretokenized or chat else _peek_texts(files, text_key, lines, record_limit)
         tok = load_tokenizer(tokenizer, backend, peek)
         eos_id, bos_id = special_ids(tok, eos, bos, bos_id)
         names = ["<stdin>" if f.path == "-" else f.path for f in files]
+        if chat and chat_now is None and not overwrite:
+            chat_now = interrupted_chat_now(store)
         parts = documents.resolve(
             tok, (bos_id, eos_id, token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))),
-            (mode, seq_len), on_error, names,
+            (mode, seq_len), on_error, names, chat_now,
         )  # fmt: skip
         dtype = parts.dtype
         fingerprint = {
@@ -327,6 +349,7 @@ def pack(
             "provenance": PROVENANCE_VERSION,
             **({"bestfit_buffer": bestfit_buffer} if mode == "bestfit" else {}),
             **documents.fingerprint(),
+            **({"chat": parts.chat.fingerprint()} if parts.chat is not None else {}),
         }
         journal = Journal(store, fingerprint, name)
         if overwrite:
@@ -355,7 +378,7 @@ def pack(
             "skipped_locations": list(totals.bad_locations),
             "input_bytes": totals.input_bytes,
             "input_files": len(files),
-            **mask_stats(totals.rule_counts, entries, parts.loss_mask is not None),
+            **mask_stats(totals.rule_counts, entries, parts),
         }
         meta = DatasetMeta(tok.info(), eos_id, bos_id, dtype, mode, seq_len, parts.loss_mask)
         index = commit_dataset(store, lock, journal, meta, stats)
