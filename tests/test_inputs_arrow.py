@@ -198,6 +198,12 @@ def test_cli_reads_globs_folders_and_reports_one_line(
     assert res.output.startswith(f"Error: {tmp_path / 'bad.parquet'}: not a readable Parquet file")
     assert len(res.output.strip().splitlines()) == 1
 
+    with pytest.raises(ValueError, match="Parquet/Arrow inputs need engine='local'"):
+        wdstream.pack([str(d / "docs.parquet")], str(tmp_path / "r"), engine="ray")
+    with pytest.raises(ValueError, match="records from Python .* need engine='local'"):
+        wdstream.pack_records(["text"], str(tmp_path / "r"), engine="ray")
+    assert not (tmp_path / "r").exists()  # refused before Ray or the output were touched
+
     for name in ("pyarrow", "pyarrow.parquet", "pyarrow.ipc"):
         monkeypatch.setitem(sys.modules, name, None)  # as if pyarrow were not installed
     res = CliRunner().invoke(main, ["pack", str(d / "docs.parquet"), "-o", str(tmp_path / "p")])
