@@ -13,8 +13,8 @@ document without re-reading, let alone re-tokenising, what it already packed::
 Formats, chosen by file name: ``*.txt`` (optionally ``.gz``/``.zst``) is plain text, one
 document per file (or per line with ``lines=True``); ``*.parquet`` and ``*.arrow`` are rows
 of a table (:mod:`wdstream.inputs.arrow`, records numbered by row); everything else is JSON
-Lines with the text under ``text_key`` (dotted for nested fields). ``-`` reads JSON Lines (or text lines)
-from stdin.
+Lines with the text under ``text_key`` (dotted for nested fields). ``-`` reads JSON Lines
+(or text lines) from stdin.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``pack``: text files in, tar shards of tokens plus ``index.json`` out -- resumable.
+"""``pack``: input files (or records from Python, :mod:`wdstream.write.writer`) in, tar
+shards of tokens plus ``index.json`` out -- resumable.
 
 One orchestration for every engine (:mod:`wdstream.write.engine`)::
 
