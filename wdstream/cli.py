@@ -107,9 +107,10 @@ def pack(
     timeout: float | None,
     **options: Any,
 ) -> None:
-    """Tokenise INPUT... (JSONL[.gz|.zst], .txt, dirs, globs, {a..b}, -) into shards.
+    """Tokenise INPUT... (JSONL[.gz|.zst], .txt, .parquet, .arrow, dirs, globs, {a..b}, -)
+    into shards.
 
-    With --pretokenized, INPUT... are JSON Lines records of token ids (docs/PACK.md)."""
+    With --pretokenized, INPUT... hold records of token ids (docs/PACK.md)."""
     store_options = _store_options(output, endpoint_url, retries, timeout)
     try:
         lines = run_pack(list(inputs), output, show_progress, quiet, store_options, options)

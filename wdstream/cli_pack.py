@@ -14,7 +14,10 @@ __all__ = ["pack_options", "run_pack"]
 _OPTIONS = [
     click.option("--output", "-o", required=True, help="Dataset root: folder, s3://, http(s)://."),
     click.option(
-        "--text-key", default="text", show_default=True, help="JSON field (dotted for nested)."
+        "--text-key",
+        default="text",
+        show_default=True,
+        help="JSON field or Parquet/Arrow column (dotted for nested).",
     ),
     click.option(
         "--tokenizer",

@@ -1,4 +1,5 @@
-"""``pack``: text files in, tar shards of tokens plus ``index.json`` out -- resumable.
+"""``pack``: input files (or records from Python, :mod:`wdstream.write.writer`) in, tar
+shards of tokens plus ``index.json`` out -- resumable.
 
 One orchestration for every engine (:mod:`wdstream.write.engine`)::
 
@@ -36,7 +37,6 @@ from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.provenance import PROVENANCE_VERSION, provenance_name
 from wdstream.format.sample import token_dtype_for_vocab
-from wdstream.inputs import DocumentReader, InputFile, expand_inputs
 from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES, check_limit
 from wdstream.storage import Store, open_store
 from wdstream.storage.base import ForwardingStore
@@ -53,11 +53,10 @@ from wdstream.write.lock import LOCK_NAME, acquire
 from wdstream.write.progress import wanted
 from wdstream.write.resume import resume_point
 from wdstream.write.shards import parse_size, shard_names
+from wdstream.write.sources import PackInputs
 from wdstream.write.tokenpool import prestart
 
 __all__ = ["JOURNAL_NAME", "PackResult", "describe", "one_shard_warning", "pack"]
-
-_CHECK_BYTES = 256 << 10  # input text bpe-openai must reproduce before it is trusted
 
 
 @dataclass(frozen=True)
@@ -73,25 +72,6 @@ class PackResult:
     @property
     def input_mb_per_s(self) -> float:
         return self.index.stats.get("input_bytes", 0) / 1e6 / max(self.seconds, 1e-9)
-
-
-def _peek_texts(files: list[InputFile], text_key: str, lines: bool, limit: int) -> list[str]:
-    """A few hundred KB of the first input's text, to check a second backend against."""
-    if not files or files[0].path == "-":
-        return []
-    texts, size = [], 0
-    reader = DocumentReader(
-        files[:1], text_key, lines, on_error="skip", errors="replace", max_record_bytes=limit
-    )
-    try:
-        for text, _ in reader:
-            texts.append(text[:_CHECK_BYTES])
-            size += len(text)
-            if size >= _CHECK_BYTES:
-                break
-    except InputError:
-        pass  # the real read reports it, at its place in the input
-    return texts
 
 
 def _delete_shards_from(store: Store, name: str, first: int) -> None:
@@ -155,7 +135,7 @@ class _NamingFullDisk(ForwardingStore):
 
 
 def pack(
-    inputs: list[str] | tuple[str, ...] | str,
+    inputs: list[str] | tuple[str, ...] | str | PackInputs,
     output: str,
     *,
     text_key: str = "text",
@@ -197,7 +177,9 @@ def pack(
     """Tokenise text inputs and write a wdstream dataset (shards, sidecars, ``index.json``).
 
     Args:
-        inputs: files, directories, globs, ``{a..b}`` brace patterns, or ``-`` for stdin.
+        inputs: files (JSON Lines, text, Parquet, Arrow IPC), directories, globs, ``{a..b}``
+            brace patterns, or ``-`` for stdin; records from Python go to
+            :func:`wdstream.pack_records` or :class:`wdstream.Writer` (a ``PackInputs``).
         output: dataset root (local folder or any URL :func:`wdstream.storage.open_store` takes).
         text_key: JSON field with the text, dotted for nested fields.
         tokenizer: encoding name, ``.tiktoken`` path, Hugging Face ``tokenizer.json`` or
@@ -286,6 +268,8 @@ def pack(
     documents = PackDocuments(pretokenized, ids_key, mask_key, long_docs, allow_unsupervised,
                               chat, messages_key, chat_template, train_on)  # fmt: skip
     documents.check(mode, engine)
+    sources = inputs if isinstance(inputs, PackInputs) else PackInputs.from_paths(inputs)
+    sources.check(engine)
     shard_bytes = parse_size(shard_size)
     record_limit = check_limit(parse_size(max_record_bytes))
     if shard_samples is not None and shard_samples < 1:
@@ -298,8 +282,6 @@ def pack(
         )
     if engine == "local":
         prestart(workers, pool)  # the pool's fork server boots while the tokenizer loads
-    files = expand_inputs(list(inputs))
-
     output_store = open_store(output, create=True, **(store_options or {}))
     with _naming_full_disk(output_store.child_url(LOCK_NAME)):
         lock = acquire(output_store, force_unlock)
@@ -318,10 +300,10 @@ def pack(
                 "pack into a fresh output or pass --overwrite"
             )
 
-        peek = [] if pretokenized or chat else _peek_texts(files, text_key, lines, record_limit)
+        peek = [] if pretokenized or chat else sources.peek(text_key, lines, record_limit)
         tok = load_tokenizer(tokenizer, backend, peek)
         eos_id, bos_id = special_ids(tok, eos, bos, bos_id)
-        names = ["<stdin>" if f.path == "-" else f.path for f in files]
+        names = sources.names
         if chat and chat_now is None and not overwrite:
             chat_now = interrupted_chat_now(store)
         parts = documents.resolve(
@@ -330,7 +312,7 @@ def pack(
         )  # fmt: skip
         dtype = parts.dtype
         fingerprint = {
-            "inputs": [f.fingerprint() for f in files],
+            "inputs": sources.fingerprint(),
             "text_key": text_key,
             "lines": lines,
             "on_error": on_error,
@@ -358,7 +340,8 @@ def pack(
         resumed_shards = len(journal.entries)
 
         job = PackJob(
-            files=files, text_key=text_key, lines=lines, on_error=on_error, errors=errors,
+            files=sources.files, records=sources.records, text_key=text_key, lines=lines,
+            on_error=on_error, errors=errors,
             tokenizer=tok, bos_id=bos_id, eos_id=eos_id, dtype=dtype,
             new_builder=partial(sample_builder, mode, seq_len, bestfit_buffer, bos_id, eos_id),
             pad_id=parts.pad_id, name=name, shard_bytes=shard_bytes, shard_samples=shard_samples,
@@ -370,14 +353,14 @@ def pack(
 
         entries = journal.entries
         if not entries:
-            raise InputError(f"no non-empty documents in {', '.join(f.path for f in files)}")
+            raise InputError(f"no non-empty documents in {sources.describe()}")
         stats = {
             "documents": sum(e.documents for e in entries),
             "empty_documents_skipped": totals.empty,
             "records_skipped": totals.bad,
             "skipped_locations": list(totals.bad_locations),
             "input_bytes": totals.input_bytes,
-            "input_files": len(files),
+            "input_files": len(sources.files),
             **mask_stats(totals.rule_counts, entries, parts),
         }
         meta = DatasetMeta(tok.info(), eos_id, bos_id, dtype, mode, seq_len, parts.loss_mask)
