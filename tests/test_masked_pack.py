@@ -260,9 +260,9 @@ def test_packing_never_moves_a_mask(
     rules = DocumentRules(S if mode == "bestfit" else None, long_docs, True, True, EOT | BIT,
                           "raise", ["x"])  # fmt: skip
     batch = [TokenDocument(np.array([i for i, _ in d]), np.array([m for _, m in d])) for d in docs]
-    flat, lens = encoder.encode(None, batch)  # type: ignore[arg-type]
+    encoded = encoder.encode(None, batch)  # type: ignore[arg-type]
     positions = [wdstream.inputs.InputPosition(0, i, 0, 0, 0, 0) for i in range(len(docs))]
-    flat, lens, positions = rules.apply(flat, lens, positions)
+    flat, lens, positions = rules.apply(encoded, positions)
     builder = sample_builder(mode, seq_len, 4, None, EOT, np.dtype("uint32"), EOT | BIT)
     samples = [*builder.add(flat, lens, positions), *builder.flush()]
     rebuilt: list[list[int]] = []

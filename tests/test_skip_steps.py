@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -185,3 +186,48 @@ def test_skip_under_a_live_iterator_is_refused(setup: tuple) -> None:
     assert np.array_equal(first, run[0])
     assert np.array_equal(next(iter(loader))["input_ids"].numpy(), run[3])
     assert loader.data_step(1) == 3
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    shape=st.tuples(st.integers(8, 40), st.sampled_from([9, 17, 33]), st.integers(1, 7)),
+    world_size=st.sampled_from([1, 2, 3]),
+    plan=st.lists(
+        st.tuples(st.integers(0, 5), st.integers(1, 12), st.booleans()), min_size=1, max_size=4
+    ),
+)
+def test_any_shape_world_size_and_skips_match_the_uninterrupted_run(
+    shape: tuple[int, int, int], world_size: int, plan: list[tuple[int, int, bool]]
+) -> None:
+    """Over dataset shapes, world sizes (one global batch of 6 rows) and skips, with a
+    save/restore before each skip when drawn: every rank's rows of training step t are
+    rows of the uninterrupted one-rank run's data step, epoch ends included (the
+    datasets hold 1-10 steps an epoch)."""
+    n_docs, sample_tokens, per_shard = shape
+    with tempfile.TemporaryDirectory() as root:
+        write_synthetic_dataset(root, n_docs=n_docs, sample_tokens=sample_tokens,
+                                samples_per_shard=per_shard, seed=n_docs)  # fmt: skip
+        opts = dict(seq_len=sample_tokens - 1, order="global", seed=7, num_workers=0)
+        one = Loader(root, batch_size=6, **opts)
+        total = sum(n for _, n, _ in plan) + sum(t for t, _, _ in plan) + 1
+        run = _ids(one, total)
+
+        def make(rank: int) -> Loader:
+            return Loader(root, batch_size=6 // world_size, rank=rank, world_size=world_size,
+                          **opts)  # fmt: skip
+
+        ranks, t = [make(r) for r in range(world_size)], 0
+        for take, n, restore in plan:
+            if restore:  # every rank loads rank 0's state, as after a restart
+                state = _roundtrip(ranks[0].state_dict())
+                ranks = [make(r) for r in range(world_size)]
+                for r in ranks:
+                    r.load_state_dict(state)
+            for j, rows in enumerate(zip(*(_ids(r, take) for r in ranks), strict=True)):
+                assert np.array_equal(np.concatenate(rows), run[ranks[0].data_step(t + j)])
+            t += take
+            for r in ranks:
+                r.skip_steps(n)
+        assert ranks[0].data_step(t) == t + sum(n for _, n, _ in plan)
+        last = np.concatenate([_ids(r, 1)[0] for r in ranks])
+        assert np.array_equal(last, run[ranks[0].data_step(t)])

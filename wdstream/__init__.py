@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from wdstream.read.torch.dataset import TokenDataset
     from wdstream.read.torch.loader import Loader
     from wdstream.write.pack import PackResult, pack
+    from wdstream.write.writer import Writer, pack_records
 
 # The reader imports torch (~2 s); the writer's tokenizer processes import this package too
 # and must not pay for it, so these names are imported on first use (PEP 562).
@@ -42,11 +43,13 @@ _LAZY = {
     "Loader": "wdstream.read.torch.loader",
     "PackResult": "wdstream.write.pack",
     "TokenDataset": "wdstream.read.torch.dataset",
+    "Writer": "wdstream.write.writer",
     "documents": "wdstream.inspect",
     "explain": "wdstream.read.provenance",
     "explain_mixture": "wdstream.read.mixture.inspect",
     "global_batch_at": "wdstream.read.order.global_sequence",
     "pack": "wdstream.write.pack",
+    "pack_records": "wdstream.write.writer",
 }
 
 
@@ -80,11 +83,13 @@ __all__ = [
     "TokenDataset",
     "TokenizerError",
     "WdstreamError",
+    "Writer",
     "__version__",
     "documents",
     "explain",
     "explain_mixture",
     "global_batch_at",
     "pack",
+    "pack_records",
     "wds_decoder",
 ]

@@ -107,9 +107,10 @@ def pack(
     timeout: float | None,
     **options: Any,
 ) -> None:
-    """Tokenise INPUT... (JSONL[.gz|.zst], .txt, dirs, globs, {a..b}, -) into shards.
+    """Tokenise INPUT... (JSONL[.gz|.zst], .txt, .parquet, .arrow, dirs, globs, {a..b}, -)
+    into shards.
 
-    With --pretokenized, INPUT... are JSON Lines records of token ids (docs/PACK.md)."""
+    With --pretokenized, INPUT... hold records of token ids (docs/PACK.md)."""
     store_options = _store_options(output, endpoint_url, retries, timeout)
     try:
         lines = run_pack(list(inputs), output, show_progress, quiet, store_options, options)
@@ -194,6 +195,7 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
 
     ROOT may be a mixture spec (.json / .toml): per-source counts and the schedule."""
     from wdstream.inspect import dataset_stats
+    from wdstream.inspect_stats import mask_lines
     from wdstream.read.mixture.spec import is_mixture
     from wdstream.storage import open_store
 
@@ -221,15 +223,9 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
     top = max(s["doc_len_histogram"].values(), default=1)
     for bucket, n in s["doc_len_histogram"].items():
         click.echo(f"  {bucket:>17} {n:>9,} {'#' * max(1, round(40 * n / top))}")
-    mask = s["loss_mask"]
-    if mask is not None:
-        click.echo(_mask_lines(mask))
-        if mask["index_agrees"] is False:
-            click.echo(
-                f"Warning: index.json says {mask['index_supervised_tokens']:,} supervised "
-                f"tokens, the shards hold {mask['supervised_tokens']:,}",
-                err=True,
-            )
+    if s["loss_mask"] is not None:
+        for text, warning in mask_lines(s["loss_mask"]):
+            click.echo(text, err=warning)
     input_stats = s["input_stats"]
     if input_stats:
         click.echo(
@@ -237,22 +233,6 @@ def stats(root: str, as_json: bool, **remote: Any) -> None:
             f"{count(input_stats.get('empty_documents_skipped', 0), 'empty document')} skipped, "
             f"{count(input_stats.get('records_skipped', 0), 'bad record')} skipped"
         )
-
-
-def _mask_lines(mask: dict[str, Any]) -> str:
-    """The loss-mask audit of ``stats``, as lines."""
-    lines = [
-        f"loss mask: {mask['supervised_tokens']:,} supervised tokens "
-        f"({mask['supervised_pct']:.2f} % of all tokens), {mask['unsupervised_tokens']:,} not"
-    ]
-    named = {
-        "masked_documents": "documents with a mask",
-        "unsupervised_documents_refused": "documents without a supervised token refused",
-        "long_documents_dropped": "documents longer than a row dropped",
-        "long_documents_truncated": "documents longer than a row truncated",
-    }
-    lines += [f"  {what}: {mask[key]:,}" for key, what in named.items() if key in mask]
-    return "\n".join(lines)
 
 
 @main.command()

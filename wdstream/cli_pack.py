@@ -14,7 +14,10 @@ __all__ = ["pack_options", "run_pack"]
 _OPTIONS = [
     click.option("--output", "-o", required=True, help="Dataset root: folder, s3://, http(s)://."),
     click.option(
-        "--text-key", default="text", show_default=True, help="JSON field (dotted for nested)."
+        "--text-key",
+        default="text",
+        show_default=True,
+        help="JSON field or Parquet/Arrow column (dotted for nested).",
     ),
     click.option(
         "--tokenizer",
@@ -47,9 +50,9 @@ _OPTIONS = [
     click.option(
         "--mode",
         type=click.Choice(["concat", "docs", "bestfit"]),
-        default="concat",
-        show_default=True,
-        help="bestfit: rows of whole documents, padded (docs/PACK.md).",
+        default=None,
+        help="bestfit: rows of whole documents, padded (docs/PACK.md). [default: concat; "
+        "bestfit with --chat]",
     ),
     click.option(
         "--bestfit-buffer",
@@ -124,7 +127,7 @@ _OPTIONS = [
         "--mask-key",
         default=None,
         help="--pretokenized: the field holding each record's loss mask (0/1 per id); the "
-        "dataset then stores it (uint32 ids, bit 31 = no loss; docs/MASKS.md).",
+        "dataset then stores it (uint32 ids, bit 31 = no loss; docs/CHAT.md).",
     ),
     click.option(
         "--long-docs",
@@ -137,6 +140,37 @@ _OPTIONS = [
         "--allow-unsupervised",
         is_flag=True,
         help="Masked packs: keep documents whose mask is all 0 (default: a bad record).",
+    ),
+    click.option(
+        "--chat",
+        is_flag=True,
+        help="Inputs are JSON Lines conversations (messages, ShareGPT or prompt/completion), "
+        "rendered through a chat template and stored with a loss mask (docs/CHAT.md).",
+    ),
+    click.option(
+        "--messages-key",
+        default="messages",
+        show_default=True,
+        help="--chat: the key of a record's list of {role, content} messages.",
+    ),
+    click.option(
+        "--chat-template",
+        default=None,
+        help="--chat: a Jinja template file, or a JSON file with 'chat_template' (default: the "
+        "tokenizer folder's chat_template.jinja or tokenizer_config.json).",
+    ),
+    click.option(
+        "--train-on",
+        type=click.Choice(["assistant", "last", "all"]),
+        default="assistant",
+        show_default=True,
+        help="--chat: the tokens that carry loss: every assistant turn, the last one, or all.",
+    ),
+    click.option(
+        "--chat-now",
+        default=None,
+        help="--chat: the time (ISO 8601) a template's strftime_now formats (default: now; a "
+        "resumed pack reuses the interrupted one's).",
     ),
 ]
 
@@ -182,6 +216,23 @@ def run_pack(
         lines += [(f"  skipped {loc}", True) for loc in stats["skipped_locations"]]
     if "supervised_tokens" in stats:
         lines.append((_mask_summary(stats, result.index.total_tokens), False))
+    if "chat" in stats:
+        lines += _chat_summary(stats["chat"])
+    return lines
+
+
+def _chat_summary(chat: dict[str, Any]) -> list[tuple[str, bool]]:
+    """A chat pack's template problems and refusals: a count per kind, and a warning line
+    per example location (to stderr)."""
+    problems = chat["problems"]
+    counts = ", ".join(f"{kind} {p['count']:,}" for kind, p in problems.items())
+    lines = [(f"chat template problems: {counts}", False)]
+    refused = chat["template_refused"]
+    if refused["count"]:
+        lines.append((f"chat: {refused['count']:,} conversations refused by the template", True))
+    for kind, p in problems.items():
+        lines += [(f"  {kind} at {where}", True) for where in p["examples"]]
+    lines += [(f"  refused at {where}", True) for where in refused["examples"]]
     return lines
 
 

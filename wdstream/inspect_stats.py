@@ -1,5 +1,6 @@
 """``wdstream stats``: counts of a packed dataset, its document lengths, what packing did to
-documents, and for a dataset with a loss mask the audit of its supervised tokens.
+documents, and for a dataset with a loss mask the audit of its supervised tokens (for a chat
+dataset also per role, and the template's problems: ``docs/CHAT.md``).
 
 Reads every sample once (through :func:`~wdstream.read.sources.shards.iter_samples`); the
 CLI only prints what :func:`dataset_stats` returns.
@@ -17,7 +18,7 @@ from wdstream.format.loss import NO_LOSS_BIT
 from wdstream.read.sources.shards import iter_samples, read_index
 from wdstream.storage import Store, open_store
 
-__all__ = ["dataset_stats"]
+__all__ = ["dataset_stats", "mask_lines"]
 
 
 def dataset_stats(root: str | Store) -> dict[str, Any]:
@@ -78,7 +79,9 @@ def dataset_stats(root: str | Store) -> dict[str, Any]:
         "documents_truncated_pct": 100 * cut / len(lengths) if lengths else 0.0,
         "padding_tokens": padding,
         "padding_pct": 100 * padding / index.total_tokens if index.total_tokens else 0.0,
-        "loss_mask": _mask_report(index, supervised) if index.loss_mask is not None else None,
+        "loss_mask": (
+            _mask_report(index, supervised, padding) if index.loss_mask is not None else None
+        ),
     }
 
 
@@ -90,13 +93,14 @@ _MASK_COUNTS = (
 )
 
 
-def _mask_report(index: DatasetIndex, supervised: int) -> dict[str, Any]:
+def _mask_report(index: DatasetIndex, supervised: int, padding: int) -> dict[str, Any]:
     """The audit of a masked dataset: supervised tokens counted in the shards (tokens
     without bit 31) as a share of all tokens, whether that is what ``index.json``'s stats
-    say (``index_agrees``; stats written before masks had no count: None), and the
-    document counts of the pack (``docs/MASKS.md``)."""
+    say (``index_agrees``; stats written before masks had no count: None), the document
+    counts of the pack, and a chat dataset's ``chat`` (:func:`_chat_report`)."""
     tokens = index.total_tokens
     said = index.stats.get("supervised_tokens")
+    chat = index.stats.get("chat")
     return {
         "supervised_tokens": supervised,
         "unsupervised_tokens": tokens - supervised,
@@ -104,4 +108,84 @@ def _mask_report(index: DatasetIndex, supervised: int) -> dict[str, Any]:
         "index_supervised_tokens": said,
         "index_agrees": None if said is None else said == supervised,
         **{k: index.stats[k] for k in _MASK_COUNTS if k in index.stats},
+        "chat": None if chat is None else _chat_report(chat, tokens, supervised, padding),
     }
+
+
+def _chat_report(
+    chat: dict[str, Any], tokens: int, supervised: int, padding: int
+) -> dict[str, Any]:
+    """A chat dataset's audit from ``stats.chat`` (``wdstream.write.chataudit``): per role its
+    tokens, supervised tokens, their share of the role's tokens and of all tokens; the
+    template's problems by kind (with example locations) and refusals; and whether the
+    roles add up to what the shards hold (``roles_agree``: the roles' supervised tokens to
+    the shards' supervised tokens, the roles' tokens and the pack's BOS/EOS to all tokens
+    less best-fit padding)."""
+    roles = {
+        role: {**c, "supervised_pct": 100 * c["supervised"] / c["tokens"] if c["tokens"] else 0.0,
+               "tokens_pct": 100 * c["tokens"] / tokens if tokens else 0.0}
+        for role, c in chat["roles"].items()
+    }  # fmt: skip
+    role_tokens = sum(c["tokens"] for c in roles.values()) + chat["added_tokens"]
+    return {
+        "template_origin": chat["template_origin"],
+        "template_sha256": chat["template_sha256"],
+        "train_on": chat["train_on"],
+        "now": chat["now"],
+        "roles": roles,
+        "added_tokens": chat["added_tokens"],
+        "roles_agree": (
+            sum(c["supervised"] for c in roles.values()) == supervised
+            and role_tokens == tokens - padding
+        ),
+        "problems": chat["problems"],
+        "template_refused": chat["template_refused"],
+    }
+
+
+_COUNT_NAMES = {
+    "masked_documents": "documents with a mask",
+    "unsupervised_documents_refused": "documents without a supervised token refused",
+    "long_documents_dropped": "documents longer than a row dropped",
+    "long_documents_truncated": "documents longer than a row truncated",
+}
+
+
+def mask_lines(mask: dict[str, Any]) -> list[tuple[str, bool]]:
+    """``wdstream stats``' lines on a masked dataset's audit (:func:`_mask_report`), each
+    with whether it is a warning (for stderr)."""
+    lines = [(
+        f"loss mask: {mask['supervised_tokens']:,} supervised tokens "
+        f"({mask['supervised_pct']:.2f} % of all tokens), {mask['unsupervised_tokens']:,} not",
+        False,
+    )]  # fmt: skip
+    lines += [(f"  {what}: {mask[k]:,}", False) for k, what in _COUNT_NAMES.items() if k in mask]
+    if mask["index_agrees"] is False:
+        lines.append((f"Warning: index.json says {mask['index_supervised_tokens']:,} supervised "
+                      f"tokens, the shards hold {mask['supervised_tokens']:,}", True))  # fmt: skip
+    if mask["chat"] is not None:
+        lines += _chat_lines(mask["chat"])
+    return lines
+
+
+def _chat_lines(chat: dict[str, Any]) -> list[tuple[str, bool]]:
+    lines = [(f"chat: template {chat['template_origin']} (sha256 {chat['template_sha256'][:12]}"
+              f"{', now ' + chat['now'] if chat['now'] else ''}), train_on "
+              f"{chat['train_on']}", False)]  # fmt: skip
+    for role, c in chat["roles"].items():
+        lines.append((f"  {role:<9} {c['tokens']:>12,} tokens ({c['tokens_pct']:5.2f} %), "
+                      f"{c['supervised']:>12,} supervised ({c['supervised_pct']:6.2f} % of "
+                      "them)", False))  # fmt: skip
+    lines.append((f"  added by the pack (BOS/EOS): {chat['added_tokens']:,} tokens", False))
+    problems = chat["problems"]
+    counts = ", ".join(f"{kind} {p['count']:,}" for kind, p in problems.items())
+    refused = chat["template_refused"]
+    lines.append((f"  template problems: {counts}; conversations the template refused: "
+                   f"{refused['count']:,}", False))  # fmt: skip
+    for kind, p in problems.items():
+        lines += [(f"    {kind} at {where}", False) for where in p["examples"]]
+    lines += [(f"    refused at {where}", False) for where in refused["examples"]]
+    if not chat["roles_agree"]:
+        lines.append(("Warning: the per-role counts of index.json do not add up to the "
+                      "shards' tokens and supervised tokens", True))  # fmt: skip
+    return lines

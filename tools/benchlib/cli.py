@@ -20,6 +20,7 @@ from typing import Any
 
 from benchlib import (
     bestfit,
+    chat,
     memory,
     mixture,
     pack,
@@ -47,6 +48,7 @@ PARTS = {
     "bestfit": bestfit,
     "mixture": mixture,
     "ray_pack": ray_pack,
+    "chat": chat,
 }
 QUICK_SKIPS = ("memory", "pack_large")
 
@@ -116,6 +118,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--scale", type=int, help="memory part: dataset x1 vs x SCALE (default 4)")
     p.add_argument("--delay", type=float, default=0.02, help="remote: seconds of delay per GET")
+    p.add_argument("--chat-mb", type=float, help="chat: MB of conversations (default 24, quick 4)")
     p.add_argument(
         "--parts",
         help=f"comma-separated, of {','.join(PARTS)} (default all; quick: all but memory; "
@@ -139,6 +142,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     a.repeats = a.repeats or (1 if a.quick else 3)
     a.read_batches = a.read_batches or (40 if a.quick else 360)
     a.scale = a.scale or (2 if a.quick else 4)
+    a.chat_mb = a.chat_mb or (4.0 if a.quick else 24.0)
     a.min_seconds = a.min_seconds if a.min_seconds is not None else (0.3 if a.quick else 1.0)
     if a.parts is None:
         a.parts = [n for n in PARTS if not (a.quick and n in QUICK_SKIPS)]

@@ -12,6 +12,7 @@ from typing import Any
 
 from benchlib import (
     bestfit,
+    chat,
     checksums,
     memory,
     mixture,
@@ -39,6 +40,7 @@ SECTIONS = (
     bestfit,
     mixture,
     ray_pack,
+    chat,
 )
 REPRODUCE = """\
 ```

@@ -67,6 +67,9 @@ class InputPosition(NamedTuple):
     long_dropped: int = 0
     long_truncated: int = 0
     unsupervised: int = 0
+    # A chat pack's audit before this document (wdstream.write.chataudit: tokens per role,
+    # template problems), JSON-able; None in other packs.
+    audit: dict[str, Any] | None = None
 
 
 _SPECIAL = (
@@ -118,19 +121,19 @@ def open_regular(path: str, buffering: int = -1) -> IO[bytes]:
         raise
 
 
-def _expand_dir(path: str) -> list[str]:
+def _expand_dir(path: str, suffixes: tuple[str, ...]) -> list[str]:
     files: list[str] = []
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         files.extend(
             os.path.join(dirpath, f)
             for f in filenames
-            if not f.startswith(".") and f.endswith(INPUT_SUFFIXES)
+            if not f.startswith(".") and f.endswith(suffixes)
         )
     return sorted(files)
 
 
-def _expand_one(pattern: str) -> list[str]:
+def _expand_one(pattern: str, suffixes: tuple[str, ...]) -> list[str]:
     if pattern == STDIN:
         return [STDIN]
     found: list[str] = []
@@ -142,14 +145,17 @@ def _expand_one(pattern: str) -> list[str]:
         else:
             matches = [item]
         for m in matches:
-            found.extend(_expand_dir(m) if os.path.isdir(m) else [m])
+            found.extend(_expand_dir(m, suffixes) if os.path.isdir(m) else [m])
     return found
 
 
-def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[InputFile]:
+def expand_inputs(
+    patterns: list[str] | tuple[str, ...], suffixes: tuple[str, ...] = INPUT_SUFFIXES
+) -> list[InputFile]:
     """Expand paths, directories (recursively), globs and ``{a..b}`` braces into files.
 
-    Arguments keep their order; what one argument expands to is sorted (braces in their
+    A directory contributes its files named with one of ``suffixes`` (``pack`` adds
+    ``.parquet`` and ``.arrow``). Arguments keep their order; what one argument expands to is sorted (braces in their
     own numeric order), and a file named twice is read once.
 
     Raises:
@@ -160,9 +166,9 @@ def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[InputFile]:
     files: list[InputFile] = []
     seen: set[str] = set()
     for pattern in patterns:
-        expanded = _expand_one(pattern)
+        expanded = _expand_one(pattern, suffixes)
         if not expanded:
-            raise InputError(f"{pattern}: no input files ({', '.join(INPUT_SUFFIXES)}) found")
+            raise InputError(f"{pattern}: no input files ({', '.join(suffixes)}) found")
         for p in expanded:
             if p in seen:
                 continue

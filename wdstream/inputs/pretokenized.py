@@ -54,7 +54,12 @@ class TokenFields:
 
 
 def _int_array(value: Any, what: str) -> np.ndarray:
-    """``value`` (a JSON list of integers) as int64, or ValueError naming ``what``."""
+    """``value`` (a JSON list of integers, or a 1-D numpy array of them from Python or a
+    Parquet/Arrow row) as an integer array, or ValueError naming ``what``."""
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or value.dtype.kind not in "iub":
+            raise ValueError(f"{what} is an array of {value.dtype} {value.shape}, not of integers")
+        return value
     if not isinstance(value, list):
         raise ValueError(f"{what} is a {type(value).__name__}, not a list of integers")
     if not value:

@@ -11,9 +11,10 @@ document without re-reading, let alone re-tokenising, what it already packed::
     DocumentReader(files, start=pos)  # continues at pos's record, same counters
 
 Formats, chosen by file name: ``*.txt`` (optionally ``.gz``/``.zst``) is plain text, one
-document per file (or per line with ``lines=True``); everything else is JSON Lines with the
-text under ``text_key`` (dotted for nested fields). ``-`` reads JSON Lines (or text lines)
-from stdin.
+document per file (or per line with ``lines=True``); ``*.parquet`` and ``*.arrow`` are rows
+of a table (:mod:`wdstream.inputs.arrow`, records numbered by row); everything else is JSON
+Lines with the text under ``text_key`` (dotted for nested fields). ``-`` reads JSON Lines
+(or text lines) from stdin.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from wdstream.errors import InputError
+from wdstream.inputs.arrow import arrow_documents, is_arrow
 from wdstream.inputs.compressed import compression, open_binary, truncated
 from wdstream.inputs.files import STDIN, InputFile, InputPosition
 from wdstream.inputs.lines import (
@@ -205,6 +207,12 @@ class DocumentReader:
                 f"{path}:{lineno}", f"JSON integer longer than Python's limit of {limit:,} digits"
             )
             return None
+        return self.document_of(obj, path, lineno)
+
+    def document_of(self, obj: Any, path: str, lineno: int) -> Any:
+        """The document of one parsed record ``obj`` (a JSON line, a Parquet/Arrow row, a
+        record given from Python) at ``path:lineno``: its text field, or with
+        :attr:`document` what that makes of it; None if it was bad and ``on_error`` skips."""
         if self.document is not None:
             try:
                 return self.document(obj)
@@ -279,7 +287,9 @@ class DocumentReader:
             raise InputError(f"{name}: cannot open ({exc.strerror})") from exc
         self._file = raw
         try:
-            if info.is_text and not self.lines:
+            if is_arrow(path):  # Parquet / Arrow IPC: rows of record batches
+                yield from arrow_documents(self, i, raw, name, resume)
+            elif info.is_text and not self.lines:
                 yield from self._read_whole(i, fh, name, resume)
             else:
                 yield from self._read_lines(i, fh, name, info, resume)

@@ -51,6 +51,7 @@ from wdstream.ray.tasks import (
     write_shard,
 )
 from wdstream.storage import Store, open_store
+from wdstream.write.encoders import TextEncoder
 from wdstream.write.engine import InputTotals, PackJob
 from wdstream.write.journal import Journal
 from wdstream.write.progress import Progress
@@ -115,7 +116,8 @@ class RayEngine:
             ValueError: the job's documents are not text (pre-tokenized, masked, or with a
                 long-document rule): the Ray tasks tokenise text only.
         """
-        if job.document is not None or job.encoder is not None or job.new_rules is not None:
+        text = isinstance(job.document_encoder(), TextEncoder)  # pack's own text encoder
+        if job.document is not None or not text or job.new_rules is not None:
             raise ValueError(
                 "engine='ray' packs text only: pre-tokenized and masked documents and "
                 "--long-docs need engine='local'"

@@ -171,7 +171,7 @@ def read_piece(
         found = _whole(reader) if piece.whole else _range(reader, files[piece.file], piece)
         for text, pos in found:
             texts.append(text)
-            for col, v in zip(cols, pos[1:], strict=True):
+            for col, v in zip(cols, pos[1:6], strict=True):  # record .. input_bytes
                 col.append(v)
     except _BadRecord as exc:
         docs.error_line = (exc.line, exc.why)

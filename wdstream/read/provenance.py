@@ -11,9 +11,10 @@ offset its first piece begins at. :class:`Provenance` turns ``(shard, sample)`` 
 :func:`explain` locates the rows of a global step (:class:`~wdstream.read.order.global_order.GlobalOrder`,
 exactly as ``Loader(..., order="global")`` reads them) and lists, for every row, the rank it
 goes to and each piece: shard, sample, ``file:line``, its token span in the row and in its
-document, and optionally its decoded text. :func:`explain_steps` does so for a range of
-steps with the dataset opened once; :func:`explanation_records` gives a step's rows as
-JSON records (``wdstream explain --steps A:B --format jsonl``).
+document, and optionally its decoded text; in a chat dataset, the turns of the conversation
+each piece holds (:mod:`wdstream.read.chat_turns`). :func:`explain_steps` does so for a
+range of steps with the dataset opened once; :func:`explanation_records` gives a step's rows
+as JSON records (``wdstream explain --steps A:B --format jsonl``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from wdstream.errors import CorruptShardError, WdstreamError
 from wdstream.format.loss import split_ids
 from wdstream.format.provenance import ShardProvenance
+from wdstream.read.chat_turns import ChatTurns, Turns
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.step_query import StepQuery, checked_steps, state_order_config
@@ -48,10 +50,12 @@ __all__ = [
     "explain_steps",
     "explanation_lines",
     "explanation_records",
+    "piece_line",
     "piece_record",
     "row_pieces",
     "state_order_config",
     "with_text",
+    "with_turns",
 ]
 
 _TABLE_CACHE = 16  # shards' provenance tables kept in memory (a few KB each)
@@ -193,6 +197,7 @@ class RowPiece:
     doc_start: int  # in the document
     doc_end: int
     text: str | None = None  # decoded tokens (with ``text=True``), cut to TEXT_CHARS
+    turns: Turns | None = None  # chat datasets: the conversation's turns the piece holds
 
 
 @dataclass(frozen=True)
@@ -310,6 +315,7 @@ def _explained(
         from wdstream.tokenizers import index_tokenizer
 
         tok = index_tokenizer(prov.index.tokenizer)
+    chat = ChatTurns.of(prov.index)
 
     def explanations() -> Iterator[Explanation]:
         for step, data in pairs:
@@ -325,6 +331,8 @@ def _explained(
                               for p in pieces]  # fmt: skip
                 rows.append(ExplainedRow(r, r // batch_size, r % batch_size, first + r,
                                          tuple(pieces)))  # fmt: skip
+            if chat is not None:
+                rows = with_turns(rows, chat)
             yield Explanation(step, data, epoch, cfg.seq_len, cfg.seed, query.world_size,
                               batch_size, origin, tuple(rows))  # fmt: skip
 
@@ -356,6 +364,26 @@ def with_text(piece: RowPiece, text: str) -> RowPiece:
     return RowPiece(**{**piece.__dict__, "text": text})
 
 
+def with_turns(rows: list[ExplainedRow], chat: ChatTurns) -> list[ExplainedRow]:
+    """``rows`` with every piece's conversation turns (a chat dataset), each input file read
+    once for all of them."""
+    turns = iter(chat.turns([p for row in rows for p in row.pieces]))
+    return [
+        replace(row, pieces=tuple(replace(p, turns=next(turns)) for p in row.pieces))
+        for row in rows
+    ]
+
+
+def piece_line(p: RowPiece) -> str:
+    """One piece as ``explain`` prints it: spans, shard, sample, ``file:line``, and in a chat
+    dataset its turns."""
+    return (
+        f"  row [{p.row_start}, {p.row_end}) {p.shard_name} sample {p.sample} "
+        f"{p.file}:{p.line} doc [{p.doc_start}, {p.doc_end})"
+        + ("" if p.turns is None else f" {p.turns.describe()}")
+    )
+
+
 def explanation_lines(exp: Explanation) -> list[str]:
     """``wdstream explain``'s output: a header, then per row its rank and one line per piece
     (``[start, end)`` token spans; text, when decoded, as a JSON string on the next line)."""
@@ -370,10 +398,7 @@ def explanation_lines(exp: Explanation) -> list[str]:
     for row in exp.rows:
         lines.append(f"row {row.row}: rank {row.rank} row {row.rank_row}")
         for p in row.pieces:
-            lines.append(
-                f"  row [{p.row_start}, {p.row_end}) {p.shard_name} sample {p.sample} "
-                f"{p.file}:{p.line} doc [{p.doc_start}, {p.doc_end})"
-            )
+            lines.append(piece_line(p))
             if p.text is not None:
                 lines.append("    " + json.dumps(p.text, ensure_ascii=False))
     return lines
@@ -383,7 +408,8 @@ def piece_record(p: RowPiece) -> dict[str, Any]:
     """One piece as ``explain --format jsonl`` writes it: the shard (name and number in
     ``index.json``), sample, dataset-wide document number, input ``file`` and 1-based
     ``line``, and ``[start, end)`` token spans in the row (``span``) and in the document
-    (``doc_span``); ``text`` when decoded."""
+    (``doc_span``); ``text`` when decoded; ``turns`` in a chat dataset
+    (:meth:`~wdstream.read.chat_turns.Turns.record`)."""
     record: dict[str, Any] = {
         "shard": p.shard_name, "shard_index": p.shard, "sample": p.sample,
         "document": p.document, "file": p.file, "line": p.line,
@@ -391,6 +417,8 @@ def piece_record(p: RowPiece) -> dict[str, Any]:
     }  # fmt: skip
     if p.text is not None:
         record["text"] = p.text
+    if p.turns is not None:
+        record["turns"] = p.turns.record()
     return record
 
 

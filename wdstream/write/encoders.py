@@ -10,9 +10,16 @@ builders and everything after them never look inside a token, so a new kind of d
 
     text        "Hello world"                   -> [9906, 1917, EOS]            (TextEncoder)
     ids + mask  [9906, 1917], [0, 1]            -> [9906|B, 1917, EOS|B]        (TokenIdsEncoder)
+    conversation [{user: Hi}, {assistant: Yo}]  -> [...|B, Yo, <|im_end|>, EOS|B]
+                                                   (ChatDocumentEncoder, wdstream.write.chatdocs)
                                                                  (B = bit 31: no loss)
 
-Rules of a masked document (``docs/MASKS.md``): BOS and the EOS the pack appends carry no
+An encoder returns an :class:`EncodedBatch`: the stored tokens and each document's length,
+and, for an encoder that reports what it found (chat: each token's role, each conversation's
+template problems), a tag per token and a note per document, which the document rules carry
+to the pack's audit (:mod:`wdstream.write.docrules`).
+
+Rules of a masked document (``docs/CHAT.md``): BOS and the EOS the pack appends carry no
 loss (the document's own end-of-turn token, inside its ids, is what is supervised), and so
 does best-fit padding (the pack's ``pad_id`` is stored with the bit).
 """
@@ -20,7 +27,7 @@ does best-fit padding (the pack's ``pad_id`` is stored with the bit).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -29,7 +36,32 @@ from wdstream.inputs.pretokenized import TokenDocument
 from wdstream.tokenizers.base import Tokenizer
 from wdstream.tokenizers.tiktoken import BpeEncoder, TiktokenTokenizer
 
-__all__ = ["DocumentEncoder", "TextEncoder", "TokenIdsEncoder", "encode_flat", "stored_id"]
+__all__ = [
+    "DocumentEncoder",
+    "EncodedBatch",
+    "TextEncoder",
+    "TokenIdsEncoder",
+    "encode_flat",
+    "join_documents",
+    "stored_id",
+]
+
+
+class EncodedBatch(NamedTuple):
+    """A batch of encoded documents.
+
+    Attributes:
+        flat: every document's stored tokens, concatenated (the encoder's ``dtype``).
+        lens: each document's length (int64). 0 only for a document the encoder refused;
+            its note says why.
+        tags: None, or a ``uint8`` per stored token for the audit (chat: the role).
+        notes: None, or one JSON-able value per document for the audit (chat: problems).
+    """
+
+    flat: np.ndarray
+    lens: np.ndarray
+    tags: np.ndarray | None = None
+    notes: list[Any] | None = None
 
 
 class DocumentEncoder(Protocol):
@@ -53,9 +85,9 @@ class DocumentEncoder(Protocol):
     @property
     def dtype(self) -> str: ...
 
-    def encode(self, tok: Tokenizer | BpeEncoder, docs: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """``(flat, lens)``: every document's stored tokens concatenated (BOS/EOS added,
-        ``dtype`` of the pack) and each document's length (int64, every one >= 1)."""
+    def encode(self, tok: Tokenizer | BpeEncoder, docs: list[Any]) -> EncodedBatch:
+        """Every document's stored tokens concatenated (BOS/EOS added, ``dtype`` of the
+        pack) and each document's length (int64, >= 1 unless the encoder refused it)."""
         ...
 
 
@@ -78,10 +110,10 @@ def encode_flat(
         flat, lens = fast.encode_flat(texts, bos_id, eos_id)
         return flat.astype(dtype, copy=False), lens
     assert isinstance(tok, Tokenizer)
-    return _join(tok.encode_batch(texts), bos_id, eos_id, dtype)
+    return join_documents(tok.encode_batch(texts), bos_id, eos_id, dtype)
 
 
-def _join(
+def join_documents(
     arrays: list[np.ndarray], bos: int | None, eos: int | None, dtype: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """Documents' ids with ``bos``/``eos`` (stored forms, or None) around each, concatenated."""
@@ -110,9 +142,9 @@ class TextEncoder:
     masked = False
     parallel = True
 
-    def encode(self, tok: Tokenizer | BpeEncoder, docs: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, tok: Tokenizer | BpeEncoder, docs: list[Any]) -> EncodedBatch:
         """See :meth:`DocumentEncoder.encode`."""
-        return encode_flat(tok, docs, self.bos_id, self.eos_id, self.dtype)
+        return EncodedBatch(*encode_flat(tok, docs, self.bos_id, self.eos_id, self.dtype))
 
 
 @dataclass(frozen=True)
@@ -127,12 +159,12 @@ class TokenIdsEncoder:
     masked: bool
     parallel = False
 
-    def encode(self, tok: Tokenizer | BpeEncoder, docs: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, tok: Tokenizer | BpeEncoder, docs: list[Any]) -> EncodedBatch:
         """See :meth:`DocumentEncoder.encode` (``tok`` is not used: the ids are given)."""
         arrays = [self._stored(d) for d in docs]
         bos = None if self.bos_id is None else stored_id(self.bos_id, self.masked)
         eos = None if self.eos_id is None else stored_id(self.eos_id, self.masked)
-        return _join(arrays, bos, eos, self.dtype)
+        return EncodedBatch(*join_documents(arrays, bos, eos, self.dtype))
 
     def _stored(self, doc: TokenDocument) -> np.ndarray:
         if not self.masked:

@@ -16,7 +16,7 @@ Engines: :class:`wdstream.write.local.LocalEngine` and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,6 +65,9 @@ class PackJob:
     document: RecordDocument | None = None
     encoder: DocumentEncoder | None = None  # None: TextEncoder(bos_id, eos_id, dtype)
     new_rules: Callable[[InputPosition | None], DocumentRules] | None = None
+    # Records given from Python (pack_records, Writer), read in place of ``files`` (which
+    # then names them); local engine only (wdstream.write.sources.open_reader).
+    records: Iterable[Any] | None = None
 
     def document_encoder(self) -> DocumentEncoder:
         """The encoder of this job's documents."""

@@ -2,9 +2,9 @@
 
 Pipeline (one packing thread, tokenisation in a pool, writes in a background thread)::
 
-    DocumentReader -> batches (~1 MB) -> TokenPool (ordered, the job's DocumentEncoder)
-        -> DocumentRules -> sample builder -> ShardWriter -> Store
-                                            (provenance, sidecar, tar, then journal)
+    DocumentReader (files; a RecordReader for records) -> batches (~1 MB)
+        -> TokenPool (ordered, the job's DocumentEncoder) -> DocumentRules
+        -> sample builder -> ShardWriter -> Store (provenance, sidecar, tar, then journal)
 
 Packing depends only on the token stream, never on batch or worker boundaries, so the
 shards are byte-identical for any worker count and to the Ray engine's.
@@ -26,6 +26,7 @@ from wdstream.write.journal import Journal
 from wdstream.write.progress import Progress
 from wdstream.write.resume import ResumePoint, drop_packed
 from wdstream.write.shards import ShardWriter
+from wdstream.write.sources import open_reader
 from wdstream.write.tokenpool import TokenPool
 
 __all__ = ["LocalEngine"]
@@ -46,10 +47,7 @@ class LocalEngine:
 
     def run(self, job: PackJob, store: Store, journal: Journal, resume: ResumePoint) -> InputTotals:
         """Read, tokenise, build samples and write shards; see :class:`PackEngine`."""
-        reader = DocumentReader(
-            job.files, job.text_key, job.lines, job.on_error, job.errors, resume.start,
-            resume.bad_locations, job.max_record_bytes, job.document,
-        )  # fmt: skip
+        reader = open_reader(job, resume)
         entries = journal.entries
         writer = ShardWriter(
             store,
@@ -113,9 +111,10 @@ def _write_shards(
     """
     try:
         first = True
-        for positions, flat, lens in tpool.map(_batches(reader, batch_bytes)):
+        for positions, batch in tpool.map(_batches(reader, batch_bytes)):
+            flat, lens = batch.flat, batch.lens
             if rules is not None:
-                flat, lens, positions = rules.apply(flat, lens, positions)
+                flat, lens, positions = rules.apply(batch, positions)
                 if not len(lens):
                     continue
             if first and resume.start is not None:

@@ -1,4 +1,5 @@
-"""``pack``: text files in, tar shards of tokens plus ``index.json`` out -- resumable.
+"""``pack``: input files (or records from Python, :mod:`wdstream.write.writer`) in, tar
+shards of tokens plus ``index.json`` out -- resumable.
 
 One orchestration for every engine (:mod:`wdstream.write.engine`)::
 
@@ -28,6 +29,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from typing import Any, BinaryIO
 
@@ -35,7 +37,6 @@ from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.provenance import PROVENANCE_VERSION, provenance_name
 from wdstream.format.sample import token_dtype_for_vocab
-from wdstream.inputs import DocumentReader, InputFile, expand_inputs
 from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES, check_limit
 from wdstream.storage import Store, open_store
 from wdstream.storage.base import ForwardingStore
@@ -44,7 +45,7 @@ from wdstream.words import count
 from wdstream.write.bestfit import DEFAULT_BUFFER
 from wdstream.write.builders import MODES, check_mode, sample_builder, special_ids
 from wdstream.write.commit import DatasetMeta, commit_dataset
-from wdstream.write.documents import PackDocuments, mask_stats
+from wdstream.write.documents import PackDocuments, interrupted_chat_now, mask_stats
 from wdstream.write.engine import PackEngine, PackJob
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.local import LocalEngine
@@ -52,11 +53,10 @@ from wdstream.write.lock import LOCK_NAME, acquire
 from wdstream.write.progress import wanted
 from wdstream.write.resume import resume_point
 from wdstream.write.shards import parse_size, shard_names
+from wdstream.write.sources import PackInputs
 from wdstream.write.tokenpool import prestart
 
 __all__ = ["JOURNAL_NAME", "PackResult", "describe", "one_shard_warning", "pack"]
-
-_CHECK_BYTES = 256 << 10  # input text bpe-openai must reproduce before it is trusted
 
 
 @dataclass(frozen=True)
@@ -72,25 +72,6 @@ class PackResult:
     @property
     def input_mb_per_s(self) -> float:
         return self.index.stats.get("input_bytes", 0) / 1e6 / max(self.seconds, 1e-9)
-
-
-def _peek_texts(files: list[InputFile], text_key: str, lines: bool, limit: int) -> list[str]:
-    """A few hundred KB of the first input's text, to check a second backend against."""
-    if not files or files[0].path == "-":
-        return []
-    texts, size = [], 0
-    reader = DocumentReader(
-        files[:1], text_key, lines, on_error="skip", errors="replace", max_record_bytes=limit
-    )
-    try:
-        for text, _ in reader:
-            texts.append(text[:_CHECK_BYTES])
-            size += len(text)
-            if size >= _CHECK_BYTES:
-                break
-    except InputError:
-        pass  # the real read reports it, at its place in the input
-    return texts
 
 
 def _delete_shards_from(store: Store, name: str, first: int) -> None:
@@ -154,7 +135,7 @@ class _NamingFullDisk(ForwardingStore):
 
 
 def pack(
-    inputs: list[str] | tuple[str, ...] | str,
+    inputs: list[str] | tuple[str, ...] | str | PackInputs,
     output: str,
     *,
     text_key: str = "text",
@@ -164,7 +145,7 @@ def pack(
     bos: bool = False,
     bos_id: int | None = None,
     seq_len: int = 2048,
-    mode: str = "concat",
+    mode: str | None = None,
     bestfit_buffer: int = DEFAULT_BUFFER,
     shard_size: str | int = "256MB",
     shard_samples: int | None = None,
@@ -187,11 +168,18 @@ def pack(
     mask_key: str | None = None,
     long_docs: str | None = None,
     allow_unsupervised: bool = False,
+    chat: bool = False,
+    messages_key: str = "messages",
+    chat_template: str | None = None,
+    train_on: str = "assistant",
+    chat_now: datetime | str | None = None,
 ) -> PackResult:
     """Tokenise text inputs and write a wdstream dataset (shards, sidecars, ``index.json``).
 
     Args:
-        inputs: files, directories, globs, ``{a..b}`` brace patterns, or ``-`` for stdin.
+        inputs: files (JSON Lines, text, Parquet, Arrow IPC), directories, globs, ``{a..b}``
+            brace patterns, or ``-`` for stdin; records from Python go to
+            :func:`wdstream.pack_records` or :class:`wdstream.Writer` (a ``PackInputs``).
         output: dataset root (local folder or any URL :func:`wdstream.storage.open_store` takes).
         text_key: JSON field with the text, dotted for nested fields.
         tokenizer: encoding name, ``.tiktoken`` path, Hugging Face ``tokenizer.json`` or
@@ -203,7 +191,7 @@ def pack(
         seq_len: training row length; concat samples hold ``seq_len + 1`` tokens.
         mode: ``concat`` (fixed-length samples), ``docs`` (one document per sample) or
             ``bestfit`` (rows of whole documents padded to ``seq_len + 1``; needs ``eos``;
-            see ``docs/PACK.md``).
+            see ``docs/PACK.md``). Default ``concat``, ``bestfit`` with ``chat``.
         bestfit_buffer: ``bestfit``: documents per best-fit block (memory about one block).
         shard_size: maximum tar size (``"256MB"``, ``"1GiB"``, bytes).
         shard_samples: optional maximum samples per shard.
@@ -236,12 +224,23 @@ def pack(
         ids_key: ``pretokenized``: the field holding the ids.
         mask_key: ``pretokenized``: the field holding each record's loss mask (0/1 or
             bools, one per id); given, the dataset stores it (``"loss_mask": "bit31"``,
-            uint32 ids, ``docs/MASKS.md``) and every record needs one.
+            uint32 ids, ``docs/CHAT.md``) and every record needs one.
         long_docs: ``mode="bestfit"``: a document longer than a row is ``split`` across
             rows, ``drop``-ped or ``truncate``-d (counted in the stats); default ``drop``
             for masked packs, ``split`` otherwise.
         allow_unsupervised: masked packs: keep a document whose mask is all 0 (by default
             it is a bad record, per ``on_error``).
+        chat: inputs are JSON Lines conversations (messages, ShareGPT or prompt/completion)
+            rendered through a chat template, stored with a loss mask (``docs/CHAT.md``);
+            ``mode`` ``bestfit`` (default) or ``docs``, never ``concat``.
+        messages_key: ``chat``: the key of the messages form.
+        chat_template: ``chat``: a Jinja template file or a JSON file holding
+            ``chat_template``; default: the tokenizer folder's.
+        train_on: ``chat``: ``assistant`` (every assistant turn), ``last`` (the last one)
+            or ``all`` (every token).
+        chat_now: ``chat``: the time a template's ``strftime_now`` formats (a datetime or
+            ISO 8601 text); default: the clock when the pack starts, or the interrupted
+            pack's when it resumes. Recorded only for templates that call it.
 
     With ``workers > 0`` and the default pool, tokenisation runs in a forkserver process
     pool, so a script calling ``pack`` needs the usual ``if __name__ == "__main__":`` guard.
@@ -259,13 +258,18 @@ def pack(
     t0 = time.perf_counter()
     if isinstance(inputs, str):
         inputs = [inputs]
+    if mode is None:
+        mode = "bestfit" if chat else "concat"
     if mode not in MODES:  # a bad mode is reported before a bad engine
         check_mode(mode, seq_len, eos)
     if engine not in ("local", "ray"):
         raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
     check_mode(mode, seq_len, eos)
-    documents = PackDocuments(pretokenized, ids_key, mask_key, long_docs, allow_unsupervised)
+    documents = PackDocuments(pretokenized, ids_key, mask_key, long_docs, allow_unsupervised,
+                              chat, messages_key, chat_template, train_on)  # fmt: skip
     documents.check(mode, engine)
+    sources = inputs if isinstance(inputs, PackInputs) else PackInputs.from_paths(inputs)
+    sources.check(engine)
     shard_bytes = parse_size(shard_size)
     record_limit = check_limit(parse_size(max_record_bytes))
     if shard_samples is not None and shard_samples < 1:
@@ -278,8 +282,6 @@ def pack(
         )
     if engine == "local":
         prestart(workers, pool)  # the pool's fork server boots while the tokenizer loads
-    files = expand_inputs(list(inputs))
-
     output_store = open_store(output, create=True, **(store_options or {}))
     with _naming_full_disk(output_store.child_url(LOCK_NAME)):
         lock = acquire(output_store, force_unlock)
@@ -298,17 +300,19 @@ def pack(
                 "pack into a fresh output or pass --overwrite"
             )
 
-        peek = [] if pretokenized else _peek_texts(files, text_key, lines, record_limit)
+        peek = [] if pretokenized or chat else sources.peek(text_key, lines, record_limit)
         tok = load_tokenizer(tokenizer, backend, peek)
         eos_id, bos_id = special_ids(tok, eos, bos, bos_id)
-        names = ["<stdin>" if f.path == "-" else f.path for f in files]
+        names = sources.names
+        if chat and chat_now is None and not overwrite:
+            chat_now = interrupted_chat_now(store)
         parts = documents.resolve(
             tok, (bos_id, eos_id, token_dtype_for_vocab(max(tok.n_vocab, (bos_id or 0) + 1))),
-            (mode, seq_len), on_error, names,
+            (mode, seq_len), on_error, names, chat_now,
         )  # fmt: skip
         dtype = parts.dtype
         fingerprint = {
-            "inputs": [f.fingerprint() for f in files],
+            "inputs": sources.fingerprint(),
             "text_key": text_key,
             "lines": lines,
             "on_error": on_error,
@@ -327,6 +331,7 @@ def pack(
             "provenance": PROVENANCE_VERSION,
             **({"bestfit_buffer": bestfit_buffer} if mode == "bestfit" else {}),
             **documents.fingerprint(),
+            **({"chat": parts.chat.fingerprint()} if parts.chat is not None else {}),
         }
         journal = Journal(store, fingerprint, name)
         if overwrite:
@@ -335,7 +340,8 @@ def pack(
         resumed_shards = len(journal.entries)
 
         job = PackJob(
-            files=files, text_key=text_key, lines=lines, on_error=on_error, errors=errors,
+            files=sources.files, records=sources.records, text_key=text_key, lines=lines,
+            on_error=on_error, errors=errors,
             tokenizer=tok, bos_id=bos_id, eos_id=eos_id, dtype=dtype,
             new_builder=partial(sample_builder, mode, seq_len, bestfit_buffer, bos_id, eos_id),
             pad_id=parts.pad_id, name=name, shard_bytes=shard_bytes, shard_samples=shard_samples,
@@ -347,15 +353,15 @@ def pack(
 
         entries = journal.entries
         if not entries:
-            raise InputError(f"no non-empty documents in {', '.join(f.path for f in files)}")
+            raise InputError(f"no non-empty documents in {sources.describe()}")
         stats = {
             "documents": sum(e.documents for e in entries),
             "empty_documents_skipped": totals.empty,
             "records_skipped": totals.bad,
             "skipped_locations": list(totals.bad_locations),
             "input_bytes": totals.input_bytes,
-            "input_files": len(files),
-            **mask_stats(totals.rule_counts, entries, parts.loss_mask is not None),
+            "input_files": len(sources.files),
+            **mask_stats(totals.rule_counts, entries, parts),
         }
         meta = DatasetMeta(tok.info(), eos_id, bos_id, dtype, mode, seq_len, parts.loss_mask)
         index = commit_dataset(store, lock, journal, meta, stats)

@@ -2,8 +2,9 @@
 
 The packing process only reads, batches (~1 MB of text), and packs; workers run the pack's
 :class:`~wdstream.write.encoders.DocumentEncoder` (text: tokenise) and return each batch as
-one flat array of stored tokens (BOS/EOS already added) plus the document lengths, so
-nothing crosses the process boundary as Python ints. An encoder that is not ``parallel``
+one flat array of stored tokens (BOS/EOS already added) plus the document lengths (and an
+encoder's audit tags and notes, :class:`~wdstream.write.encoders.EncodedBatch`), so no token
+crosses the process boundary as a Python int. An encoder that is not ``parallel``
 (pre-tokenized ids) runs inline whatever the pool.
 
 Kinds of pool:
@@ -42,7 +43,7 @@ import numpy as np
 
 from wdstream.tokenizers.base import Tokenizer
 from wdstream.tokenizers.tiktoken import BpeEncoder
-from wdstream.write.encoders import DocumentEncoder, encode_flat
+from wdstream.write.encoders import DocumentEncoder, EncodedBatch, encode_flat
 
 __all__ = ["POOL_KINDS", "TokenPool", "encode_flat", "prestart"]
 
@@ -109,10 +110,15 @@ def _ready() -> None:
     """Runs once a process worker is initialised (start-up probe)."""
 
 
-def _encode_in_worker(docs: list[Any]) -> tuple[bytes, bytes]:
+# An EncodedBatch as it crosses back: its arrays as bytes, its notes as they are.
+_Wire = tuple[bytes, bytes, bytes | None, list[Any] | None]
+
+
+def _encode_in_worker(docs: list[Any]) -> _Wire:
     assert _worker is not None, "worker not initialised"
-    flat, lens = _worker[1].encode(_worker[0], docs)
-    return flat.tobytes(), lens.tobytes()
+    out = _worker[1].encode(_worker[0], docs)
+    tags = None if out.tags is None else out.tags.tobytes()
+    return out.flat.tobytes(), out.lens.tobytes(), tags, out.notes
 
 
 class _Starter:
@@ -150,7 +156,7 @@ class _Starter:
 
 
 class TokenPool:
-    """Ordered, bounded parallel map from document batches to ``(meta, tokens, lens)``.
+    """Ordered, bounded parallel map from document batches to ``(meta, EncodedBatch)``.
 
     While process workers start, batches are encoded on the calling thread
     (``inline_while_starting``; tests turn it off to exercise the pool on tiny inputs).
@@ -199,23 +205,20 @@ class TokenPool:
         elif self.kind == "threads":
             self._executor = ThreadPoolExecutor(workers, thread_name_prefix="wdstream-encode")
 
-    def _submit(self, docs: list[Any]) -> Future[tuple[Any, Any]]:
+    def _submit(self, docs: list[Any]) -> Future[Any]:
         assert self._executor is not None
         if self.kind == "processes":
             return self._executor.submit(_encode_in_worker, docs)
         return self._executor.submit(self._encoder.encode, self._tok, docs)
 
-    def map(
-        self, batches: Iterable[tuple[list[Any], M]]
-    ) -> Iterator[tuple[M, np.ndarray, np.ndarray]]:
-        """Yield ``(meta, flat_tokens, lens)`` for every ``(documents, meta)``, in input order."""
+    def map(self, batches: Iterable[tuple[list[Any], M]]) -> Iterator[tuple[M, EncodedBatch]]:
+        """Yield ``(meta, encoded)`` for every ``(documents, meta)``, in input order."""
         dtype = self._dtype
         if self._executor is None:
             for texts, meta in batches:
-                flat, lens = self._encoder.encode(self._tok, texts)
-                yield meta, flat, lens
+                yield meta, self._encoder.encode(self._tok, texts)
             return
-        pending: deque[tuple[M, Future[tuple[Any, Any]]]] = deque()
+        pending: deque[tuple[M, Future[Any]]] = deque()
         starter = self._starter = _Starter(self) if self.kind == "processes" else None
         for texts, meta in batches:
             if (
@@ -227,8 +230,7 @@ class TokenPool:
                 # Workers are still starting (fork server imports, vocabulary: 1-2 s, and
                 # submitting blocks meanwhile, hence the thread): encode here meanwhile.
                 # Only while nothing is pending, so the order of results is unchanged.
-                flat, lens = self._encoder.encode(self._tok, texts)
-                yield meta, flat, lens
+                yield meta, self._encoder.encode(self._tok, texts)
                 continue
             if starter is not None:
                 starter.join()
@@ -240,13 +242,17 @@ class TokenPool:
             yield self._result(*pending.popleft(), dtype)
 
     @staticmethod
-    def _result(
-        meta: M, fut: Future[tuple[Any, Any]], dtype: str
-    ) -> tuple[M, np.ndarray, np.ndarray]:
-        flat, lens = fut.result()
-        if isinstance(flat, bytes):
-            return meta, np.frombuffer(flat, dtype=dtype), np.frombuffer(lens, dtype=np.int64)
-        return meta, flat, lens
+    def _result(meta: M, fut: Future[Any], dtype: str) -> tuple[M, EncodedBatch]:
+        out = fut.result()
+        if isinstance(out, EncodedBatch):  # threads: the encoder's own result
+            return meta, out
+        flat, lens, tags, notes = out
+        return meta, EncodedBatch(
+            np.frombuffer(flat, dtype=dtype),
+            np.frombuffer(lens, dtype=np.int64),
+            None if tags is None else np.frombuffer(tags, dtype=np.uint8),
+            notes,
+        )
 
     def close(self) -> None:
         """Stop the workers (pending batches are dropped)."""

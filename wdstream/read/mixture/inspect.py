@@ -12,19 +12,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from wdstream.errors import WdstreamError
+from wdstream.read.chat_turns import ChatTurns
 from wdstream.read.mixture.reader import MixtureReader
 from wdstream.read.mixture.schedule import parse_weights
 from wdstream.read.mixture.sources import open_sources
 from wdstream.read.mixture.spec import MixtureSpec, read_spec
 from wdstream.read.order.global_order import Origin
-from wdstream.read.provenance import Provenance, RowPiece, piece_record, row_pieces, with_text
+from wdstream.read.provenance import (
+    Provenance,
+    RowPiece,
+    piece_line,
+    piece_record,
+    row_pieces,
+    with_text,
+)
 from wdstream.read.step_query import StepQuery, checked_steps
 from wdstream.words import count
 
@@ -116,6 +124,7 @@ def explain_mixture_steps(
         index = next(s.index for s in sources if s.index is not None)
         tok = index_tokenizer(index.tokenizer)
     provs: dict[int, Provenance | None] = {}
+    chats: dict[int, ChatTurns | None] = {}  # chat sources: the turns of their pieces
 
     def provenance(i: int) -> Provenance | None:
         if i not in provs:
@@ -132,6 +141,13 @@ def explain_mixture_steps(
             for r, (i, epoch, row) in enumerate(reader.locate(rows, position)):
                 prov, order = provenance(i), reader.orders[i]
                 pieces = row_pieces(prov, order, epoch, row) if prov is not None else None
+                if pieces is not None and prov is not None:
+                    if i not in chats:
+                        chats[i] = ChatTurns.of(prov.index)
+                    chat = chats[i]
+                    if chat is not None:
+                        pieces = [replace(p, turns=t)
+                                  for p, t in zip(pieces, chat.turns(pieces), strict=True)]  # fmt: skip
                 if pieces is not None and tok is not None:
                     tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
                     order.fill(epoch, row, tokens, None)
@@ -167,8 +183,7 @@ def mixture_explanation_lines(exp: MixtureExplanation) -> list[str]:
             lines.append("  (no provenance tables in this source)")
             continue
         for p in row.pieces:
-            lines.append(f"  row [{p.row_start}, {p.row_end}) {p.shard_name} sample {p.sample} "
-                         f"{p.file}:{p.line} doc [{p.doc_start}, {p.doc_end})")  # fmt: skip
+            lines.append(piece_line(p))
             if p.text is not None:
                 lines.append("    " + json.dumps(p.text, ensure_ascii=False))
     return lines

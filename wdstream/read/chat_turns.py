@@ -1,0 +1,192 @@
+"""Which turns of a conversation a row piece of a chat dataset holds, for ``explain``.
+
+A chat dataset's ``index.json`` records how its conversations became tokens
+(``stats.chat``, :class:`~wdstream.chat.recorded.ChatSettings`). For a piece of a row,
+:class:`ChatTurns` re-reads the record at the piece's ``file:line``, encodes it again with
+the recorded template and options, and maps the piece's token span in its document
+(``doc_span``: offsets in the document as packed, the pack's BOS/EOS included) to the
+messages those tokens belong to (:attr:`~wdstream.chat.encoding.ChatEncoding.message_index`)::
+
+    doc [0, 57) of in.jsonl:12   ->  Turns(first=2, last=4, roles=("assistant", "user",
+                                           "assistant"), pack_tokens=1)      (the EOS)
+
+Messages are numbered from 0 as in the record (``messages[2]``), as the pack's problem
+reports number them. Each input file is read once per call, up to the last line asked for.
+An input that cannot be read (moved, not on this machine), a record that no longer parses,
+or one whose tokens no longer reach the piece (the input changed since the pack) gives a
+:class:`Turns` with ``error`` saying so; ``explain`` prints it instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from wdstream.chat.masks import ChatEncoder
+from wdstream.chat.recorded import ChatSettings
+from wdstream.chat.records import ConversationFields
+from wdstream.format.index import DatasetIndex
+from wdstream.inputs.compressed import open_binary
+from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES, LongLine, bounded_lines
+
+__all__ = ["ChatTurns", "Turns"]
+
+_CACHE = 256  # conversations kept encoded (explain over a range revisits rows' documents)
+
+
+@dataclass(frozen=True)
+class Turns:
+    """The messages a piece covers: ``first`` to ``last`` (0-based, inclusive) with their
+    ``roles``, and ``pack_tokens`` of the pack's own BOS/EOS in the piece; or ``error``."""
+
+    first: int | None = None
+    last: int | None = None
+    roles: tuple[str, ...] = ()
+    pack_tokens: int = 0
+    error: str | None = None
+
+    def describe(self) -> str:
+        """``turns 2-4 (assistant, user, assistant) + 1 pack token``, or why not known."""
+        if self.error is not None:
+            return f"turns unknown ({self.error})"
+        extra = f" + {self.pack_tokens} pack token{'s' * (self.pack_tokens != 1)}"
+        if self.first is None:
+            return extra.removeprefix(" + ")
+        span = (
+            f"turn {self.first}" if self.first == self.last else f"turns {self.first}-{self.last}"
+        )
+        return f"{span} ({', '.join(self.roles)})" + (extra if self.pack_tokens else "")
+
+    def record(self) -> dict[str, Any]:
+        """The JSON form ``explain --format jsonl`` writes."""
+        if self.error is not None:
+            return {"error": self.error}
+        return {"first": self.first, "last": self.last, "roles": list(self.roles),
+                "pack_tokens": self.pack_tokens}  # fmt: skip
+
+
+class _Piece(Protocol):
+    """What a row piece gives (:class:`~wdstream.read.provenance.RowPiece`)."""
+
+    @property
+    def file(self) -> str: ...
+
+    @property
+    def line(self) -> int: ...
+
+    @property
+    def doc_start(self) -> int: ...
+
+    @property
+    def doc_end(self) -> int: ...
+
+
+# A conversation as encoded: each token's message, the roles; or why it is not known.
+_Encoded = tuple[np.ndarray, list[str]] | str
+
+
+class ChatTurns:
+    """Finds the turns of row pieces of one chat dataset (module docstring).
+
+    Args:
+        index: the dataset's index (``stats.chat`` must be there: :meth:`of`).
+        tokenizer: the dataset's tokenizer (it must encode chat text).
+    """
+
+    def __init__(self, index: DatasetIndex, tokenizer: Any) -> None:
+        chat = index.stats["chat"]
+        self._settings = ChatSettings.from_record(chat)
+        self._encoder: ChatEncoder = self._settings.encoder(tokenizer)
+        self._fields = ConversationFields(self._settings.messages_key)
+        self._bos = 1 if index.bos_id is not None else 0
+        self._eos = 1 if index.eos_id is not None else 0
+        self._truncates = chat.get("long_docs") == "truncate"
+        self._row = index.sample_tokens
+        self._cache: OrderedDict[tuple[str, int], _Encoded] = OrderedDict()
+
+    @classmethod
+    def of(cls, index: DatasetIndex) -> ChatTurns | None:
+        """The finder for a chat dataset (loading its tokenizer), None for any other."""
+        if "chat" not in index.stats:
+            return None
+        from wdstream.tokenizers import index_tokenizer
+
+        return cls(index, index_tokenizer(index.tokenizer))
+
+    def turns(self, pieces: Sequence[_Piece]) -> list[Turns]:
+        """The turns of every piece, reading each input file once."""
+        wanted: dict[str, set[int]] = defaultdict(set)
+        for p in pieces:
+            if (p.file, p.line) not in self._cache:
+                wanted[p.file].add(p.line)
+        for file, lines in wanted.items():
+            for line, encoded in self._read(file, lines).items():
+                self._cache[(file, line)] = encoded
+        out = []
+        for p in pieces:
+            self._cache.move_to_end((p.file, p.line))
+            out.append(self._covered(self._cache[(p.file, p.line)], p))
+        while len(self._cache) > max(_CACHE, len(pieces)):
+            self._cache.popitem(last=False)
+        return out
+
+    def _read(self, file: str, lines: set[int]) -> dict[int, _Encoded]:
+        """Each of ``lines`` of ``file`` (1-based) encoded, or why not."""
+        out: dict[int, _Encoded] = {}
+        try:
+            fh, raw = open_binary(file)
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return dict.fromkeys(lines, f"{file}: cannot open the input ({why})")
+        try:
+            last = max(lines)
+            for n, data in enumerate(bounded_lines(fh, DEFAULT_MAX_RECORD_BYTES, True), 1):
+                if n in lines:
+                    out[n] = self._encode(file, n, data)
+                if n == last:
+                    break
+        except (OSError, EOFError) as exc:
+            return {n: out.get(n, f"{file}: read failed ({exc})") for n in lines}
+        finally:
+            fh.close()
+            raw.close()
+        return {n: out.get(n, f"{file}: has no line {n} (the input changed)") for n in lines}
+
+    def _encode(self, file: str, line: int, data: bytes | LongLine) -> _Encoded:
+        where = f"{file}:{line}"
+        if isinstance(data, LongLine):
+            return f"{where}: the record is longer than {DEFAULT_MAX_RECORD_BYTES:,} bytes"
+        text = data.decode("utf-8", "replace").removeprefix("\ufeff")
+        try:
+            record = self._fields(json.loads(text))
+            enc = self._encoder.encode(record.messages, record.tools)
+        except ValueError as exc:  # JSON, ConversationError
+            return f"{where}: no longer a conversation ({exc})"
+        return enc.message_index, enc.roles
+
+    def _covered(self, encoded: _Encoded, p: _Piece) -> Turns:
+        """The messages of tokens ``[doc_start, doc_end)`` of the document as packed:
+        ``[BOS] ids [EOS]``, or a best-fit row's ``ids[:row - 1] EOS`` when truncated."""
+        if isinstance(encoded, str):
+            return Turns(error=encoded)
+        index, roles = encoded
+        n = len(index)
+        packed = self._bos + n + self._eos
+        cut = self._truncates and self._row is not None and packed > self._row
+        if cut:
+            assert self._row is not None
+            n, packed = self._row - 1 - self._bos, self._row
+        if p.doc_end > packed:
+            return Turns(error=f"{p.file}:{p.line}: the record now encodes to {packed} tokens, "
+                               f"fewer than the piece's end {p.doc_end} (the input changed)")  # fmt: skip
+        lo, hi = max(p.doc_start - self._bos, 0), min(p.doc_end - self._bos, n)
+        pack_tokens = (p.doc_end - p.doc_start) - max(hi - lo, 0)
+        if hi <= lo:
+            return Turns(pack_tokens=pack_tokens)
+        first, last = int(index[lo]), int(index[hi - 1])
+        return Turns(first, last, tuple(roles[first : last + 1]), pack_tokens)
