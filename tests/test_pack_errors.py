@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -209,3 +211,25 @@ def test_demo_output_escapes_once_and_explains_the_counts(tmp_path: Path) -> Non
         "stats['empty_documents_skipped']"
     )
     assert _documents_note(3, 0) == "documents: one per file, all 3 packed"
+
+
+def test_script_without_a_main_guard_gets_the_reason(tmp_path: Path) -> None:
+    """A script packing at its top level with worker processes: each worker imports the
+    script again (Python's forkserver/spawn), so the pool breaks. The pack says why, and
+    what to do, instead of multiprocessing's BrokenProcessPool."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": f"doc {i} " * 50}) + "\n" for i in range(400)))
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import wdstream\n"
+        "from wdstream.write.tokenpool import TokenPool\n"
+        "TokenPool.inline_while_starting = False  # the pool encodes even a small input\n"
+        f"wdstream.pack([{str(src)!r}], {str(tmp_path / 'out')!r}, workers=2, progress=False)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("wdstream.errors.WdstreamError: a tokenizer worker process died")
+    assert "if __name__ == '__main__':" in last
+    assert not (tmp_path / "out" / "index.json").exists()

@@ -37,10 +37,12 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 import numpy as np
 
+from wdstream.errors import WdstreamError
 from wdstream.tokenizers.base import Tokenizer
 from wdstream.tokenizers.tiktoken import BpeEncoder
 from wdstream.write.encoders import DocumentEncoder, EncodedBatch, encode_flat
@@ -108,6 +110,16 @@ def _init_worker(tok: Tokenizer | str, encoder: DocumentEncoder) -> None:
 
 def _ready() -> None:
     """Runs once a process worker is initialised (start-up probe)."""
+
+
+# A worker process that dies (killed, out of memory, or a script without a main guard whose
+# re-import in the worker runs the pack again) breaks the whole pool: say what to check.
+_BROKEN_POOL = (
+    "a tokenizer worker process died (killed, out of memory, or it failed to start); if "
+    "this is a script calling pack() or Writer at its top level, put the call under "
+    "`if __name__ == '__main__':` (each worker process imports the script again), or pass "
+    "workers=0; rerunning the same pack resumes after the shards already written"
+)
 
 
 # An EncodedBatch as it crosses back: its arrays as bytes, its notes as they are.
@@ -208,7 +220,10 @@ class TokenPool:
     def _submit(self, docs: list[Any]) -> Future[Any]:
         assert self._executor is not None
         if self.kind == "processes":
-            return self._executor.submit(_encode_in_worker, docs)
+            try:
+                return self._executor.submit(_encode_in_worker, docs)
+            except BrokenProcessPool as exc:
+                raise WdstreamError(_BROKEN_POOL) from exc
         return self._executor.submit(self._encoder.encode, self._tok, docs)
 
     def map(self, batches: Iterable[tuple[list[Any], M]]) -> Iterator[tuple[M, EncodedBatch]]:
@@ -243,7 +258,10 @@ class TokenPool:
 
     @staticmethod
     def _result(meta: M, fut: Future[Any], dtype: str) -> tuple[M, EncodedBatch]:
-        out = fut.result()
+        try:
+            out = fut.result()
+        except BrokenProcessPool as exc:
+            raise WdstreamError(_BROKEN_POOL) from exc
         if isinstance(out, EncodedBatch):  # threads: the encoder's own result
             return meta, out
         flat, lens, tags, notes = out
