@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -101,6 +102,8 @@ class Provenance:
                 f"{self.source.urls[0][0]}: packed without provenance tables (by a wdstream "
                 "older than provenance); repack it to look up where documents came from"
             )
+        cwd = self.index.stats.get("pack_cwd")
+        self.pack_cwd: str | None = cwd if isinstance(cwd, str) else None
         docs = [s.documents for s in self.index.shards]
         self.doc_starts = np.concatenate([[0], np.cumsum(docs)]).astype(np.int64)
         self._options = store_options
@@ -157,6 +160,18 @@ class Provenance:
         shard = int(np.searchsorted(self.doc_starts, doc, side="right")) - 1
         return self.table(shard).source(doc)
 
+    def path(self, file: str) -> str | None:
+        """Where input ``file`` (as given to pack) lies: joined to the pack's working
+        directory (``stats.pack_cwd``) when relative, as given when absolute or a URL; None
+        for a relative input of a dataset that does not record the directory (packed by an
+        older wdstream: the path is relative to wherever that pack ran) and for inputs
+        that are no file (``<stdin>``, ``<records>``)."""
+        if file.startswith("<"):
+            return None
+        if "://" in file or os.path.isabs(file):
+            return file
+        return None if self.pack_cwd is None else os.path.join(self.pack_cwd, file)
+
     def pieces(self, shard: int, sample: int) -> list[DocumentPiece]:
         """The document pieces of sample ``sample`` of shard ``shard``, in sample order.
 
@@ -198,6 +213,7 @@ class RowPiece:
     doc_end: int
     text: str | None = None  # decoded tokens (with ``text=True``), cut to TEXT_CHARS
     turns: Turns | None = None  # chat datasets: the conversation's turns the piece holds
+    path: str | None = None  # where ``file`` lies (:meth:`Provenance.path`)
 
 
 @dataclass(frozen=True)
@@ -342,6 +358,7 @@ def _explained(
 def row_pieces(prov: Provenance, order: GlobalOrder, epoch: int, row: int) -> list[RowPiece]:
     """The document pieces of row ``row`` of ``epoch`` of ``order`` (over ``prov``'s dataset)."""
     plan, out, at = order.plan(epoch), [], 0
+    paths: dict[str, str | None] = {}
     for position, off, take in order.row_segments(epoch, row):
         [(shard, sample, _)] = plan.pieces(position, position + 1)
         name = prov.index.shards[shard].name
@@ -349,9 +366,11 @@ def row_pieces(prov: Provenance, order: GlobalOrder, epoch: int, row: int) -> li
             lo, hi = max(p.sample_start, off), min(p.sample_end, off + take)
             if lo < hi:
                 d = p.doc_start - p.sample_start
+                if p.file not in paths:
+                    paths[p.file] = prov.path(p.file)
                 out.append(
                     RowPiece(shard, name, sample, p.document, p.file, p.line,
-                             at + lo - off, at + hi - off, d + lo, d + hi)
+                             at + lo - off, at + hi - off, d + lo, d + hi, path=paths[p.file])
                 )  # fmt: skip
         at += take
     return out
@@ -375,11 +394,13 @@ def with_turns(rows: list[ExplainedRow], chat: ChatTurns) -> list[ExplainedRow]:
 
 
 def piece_line(p: RowPiece) -> str:
-    """One piece as ``explain`` prints it: spans, shard, sample, ``file:line``, and in a chat
-    dataset its turns."""
+    """One piece as ``explain`` prints it: spans, shard, sample, ``file:line`` (the file as
+    given to pack; when that was relative, the absolute path it resolves to after it), and
+    in a chat dataset its turns."""
+    where = f" ({p.path})" if p.path is not None and p.path != p.file else ""
     return (
         f"  row [{p.row_start}, {p.row_end}) {p.shard_name} sample {p.sample} "
-        f"{p.file}:{p.line} doc [{p.doc_start}, {p.doc_end})"
+        f"{p.file}:{p.line}{where} doc [{p.doc_start}, {p.doc_end})"
         + ("" if p.turns is None else f" {p.turns.describe()}")
     )
 
@@ -406,13 +427,14 @@ def explanation_lines(exp: Explanation) -> list[str]:
 
 def piece_record(p: RowPiece) -> dict[str, Any]:
     """One piece as ``explain --format jsonl`` writes it: the shard (name and number in
-    ``index.json``), sample, dataset-wide document number, input ``file`` and 1-based
-    ``line``, and ``[start, end)`` token spans in the row (``span``) and in the document
+    ``index.json``), sample, dataset-wide document number, input ``file`` (as given to
+    pack) and 1-based ``line``, ``path`` (where the file lies: :meth:`Provenance.path`;
+    null when not known), and ``[start, end)`` token spans in the row (``span``) and in the document
     (``doc_span``); ``text`` when decoded; ``turns`` in a chat dataset
     (:meth:`~wdstream.read.chat_turns.Turns.record`)."""
     record: dict[str, Any] = {
         "shard": p.shard_name, "shard_index": p.shard, "sample": p.sample,
-        "document": p.document, "file": p.file, "line": p.line,
+        "document": p.document, "file": p.file, "line": p.line, "path": p.path,
         "span": [p.row_start, p.row_end], "doc_span": [p.doc_start, p.doc_end],
     }  # fmt: skip
     if p.text is not None:
