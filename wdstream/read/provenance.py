@@ -102,8 +102,7 @@ class Provenance:
                 f"{self.source.urls[0][0]}: packed without provenance tables (by a wdstream "
                 "older than provenance); repack it to look up where documents came from"
             )
-        cwd = self.index.stats.get("pack_cwd")
-        self.pack_cwd: str | None = cwd if isinstance(cwd, str) else None
+        self.pack_cwd: str | None = self.index.stats.get("pack_cwd")  # checked by the index
         docs = [s.documents for s in self.index.shards]
         self.doc_starts = np.concatenate([[0], np.cumsum(docs)]).astype(np.int64)
         self._options = store_options
@@ -161,16 +160,14 @@ class Provenance:
         return self.table(shard).source(doc)
 
     def path(self, file: str) -> str | None:
-        """Where input ``file`` (as given to pack) lies: joined to the pack's working
-        directory (``stats.pack_cwd``) when relative, as given when absolute or a URL; None
-        for a relative input of a dataset that does not record the directory (packed by an
-        older wdstream: the path is relative to wherever that pack ran) and for inputs
-        that are no file (``<stdin>``, ``<records>``)."""
+        """Where input ``file`` (as given to pack) lies: joined to the pack's working directory
+        (``stats.pack_cwd``) when relative, as given when absolute or a URL; None for no file
+        (``<stdin>``, ``<records>``) or a relative one in a dataset packed before ``pack_cwd``."""
         if file.startswith("<"):
             return None
         if "://" in file or os.path.isabs(file):
             return file
-        return None if self.pack_cwd is None else os.path.join(self.pack_cwd, file)
+        return os.path.join(self.pack_cwd, file) if self.pack_cwd else None
 
     def pieces(self, shard: int, sample: int) -> list[DocumentPiece]:
         """The document pieces of sample ``sample`` of shard ``shard``, in sample order.
@@ -358,7 +355,6 @@ def _explained(
 def row_pieces(prov: Provenance, order: GlobalOrder, epoch: int, row: int) -> list[RowPiece]:
     """The document pieces of row ``row`` of ``epoch`` of ``order`` (over ``prov``'s dataset)."""
     plan, out, at = order.plan(epoch), [], 0
-    paths: dict[str, str | None] = {}
     for position, off, take in order.row_segments(epoch, row):
         [(shard, sample, _)] = plan.pieces(position, position + 1)
         name = prov.index.shards[shard].name
@@ -366,11 +362,9 @@ def row_pieces(prov: Provenance, order: GlobalOrder, epoch: int, row: int) -> li
             lo, hi = max(p.sample_start, off), min(p.sample_end, off + take)
             if lo < hi:
                 d = p.doc_start - p.sample_start
-                if p.file not in paths:
-                    paths[p.file] = prov.path(p.file)
                 out.append(
                     RowPiece(shard, name, sample, p.document, p.file, p.line,
-                             at + lo - off, at + hi - off, d + lo, d + hi, path=paths[p.file])
+                             at + lo - off, at + hi - off, d + lo, d + hi, path=prov.path(p.file))
                 )  # fmt: skip
         at += take
     return out
@@ -394,9 +388,8 @@ def with_turns(rows: list[ExplainedRow], chat: ChatTurns) -> list[ExplainedRow]:
 
 
 def piece_line(p: RowPiece) -> str:
-    """One piece as ``explain`` prints it: spans, shard, sample, ``file:line`` (the file as
-    given to pack; when that was relative, the absolute path it resolves to after it), and
-    in a chat dataset its turns."""
+    """One piece as ``explain`` prints it: spans, shard, sample, ``file:line`` (as given to
+    pack, then the path it resolves to if that differs), and in a chat dataset its turns."""
     where = f" ({p.path})" if p.path is not None and p.path != p.file else ""
     return (
         f"  row [{p.row_start}, {p.row_end}) {p.shard_name} sample {p.sample} "
