@@ -104,7 +104,7 @@ def test_jsonl_records_every_row_of_a_range_across_an_epoch_end(root: Path) -> N
         _check_pieces(root, rec, batch[rec["rank_row"]])
         for p in rec["pieces"]:
             assert shards[p["shard"]] == p["shard_index"]
-            assert set(p) == {"shard", "shard_index", "sample", "document", "file", "line",
+            assert set(p) == {"shard", "shard_index", "sample", "document", "file", "line", "path",
                               "span", "doc_span"}  # fmt: skip
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -189,50 +188,44 @@ def _marked(decode: Callable[[Any], str], ids: Any, supervised: Any) -> str:
 @main.command()
 @click.argument("root")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
+              help="Also draw the numbers into a PNG (needs pip install 'wdstream[plot]').")  # fmt: skip
+@click.option("--steps", type=click.IntRange(min=1), default=None, metavar="N",
+              help="A mixture: follow its first N steps (each source's share and epochs).")  # fmt: skip
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="With --steps: rows per rank (B).")  # fmt: skip
+@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --steps: ranks (W); a step is W x B rows.")  # fmt: skip
+@click.option("--seq-len", type=int, default=None, help="With --steps: the Loader's seq_len "
+              "(default: the sources' packed one).")  # fmt: skip
 @_storage_options
-def stats(root: str, as_json: bool, **remote: Any) -> None:
-    """Shards, samples, documents, tokens, bytes and a document-length histogram.
+def stats(
+    root: str,
+    as_json: bool,
+    plot: str | None,
+    steps: int | None,
+    batch_size: int | None,
+    world_size: int,
+    seq_len: int | None,
+    **remote: Any,
+) -> None:
+    """Shards, samples, documents, tokens, bytes and a document-length histogram; with
+    --plot, also a picture (document lengths, tokens per shard, padding per row, tokens per
+    role).
 
-    ROOT may be a mixture spec (.json / .toml): per-source counts and the schedule."""
-    from wdstream.inspect import dataset_stats
-    from wdstream.inspect_stats import mask_lines
+    ROOT may be a mixture spec (.json / .toml): per-source counts and the schedule; with
+    --steps N --batch-size B, each source's share and epochs over the run's first N steps
+    (drawn by --plot)."""
+    from wdstream.cli_stats import stats_output
     from wdstream.read.mixture.spec import is_mixture
-    from wdstream.storage import open_store
 
-    if is_mixture(root):
-        _mixture_stats(root, as_json, remote)
-        return
-    try:
-        s = dataset_stats(open_store(root, **_store_options(root, **remote)))
-    except (WdstreamError, ValueError, OSError) as exc:
-        _fail(exc)
-    if as_json:
-        click.echo(json.dumps(s, indent=1, sort_keys=True))
-        return
-    click.echo(
-        f"{root}: {count(s['shards'], 'shard')}, {count(s['samples'], 'sample')}, "
-        f"{count(s['documents'], 'document')}, {count(s['tokens'], 'token')}, "
-        f"{s['bytes'] / 1e6:,.1f} MB ({s['tokenizer']['name']}, mode {s['mode']})"
+    store = (
+        _mixture_store_options(root, remote) if is_mixture(root) else _store_options(root, **remote)
     )
-    if s["rows"] is not None:
-        click.echo(
-            f"rows {s['rows']:,}; documents truncated {s['documents_truncated']:,} "
-            f"({s['documents_truncated_pct']:.2f} %); padding {s['padding_pct']:.2f} % of tokens"
-        )
-    click.echo(f"document length (tokens), mean {s['doc_len_mean']:.1f}:")
-    top = max(s["doc_len_histogram"].values(), default=1)
-    for bucket, n in s["doc_len_histogram"].items():
-        click.echo(f"  {bucket:>17} {n:>9,} {'#' * max(1, round(40 * n / top))}")
-    if s["loss_mask"] is not None:
-        for text, warning in mask_lines(s["loss_mask"]):
-            click.echo(text, err=warning)
-    input_stats = s["input_stats"]
-    if input_stats:
-        click.echo(
-            f"input: {input_stats.get('input_bytes', 0) / 1e6:,.1f} MB, "
-            f"{count(input_stats.get('empty_documents_skipped', 0), 'empty document')} skipped, "
-            f"{count(input_stats.get('records_skipped', 0), 'bad record')} skipped"
-        )
+    lines = stats_output(root, as_json, plot, steps, store, batch_size=batch_size,
+                         world_size=world_size, seq_len=seq_len)  # fmt: skip
+    for line, warning in lines:
+        click.echo(line, err=warning)
 
 
 @main.command()
@@ -321,20 +314,6 @@ def _mixture_store_options(spec: str, remote: dict[str, Any]) -> dict[str, Any]:
 
     urls = list(read_spec(spec).sources.values())
     return _store_options(next((u for u in urls if "://" in u), spec), **remote)
-
-
-def _mixture_stats(spec: str, as_json: bool, remote: dict[str, Any]) -> None:
-    from wdstream.read.mixture.inspect import mixture_stats, mixture_stats_lines
-
-    try:
-        s = mixture_stats(spec, **_mixture_store_options(spec, remote))
-    except (WdstreamError, ValueError, OSError) as exc:
-        _fail(exc)
-    if as_json:
-        click.echo(json.dumps(s, indent=1, sort_keys=True))
-        return
-    for line in mixture_stats_lines(s):
-        click.echo(line)
 
 
 @main.command()

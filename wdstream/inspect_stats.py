@@ -3,12 +3,15 @@ documents, and for a dataset with a loss mask the audit of its supervised tokens
 dataset also per role, and the template's problems: ``docs/CHAT.md``).
 
 Reads every sample once (through :func:`~wdstream.read.sources.shards.iter_samples`); the
-CLI only prints what :func:`dataset_stats` returns.
+CLI only prints what :func:`dataset_stats` returns. :func:`scan_dataset` also keeps the
+arrays the counts come from (every document's length, every best-fit row's padding, every
+shard's tokens), which ``stats --plot`` draws (:mod:`wdstream.plots`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +21,20 @@ from wdstream.format.loss import NO_LOSS_BIT
 from wdstream.read.sources.shards import iter_samples, read_index
 from wdstream.storage import Store, open_store
 
-__all__ = ["dataset_stats", "mask_lines"]
+__all__ = ["DatasetScan", "dataset_stats", "mask_lines", "scan_dataset"]
+
+
+@dataclass(frozen=True)
+class DatasetScan:
+    """What one pass over a dataset's samples found: ``stats`` (:func:`dataset_stats`) and
+    the arrays behind it: ``doc_lengths`` (tokens of every document, pieces joined, in
+    dataset order), ``row_padding`` (padding tokens of every best-fit row; None in other
+    modes) and ``shard_tokens`` (tokens of every shard, from ``index.json``)."""
+
+    stats: dict[str, Any]
+    doc_lengths: np.ndarray
+    row_padding: np.ndarray | None
+    shard_tokens: np.ndarray
 
 
 def dataset_stats(root: str | Store) -> dict[str, Any]:
@@ -34,18 +50,24 @@ def dataset_stats(root: str | Store) -> dict[str, Any]:
         padding, as a share of all tokens; 0 in the other modes). A dataset with a loss mask
         adds ``loss_mask`` (:func:`_mask_report`); None otherwise.
     """
+    return scan_dataset(root).stats
+
+
+def scan_dataset(root: str | Store) -> DatasetScan:
+    """:func:`dataset_stats` with the arrays it counted (:class:`DatasetScan`)."""
     store = root if isinstance(root, Store) else open_store(root)
     index = read_index(store)
     bestfit = index.mode == "bestfit"
     hist: dict[int, int] = {}
-    current = pieces = padding = supervised = 0
+    current = pieces = supervised = 0
     lengths: list[int] = []
+    pads: list[int] = []
     cut = 0
     for _, _, smp in iter_samples(store, index):
         if index.loss_mask is not None:
             supervised += int(np.count_nonzero(smp.tokens < NO_LOSS_BIT))
         if bestfit:  # the last piece of a best-fit row is its padding
-            padding += smp.doc_lens[-1]
+            pads.append(smp.doc_lens[-1])
         for j, n in enumerate(index.document_pieces(smp.doc_lens)):
             if j == 0 and smp.cont:
                 current += n
@@ -58,11 +80,13 @@ def dataset_stats(root: str | Store) -> dict[str, Any]:
     if current:
         lengths.append(current)
         cut += pieces > 1
+    doc_lengths = np.asarray(lengths, dtype=np.int64)
+    padding = sum(pads)
     if lengths:
-        buckets = np.floor(np.log2(np.asarray(lengths, dtype=np.float64))).astype(int)
+        buckets = np.floor(np.log2(doc_lengths.astype(np.float64))).astype(int)
         for b, c in zip(*np.unique(buckets, return_counts=True), strict=True):
             hist[int(b)] = int(c)
-    return {
+    stats: dict[str, Any] = {
         "shards": len(index.shards),
         "samples": index.total_samples,
         "documents": index.total_documents,
@@ -72,7 +96,7 @@ def dataset_stats(root: str | Store) -> dict[str, Any]:
         "seq_len": index.seq_len,
         "tokenizer": index.tokenizer,
         "doc_len_histogram": {f"{2**b}..{2 ** (b + 1) - 1}": hist[b] for b in sorted(hist)},
-        "doc_len_mean": float(np.mean(lengths)) if lengths else math.nan,
+        "doc_len_mean": float(np.mean(doc_lengths)) if lengths else math.nan,
         "input_stats": index.stats,
         "rows": None if index.mode == "docs" else index.total_samples,
         "documents_truncated": cut,
@@ -83,6 +107,12 @@ def dataset_stats(root: str | Store) -> dict[str, Any]:
             _mask_report(index, supervised, padding) if index.loss_mask is not None else None
         ),
     }
+    return DatasetScan(
+        stats=stats,
+        doc_lengths=doc_lengths,
+        row_padding=np.asarray(pads, dtype=np.int64) if bestfit else None,
+        shard_tokens=np.asarray([s.tokens for s in index.shards], dtype=np.int64),
+    )
 
 
 _MASK_COUNTS = (

@@ -10,6 +10,7 @@ keys; ``index_error``, ``show_value`` and ``join_path`` spell every message of b
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,6 +125,10 @@ def _list(min_len: int = 0) -> _Kind:
 
 
 _OBJECT = _Kind("an object", lambda v: type(v) is dict)
+_ABSOLUTE_PATH = _Kind(
+    "an absolute path of 1 to 4096 characters",
+    lambda v: _text(4096).accepts(v) and os.path.isabs(v),
+)
 _STRING = _Kind("a string", lambda v: type(v) is str)
 _SHA = _Kind(
     "64 lowercase hex digits (a sha256)", lambda v: type(v) is str and bool(_SHA256.fullmatch(v))
@@ -218,7 +223,10 @@ _STATS = tuple(
         "input_bytes",
         "input_files",
     )
-) + (_Rule("skipped_locations", _list(), required=False, each=_STRING),)
+) + (
+    _Rule("skipped_locations", _list(), required=False, each=_STRING),
+    _Rule("pack_cwd", _ABSOLUTE_PATH, required=False),  # where relative inputs lie
+)
 
 
 def _check_keys(obj: dict[str, Any], rules: tuple[_Rule, ...], path: str, where: str) -> None:

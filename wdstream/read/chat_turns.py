@@ -80,6 +80,9 @@ class _Piece(Protocol):
     def line(self) -> int: ...
 
     @property
+    def path(self) -> str | None: ...
+
+    @property
     def doc_start(self) -> int: ...
 
     @property
@@ -119,18 +122,20 @@ class ChatTurns:
         return cls(index, index_tokenizer(index.tokenizer))
 
     def turns(self, pieces: Sequence[_Piece]) -> list[Turns]:
-        """The turns of every piece, reading each input file once."""
+        """The turns of every piece, reading each input file once (at ``path`` when the
+        piece knows where its file lies, else at ``file`` from the current directory)."""
         wanted: dict[str, set[int]] = defaultdict(set)
         for p in pieces:
-            if (p.file, p.line) not in self._cache:
-                wanted[p.file].add(p.line)
+            if (p.path or p.file, p.line) not in self._cache:
+                wanted[p.path or p.file].add(p.line)
         for file, lines in wanted.items():
             for line, encoded in self._read(file, lines).items():
                 self._cache[(file, line)] = encoded
         out = []
         for p in pieces:
-            self._cache.move_to_end((p.file, p.line))
-            out.append(self._covered(self._cache[(p.file, p.line)], p))
+            key = (p.path or p.file, p.line)
+            self._cache.move_to_end(key)
+            out.append(self._covered(self._cache[key], p))
         while len(self._cache) > max(_CACHE, len(pieces)):
             self._cache.popitem(last=False)
         return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -101,6 +102,7 @@ class Provenance:
                 f"{self.source.urls[0][0]}: packed without provenance tables (by a wdstream "
                 "older than provenance); repack it to look up where documents came from"
             )
+        self.pack_cwd: str | None = self.index.stats.get("pack_cwd")  # checked by the index
         docs = [s.documents for s in self.index.shards]
         self.doc_starts = np.concatenate([[0], np.cumsum(docs)]).astype(np.int64)
         self._options = store_options
@@ -157,6 +159,16 @@ class Provenance:
         shard = int(np.searchsorted(self.doc_starts, doc, side="right")) - 1
         return self.table(shard).source(doc)
 
+    def path(self, file: str) -> str | None:
+        """Where input ``file`` (as given to pack) lies: joined to the pack's working directory
+        (``stats.pack_cwd``) when relative, as given when absolute or a URL; None for no file
+        (``<stdin>``, ``<records>``) or a relative one in a dataset packed before ``pack_cwd``."""
+        if file.startswith("<"):
+            return None
+        if "://" in file or os.path.isabs(file):
+            return file
+        return os.path.join(self.pack_cwd, file) if self.pack_cwd else None
+
     def pieces(self, shard: int, sample: int) -> list[DocumentPiece]:
         """The document pieces of sample ``sample`` of shard ``shard``, in sample order.
 
@@ -198,6 +210,7 @@ class RowPiece:
     doc_end: int
     text: str | None = None  # decoded tokens (with ``text=True``), cut to TEXT_CHARS
     turns: Turns | None = None  # chat datasets: the conversation's turns the piece holds
+    path: str | None = None  # where ``file`` lies (:meth:`Provenance.path`)
 
 
 @dataclass(frozen=True)
@@ -351,7 +364,7 @@ def row_pieces(prov: Provenance, order: GlobalOrder, epoch: int, row: int) -> li
                 d = p.doc_start - p.sample_start
                 out.append(
                     RowPiece(shard, name, sample, p.document, p.file, p.line,
-                             at + lo - off, at + hi - off, d + lo, d + hi)
+                             at + lo - off, at + hi - off, d + lo, d + hi, path=prov.path(p.file))
                 )  # fmt: skip
         at += take
     return out
@@ -375,11 +388,12 @@ def with_turns(rows: list[ExplainedRow], chat: ChatTurns) -> list[ExplainedRow]:
 
 
 def piece_line(p: RowPiece) -> str:
-    """One piece as ``explain`` prints it: spans, shard, sample, ``file:line``, and in a chat
-    dataset its turns."""
+    """One piece as ``explain`` prints it: spans, shard, sample, ``file:line`` (as given to
+    pack, then the path it resolves to if that differs), and in a chat dataset its turns."""
+    where = f" ({p.path})" if p.path is not None and p.path != p.file else ""
     return (
         f"  row [{p.row_start}, {p.row_end}) {p.shard_name} sample {p.sample} "
-        f"{p.file}:{p.line} doc [{p.doc_start}, {p.doc_end})"
+        f"{p.file}:{p.line}{where} doc [{p.doc_start}, {p.doc_end})"
         + ("" if p.turns is None else f" {p.turns.describe()}")
     )
 
@@ -406,13 +420,14 @@ def explanation_lines(exp: Explanation) -> list[str]:
 
 def piece_record(p: RowPiece) -> dict[str, Any]:
     """One piece as ``explain --format jsonl`` writes it: the shard (name and number in
-    ``index.json``), sample, dataset-wide document number, input ``file`` and 1-based
-    ``line``, and ``[start, end)`` token spans in the row (``span``) and in the document
+    ``index.json``), sample, dataset-wide document number, input ``file`` (as given to
+    pack) and 1-based ``line``, ``path`` (where the file lies: :meth:`Provenance.path`;
+    null when not known), and ``[start, end)`` token spans in the row (``span``) and in the document
     (``doc_span``); ``text`` when decoded; ``turns`` in a chat dataset
     (:meth:`~wdstream.read.chat_turns.Turns.record`)."""
     record: dict[str, Any] = {
         "shard": p.shard_name, "shard_index": p.shard, "sample": p.sample,
-        "document": p.document, "file": p.file, "line": p.line,
+        "document": p.document, "file": p.file, "line": p.line, "path": p.path,
         "span": [p.row_start, p.row_end], "doc_span": [p.doc_start, p.doc_end],
     }  # fmt: skip
     if p.text is not None:

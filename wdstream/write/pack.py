@@ -74,6 +74,14 @@ class PackResult:
         return self.index.stats.get("input_bytes", 0) / 1e6 / max(self.seconds, 1e-9)
 
 
+def _pack_cwd(inputs: list[str]) -> dict[str, str]:
+    """``{"pack_cwd": ...}``, the working directory the relative ``inputs`` are relative to,
+    so ``explain`` finds them from anywhere; empty when every input is absolute (or not a
+    path: ``<stdin>``, records), so such a pack's index does not depend on where it ran."""
+    relative = any(not (n.startswith("<") or "://" in n or os.path.isabs(n)) for n in inputs)
+    return {"pack_cwd": os.getcwd()} if relative else {}
+
+
 def _delete_shards_from(store: Store, name: str, first: int) -> None:
     """Delete shards ``first, first+1, ...`` until one is missing.
 
@@ -361,6 +369,7 @@ def pack(
             "skipped_locations": list(totals.bad_locations),
             "input_bytes": totals.input_bytes,
             "input_files": len(sources.files),
+            **_pack_cwd(sources.names),
             **mask_stats(totals.rule_counts, entries, parts),
         }
         meta = DatasetMeta(tok.info(), eos_id, bos_id, dtype, mode, seq_len, parts.loss_mask)

@@ -33,6 +33,7 @@ from wdstream.read.provenance import (
     row_pieces,
     with_text,
 )
+from wdstream.read.sources.packed import ShardSource
 from wdstream.read.step_query import StepQuery, checked_steps
 from wdstream.words import count
 
@@ -203,16 +204,25 @@ def mixture_explanation_records(exp: MixtureExplanation) -> list[dict[str, Any]]
     ]  # fmt: skip
 
 
-def mixture_stats(spec: str | Path | MixtureSpec, **store_options: Any) -> dict[str, Any]:
+def mixture_stats(
+    spec: str | Path | MixtureSpec, steps: int | None = None, **options: Any
+) -> dict[str, Any]:
     """Per source its counts (from ``index.json``: shards, samples, tokens, packed
     ``seq_len``, tokenizer) and, per schedule piece, each source's share and the mixture
     rows it takes that source to go through one epoch at its packed ``seq_len``.
 
+    With ``steps``, also ``run``: the first ``steps`` steps of ``Loader(spec, ...)`` as
+    :func:`_run` follows them; ``batch_size`` (rows per rank), ``world_size`` and
+    ``seq_len`` among ``options`` say how the Loader reads (as for :func:`explain_mixture`);
+    the rest of ``options`` are store options.
+
     Raises:
-        ValueError: a malformed spec, or sources with different tokenizers.
+        ValueError: a malformed spec, sources with different tokenizers, or with ``steps``
+            no ``batch_size`` or ``seq_len`` to go by.
     """
     mix = _spec(spec)
     names = mix.names
+    query, store_options = StepQuery.of(options)
     sources = open_sources(mix, **store_options)
     per: dict[str, Any] = {}
     for name, url, src in zip(names, mix.sources.values(), sources, strict=True):
@@ -234,7 +244,44 @@ def mixture_stats(spec: str | Path | MixtureSpec, **store_options: Any) -> dict[
         pieces.append({"step": step, "weights": {n: x / total for n, x in zip(names, w,
                                                                              strict=True)},
                        "mixture_rows_per_source_epoch": epoch_rows})  # fmt: skip
-    return {"sources": per, "schedule": pieces, "stop": mix.stop}
+    run = None if steps is None else _run(mix, sources, query, steps)
+    return {"sources": per, "schedule": pieces, "stop": mix.stop, "run": run}
+
+
+RUN_POINTS = 512  # steps sampled along a run (plus every schedule boundary and the last)
+
+
+def _run(
+    mix: MixtureSpec, sources: list[ShardSource], query: StepQuery, steps: int
+) -> dict[str, Any]:
+    """The first ``steps`` steps of a run from step 0, as the Loader's own reader counts
+    them (:meth:`MixtureReader.progress`) at up to ``RUN_POINTS`` steps from 0 to ``steps``
+    (each schedule boundary and its step before included): per source its ``weight`` in
+    effect at each step, the ``rows`` it gave before it, ``epochs`` (rows over
+    ``rows_per_epoch``, fractional), and ``stop_step``, where the stop rule ends the run
+    (None without one)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    packed = {s.index.seq_len if s.index else None for s in sources}
+    cfg, _ = query.order_config(packed.pop() if len(packed) == 1 else None)
+    reader = MixtureReader(mix, sources, cfg, 0, cfg.global_batch, 1, False)
+    start = reader.start(0)
+    bounds = [p.step for p in start.pieces if 0 < p.step <= steps]
+    at = np.linspace(0, steps, min(steps + 1, RUN_POINTS)).round().astype(np.int64)
+    points = sorted({*at.tolist(), *bounds, *(b - 1 for b in bounds), steps})
+    seen = [reader.progress(replace(start, step=t)) for t in points]
+    per = {
+        name: {
+            "weight": [p[name]["weight"] for p in seen],
+            "rows": [p[name]["rows"] for p in seen],
+            "epochs": [p[name]["rows"] / p[name]["rows_per_epoch"] for p in seen],
+            "rows_per_epoch": seen[0][name]["rows_per_epoch"],
+        }
+        for name in mix.names
+    }
+    stop = reader.stop_step(start) if mix.stop is not None else None
+    return {"steps": points, "global_batch": cfg.global_batch, "seq_len": cfg.seq_len,
+            "sources": per, "stop_step": stop}  # fmt: skip
 
 
 def mixture_stats_lines(stats: dict[str, Any]) -> list[str]:
@@ -253,6 +300,17 @@ def mixture_stats_lines(stats: dict[str, Any]) -> list[str]:
             for n, w in piece["weights"].items()
         )
         lines.append(f"from step {piece['step']}: {shares}")
+    run = stats.get("run")
+    if run is not None:
+        end = run["steps"][-1]
+        lines.append(f"after {count(end, 'step')} of {run['global_batch']} rows "
+                     f"(seq_len {run['seq_len']}):")  # fmt: skip
+        for name, r in run["sources"].items():
+            lines.append(f"  {name}: {r['rows'][-1]:,} rows, {r['epochs'][-1]:.3f} epochs "
+                         f"({r['rows_per_epoch']:,} rows per epoch)")  # fmt: skip
+        if run["stop_step"] is not None:
+            lines.append(f"  the stop rule {stats['stop']} ends the run at step "
+                         f"{run['stop_step']:,}")  # fmt: skip
     return lines
 
 
