@@ -100,6 +100,9 @@ def plot_dataset(scan: DatasetScan, path: str | Path, title: str) -> dict[str, A
     ax = flat[0]
     ax.stairs(counts, edges, fill=True, color=_ROLE_COLOURS[0])
     ax.set_xscale("log", base=2)
+    from matplotlib.ticker import LogLocator
+
+    ax.xaxis.set_major_locator(LogLocator(base=4))  # powers of 4: labels that do not collide
     _plain_ticks(ax.xaxis)
     ax.axvline(s["doc_len_mean"], color="black", linestyle="--",
                label=f"mean {s['doc_len_mean']:,.1f}")  # fmt: skip
@@ -118,6 +121,9 @@ def plot_dataset(scan: DatasetScan, path: str | Path, title: str) -> dict[str, A
     ax.axhline(float(tokens.mean()), color="black", linestyle="--")
     ax.set(title=f"Tokens per shard ({len(tokens):,} shards, mean {tokens.mean():,.0f}: dashed)",
            xlabel="shard (pack order)", ylabel="tokens")  # fmt: skip
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # shard numbers, not fractions
     _plain_ticks(ax.yaxis)
 
     at = 2
