@@ -9,6 +9,7 @@ never hold it) and each document is found by its first id (1000 + the record's n
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,62 @@ def test_a_mixture_gives_each_row_its_own_labels(
                 chat_rows += 1
                 assert labels == expected_labels(ids, records)[0]
     assert chat_rows and text_rows
+
+
+def test_global_batch_at_gives_the_loaders_labels(masked: tuple[str, list[dict[str, Any]]]) -> None:
+    """``global_batch_at`` is the Loader's batch of that step: ids without the loss bit,
+    -100 where the records' masks and the padding say (it once copied the stored ids)."""
+    root, records = masked
+    loader = Loader(root, seq_len=SEQ, batch_size=4, num_workers=0, seed=2)
+    for step, batch in zip(range(3), loader, strict=False):
+        whole = wdstream.global_batch_at(root, step, seq_len=SEQ, global_batch=4, seed=2)
+        assert torch.equal(whole["input_ids"], batch["input_ids"])
+        assert torch.equal(whole["labels"], batch["labels"])
+    check_batches([whole], records)
+
+
+def test_shard_urls_without_an_index_split_the_loss_bit(
+    masked: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """Shards read without index.json: nothing says they carry a mask, but no id reaches bit
+    31, so the bit is split anyway: ids are the records' ids, and no label carries the bit."""
+    root, _ = masked
+    urls = sorted(str(p) for p in Path(root).glob("*.tar"))
+    for p in Path(root).glob("*.idx"):
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    for url in urls:
+        (tmp_path / Path(url).name).write_bytes(Path(url).read_bytes())
+    bare = sorted(str(tmp_path / Path(u).name) for u in urls)
+    with_index = Loader(root, seq_len=SEQ, batch_size=4, num_workers=0, seed=2, shuffle=False,
+                        mask_doc_ends=False)  # fmt: skip
+    without = Loader(bare, seq_len=SEQ, batch_size=4, num_workers=0, seed=2, shuffle=False)
+    for _, a, b in zip(range(5), with_index, without, strict=False):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and int(b["input_ids"].min()) >= 0
+        # without an index no padding rule is known: only the loss bit's -100 differ
+        assert ((b["labels"] == a["labels"]) | (a["input_ids"].roll(-1, 1) == EOT)).all()
+        assert int(b["labels"].min()) >= -100
+
+
+def test_mixture_explain_text_decodes_masked_rows(
+    masked: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """``explain --text`` of a mixture holding a masked source decodes its ids without the
+    bit (it once passed the stored ids to the tokenizer, a KeyError)."""
+    from wdstream.read.mixture.inspect import explain_mixture
+
+    root, _ = masked
+    spec = tmp_path / "mix.json"
+    spec.write_text(json.dumps({"sources": {"chat": root, "more": root},
+                                "weights": {"chat": 1, "more": 1}}))  # fmt: skip
+    exp = explain_mixture(str(spec), 0, batch_size=4, seq_len=SEQ, text=True)
+    texts = [p.text for row in exp.rows for p in (row.pieces or ())]
+    assert texts and all(isinstance(t, str) for t in texts)
+
+
+def test_every_document_dropped_says_why(tmp_path: Path) -> None:
+    records = make_records(3, seed=4, longest=30)
+    for r in records:
+        r["input_ids"], r["loss_mask"] = r["input_ids"] * 3, r["loss_mask"] * 3
+    src = write_records(tmp_path / "long.jsonl", records)
+    with pytest.raises(wdstream.errors.InputError, match="3 documents longer than a row"):
+        wdstream.pack([str(src)], str(tmp_path / "ds"), mode="bestfit", seq_len=8, **MASKED)

@@ -24,7 +24,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,9 +34,14 @@ from wdstream.errors import CorruptShardError, WdstreamError
 from wdstream.format.loss import split_ids
 from wdstream.format.provenance import ShardProvenance
 from wdstream.read.chat_turns import ChatTurns, Turns
-from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.global_order import GlobalOrder, Origin
 from wdstream.read.sources.packed import ShardSource
-from wdstream.read.step_query import StepQuery, checked_steps, state_order_config
+from wdstream.read.step_query import (
+    StepQuery,
+    checked_steps,
+    order_and_position,
+    state_order_config,
+)
 from wdstream.storage import Store, open_store
 from wdstream.words import count
 
@@ -55,7 +60,7 @@ __all__ = [
     "piece_record",
     "row_pieces",
     "state_order_config",
-    "with_text",
+    "pieces_with_text",
     "with_turns",
 ]
 
@@ -239,20 +244,6 @@ class Explanation:
     rows: tuple[ExplainedRow, ...]
 
 
-def _order_and_position(
-    source: ShardSource, state: Any, cfg: OrderConfig
-) -> tuple[GlobalOrder, Origin, Callable[[int], int] | None]:
-    """The order of ``cfg``; with a saved state, the origin that run counts steps from and
-    its mapping of training to data steps (its skips)."""
-    if state is None:
-        return GlobalOrder(source, cfg), Origin(), None
-    from wdstream.read.order.global_sequence import GlobalReader  # torch: only for a state
-
-    reader = GlobalReader(source, cfg, 0, cfg.global_batch, 1, False)
-    position = reader.position_of(state)  # checks dataset, seed, ...
-    return reader.order, position.origin, position.data_step
-
-
 def explain(
     dataset: str,
     step: int,
@@ -321,7 +312,7 @@ def _explained(
     """Open and check everything for ``steps`` now; return the explanations' generator."""
     prov = Provenance(dataset, **store_options)
     cfg, batch_size = query.order_config(prov.index.seq_len)
-    order, origin, data_step = _order_and_position(prov.source, query.state, cfg)
+    order, origin, data_step = order_and_position(prov.source, query.state, cfg)
     pairs = checked_steps(steps, origin, cfg.global_batch, data_step)
     tok = None
     if query.text:
@@ -337,11 +328,7 @@ def _explained(
             for r in range(cfg.global_batch):
                 pieces = row_pieces(prov, order, epoch, first + r)
                 if tok is not None:
-                    tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
-                    order.fill(epoch, first + r, tokens, None)
-                    tokens = split_ids(tokens)[0]  # a masked dataset's ids without the loss bit
-                    pieces = [with_text(p, tok.decode(tokens[0, p.row_start : p.row_end]))
-                              for p in pieces]  # fmt: skip
+                    pieces = pieces_with_text(pieces, order, epoch, first + r, tok)
                 rows.append(ExplainedRow(r, r // batch_size, r % batch_size, first + r,
                                          tuple(pieces)))  # fmt: skip
             if chat is not None:
@@ -370,11 +357,19 @@ def row_pieces(prov: Provenance, order: GlobalOrder, epoch: int, row: int) -> li
     return out
 
 
-def with_text(piece: RowPiece, text: str) -> RowPiece:
-    """``piece`` with its decoded ``text`` (cut to ``TEXT_CHARS``)."""
-    if len(text) > TEXT_CHARS:
-        text = text[:TEXT_CHARS] + "\u2026"
-    return RowPiece(**{**piece.__dict__, "text": text})
+def pieces_with_text(
+    pieces: list[RowPiece], order: GlobalOrder, epoch: int, row: int, tok: Any
+) -> list[RowPiece]:
+    """``pieces`` of row ``row`` with their decoded text (ids without the loss bit; cut to
+    ``TEXT_CHARS``, then an ellipsis)."""
+    tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
+    order.fill(epoch, row, tokens, None)
+    ids, out = split_ids(tokens)[0][0], []
+    for p in pieces:
+        text = tok.decode(ids[p.row_start : p.row_end])
+        text = text[:TEXT_CHARS] + "\u2026" if len(text) > TEXT_CHARS else text
+        out.append(replace(p, text=text))
+    return out
 
 
 def with_turns(rows: list[ExplainedRow], chat: ChatTurns) -> list[ExplainedRow]:

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.order.global_order import OrderConfig, Origin
+from wdstream.read.order.global_order import GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.step_check import check_step
+from wdstream.read.sources.packed import ShardSource
 
-__all__ = ["StepQuery", "checked_steps", "state_order_config"]
+__all__ = ["StepQuery", "checked_steps", "order_and_position", "state_order_config"]
 
 
 def state_order_config(state: Any) -> OrderConfig:
@@ -139,3 +140,17 @@ def checked_steps(
             ) from exc
         out.append((int(t), d))
     return out
+
+
+def order_and_position(
+    source: ShardSource, state: Any, cfg: OrderConfig
+) -> tuple[GlobalOrder, Origin, Callable[[int], int] | None]:
+    """The order of ``cfg``; with a saved state, the origin that run counts steps from and
+    its mapping of training to data steps (its skips)."""
+    if state is None:
+        return GlobalOrder(source, cfg), Origin(), None
+    from wdstream.read.order.global_sequence import GlobalReader  # torch: only for a state
+
+    reader = GlobalReader(source, cfg, 0, cfg.global_batch, 1, False)
+    position = reader.position_of(state)  # checks dataset, seed, ...
+    return reader.order, position.origin, position.data_step

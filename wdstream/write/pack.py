@@ -361,7 +361,8 @@ def pack(
 
         entries = journal.entries
         if not entries:
-            raise InputError(f"no non-empty documents in {sources.describe()}")
+            raise InputError(f"no non-empty documents in {sources.describe()}"
+                             + _left_out(totals.rule_counts, seq_len))  # fmt: skip
         stats = {
             "documents": sum(e.documents for e in entries),
             "empty_documents_skipped": totals.empty,
@@ -383,6 +384,19 @@ def pack(
         if runner is not None:
             runner.close()
         lock.release()
+
+
+def _left_out(counts: dict[str, Any], seq_len: int) -> str:
+    """Why no document was packed, when the document rules left every one out."""
+    why = []
+    if counts.get("long_documents_dropped"):
+        why.append(f"{count(counts['long_documents_dropped'], 'document')} longer than a row "
+                   f"of {seq_len + 1} tokens dropped (--long-docs truncate, or a longer "
+                   "--seq-len)")  # fmt: skip
+    if counts.get("unsupervised_documents_refused"):
+        why.append(f"{count(counts['unsupervised_documents_refused'], 'document')} without "
+                   "a supervised token refused (--allow-unsupervised)")  # fmt: skip
+    return f": {'; '.join(why)}" if why else ""
 
 
 def _open_engine(

@@ -33,6 +33,7 @@ __all__ = [
     "RowLabels",
     "doc_end_mask",
     "doc_ids",
+    "labelled_rows",
     "padding_mask",
     "position_ids",
     "row_labels",
@@ -158,8 +159,30 @@ def row_labels(
             "mask_doc_ends=True needs a dataset packed with EOS ids (its index has eos_id "
             "null, or it is read without an index)"
         )
-    loss_mask = index is not None and index.loss_mask is not None
+    if index is None:
+        # Shard URLs read without their index.json: nothing says whether the ids carry a
+        # loss mask, and no id of a vocabulary reaches bit 31, so split it in any case.
+        return RowLabels(None, None, None, mask, loss_mask=True)
+    loss_mask = index.loss_mask is not None
     if not bestfit and not mask and not loss_mask:
         return None
-    assert index is not None
     return RowLabels(index.pad_id if bestfit else None, eos_id, index.bos_id, mask, loss_mask)
+
+
+def labelled_rows(rows: torch.Tensor, labels: RowLabels | None) -> dict[str, torch.Tensor]:
+    """``{"input_ids", "labels"}`` int64 ``[B, S-1]`` of rows ``[B, S]`` under ``labels``
+    (the loss bit stripped, -100 where the rule says): one batch outside the Loader's
+    chunked path (``global_batch_at``)."""
+    no_loss = None
+    if labels is not None:
+        rows, no_loss = labels.split(rows)
+    t = rows.to(torch.int64)
+    out = {"input_ids": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous()}
+    if labels is None:
+        return out
+    masked = labels.masked(rows, labels.padding(rows))
+    if no_loss is not None:
+        masked = no_loss[:, 1:] if masked is None else masked | no_loss[:, 1:]
+    if masked is not None:
+        out["labels"].masked_fill_(masked, IGNORE_INDEX)
+    return out

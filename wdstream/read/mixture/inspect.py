@@ -30,8 +30,8 @@ from wdstream.read.provenance import (
     RowPiece,
     piece_line,
     piece_record,
+    pieces_with_text,
     row_pieces,
-    with_text,
 )
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.step_query import StepQuery, checked_steps
@@ -150,10 +150,7 @@ def explain_mixture_steps(
                         pieces = [replace(p, turns=t)
                                   for p, t in zip(pieces, chat.turns(pieces), strict=True)]  # fmt: skip
                 if pieces is not None and tok is not None:
-                    tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
-                    order.fill(epoch, row, tokens, None)
-                    pieces = [with_text(p, tok.decode(tokens[0, p.row_start : p.row_end]))
-                              for p in pieces]  # fmt: skip
+                    pieces = pieces_with_text(pieces, order, epoch, row, tok)
                 out.append(MixtureRow(r, r // batch_size, r % batch_size, mix.names[i], epoch,
                                       row, None if pieces is None else tuple(pieces)))  # fmt: skip
             sched = reader.schedule(position)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from wdstream.errors import StateMismatchError
+from wdstream.read.batches.rows import labelled_rows, row_labels
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.identity import IDENTITY_KEYS, check_identity, rows_fingerprint
@@ -430,7 +431,8 @@ def global_batch_at(
     steps as that run does (its origin after a change of global batch).
 
     Returns:
-        ``{"input_ids", "labels"}``: int64 ``[global_batch, seq_len]``.
+        ``{"input_ids", "labels"}``: int64 ``[global_batch, seq_len]``, labels as the
+        Loader gives them (-100 on best-fit padding and on tokens without loss).
 
     Raises:
         StateMismatchError: if ``state`` belongs to another dataset or configuration.
@@ -444,5 +446,5 @@ def global_batch_at(
     origin = reader.position_of(state).origin if state is not None else Origin()
     rows = np.empty((global_batch, seq_len + 1), dtype=np.int32)
     reader.fill(check_step(step, origin.step, origin.row, global_batch), origin, rows, None)
-    t = torch.from_numpy(rows).to(torch.int64)
-    return {"input_ids": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous()}
+    # The Loader's target rule for this dataset: the loss bit stripped, -100 on padding.
+    return labelled_rows(torch.from_numpy(rows), row_labels(src.index, seq_len, None))
