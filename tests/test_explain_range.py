@@ -10,6 +10,8 @@ arithmetic written out by hand.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -236,3 +238,17 @@ def test_a_step_past_the_range_under_skips_names_both_steps(root: Path, tmp_path
     assert code != 0 and len(lines) == 1, lines
     assert lines[0].startswith(f"Error: training step {last - 2} reads data step {last + 1} ")
     assert _cli(str(root), "--step", str(last - 3), "--state", str(state))[0] == 0
+
+
+def test_a_reader_that_stops_early_is_not_an_error(root: Path) -> None:
+    """``wdstream explain ... | head -1``: the pipe closes under the writer; the command
+    ends quietly with status 0 (it once printed ``Error: [Errno 32] Broken pipe``)."""
+    cmd = [sys.executable, "-m", "wdstream.cli", "explain", str(root), "--steps", "0:40",
+           "--batch-size", str(B), "--format", "jsonl"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    json.loads(proc.stdout.readline())
+    proc.stdout.close()  # as `head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "Error" not in err and "Traceback" not in err
