@@ -252,3 +252,15 @@ def test_a_reader_that_stops_early_is_not_an_error(root: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0, err
     assert "Error" not in err and "Traceback" not in err
+
+
+def test_a_huge_range_is_checked_at_its_ends_and_read_lazily(root: Path) -> None:
+    """A range of 10**8 steps gives its first explanation at once (every step was checked
+    and listed first, 14 s for 2 * 10**6 steps), and a range past the last reachable step
+    is still refused before any output."""
+    exps = explain_steps(str(root), range(5, 10**8), batch_size=B, world_size=W, seed=SEED)
+    first = next(iter(exps))
+    assert first.step == 5 and first == explain(str(root), 5, batch_size=B, world_size=W,
+                                                seed=SEED)  # fmt: skip
+    with pytest.raises(ValueError, match="outside the steps this run can reach"):
+        explain_steps(str(root), range(0, 10**19), batch_size=B, world_size=W, seed=SEED)

@@ -110,9 +110,10 @@ def checked_steps(
     origin: Origin,
     global_batch: int,
     data_step: Callable[[int], int] | None = None,
-) -> list[tuple[int, int]]:
+) -> Iterable[tuple[int, int]]:
     """``(training step, data step)`` of each of ``steps``, every data step checked with
-    :func:`check_step` before any row is read (so a range fails whole, before output).
+    :func:`check_step` before any row is read (so a range fails whole, before output); a
+    ``range`` is checked at its ends and mapped lazily.
 
     Args:
         steps: training steps, as the run counts them (from the state's origin).
@@ -126,6 +127,12 @@ def checked_steps(
         ValueError: a data step the run never reaches; with skips, the message names the
             training step and the data step it maps to.
     """
+    if isinstance(steps, range) and steps.step > 0 and steps.stop - steps.start > 2 * steps.step:
+        # Data steps never decrease with training steps (skips only move them on), and the
+        # check is a bound: the ends decide for the whole range, which is then mapped as it
+        # is read (a range of millions of steps starts printing at once).
+        checked_steps([steps[0], steps[-1]], origin, global_batch, data_step)
+        return ((t, t if data_step is None else data_step(t)) for t in steps)
     out = []
     for t in steps:
         integral = isinstance(t, numbers.Integral) and not isinstance(t, bool)
