@@ -1,0 +1,31 @@
+"""Each attempt in a forked child with a time limit."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+from faultlib.common import Attempt
+
+
+def _child(attempt: Attempt, conn: object) -> None:
+    try:
+        outcome = attempt()
+    except Exception as exc:  # noqa: BLE001 - classify, never propagate
+        outcome = f"crash: {type(exc).__name__}: {exc}"[:300]
+    conn.send(outcome)  # type: ignore[attr-defined]
+
+
+def run_attempt(attempt: Attempt, timeout: float) -> str:
+    """Run one attempt in a forked child; a child still running at ``timeout`` is a hang."""
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(attempt, child))
+    proc.start()
+    child.close()
+    if parent.poll(timeout):
+        outcome = parent.recv()
+        proc.join(10)
+        return outcome
+    proc.kill()
+    proc.join()
+    return "hang"
