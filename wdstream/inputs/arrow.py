@@ -141,7 +141,9 @@ def _records(batch: Any, reader: RowReader) -> list[Any]:
 def _parquet_batches(pa: Any, fh: IO[bytes], reader: RowReader, first: int) -> Iterator[Any]:
     """``(first row, batch)`` of a Parquet file, one row group at a time, from the batch
     holding row ``first`` on (row groups wholly before it are not read)."""
-    pf = pa.parquet.ParquetFile(fh)
+    # A page written with a CRC (write_page_checksum=True) is checked: a flipped bit in it is
+    # an error naming the file, not other text packed (pyarrow checks none by default).
+    pf = pa.parquet.ParquetFile(fh, page_checksum_verification=True)
     columns = _columns(pf.schema_arrow.names, reader)
     meta, start = pf.metadata, 0
     for g in range(meta.num_row_groups):
