@@ -66,13 +66,15 @@ def main() -> None:
         clean_dataset(work)
         for attack in attacks:
             counts: Counter[str] = Counter()
+            said: list[str] = []
             for attempt in attack.attempts(work, args.scale):
                 outcome = run_attempt(attempt, args.timeout)
+                said.append(outcome)
                 kind = outcome.split(":", 1)[0]
                 counts[kind if kind in OUTCOMES else "crash"] += 1
                 if kind not in ("clear error", "handled"):
                     notes.append(f"- {attack.name}: {outcome}")
-            rows.append((attack, counts))
+            rows.append((attack, counts, said))
             print(f"{attack.name}: {dict(counts)}", flush=True)
     write_report(Path(args.output), rows, notes, time.monotonic() - start)
 

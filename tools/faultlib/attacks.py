@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from faultlib.chat import chat_mask_flips, chat_records, chat_templates
 from faultlib.common import Attack
 from faultlib.cursors import cursors, text_cursors
 from faultlib.flips import flips, index_edits
@@ -9,9 +10,12 @@ from faultlib.inputs import bad_records, record_bombs, special_inputs, truncated
 from faultlib.mixture import mixture_steps, spec_files
 from faultlib.packs import concurrent_packs, failed_shard_write, killed_packs
 from faultlib.quarantine import quarantined_rows
+from faultlib.records import arrow_inputs, masked_records
 from faultlib.rows import bucketed_tokens, shard_url_openings, shuffled_short_sample
 from faultlib.servers import cache_files, hostile_servers, lying_servers
+from faultlib.states import hostile_states
 from faultlib.storage import fifo_shard, interrupted_pack
+from faultlib.writer import python_writer
 
 ATTACKS = [
     Attack("bit flip in sample bytes (.tar)", "1 random bit inside a sample's msgpack bytes, whole epoch read", flips("sample", 350, 1)),
@@ -40,4 +44,11 @@ ATTACKS = [
     Attack("shards opened by URL", "a best-fit pack read by brace pattern, glob and list: targets equal the root's (padding masked); a stray shard, one of another pack, folders with and without index.json: refused", shard_url_openings),
     Attack("short last sample, shuffled", "every row of 2 shuffled epochs a whole packed sample (global and streams orders)", shuffled_short_sample),
     Attack("quarantined rows", "`on_corrupt='mask'`, 0 and 2 workers, rows across samples: 1 random bit in a sample, anywhere in a .tar or in a sidecar, or a .tar cut at a random byte; handled = every row the clean run's, or masked whole (input_ids 0, labels -100) and recorded naming a sample it holds", quarantined_rows),
+    Attack("hostile chat records", "`pack --chat --mode docs`: one hostile line (wrong types, no role/content, unknown role, empty or string messages, surrogate, 100k-deep field, malformed ShareGPT and prompt/completion, content parts, no assistant turn, empty contents, 1 MB content) among 10 conversations, strict and --on-error skip; oracle: transformers' apply_chat_template ids and assistant masks; a conversation it refuses must be refused (file:line) or counted, every other stored exactly", chat_records),
+    Attack("hostile chat templates", "the same with a hostile --chat-template: syntax error, raise_exception (always / on a system message), sandbox escapes (`__mro__`, `__globals__`, `namespace(_x=1)`), a macro calling itself, range(10**9), 1/0, nothing rendered, no assistant turn, `'x' * 10**8`, 100,000 x 100,000 loops writing or silent; then Qwen3-style reasoning that rewrites earlier turns (layout oracle + tiktoken)", chat_templates),
+    Attack("hostile pre-tokenized records", "`--pretokenized --mask-key --mode docs`: one hostile line (ids out of range, negative, 2**64, 5000 digits, floats, NaN, booleans, strings, nested, ragged; masks short, 2, -1, 0.5, a string, null, missing, all 0; empty ids; 2M ids) among 10, strict and --on-error skip; oracle: the records' own ids and masks, decoded with tarfile + msgpack", masked_records),
+    Attack("damaged Parquet / Arrow inputs", "Parquet with page CRCs, without, and Arrow IPC: 1 random bit flipped or cut at a random byte; columns of ints, nulls, lists, bytes, structs, none named text; JSON, empty and zero files named .parquet/.arrow; --on-error skip; oracle: pyarrow's own read of the same bytes as JSON Lines, packed (unreadable to pyarrow: must fail naming the file)", arrow_inputs),
+    Attack("Python writer", "`pack_records` and `Writer` whose records raise the caller's exception at record 0, 37, 150 (it must come back, no index.json, then the same records resume byte-identical); a process writing through `Writer` SIGKILLed after 1/3/5 committed shards, rerun; 11 objects that are no records (object(), None, bytes, a set, ...) written among 20 texts, strict and skip; oracle: `pack_records` of the good records uninterrupted", python_writer),
+    Attack("hostile states: identity, skips, counts", "a state after 5 batches, 2 skipped steps and 3 batches (global order; `quarantined: 3` added), and a streams state: `config.dataset` replaced, its fields retyped, a hex digit changed, cut, upper-cased, removed or added to; `skips`, `quarantined`, `order_version`, `next_rows` retyped, out of range, reordered or removed; each with the seal (`check`) kept and removed; a StateMismatchError naming the key, or the uninterrupted run's next batches and (global) its training-to-data step mapping", hostile_states),
+    Attack("bit 31 (loss mask) flipped in a chat pack", "a best-fit `pack --chat`: the mask bit of 1 random stored token flipped, the epoch read (input_ids and labels): the sample's CRC32C must refuse it", chat_mask_flips),
 ]  # fmt: skip

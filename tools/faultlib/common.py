@@ -53,8 +53,11 @@ def compare(fn: Callable[[], np.ndarray], want: np.ndarray) -> str:
     return "handled" if same else "silent wrong"
 
 
-def run_cli(args: list[str], timeout: float, ok: Callable[[], bool] | None = None) -> str:
-    """Outcome of a ``wdstream`` command that must fail clearly (or succeed with ``ok()``)."""
+def run_cli(
+    args: list[str], timeout: float, ok: Callable[[], bool] | None = None, names: str = ""
+) -> str:
+    """Outcome of a ``wdstream`` command that must fail clearly (or succeed with ``ok()``);
+    a failure is clear only if its message names ``names`` (a ``file:line``, a file)."""
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "wdstream.cli", *args],
@@ -69,7 +72,13 @@ def run_cli(args: list[str], timeout: float, ok: Callable[[], bool] | None = Non
         return "crash"
     if proc.returncode != 0:
         said = (proc.stderr + proc.stdout).strip()
-        return "clear error" if said.startswith(("Error:", "FAILED:")) else "crash"
+        if not said.startswith(("Error:", "FAILED:")):
+            return "crash"
+        return (
+            "clear error"
+            if names in said
+            else f"crash: the error does not name {names}: {said}"[:300]
+        )
     return "handled" if ok is not None and ok() else "silent wrong"
 
 
@@ -106,3 +115,56 @@ def test_servers() -> tuple[type, type]:
     from servers import FileServer, SilentServer  # the storage tests' real servers
 
     return FileServer, SilentServer
+
+
+def stored_samples(root: str) -> list[np.ndarray]:
+    """Every sample's stored tokens (bit 31 kept: a masked dataset's no-loss flag), in shard
+    and sample order, decoded with tarfile + msgpack (not wdstream's reader)."""
+    import tarfile
+
+    import msgpack
+
+    docs = []
+    for shard in json.loads((Path(root) / "index.json").read_text())["shards"]:
+        with tarfile.open(Path(root) / shard["name"]) as tar:
+            for m in tar.getmembers():
+                f = tar.extractfile(m) if m.name.endswith((".mp", ".msgpack")) else None
+                if f is not None:
+                    x = msgpack.unpackb(f.read())
+                    dt = {"uint16": "<u2", "uint32": "<u4"}[x["dtype"]]
+                    docs.append(np.frombuffer(x["tokens"], dtype=dt).astype(np.int64))
+    return docs
+
+
+def split_mask(stored: np.ndarray) -> tuple[list[int], list[int]]:
+    """Stored tokens of a masked dataset as (ids, mask): bit 31 cleared, 1 where it was clear
+    (the token carries loss), by ``docs/FORMAT.md``'s rule, not wdstream's code."""
+    return [int(x) & 0x7FFFFFFF for x in stored], [int(not x >> 31) for x in stored]
+
+
+def index_stats(root: Path) -> dict:
+    """``index.json``'s ``stats``, read with json."""
+    return json.loads((root / "index.json").read_text())["stats"]
+
+
+def run_checked(
+    args: list[str], timeout: float, wrong: Callable[[], str | None], names: str = ""
+) -> str:
+    """:func:`run_cli`, where a command that succeeds is handled when ``wrong()`` (run after
+    it, against an independent oracle) finds nothing, else ``silent wrong: what``."""
+    found: list[str] = []
+
+    def ok() -> bool:
+        said = wrong()
+        found.extend([said] if said else [])
+        return said is None
+
+    outcome = run_cli(args, timeout, ok, names)
+    return f"silent wrong: {found[0]}"[:300] if outcome == "silent wrong" and found else outcome
+
+
+def labelled(label: str, outcome: str) -> str:
+    """``outcome`` with ``label`` (the hostile input) named when it is neither clear nor
+    handled, so the report's notes say which input it was."""
+    kind, _, rest = outcome.partition(": ")
+    return outcome if kind in ("clear error", "handled") else f"{kind}: {label}: {rest or kind}"

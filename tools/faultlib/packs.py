@@ -42,7 +42,8 @@ def _rerun(src: Path, out: Path) -> str | None:
     return f"{'traceback' if 'Traceback' in proc.stderr else 'exit'} {proc.returncode}: {said}"
 
 
-def _same_tree(a: Path, b: Path) -> bool:
+def same_tree(a: Path, b: Path) -> bool:
+    """Whether folders ``a`` and ``b`` hold the same files with the same bytes."""
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     other = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
     return files == other and all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
@@ -74,7 +75,7 @@ def killed_packs(work: Path, scale: float) -> Iterator[Attempt]:
             )
             if failed is not None and not finished:
                 return f"crash: the rerun failed ({failed})"
-            return "handled" if _same_tree(out, ref) else "silent wrong"
+            return "handled" if same_tree(out, ref) else "silent wrong"
 
         yield attempt
 
@@ -94,7 +95,7 @@ def failed_shard_write(work: Path, scale: float) -> Iterator[Attempt]:
             failed = _rerun(src, out)
             if failed is not None:
                 return f"crash: the rerun failed ({failed})"
-            return "handled" if _same_tree(out, ref) else "silent wrong"
+            return "handled" if same_tree(out, ref) else "silent wrong"
 
         yield attempt
 
@@ -115,6 +116,6 @@ def concurrent_packs(work: Path, scale: float) -> Iterator[Attempt]:
                 return "crash"
             if not ok or any("another pack" not in e for e in refused):
                 return "crash"
-            return "handled" if _same_tree(out, ref) else "silent wrong"
+            return "handled" if same_tree(out, ref) else "silent wrong"
 
         yield attempt

@@ -18,7 +18,7 @@ from wdstream.storage import open_store
 
 
 def _masked_outcome(got: list[dict], events: list, want: list[dict], sample_of: Callable) -> str:
-    """``handled`` when every row of ``got`` is the clean row of ``want`` or, recorded in
+    """``handled: N rows masked`` when every row of ``got`` is the clean row of ``want`` or, recorded in
     ``events``, masked whole (``input_ids`` 0, ``labels`` -100) and holding a token of a
     sample an event names (clean token ``t`` is of sample ``t // 33``); else what is wrong."""
     if len(got) != len(want):
@@ -36,7 +36,7 @@ def _masked_outcome(got: list[dict], events: list, want: list[dict], sample_of: 
             elif not (np.array_equal(g["input_ids"][r], w["input_ids"][r])
                       and np.array_equal(g["labels"][r], w["labels"][r])):  # fmt: skip
                 return f"silent wrong: step {step} row {r} differs from the clean run, unrecorded"
-    return "handled"
+    return f"handled: {len(named)} rows masked"
 
 
 def quarantined_rows(work: Path, scale: float) -> Iterator[Attempt]:

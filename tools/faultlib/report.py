@@ -7,10 +7,12 @@ from pathlib import Path
 
 from faultlib.common import OUTCOMES, Attack
 
+Row = tuple[Attack, Counter[str], list[str]]  # an attack, its outcome counts, its outcomes
 
-def write_report(
-    path: Path, rows: list[tuple[Attack, Counter[str]]], notes: list[str], secs: float
-) -> None:
+
+def write_report(path: Path, rows: list[Row], notes: list[str], secs: float) -> None:
+    """The table of every attack's outcomes, the notes on those neither clear nor handled,
+    and what the quarantine attack's outcomes say (rows masked and recorded)."""
     lines = [
         "# Reliability: attacks and outcomes",
         "",
@@ -24,13 +26,40 @@ def write_report(
         "| attack | how | attempts | " + " | ".join(OUTCOMES) + " |",
         "|---|---|---|" + "---|" * len(OUTCOMES),
     ]
-    for attack, counts in rows:
+    for attack, counts, _ in rows:
         cells = " | ".join(str(counts.get(o, 0)) for o in OUTCOMES)
         lines.append(f"| {attack.name} | {attack.how} | {sum(counts.values())} | {cells} |")
     total = Counter()
-    for _, c in rows:
+    for _, c, _ in rows:
         total.update(c)
     cells = " | ".join(f"**{total.get(o, 0)}**" for o in OUTCOMES)
     lines.append(f"| **all** | | **{sum(total.values())}** | {cells} |")
     lines += ["", "## Not clear or not handled", ""] + (notes or ["None."])
+    lines += _quarantine([said for attack, _, said in rows if attack.name == "quarantined rows"])
     path.write_text("\n".join(lines) + "\n")
+
+
+def _quarantine(runs: list[list[str]]) -> list[str]:
+    """The quarantine section, with the numbers of the ``quarantined rows`` attack's run
+    (its outcomes read ``handled: N rows masked``); nothing when it did not run."""
+    if not runs:
+        return []
+    said = runs[0]
+    masked = [int(s.split(": ", 1)[1].split()[0]) for s in said
+              if s.startswith("handled: ") and s.endswith(" rows masked")]  # fmt: skip
+    hit = [m for m in masked if m]
+    return [
+        "",
+        '## Quarantine (`on_corrupt="mask"`)',
+        "",
+        'The same damage read with `Loader(..., on_corrupt="mask")` is not an error: every '
+        "row that holds a token of a sample that cannot be read (CRC32C mismatch, a truncated "
+        "shard, a shard or sidecar the store cannot serve after its retries) is delivered in "
+        "its place masked whole (`input_ids` the padding/EOS id or 0, `labels` -100), every "
+        "other row is the clean run's, and each (row, sample) is recorded in "
+        "`loader.quarantined`, logged once and counted in the state (`docs/READER.md`, "
+        f'"Quarantine"). In this run, {len(hit)} of the {len(said)} "quarantined rows" '
+        f"attempts masked rows ({sum(hit)} in all, each recorded); {len(masked) - len(hit)} "
+        "recorded none and delivered the clean run's rows. `max_quarantined` turns a failing "
+        "store into a `QuarantineLimitError` instead of an epoch of masked rows.",
+    ]

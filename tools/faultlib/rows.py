@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from faultlib.common import Attempt, compare, corpus_lines, read_rows
+from faultlib.common import Attempt, compare, corpus_lines, read_rows, stored_samples
 from wdstream import Loader
 from wdstream.testing import write_synthetic_dataset
 
@@ -95,24 +94,6 @@ def shuffled_short_sample(work: Path, scale: float) -> Iterator[Attempt]:
             yield attempt
 
 
-def _decoded_docs(root: str) -> list[np.ndarray]:
-    """Every sample's tokens with tarfile + msgpack (not wdstream's reader)."""
-    import tarfile
-
-    import msgpack
-
-    docs = []
-    for shard in json.loads((Path(root) / "index.json").read_text())["shards"]:
-        with tarfile.open(Path(root) / shard["name"]) as tar:
-            for m in tar.getmembers():
-                f = tar.extractfile(m) if m.name.endswith((".mp", ".msgpack")) else None
-                if f is not None:
-                    x = msgpack.unpackb(f.read())
-                    dt = {"uint16": "<u2", "uint32": "<u4"}[x["dtype"]]
-                    docs.append(np.frombuffer(x["tokens"], dtype=dt).astype(np.int64))
-    return docs
-
-
 def bucketed_tokens(work: Path, scale: float) -> Iterator[Attempt]:
     """``max_tokens`` batches of a docs-mode pack with documents longer than ``seq_len``:
     every row served at 1-3 ranks, plus the rows ``epoch_stats`` counts as left out, must be
@@ -128,7 +109,7 @@ def bucketed_tokens(work: Path, scale: float) -> Iterator[Attempt]:
 
         def attempt(seq: int = seq, world: int = world, seed: int = seed) -> str:
             want: Counter = Counter()
-            for d in _decoded_docs(str(root)):
+            for d in stored_samples(str(root)):
                 for k in range(0, len(d) - 1, seq):
                     want[tuple(d[k : k + seq + 1].tolist())] += 1
             got: Counter = Counter()

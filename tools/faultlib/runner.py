@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 
 from faultlib.common import Attempt
 
 
 def _child(attempt: Attempt, conn: object) -> None:
+    os.setpgid(0, 0)  # its own process group: a hang takes the commands it started with it
     try:
         outcome = attempt()
     except Exception as exc:  # noqa: BLE001 - classify, never propagate
@@ -26,6 +29,9 @@ def run_attempt(attempt: Attempt, timeout: float) -> str:
         outcome = parent.recv()
         proc.join(10)
         return outcome
-    proc.kill()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child and every command it started
+    except ProcessLookupError:  # not yet in its own group
+        proc.kill()
     proc.join()
     return "hang"
