@@ -98,7 +98,9 @@ def arrow_documents(
             for lo in range(max(first - row0, 0), batch.num_rows, BATCH_ROWS):
                 records = _records(batch.slice(lo, BATCH_ROWS), reader)
                 yield from _row_documents(reader, records, file, name, row0 + lo, before)
-    except pa.ArrowException as exc:
+    except (pa.ArrowException, UnicodeDecodeError) as exc:
+        # A string column holding bytes that are not UTF-8 (a damaged Arrow IPC file has no
+        # checksum) fails as its batch becomes Python strings: the file is damaged.
         raise InputError(f"{name}: not a readable {kind} file ({exc})") from exc
 
 
