@@ -12,7 +12,7 @@ Every attempt runs in a child process with a time limit and is classified as one
 
 The goal is zeros in the last three columns. Usage::
 
-    python tools/faults.py --output docs/RELIABILITY.md          # ~5 minutes on 2 cores
+    python tools/faults.py --output docs/RELIABILITY.md          # ~13 minutes on 2 busy cores
     python tools/faults.py --output /tmp/rel.md --scale 0.2      # a quick look
     python tools/faults.py --output /tmp/rel.md --only cursor    # attacks named *cursor*
 
