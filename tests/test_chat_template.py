@@ -83,6 +83,22 @@ def test_the_template_refusing_a_conversation_is_a_conversation_error() -> None:
 
 
 @pytest.mark.parametrize(
+    ("source", "raised"),
+    [
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+        ("{% for i in range(10**9) %}{% endfor %}", "OverflowError"),
+        ("{{ 1 / 0 }}", "ZeroDivisionError"),
+        ("{{ 'x' * 2**25 }}", "passes 16,777,216 characters"),
+        ("{% for i in range(10000) %}{% for j in range(10000) %}x{% endfor %}{% endfor %}",
+         "passes 16,777,216 characters"),
+    ],
+)  # fmt: skip
+def test_whatever_a_template_raises_is_its_refusal(source: str, raised: str) -> None:
+    with pytest.raises(ConversationError, match=raised):
+        ChatTemplate(source).render([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize(
     "source",
     [
         "{{ ''.__class__.__mro__ }}",

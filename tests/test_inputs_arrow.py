@@ -169,6 +169,25 @@ def test_bad_rows_are_named_by_row(tmp_path: Path) -> None:
     assert res.index.stats["records_skipped"] == 2 + 2  # a file without the column: every row
 
 
+def test_damage_in_a_page_or_a_string_names_the_file(tmp_path: Path) -> None:
+    texts = [f"row {i} " + "alpha beta " * 20 for i in range(200)]
+    crc = tmp_path / "crc.parquet"
+    pq.write_table(pa.table({"text": texts}), crc, compression="none", use_dictionary=False,
+                   write_page_checksum=True)  # fmt: skip
+    column = pq.ParquetFile(crc).metadata.row_group(0).column(0)
+    raw = bytearray(crc.read_bytes())
+    raw[column.data_page_offset + column.total_compressed_size // 2] ^= 1
+    crc.write_bytes(bytes(raw))
+    ipc = tmp_path / "bad.arrow"
+    _write_ipc(ipc, pa.table({"text": ["ok", "caf\u00e9"]}), stream=False)
+    data = ipc.read_bytes()
+    at = data.index("café".encode()) + 3  # the first byte of é's two: no longer UTF-8
+    ipc.write_bytes(data[:at] + b"\xff" + data[at + 1 :])
+    for path in (crc, ipc):
+        with pytest.raises(InputError, match=f"^{path}: "):
+            wdstream.pack([str(path)], str(tmp_path / f"out-{path.name}"), workers=0)
+
+
 def test_cli_reads_globs_folders_and_reports_one_line(
     tmp_path: Path, inputs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

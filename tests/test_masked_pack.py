@@ -152,11 +152,14 @@ def test_bad_records_name_file_and_line_or_are_counted(tmp_path: Path) -> None:
         {"input_ids": [1, 2.5], "loss_mask": [1, 1]},  # not an integer
         {"input_ids": [1, 2], "loss_mask": [1, 2]},  # not 0/1
         {"input_ids": [1, 2]},  # no mask in a masked pack
+        {"input_ids": [1, True], "loss_mask": [1, 1]},  # a JSON boolean among ids
+        {"input_ids": [1, 2**64], "loss_mask": [1, 1]},  # past any integer numpy holds
     ]
     src = write_records(tmp_path / "in.jsonl", good + bad)
     messages = [
         "2 entries for 3 ids", "outside the tokenizer's vocabulary", "no token of the document",
         "holds 2.5", "holds 2; expected 0/1", "no mask field 'loss_mask'",
+        "mixes the boolean true with integers", "holds 18446744073709551616, an integer outside",
     ]  # fmt: skip
     for line, (record, message) in enumerate(zip(bad, messages, strict=True), start=4):
         one = write_records(tmp_path / f"bad{line}.jsonl", [*good, record])
@@ -166,7 +169,7 @@ def test_bad_records_name_file_and_line_or_are_counted(tmp_path: Path) -> None:
         [str(src)], str(tmp_path / "skip"), mode="docs", on_error="skip", **MASKED
     ).index
     assert index.total_documents == 3
-    assert index.stats["records_skipped"] == 5  # refused at read time
+    assert index.stats["records_skipped"] == 7  # refused at read time
     assert index.stats["unsupervised_documents_refused"] == 1  # refused once encoded
     allowed = wdstream.pack(
         [str(src)], str(tmp_path / "allow"), mode="docs", on_error="skip",

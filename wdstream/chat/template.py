@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -48,6 +48,7 @@ SPECIAL_TOKEN_KEYS = (
 )
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 CONFIG_NAME = "tokenizer_config.json"
+MAX_RENDER_CHARS = 1 << 24  # characters one render may write (see _bounded_join)
 JINJA_NAME = "chat_template.jinja"
 
 
@@ -114,6 +115,26 @@ def _prepared(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
         out.append(m)
     return out
+
+
+def _bounded_join(chunks: Iterator[str]) -> str:
+    """The rendered chunks joined, refused past :data:`MAX_RENDER_CHARS` characters.
+
+    The sandbox bounds ``range`` (100,000 items) and attribute access, not output: a
+    template looping 100,000 x 100,000 times, or writing ``'x' * 10**10``, would fill
+    memory. A conversation's text is its messages plus the template's markup; 16 Mi
+    characters is far past any real one (and any ``seq_len``)."""
+    out: list[str] = []
+    size = 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > MAX_RENDER_CHARS:
+            raise ValueError(
+                f"the rendered text passes {MAX_RENDER_CHARS:,} characters (the bound on one "
+                "render: a template whose output explodes)"
+            )
+        out.append(chunk)
+    return "".join(out)
 
 
 # (template source, special-token strings, origin for messages)
@@ -221,8 +242,11 @@ class ChatTemplate:
         }
         try:
             context = self._template.new_context(variables, shared=True)
-            return "".join(self._template.root_render_func(context))
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+            return _bounded_join(self._template.root_render_func(context))
+        except Exception as exc:  # noqa: BLE001 - the template is code: whatever it raises
+            # (a TemplateError, a RecursionError of a macro calling itself, the sandbox's
+            # OverflowError for a range past 100,000, a ZeroDivisionError...) is its refusal
+            # of these messages, never a crash of the pack.
             raise ConversationError(
                 f"the chat template ({self.origin}) refuses the conversation: "
                 f"{type(exc).__name__}: {exc}"

@@ -98,7 +98,9 @@ def arrow_documents(
             for lo in range(max(first - row0, 0), batch.num_rows, BATCH_ROWS):
                 records = _records(batch.slice(lo, BATCH_ROWS), reader)
                 yield from _row_documents(reader, records, file, name, row0 + lo, before)
-    except pa.ArrowException as exc:
+    except (pa.ArrowException, UnicodeDecodeError) as exc:
+        # A string column holding bytes that are not UTF-8 (a damaged Arrow IPC file has no
+        # checksum) fails as its batch becomes Python strings: the file is damaged.
         raise InputError(f"{name}: not a readable {kind} file ({exc})") from exc
 
 
@@ -141,7 +143,9 @@ def _records(batch: Any, reader: RowReader) -> list[Any]:
 def _parquet_batches(pa: Any, fh: IO[bytes], reader: RowReader, first: int) -> Iterator[Any]:
     """``(first row, batch)`` of a Parquet file, one row group at a time, from the batch
     holding row ``first`` on (row groups wholly before it are not read)."""
-    pf = pa.parquet.ParquetFile(fh)
+    # A page written with a CRC (write_page_checksum=True) is checked: a flipped bit in it is
+    # an error naming the file, not other text packed (pyarrow checks none by default).
+    pf = pa.parquet.ParquetFile(fh, page_checksum_verification=True)
     columns = _columns(pf.schema_arrow.names, reader)
     meta, start = pf.metadata, 0
     for g in range(meta.num_row_groups):

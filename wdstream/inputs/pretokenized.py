@@ -14,6 +14,7 @@ naming file and line (``on_error``).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,9 +54,10 @@ class TokenFields:
         return token_document(record, self)
 
 
-def _int_array(value: Any, what: str) -> np.ndarray:
+def _int_array(value: Any, what: str, ids: bool = False) -> np.ndarray:
     """``value`` (a JSON list of integers, or a 1-D numpy array of them from Python or a
-    Parquet/Arrow row) as an integer array, or ValueError naming ``what``."""
+    Parquet/Arrow row) as an integer array, or ValueError naming ``what``; ``ids``: a
+    boolean among the integers is refused (a mask may mix 0/1 and booleans)."""
     if isinstance(value, np.ndarray):
         if value.ndim != 1 or value.dtype.kind not in "iub":
             raise ValueError(f"{what} is an array of {value.dtype} {value.shape}, not of integers")
@@ -69,8 +71,15 @@ def _int_array(value: Any, what: str) -> np.ndarray:
     except (ValueError, OverflowError) as exc:  # ragged nesting, huge integers
         raise ValueError(f"{what} is not a flat list of integers ({exc})") from None
     if arr.ndim != 1 or arr.dtype.kind not in "iub":
-        bad = next((v for v in value if type(v) not in (int, bool)), value[0])
+        bad = next((v for v in value if type(v) not in (int, bool)), None)
+        if bad is None:  # all ints, one past int64/uint64: numpy made an object array
+            bad = next(v for v in value if not -(1 << 63) <= v < 1 << 64)
+            raise ValueError(f"{what} holds {bad!r}, an integer outside any vocabulary")
         raise ValueError(f"{what} holds {bad!r}, not an integer")
+    if ids and arr.dtype.kind != "b" and bool in set(map(type, value)):
+        # [1, true] is an int array to numpy: a JSON boolean among integers is no token id
+        bad = next(v for v in value if type(v) is bool)
+        raise ValueError(f"{what} mixes the boolean {json.dumps(bad)} with integers")
     return arr
 
 
@@ -87,7 +96,7 @@ def token_document(record: Any, fields: TokenFields) -> TokenDocument:
     if fields.ids_key not in record:
         keys = ", ".join(repr(k) for k in list(record)[:8])
         raise ValueError(f"no ids field {fields.ids_key!r} (the record has keys {keys})")
-    ids = _int_array(record[fields.ids_key], f"ids field {fields.ids_key!r}")
+    ids = _int_array(record[fields.ids_key], f"ids field {fields.ids_key!r}", ids=True)
     if ids.dtype.kind == "b":
         raise ValueError(f"ids field {fields.ids_key!r} holds booleans, not token ids")
     if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= fields.n_vocab):

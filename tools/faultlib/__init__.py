@@ -1,0 +1,10 @@
+"""The attacks of ``tools/faults.py``; see that file for how to run it.
+
+Shared: ``common`` (outcomes, the clean dataset, the CLI run, the input corpus), ``runner``
+(each attempt in a forked child with a time limit), ``report`` (``docs/RELIABILITY.md``),
+``attacks`` (the table, in the report's order). One module per surface attacked: ``flips``
+(bit flips, index.json edits), ``cursors`` (hostile saved states), ``inputs`` (hostile pack
+inputs), ``storage``, ``packs`` (the pack process killed or failing), ``servers`` (hostile
+and lying HTTP servers, the node cache), ``rows`` (rows as served), ``mixture``,
+``quarantine``.
+"""

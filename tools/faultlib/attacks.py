@@ -1,0 +1,54 @@
+"""The table of attacks, in the report's order."""
+
+from __future__ import annotations
+
+from faultlib.chat import chat_mask_flips, chat_records, chat_templates
+from faultlib.common import Attack
+from faultlib.cursors import cursors, text_cursors
+from faultlib.flips import flips, index_edits
+from faultlib.inputs import bad_records, record_bombs, special_inputs, truncated_zst
+from faultlib.mixture import mixture_steps, spec_files
+from faultlib.packs import concurrent_packs, failed_shard_write, killed_packs
+from faultlib.quarantine import quarantined_rows
+from faultlib.records import arrow_inputs, masked_records
+from faultlib.rows import bucketed_tokens, shard_url_openings, shuffled_short_sample
+from faultlib.servers import cache_files, hostile_servers, lying_servers
+from faultlib.states import hostile_states
+from faultlib.storage import fifo_shard, interrupted_pack
+from faultlib.writer import python_writer
+
+ATTACKS = [
+    Attack("bit flip in sample bytes (.tar)", "1 random bit inside a sample's msgpack bytes, whole epoch read", flips("sample", 350, 1)),
+    Attack("bit flip in sample bytes, 2 workers", "as above, the epoch read by 2 torch workers (each verifies the samples it copies, at the copy)", flips("sample", 100, 4, num_workers=2)),
+    Attack("bit flip in sample bytes, 2 workers, document windows", "as above with `return_doc_boundaries=True` (decoded windows, verified in the read-ahead)", flips("sample", 50, 5, num_workers=2, return_doc_boundaries=True)),
+    Attack("bit flip anywhere in a .tar", "1 random bit anywhere (headers, padding, data)", flips("tar", 100, 2)),
+    Attack("bit flip in a sidecar (.idx)", "1 random bit anywhere in the sidecar", flips("idx", 150, 3)),
+    Attack("edited index.json", "14 edits (counts, duplicates, swaps, inf/NaN, names leaving the root, ...), Loader and `verify`", index_edits),
+    Attack("hostile cursor", "one field of a saved state (global and streams orders) replaced by a hostile JSON value; an accepted state must continue the uninterrupted run (recorded once; past the recording, the global order's random access of a loader that never saw the edit) from some step", cursors),
+    Attack("truncated .zst input", "a .zst cut at random points (blocks flushed every 4 KB), with and without --on-error skip", truncated_zst),
+    Attack("bad JSON records", "surrogate, deep nesting, huge int, not JSON, no text field; strict and --on-error skip", bad_records),
+    Attack("FIFO in place of a shard", "a named pipe where a shard should be", fifo_shard),
+    Attack("interrupted pack, then read", "index.json missing, journal present: Loader and `stats`", interrupted_pack),
+    Attack("pack killed (SIGKILL), rerun", "killed after n shards appeared; the rerun must be byte-identical to an uninterrupted pack", killed_packs),
+    Attack("special files as pack inputs", "a FIFO named, in a folder, matched by a glob; /dev/zero; a Unix socket: refused naming the path before any work", special_inputs),
+    Attack("record bombs in pack inputs", "one 64 MiB line in a few KB of .zst/.gz, plain, and a whole .txt.zst, under --max-record-bytes 1MiB; strict and --on-error skip", record_bombs),
+    Attack("shard write fails, rerun", "a directory where shard k must go: a clear error, then (removed) a byte-identical rerun", failed_shard_write),
+    Attack("two packs into one output", "started together: one wins, the other is refused naming it, output identical", concurrent_packs),
+    Attack("hostile HTTP servers", "1 byte / 0.5 s, 503 forever, every body cut, accept-and-never-answer, 501 on PUT", hostile_servers),
+    Attack("raw-text cursor edits", "every field of both raw-text cursors (saved after 7 batches, 2 streams) moved by -2..+2, then 40 hostile values; accepted only if the next batches are the recorded uninterrupted run's from some step", text_cursors),
+    Attack("mixture and one-dataset steps", "batch_at at hostile steps (bool, float, str, -1, 2**62, 2**63, 10**30, ...): the same clear error for one dataset and a mixture, or rows of the data; schedule pieces at unreachable or non-integer steps", mixture_steps),
+    Attack("hostile mixture spec files", "deep nesting (JSON, TOML), 2 MB file, schedule steps 2**70 / true / 1.5, NaN weight, wrong shapes", spec_files),
+    Attack("bucketed batches, long documents", "max_tokens batches at 1-3 ranks: served rows plus the counted left-out rows equal every piece of every document (tarfile + msgpack) exactly once", bucketed_tokens),
+    Attack("node cache files and identity", "cached blocks copied over, swapped with or bit-flipped into one another, read with `checksums=False`; two datasets differing only by the URL's query string in one cache folder", cache_files),
+    Attack("lying HTTP servers", "another shard's bytes (checksums on/off, cached or not), a short body then silence (always / once), a trickle of the shards: clear error within the documented time, or the right data", lying_servers),
+    Attack("shards opened by URL", "a best-fit pack read by brace pattern, glob and list: targets equal the root's (padding masked); a stray shard, one of another pack, folders with and without index.json: refused", shard_url_openings),
+    Attack("short last sample, shuffled", "every row of 2 shuffled epochs a whole packed sample (global and streams orders)", shuffled_short_sample),
+    Attack("quarantined rows", "`on_corrupt='mask'`, 0 and 2 workers, rows across samples: 1 random bit in a sample, anywhere in a .tar or in a sidecar, or a .tar cut at a random byte; handled = every row the clean run's, or masked whole (input_ids 0, labels -100) and recorded naming a sample it holds", quarantined_rows),
+    Attack("hostile chat records", "`pack --chat --mode docs`: one hostile line (wrong types, no role/content, unknown role, empty or string messages, surrogate, 100k-deep field, malformed ShareGPT and prompt/completion, content parts, no assistant turn, empty contents, 1 MB content) among 10 conversations, strict and --on-error skip; oracle: transformers' apply_chat_template ids and assistant masks; a conversation it refuses must be refused (file:line) or counted, every other stored exactly", chat_records),
+    Attack("hostile chat templates", "the same with a hostile --chat-template: syntax error, raise_exception (always / on a system message), sandbox escapes (`__mro__`, `__globals__`, `namespace(_x=1)`), a macro calling itself, range(10**9), 1/0, nothing rendered, no assistant turn, `'x' * 10**8`, 100,000 x 100,000 loops writing or silent; then Qwen3-style reasoning that rewrites earlier turns (layout oracle + tiktoken)", chat_templates),
+    Attack("hostile pre-tokenized records", "`--pretokenized --mask-key --mode docs`: one hostile line (ids out of range, negative, 2**64, 5000 digits, floats, NaN, booleans, strings, nested, ragged; masks short, 2, -1, 0.5, a string, null, missing, all 0; empty ids; 2M ids) among 10, strict and --on-error skip; oracle: the records' own ids and masks, decoded with tarfile + msgpack", masked_records),
+    Attack("damaged Parquet / Arrow inputs", "Parquet with page CRCs, without, and Arrow IPC: 1 random bit flipped or cut at a random byte; columns of ints, nulls, lists, bytes, structs, none named text; JSON, empty and zero files named .parquet/.arrow; --on-error skip; oracle: pyarrow's own read of the same bytes as JSON Lines, packed (unreadable to pyarrow: must fail naming the file)", arrow_inputs),
+    Attack("Python writer", "`pack_records` and `Writer` whose records raise the caller's exception at record 0, 37, 150 (it must come back, no index.json, then the same records resume byte-identical); a process writing through `Writer` SIGKILLed after 1/3/5 committed shards, rerun; 11 objects that are no records (object(), None, bytes, a set, ...) written among 20 texts, strict and skip; oracle: `pack_records` of the good records uninterrupted", python_writer),
+    Attack("hostile states: identity, skips, counts", "a state after 5 batches, 2 skipped steps and 3 batches (global order; `quarantined: 3` added), and a streams state: `config.dataset` replaced, its fields retyped, a hex digit changed, cut, upper-cased, removed or added to; `skips`, `quarantined`, `order_version`, `next_rows` retyped, out of range, reordered or removed; each with the seal (`check`) kept and removed; a StateMismatchError naming the key, or the uninterrupted run's next batches and (global) its training-to-data step mapping", hostile_states),
+    Attack("bit 31 (loss mask) flipped in a chat pack", "a best-fit `pack --chat`: the mask bit of 1 random stored token flipped, the epoch read (input_ids and labels): the sample's CRC32C must refuse it", chat_mask_flips),
+]  # fmt: skip
