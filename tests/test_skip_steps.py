@@ -231,3 +231,30 @@ def test_any_shape_world_size_and_skips_match_the_uninterrupted_run(
         assert ranks[0].data_step(t) == t + sum(n for _, n, _ in plan)
         last = np.concatenate([_ids(r, 1)[0] for r in ranks])
         assert np.array_equal(last, run[ranks[0].data_step(t)])
+
+
+def test_skips_are_sealed(setup: tuple) -> None:
+    """An edit of a state's well-formed ``skips`` would silently remap training steps to
+    other data steps (the fault suite found 14 such states accepted): the state's check
+    covers them, a state with skips but no check is refused, and a check made before skips
+    were sealed (the six placing fields only) still loads."""
+    from wdstream.read.order.global_seal import SEALED, seal
+
+    data, run = setup
+    loader = _make(data)
+    _ids(loader, 5)
+    loader.skip_steps(2)
+    _ids(loader, 3)
+    state = _roundtrip(loader.state_dict())
+    assert state["skips"] == [[5, 2]]
+    for edit in ([], [[4, 2]], [[5, 3]], [[5, 1]], [[1, 1], [5, 1]]):
+        with pytest.raises(StateMismatchError, match="skips: .*the field was edited"):
+            _make(data).load_state_dict({**state, "skips": edit})
+    unsealed = {k: v for k, v in state.items() if k != "check"}
+    with pytest.raises(StateMismatchError, match="check: .*missing"):
+        _make(data).load_state_dict(unsealed)
+    earlier = {**state, "check": seal(state, SEALED)}  # a state of the previous version
+    again = _make(data)
+    again.load_state_dict(earlier)
+    assert again.data_step(8) == 10
+    assert np.array_equal(_ids(again, 1)[0], run[10])

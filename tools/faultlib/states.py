@@ -114,7 +114,7 @@ def _outcome(make: Callable[[], Loader], bad: dict, label: str, run: list[np.nda
 
 def _state(root: str, order: str) -> tuple[Callable[[], Loader], dict, Loader]:
     """A loader factory, its state after 5 batches, 2 skipped steps (global order) and 3
-    batches, with ``quarantined: 3`` added (a count of rows masked), and the loader."""
+    batches, with ``quarantined: 3`` (a count of rows masked) and its seal, and the loader."""
     opts = {**READ, "epochs": None, "order": order}
 
     def make() -> Loader:
@@ -130,7 +130,11 @@ def _state(root: str, order: str) -> tuple[Callable[[], Loader], dict, Loader]:
             ld.skip_steps(2)
     state = json.loads(json.dumps(ld.state_dict()))
     if order == "global":
+        # As a run that masked 3 rows saves it: the count, and the check covering it.
+        from wdstream.read.order.global_seal import SEAL_KEY, seal
+
         state["quarantined"] = 3
+        state[SEAL_KEY] = seal(state)
     return make, state, ld
 
 

@@ -34,11 +34,11 @@ from wdstream.errors import StateMismatchError
 from wdstream.read.batches.rows import labelled_rows, row_labels
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
+from wdstream.read.order.global_seal import check_seal, seal
 from wdstream.read.order.identity import IDENTITY_KEYS, check_identity, rows_fingerprint
 from wdstream.read.order.state_fields import (
     SEAL_KEY,
     accept_dataset,
-    cursor_seal,
     dict_field,
     int_field,
     mismatch,
@@ -125,7 +125,7 @@ class GlobalReader:
         state = position.state(GLOBAL_STATE_VERSION, "global", self.config(), origin)
         state["order_version"] = ORDER_VERSION
         state["next_rows"] = self.next_rows(position.step, position.origin, self.order)
-        state[SEAL_KEY] = _seal(state)
+        state[SEAL_KEY] = seal(state)
         return state
 
     def next_rows(self, step: int, origin: Origin, order: GlobalOrder) -> str:
@@ -178,16 +178,19 @@ class GlobalReader:
         stop = state["iter_stop"]
         if stop is not None:
             stop = int_field("iter_stop", stop)
+        skips = parse_skips(state["skips"], step) if skipped else ()
+        masked = int_field("quarantined", state["quarantined"], lo=1) if counted else 0
         if sealed:
-            _check_seal(state)
+            check_seal(state)
         old, saved_origin = self.order, origin
         if old_g != self.order.cfg.global_batch:
             old = self._old_order(old_g)
             origin = self._rebase(step, origin, old)
         if named:
             check_identity(state, ORDER_VERSION, lambda: self.next_rows(step, saved_origin, old))
-        skips = parse_skips(state["skips"], step) if skipped else ()
-        masked = int_field("quarantined", state["quarantined"], lo=1) if counted else 0
+        if not sealed and (skipped or counted):  # every version writing these seals its states
+            raise mismatch(SEAL_KEY, None, "missing: a state with skips or quarantined rows "
+                           "carries its check; it was removed")  # fmt: skip
         position = GlobalPosition(step, origin, stop, _worker(state["worker"]), skips, masked)
         if stop is not None and self.epoch_of(position) > stop:
             raise mismatch(
@@ -354,52 +357,6 @@ class _OwnRows:
         with self._lock:
             while self._known and self._known[0][3] < step:
                 self._known.popleft()
-
-
-# The fields of a global state that place its position (the rest of the config keys them).
-_SEALED = ("config.global_batch", "step", "origin.step", "origin.epoch", "origin.row", "iter_stop")
-
-
-def _sealed_fields(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
-    """The key (config without ``global_batch``) and the placing fields (iter_stop None: -1)."""
-    config = {k: v for k, v in state["config"].items() if k != "global_batch"}
-    o, stop = state["origin"], state["iter_stop"]
-    values = [state["config"]["global_batch"], state["step"], o["step"], o["epoch"], o["row"],
-              -1 if stop is None else stop]  # fmt: skip
-    return config, dict(zip(_SEALED, values, strict=True))
-
-
-def _seal(state: dict[str, Any]) -> str:
-    """The ``check`` of a global state: 8 hex per placing field (``cursor_seal``), so an
-    edit of ``origin``, ``step``, ``iter_stop`` or the saved global batch is named on load."""
-    config, fields = _sealed_fields(state)
-    return cursor_seal(config, 0, fields, _SEALED)
-
-
-def _check_seal(state: dict[str, Any]) -> None:
-    """Refuse a sealed global state whose placing fields differ from their check, naming
-    the first such field. A state without ``check`` (saved before issue 23) is not checked.
-
-    Raises:
-        StateMismatchError: naming the field, or ``check`` when malformed.
-    """
-    tags = state[SEAL_KEY]
-    want = _seal(state)
-    if not isinstance(tags, str) or len(tags) != len(want):
-        raise mismatch(SEAL_KEY, tags, f"a string of {len(want)} hex digits expected")
-    _, fields = _sealed_fields(state)
-    n = len(want) // len(_SEALED)
-    bad = [
-        k for i, k in enumerate(_SEALED) if tags[i * n : (i + 1) * n] != want[i * n : (i + 1) * n]
-    ]
-    if len(bad) == len(_SEALED):
-        raise mismatch(SEAL_KEY, tags, "no field matches the check: another run's state")
-    if bad:
-        also = f" (also {', '.join(bad[1:])})" if len(bad) > 1 else ""
-        raise mismatch(
-            bad[0], fields[bad[0]],
-            f"differs from the value the state's check was made with: the field was edited{also}",
-        )  # fmt: skip
 
 
 def _worker(value: Any) -> tuple[int, int] | None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from wdstream.errors import StateMismatchError
+from wdstream.read.order.state_fields import same_value
 
 __all__ = ["IDENTITY_KEYS", "check_identity", "rows_fingerprint"]
 
@@ -37,7 +38,7 @@ def check_identity(state: dict[str, Any], version: Any, fingerprint: Callable[[]
         StateMismatchError: naming ``order_version`` or ``next_rows`` and both values.
     """
     saved = state["order_version"]
-    if saved != version:
+    if not same_value(saved, version):  # True or 1.0 is no version 1
         raise StateMismatchError(
             f"order_version: the state was saved by order version {saved!r}, this code reads "
             f"version {version!r}: it would continue in other rows; resume it with the "
