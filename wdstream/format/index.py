@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, overload
 
 from wdstream.format.index_checks import validate_index
 from wdstream.format.index_columns import ShardColumns
@@ -27,6 +28,7 @@ __all__ = [
     "READABLE_VERSIONS",
     "DatasetIndex",
     "ShardEntry",
+    "ShardTable",
 ]
 
 FORMAT_NAME = "wdstream"
@@ -69,7 +71,7 @@ class DatasetIndex:
     mode: str
     seq_len: int | None  # training rows the samples were sized for (concat, bestfit)
     sample_tokens: int | None  # tokens in every sample but concat's last (concat, bestfit)
-    shards: tuple[ShardEntry, ...]
+    shards: Sequence[ShardEntry]  # a tuple, or from index.json a ShardTable
     stats: dict[str, Any] = field(default_factory=dict)  # skipped lines, empty docs, ...
     checksum: str | None = None  # per-sample checksum in the sidecars ("crc32c"; None in v1)
     version: int = FORMAT_VERSION
@@ -81,17 +83,24 @@ class DatasetIndex:
     @property
     def total_samples(self) -> int:
         """Samples over all shards."""
-        return sum(s.samples for s in self.shards)
+        return sum(self.column("samples"))
 
     @property
     def total_tokens(self) -> int:
         """Tokens over all shards."""
-        return sum(s.tokens for s in self.shards)
+        return sum(self.column("tokens"))
 
     @property
     def total_documents(self) -> int:
         """Documents over all shards."""
-        return sum(s.documents for s in self.shards)
+        return sum(self.column("documents"))
+
+    def column(self, key: str) -> list[Any]:
+        """Every shard's value of :class:`ShardEntry` field ``key``, in shard order (from
+        ``index.json``'s :class:`ShardTable` without making entries)."""
+        if isinstance(self.shards, ShardTable):
+            return self.shards.column(key)
+        return [getattr(s, key) for s in self.shards]
 
     def document_pieces(self, doc_lens: tuple[int, ...]) -> tuple[int, ...]:
         """A sample's document piece lengths: ``doc_lens`` less a best-fit row's last entry,
@@ -100,7 +109,7 @@ class DatasetIndex:
 
     def to_json(self) -> str:
         """Serialise with sorted keys, so equal datasets give byte-identical indexes."""
-        obj = asdict(self)
+        obj = {f.name: getattr(self, f.name) for f in fields(self)}
         obj["shards"] = [
             {k: v for k, v in asdict(s).items() if v is not None or k not in _OPTIONAL_SHARD_KEYS}
             for s in self.shards
@@ -130,7 +139,7 @@ class DatasetIndex:
         _check_format_version(obj, where)
         columns = validate_index(obj, where)
         known = {k: obj[k] for k in _INDEX_KEYS if k in obj}
-        return cls(**{**known, "shards": _entries(obj["shards"], columns)})
+        return cls(**{**known, "shards": ShardTable(_rows(obj["shards"], columns))})
 
 
 _SHARD_KEYS = tuple(f.name for f in fields(ShardEntry))
@@ -138,28 +147,74 @@ _OPTIONAL_SHARD_KEYS = ("provenance", "provenance_sha256")
 _INDEX_KEYS = tuple(f.name for f in fields(DatasetIndex))
 
 
-def _entries(shards: list[dict[str, Any]], columns: ShardColumns | None) -> tuple[ShardEntry, ...]:
-    """The entries of a validated shard list.
+class ShardTable(Sequence[ShardEntry]):
+    """The shard list of a parsed ``index.json``: its entries made as they are asked for.
 
-    Where the list's columns say every shard holds only keys this version knows, each
-    parsed dict (completed with the optional keys' defaults) becomes an entry's
-    ``__dict__`` as it is: a frozen dataclass's ``__init__`` sets each field through
-    ``object.__setattr__``, ~5 µs a shard, which was the largest cost of opening 100,000
-    shards after validation. Otherwise (keys of a later version) the known keys are taken.
+    Opening a dataset of 100,000 shards must not make 100,000 :class:`ShardEntry` objects:
+    each is an object the garbage collector tracks (the parsed dicts, holding only strings
+    and numbers, are not), so they cost ~5 µs each to make and lengthen every full
+    collection of the training process after. A reader asks for a few entries (the shards
+    it reads) and for whole columns (:meth:`column`, made without entries). Otherwise it
+    behaves as the tuple of entries: indexing, slices (tuples), iteration, equality.
     """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        """``rows``: one dict per shard holding exactly :class:`ShardEntry`'s fields."""
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, i: int) -> ShardEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[ShardEntry, ...]: ...
+    def __getitem__(self, i: int | slice) -> ShardEntry | tuple[ShardEntry, ...]:
+        if isinstance(i, slice):
+            return tuple(map(_entry, self._rows[i]))
+        return _entry(self._rows[i])
+
+    def __iter__(self) -> Iterator[ShardEntry]:
+        return map(_entry, self._rows)
+
+    def column(self, key: str) -> list[Any]:
+        """Every shard's value of field ``key``, in shard order."""
+        return [row[key] for row in self._rows]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (ShardTable, tuple)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"ShardTable({list(self)!r})"
+
+
+def _entry(row: dict[str, Any]) -> ShardEntry:
+    """A :class:`ShardEntry` whose ``__dict__`` is ``row`` (a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__``: ~5 µs an entry)."""
+    entry = object.__new__(ShardEntry)
+    object.__setattr__(entry, "__dict__", row)
+    return entry
+
+
+def _rows(shards: list[dict[str, Any]], columns: ShardColumns | None) -> list[dict[str, Any]]:
+    """The rows of a :class:`ShardTable` from a validated shard list: each parsed dict,
+    completed with the optional keys' defaults, where every shard holds only keys this
+    version knows (the columns say so); else new dicts of the known keys (a later
+    version's keys dropped)."""
     if columns is None or not columns.known_keys_only:
-        return tuple(ShardEntry(**{k: s[k] for k in _SHARD_KEYS if k in s}) for s in shards)
+        return [{k: s.get(k) for k in _SHARD_KEYS} for s in shards]
     for key in _OPTIONAL_SHARD_KEYS:
         if columns.present[key] < len(shards):
             for shard in shards:
                 shard.setdefault(key, None)
-    new, put = object.__new__, object.__setattr__
-    entries = []
-    for shard in shards:
-        entry = new(ShardEntry)
-        put(entry, "__dict__", shard)
-        entries.append(entry)
-    return tuple(entries)
+    return shards
 
 
 def _check_format_version(obj: Any, where: str) -> None:

@@ -98,9 +98,10 @@ class ShardColumns:
         after its shard."""
         if 0 in self.present.values():
             return True
-        return set(self.present.values()) == {len(self.names)} and self._renamed(
-            ".prov"
-        ) == self.joined["provenance"]
+        return (
+            set(self.present.values()) == {len(self.names)}
+            and self._renamed(".prov") == self.joined["provenance"]
+        )
 
     def _renamed(self, suffix: str) -> str:
         """The joined names with ``.tar`` replaced by ``suffix`` (newlines end names only)."""

@@ -23,9 +23,18 @@ import numpy as np
 from wdstream.format.checksum import crc32c
 from wdstream.format.loss import NO_LOSS_BIT
 from wdstream.read.sources.packed import ShardSource
+from wdstream.read.sources.quarantine import QuarantinedReads
 from wdstream.read.sources.reads import CHECKSUM_REASON, BadSample, CopyChecks, PieceRead
 
-__all__ = ["CopyTimeChecks", "Hit", "WindowData", "emitted_bad", "mask_rows", "samples_used"]
+__all__ = [
+    "CopyTimeChecks",
+    "Hit",
+    "WindowData",
+    "emitted_bad",
+    "mask_rows",
+    "samples_alone",
+    "samples_used",
+]
 
 Hit = tuple[int, BadSample]  # (row of the filled block, the bad sample it holds tokens of)
 
@@ -76,6 +85,37 @@ class WindowData:
     unverified: CopyTimeChecks | None = None
     # Emitted samples standing in masked (on_corrupt="mask"), by emitted index.
     bad: dict[int, BadSample] = field(default_factory=dict)
+
+
+def samples_alone(
+    reads: ShardSource | QuarantinedReads,
+    size: int,
+    samples: dict[int, tuple[int, int]],
+    docs: bool,
+) -> WindowData:
+    """A window of ``size`` samples of which only ``samples`` are read, each alone (one
+    ranged read, verified): ``{emitted index: (shard, sample in the shard)}``. Only those
+    emitted indices may be copied from it.
+
+    For rows that hold few of a window not read yet (the first batch of an iteration): a
+    window is ~1,000 samples, often from a hundred shards, and the first batch needs 8.
+    """
+    emitted = sorted(samples)
+    parts = reads.read([(*samples[i], samples[i][1] + 1) for i in emitted], docs=docs)
+    base_of, first = [-1] * size, [0] * size
+    pieces: list[tuple[int, ...]] = [()] * size if docs else []
+    bases, bad = [], {}
+    for j, (i, part) in enumerate(zip(emitted, parts, strict=True)):
+        base_of[i] = j
+        if docs:
+            bases.append(part.tokens.views()[0])
+            pieces[i] = part.doc_lens[0]
+        else:
+            bases.append(part.tokens.base)
+            first[i] = int(part.tokens.first[0])
+        if part.bad:
+            bad[i] = part.bad[0]
+    return WindowData(bases, base_of, first, pieces, bad=bad)
 
 
 def emitted_bad(reads: list[PieceRead], order: np.ndarray) -> dict[int, BadSample]:
