@@ -56,6 +56,8 @@ _JOINED = {
     for key, suffix in _SUFFIX.items()
 }
 
+_FIRST_PACKED = re.compile(r"(.+)-000000\.tar")  # the packer's first name, NAME-000000.tar
+
 
 @dataclass(frozen=True)
 class ShardColumns:
@@ -86,7 +88,7 @@ class ShardColumns:
     def in_pack_order(self) -> bool:
         """Every shard named ``NAME-{i:06d}.tar`` (sidecar ``.idx``), ``i`` its position:
         the packer's names, all of which the per-shard rule accepts."""
-        first = re.fullmatch(r"(.+)-000000\.tar", self.names[0])
+        first = _FIRST_PACKED.fullmatch(self.names[0])
         if first is None:
             return False
         form = first[1].replace("%", "%%") + "-%06d.tar\n"
@@ -143,10 +145,9 @@ def shard_columns(shards: list[Any]) -> ShardColumns | None:
     """
     n = len(shards)
     try:
-        rows = list(map(operator.itemgetter(*_REQUIRED), shards))
+        columns = {key: [s[key] for s in shards] for key in _REQUIRED}
     except KeyError:
         return None  # a required key missing: the rules name it
-    columns = dict(zip(_REQUIRED, map(list, zip(*rows, strict=True)), strict=True))
     present = {k: sum(map(operator.contains, shards, repeat(k))) for k in _OPTIONAL}
     # An optional key's rule checks the shards that hold it.
     columns |= {k: [s[k] for s in shards if k in s] if present[k] else [] for k in _OPTIONAL}
