@@ -280,28 +280,21 @@ class GlobalOrder:
     def _samples_alone(
         self, epoch: int, segments: list[tuple[int, int, int, int]], with_docs: bool
     ) -> dict[int, WindowData]:
-        """The windows of ``segments`` that are neither read nor being read and of which
-        these rows hold few samples (at most 1/16): only those samples, each read alone,
-        with each window's whole read started behind them for the rows after. The first
-        batch of an iteration then waits for its own few samples, not for a window's
-        thousand, often from a hundred shards."""
+        """The windows of ``segments`` neither read nor being read of which these rows
+        hold few samples (at most 1/16): those samples alone (:func:`samples_alone`),
+        each window's whole read started behind them for the rows after."""
         wanted: dict[int, set[int]] = {}
         for w, i, _, _ in segments:
             wanted.setdefault(w, set()).add(i)
         out = {}
         for w, emitted in wanted.items():
-            key, win = (epoch, w, with_docs), self.window(epoch, w)
+            key, positions = (epoch, w, with_docs), self.window(epoch, w).positions
             with self._lock:
                 cold = key not in self._data
-            if not cold or len(emitted) * _ALONE_SHARE > len(win.positions):
-                continue
-            plan, samples = self.plan(epoch), {}
-            for i in emitted:
-                p = int(win.positions[i])
-                [(shard, k, _)] = plan.pieces(p, p + 1)
-                samples[i] = (shard, k)
-            out[w] = samples_alone(self.reads, len(win.positions), samples, with_docs)
-            self._read_ahead(key)
+            if cold and len(emitted) * _ALONE_SHARE <= len(positions):
+                plan = self.plan(epoch)
+                out[w] = samples_alone(self.reads, plan, positions, emitted, with_docs)
+                self._read_ahead(key)
         return out
 
     def release(self) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from wdstream.format.checksum import crc32c
 from wdstream.format.loss import NO_LOSS_BIT
+from wdstream.read.order.plan import EpochPlan
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.quarantine import QuarantinedReads
 from wdstream.read.sources.reads import CHECKSUM_REASON, BadSample, CopyChecks, PieceRead
@@ -89,23 +90,30 @@ class WindowData:
 
 def samples_alone(
     reads: ShardSource | QuarantinedReads,
-    size: int,
-    samples: dict[int, tuple[int, int]],
+    plan: EpochPlan,
+    positions: np.ndarray,
+    emitted: set[int],
     docs: bool,
 ) -> WindowData:
-    """A window of ``size`` samples of which only ``samples`` are read, each alone (one
-    ranged read, verified): ``{emitted index: (shard, sample in the shard)}``. Only those
-    emitted indices may be copied from it.
+    """A window whose samples are at epoch ``positions`` (emitted order) with only the
+    ``emitted`` ones read, each alone (one ranged read, verified); only those may be
+    copied from it.
 
     For rows that hold few of a window not read yet (the first batch of an iteration): a
     window is ~1,000 samples, often from a hundred shards, and the first batch needs 8.
     """
-    emitted = sorted(samples)
-    parts = reads.read([(*samples[i], samples[i][1] + 1) for i in emitted], docs=docs)
+    order = sorted(emitted)
+    pieces_read = []
+    for i in order:
+        p = int(positions[i])
+        [(shard, k, _)] = plan.pieces(p, p + 1)
+        pieces_read.append((shard, k, k + 1))
+    parts = reads.read(pieces_read, docs=docs)
+    size = len(positions)
     base_of, first = [-1] * size, [0] * size
     pieces: list[tuple[int, ...]] = [()] * size if docs else []
     bases, bad = [], {}
-    for j, (i, part) in enumerate(zip(emitted, parts, strict=True)):
+    for j, (i, part) in enumerate(zip(order, parts, strict=True)):
         base_of[i] = j
         if docs:
             bases.append(part.tokens.views()[0])
