@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, overload
 
 from wdstream.format.index_checks import validate_index
+from wdstream.format.index_columns import ShardColumns
 from wdstream.format.index_rules import index_error, join_path, show_value
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "READABLE_VERSIONS",
     "DatasetIndex",
     "ShardEntry",
+    "ShardTable",
 ]
 
 FORMAT_NAME = "wdstream"
@@ -68,7 +71,7 @@ class DatasetIndex:
     mode: str
     seq_len: int | None  # training rows the samples were sized for (concat, bestfit)
     sample_tokens: int | None  # tokens in every sample but concat's last (concat, bestfit)
-    shards: tuple[ShardEntry, ...]
+    shards: Sequence[ShardEntry]  # a tuple, or from index.json a ShardTable
     stats: dict[str, Any] = field(default_factory=dict)  # skipped lines, empty docs, ...
     checksum: str | None = None  # per-sample checksum in the sidecars ("crc32c"; None in v1)
     version: int = FORMAT_VERSION
@@ -80,17 +83,24 @@ class DatasetIndex:
     @property
     def total_samples(self) -> int:
         """Samples over all shards."""
-        return sum(s.samples for s in self.shards)
+        return sum(self.column("samples"))
 
     @property
     def total_tokens(self) -> int:
         """Tokens over all shards."""
-        return sum(s.tokens for s in self.shards)
+        return sum(self.column("tokens"))
 
     @property
     def total_documents(self) -> int:
         """Documents over all shards."""
-        return sum(s.documents for s in self.shards)
+        return sum(self.column("documents"))
+
+    def column(self, key: str) -> list[Any]:
+        """Every shard's value of :class:`ShardEntry` field ``key``, in shard order (from
+        ``index.json``'s :class:`ShardTable` without making entries)."""
+        if isinstance(self.shards, ShardTable):
+            return self.shards.column(key)
+        return [getattr(s, key) for s in self.shards]
 
     def document_pieces(self, doc_lens: tuple[int, ...]) -> tuple[int, ...]:
         """A sample's document piece lengths: ``doc_lens`` less a best-fit row's last entry,
@@ -99,7 +109,7 @@ class DatasetIndex:
 
     def to_json(self) -> str:
         """Serialise with sorted keys, so equal datasets give byte-identical indexes."""
-        obj = asdict(self)
+        obj = {f.name: getattr(self, f.name) for f in fields(self)}
         obj["shards"] = [
             {k: v for k, v in asdict(s).items() if v is not None or k not in _OPTIONAL_SHARD_KEYS}
             for s in self.shards
@@ -125,22 +135,90 @@ class DatasetIndex:
             IndexValidationError: naming ``where`` and the offending key, e.g.
                 ``data/index.json: shards[3].tokens: expected ..., got -1``.
         """
-        obj = _parse_strict(text, where)
-        _check_format_version(obj, where)
-        validate_index(obj, where)
-        shards = tuple(
-            ShardEntry(**s) if s.keys() <= _SHARD_KEY_SET else
-            ShardEntry(**{k: s[k] for k in _SHARD_KEYS if k in s})  # keys of a later version
-            for s in obj["shards"]
-        )  # fmt: skip
+        clean = _parse_clean(text, where)
+        if clean is None:  # a problem, or an unusual index: every check as written
+            obj = _parse_strict(text, where)
+            _check_format_version(obj, where)
+            columns = validate_index(obj, where)
+        else:
+            obj, columns = clean
         known = {k: obj[k] for k in _INDEX_KEYS if k in obj}
-        return cls(**{**known, "shards": shards})
+        return cls(**{**known, "shards": ShardTable(_rows(obj["shards"], columns))})
 
 
 _SHARD_KEYS = tuple(f.name for f in fields(ShardEntry))
-_SHARD_KEY_SET = frozenset(_SHARD_KEYS)
 _OPTIONAL_SHARD_KEYS = ("provenance", "provenance_sha256")
 _INDEX_KEYS = tuple(f.name for f in fields(DatasetIndex))
+
+
+class ShardTable(Sequence[ShardEntry]):
+    """The shard list of a parsed ``index.json``: its entries made as they are asked for.
+
+    Opening a dataset of 100,000 shards must not make 100,000 :class:`ShardEntry` objects:
+    each is an object the garbage collector tracks (the parsed dicts, holding only strings
+    and numbers, are not), so they cost ~5 µs each to make and lengthen every full
+    collection of the training process after. A reader asks for a few entries (the shards
+    it reads) and for whole columns (:meth:`column`, made without entries). Otherwise it
+    behaves as the tuple of entries: indexing, slices (tuples), iteration, equality.
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        """``rows``: one dict per shard holding exactly :class:`ShardEntry`'s fields."""
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, i: int) -> ShardEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[ShardEntry, ...]: ...
+    def __getitem__(self, i: int | slice) -> ShardEntry | tuple[ShardEntry, ...]:
+        if isinstance(i, slice):
+            return tuple(map(_entry, self._rows[i]))
+        return _entry(self._rows[i])
+
+    def __iter__(self) -> Iterator[ShardEntry]:
+        return map(_entry, self._rows)
+
+    def column(self, key: str) -> list[Any]:
+        """Every shard's value of field ``key``, in shard order."""
+        return [row[key] for row in self._rows]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (ShardTable, tuple)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"ShardTable({list(self)!r})"
+
+
+def _entry(row: dict[str, Any]) -> ShardEntry:
+    """A :class:`ShardEntry` whose ``__dict__`` is ``row`` (a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__``: ~5 µs an entry)."""
+    entry = object.__new__(ShardEntry)
+    object.__setattr__(entry, "__dict__", row)
+    return entry
+
+
+def _rows(shards: list[dict[str, Any]], columns: ShardColumns | None) -> list[dict[str, Any]]:
+    """The rows of a :class:`ShardTable` from a validated shard list: each parsed dict,
+    completed with the optional keys' defaults, where every shard holds only keys this
+    version knows (the columns say so); else new dicts of the known keys (a later
+    version's keys dropped)."""
+    if columns is None or not columns.known_keys_only:
+        return [{k: s.get(k) for k in _SHARD_KEYS} for s in shards]
+    for key in _OPTIONAL_SHARD_KEYS:
+        if columns.present[key] < len(shards):
+            for shard in shards:
+                shard.setdefault(key, None)
+    return shards
 
 
 def _check_format_version(obj: Any, where: str) -> None:
@@ -210,6 +288,52 @@ class _StrictHooks:
         self.marked = True
         counts = Counter(key for key, _ in pairs)
         return _DuplicateKeys(pairs, next(key for key, n in counts.items() if n > 1))
+
+
+def _parse_clean(text: str | bytes, where: str) -> tuple[dict[str, Any], ShardColumns] | None:
+    """The index parsed with ``json``'s own integers and validated through the shard
+    columns, when it is clean: nothing :func:`_parse_strict` refuses, and every shard of
+    the columns' form; None otherwise, and the strict parse and the rules word the first
+    problem as ever.
+
+    The strict parse calls Python for every integer (four a shard, ~1 µs a shard of
+    100,000) only to refuse those of more than 40 characters; the shards' integers are
+    checked below 2**48 by the columns, and the few others are checked here.
+    """
+    hooks = _StrictHooks()
+    try:
+        obj = json.loads(
+            text,
+            parse_float=hooks.real,
+            parse_constant=hooks.number,
+            object_pairs_hook=hooks.object,
+        )
+    except (RecursionError, ValueError):
+        return None
+    if hooks.marked or not isinstance(obj, dict) or not _short_integers(obj):
+        return None
+    try:
+        _check_format_version(obj, where)
+        columns = validate_index(obj, where)
+    except Exception:  # any refusal: the strict path words it
+        return None
+    if columns is None or not columns.known_keys_only:
+        return None
+    return obj, columns
+
+
+def _short_integers(obj: dict[str, Any]) -> bool:
+    """No integer of more than 40 characters outside ``shards``."""
+    stack = [value for key, value in obj.items() if key != "shards"]
+    while stack:
+        value = stack.pop()
+        if type(value) is int and not -(10**39) < value < 10**40:
+            return False
+        if isinstance(value, dict):
+            stack += value.values()
+        elif isinstance(value, list):
+            stack += value
+    return True
 
 
 def _parse_strict(text: str | bytes, where: str) -> Any:

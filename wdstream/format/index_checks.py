@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wdstream.format.checksum import CHECKSUM_NAME
+from wdstream.format.index_columns import ShardColumns, shard_columns
 from wdstream.format.index_rules import (
     _PACKED_NAME,
     _SHARD,
@@ -245,25 +246,39 @@ def _stats_documents(obj: dict[str, Any]) -> _Problem:
     return None
 
 
-_ACROSS: tuple[Callable[[dict[str, Any]], _Problem], ...] = (
-    _checksum_fits_version,
-    _lengths_fit_mode,
-    _pad_fits_mode,
-    _ids_fit_dtype,
-    _names_unique,
-    _names_in_pack_order,
-    _provenance_everywhere,
-    _shard_counts,
-    _stats_documents,
+def _stats_fit(obj: dict[str, Any], columns: ShardColumns) -> bool:
+    stats = obj.get("stats", {})
+    return "documents" not in stats or stats["documents"] == columns.documents_total()
+
+
+_Passes = Callable[[dict[str, Any], ShardColumns], bool]
+# Each rule, and where the shard columns have one, a test that passes only what the rule
+# passes (wdstream.format.index_columns): the rule itself then runs only to word a problem.
+_ACROSS: tuple[tuple[Callable[[dict[str, Any]], _Problem], _Passes | None], ...] = (
+    (_checksum_fits_version, None),
+    (_lengths_fit_mode, None),
+    (_pad_fits_mode, None),
+    (_ids_fit_dtype, None),
+    (_names_unique, lambda obj, c: c.names_unique()),
+    (_names_in_pack_order, lambda obj, c: c.in_pack_order()),
+    (_provenance_everywhere, lambda obj, c: c.provenance_everywhere()),
+    (_shard_counts, lambda obj, c: c.counts_fit(obj["mode"], obj["sample_tokens"], obj["dtype"])),
+    (_stats_documents, _stats_fit),
 )
 
 
-def validate_index(obj: dict[str, Any], where: str) -> None:
+def validate_index(obj: dict[str, Any], where: str) -> ShardColumns | None:
     """Check a parsed index of a readable version against every rule (both layers).
+
+    The shard list is checked a column at a time (:mod:`wdstream.format.index_columns`);
+    only an index that path does not accept goes through the rules shard by shard.
 
     Args:
         obj: the parsed JSON object; ``format`` and ``version`` already checked.
         where: the file, for messages.
+
+    Returns:
+        The shard list's columns, or None when it was checked shard by shard.
 
     Raises:
         IndexValidationError: ``WHERE: KEY.PATH: expected ..., got ...`` for the first
@@ -272,9 +287,14 @@ def validate_index(obj: dict[str, Any], where: str) -> None:
     _check_keys(obj, _TOP, "", where)
     _check_keys(obj["tokenizer"], _TOKENIZER, "tokenizer", where)
     _check_keys(obj.get("stats", {}), _STATS, "stats", where)
-    for i, shard in enumerate(obj["shards"]):
-        _check_keys(shard, _SHARD, f"shards[{i}]", where)
-    for rule in _ACROSS:
+    columns = shard_columns(obj["shards"])
+    if columns is None:
+        for i, shard in enumerate(obj["shards"]):
+            _check_keys(shard, _SHARD, f"shards[{i}]", where)
+    for rule, passes in _ACROSS:
+        if columns is not None and passes is not None and passes(obj, columns):
+            continue
         problem = rule(obj)
         if problem:
             raise index_error(where, *problem)
+    return columns

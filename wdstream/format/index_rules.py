@@ -35,7 +35,8 @@ MAX_NAME_BYTES = 255  # one file name on common filesystems; S3 keys allow 1024
 _MAX_SAMPLE_TOKENS = 2**31
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# At most 255 ASCII letters, digits and ``_.+=-`` in ``/``-separated parts, none ``.``/``..``.
+# At most 255 ASCII letters, digits and ``_.+=-`` in ``/``-separated parts, none ``.``/``..``
+# (index_columns.py matches a column of them, joined by newlines, in the same terms).
 _PLAIN_NAME = re.compile(
     r"(?=[\w.+=/-]{1,255}\Z)(?:(?!\.\.?/)[\w.+=-]+/)*(?!\.\.?\Z)[\w.+=-]+", re.ASCII
 )
@@ -76,6 +77,8 @@ class _Kind:
     expected: str
     accepts: Callable[[Any], bool]
     why: Callable[[Any], str | None] = lambda value: None
+    # ``accepts`` is exactly ``type(v) is exact``: a list of them is checked in one pass.
+    exact: type | None = None
 
     def problem(self, value: Any) -> str:
         """The message for a value ``accepts`` refused."""
@@ -124,12 +127,12 @@ def _list(min_len: int = 0) -> _Kind:
     )
 
 
-_OBJECT = _Kind("an object", lambda v: type(v) is dict)
+_OBJECT = _Kind("an object", lambda v: type(v) is dict, exact=dict)
 _ABSOLUTE_PATH = _Kind(
     "an absolute path of 1 to 4096 characters",
     lambda v: _text(4096).accepts(v) and os.path.isabs(v),
 )
-_STRING = _Kind("a string", lambda v: type(v) is str)
+_STRING = _Kind("a string", lambda v: type(v) is str, exact=str)
 _SHA = _Kind(
     "64 lowercase hex digits (a sha256)", lambda v: type(v) is str and bool(_SHA256.fullmatch(v))
 )
@@ -241,6 +244,8 @@ def _check_keys(obj: dict[str, Any], rules: tuple[_Rule, ...], path: str, where:
         if not rule.kind.accepts(value):
             raise index_error(where, join_path(path, rule.key), rule.kind.problem(value))
         if rule.each is not None:
+            if rule.each.exact is not None and set(map(type, value)) <= {rule.each.exact}:
+                continue  # every item accepted (one pass in C; 100,000 shards are common)
             for i, item in enumerate(value):
                 if not rule.each.accepts(item):
                     at = join_path(join_path(path, rule.key), i)

@@ -44,6 +44,7 @@ from wdstream.read.order.window_data import (
     WindowData,
     emitted_bad,
     mask_rows,
+    samples_alone,
     samples_used,
 )
 from wdstream.read.sources.packed import ShardSource
@@ -62,6 +63,8 @@ ReadSpans = Callable[[int, int, int], list[tuple[int, int]]]
 
 _WINDOW_CACHE = 4  # windows' metadata kept per process (a few KB each)
 _DATA_CACHE = 2  # windows' sample views kept per process (the current one and the next)
+# Rows that hold at most 1/16 of a window not read yet read their samples alone (fill).
+_ALONE_SHARE = 16
 
 
 @dataclass(frozen=True)
@@ -246,21 +249,53 @@ class GlobalOrder:
     def _window_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         """The sample views of window ``w``, read with one ranged read per lane and shard
         (concurrently from remote stores) and kept while rows are cut from it; the next
-        window is read ahead in a background thread."""
+        window is read ahead in a background thread. A window not read ahead (the first
+        of an iteration) is read here: waiting for a thread to start and read it would
+        only add the hand-off."""
         key = (epoch, w, with_docs)
         with self._lock:
             fut = self._data.get(key)
-            if fut is None:
-                fut = self._submit(key)
-            self._data.move_to_end(key)
-            nxt = (epoch, w + 1, with_docs) if w + 1 < self.n_windows else None
-            if nxt is None:
-                nxt = (epoch + 1, 0, with_docs)
-            if nxt not in self._data:
-                self._submit(nxt)
+            if fut is not None:
+                self._data.move_to_end(key)
+        if fut is None:
+            fut = Future()
+            try:
+                fut.set_result(self._load_data(*key))
+            except Exception as exc:  # kept, as the read-ahead keeps a failed read
+                fut.set_exception(exc)
+            with self._lock:
+                self._data[key] = fut
+        nxt = (epoch, w + 1, with_docs) if w + 1 < self.n_windows else (epoch + 1, 0, with_docs)
+        self._read_ahead(nxt)
+        return fut.result()
+
+    def _read_ahead(self, key: tuple[int, int, bool]) -> None:
+        """Start reading window ``key`` in the background unless it is read or being read."""
+        with self._lock:
+            if key not in self._data:
+                self._submit(key)
             while len(self._data) > _DATA_CACHE + 1:
                 self._data.popitem(last=False)
-        return fut.result()
+
+    def _samples_alone(
+        self, epoch: int, segments: list[tuple[int, int, int, int]], with_docs: bool
+    ) -> dict[int, WindowData]:
+        """The windows of ``segments`` neither read nor being read of which these rows
+        hold few samples (at most 1/16): those samples alone (:func:`samples_alone`),
+        each window's whole read started behind them for the rows after."""
+        wanted: dict[int, set[int]] = {}
+        for w, i, _, _ in segments:
+            wanted.setdefault(w, set()).add(i)
+        out = {}
+        for w, emitted in wanted.items():
+            key, positions = (epoch, w, with_docs), self.window(epoch, w).positions
+            with self._lock:
+                cold = key not in self._data
+            if cold and len(emitted) * _ALONE_SHARE <= len(positions):
+                plan = self.plan(epoch)
+                out[w] = samples_alone(self.reads, plan, positions, emitted, with_docs)
+                self._read_ahead(key)
+        return out
 
     def release(self) -> None:
         """Drop the windows' sample views (they pin the mapped shards' file descriptors) and
@@ -389,9 +424,10 @@ class GlobalOrder:
         if flat_ds is not None:
             flat_ds[:] = False
         o = 0
-        windows: dict[int, WindowData] = {}
+        segments = self._segments(epoch, t0, t0 + tokens.size)
+        windows = self._samples_alone(epoch, segments, with_docs)
         hits: list[Hit] = []
-        for w, i, off, take in self._segments(epoch, t0, t0 + tokens.size):
+        for w, i, off, take in segments:
             data = windows.get(w)
             if data is None:
                 data = windows[w] = self._window_data(epoch, w, with_docs)

@@ -27,6 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# numpy imports numpy.random on its first use, 10-25 ms: at import here, not in a fresh
+# process's first batch, nor in each torch worker (whose start seeds numpy.random).
+from numpy.random import default_rng
+
 from wdstream.read.sources.packed import ShardSource
 
 __all__ = ["EpochPlan", "WindowGeometry"]
@@ -109,7 +113,7 @@ class EpochPlan:
         self.source = source
         n = len(source)
         if shuffle:
-            self.order = np.random.default_rng([seed, epoch]).permutation(n)
+            self.order = default_rng([seed, epoch]).permutation(n)
         else:
             self.order = np.arange(n)
         self.cum = np.concatenate([[0], np.cumsum(source.samples[self.order])]).astype(np.int64)

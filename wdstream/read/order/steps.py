@@ -217,13 +217,22 @@ class StepChunks:
 
     def own(self, position: GlobalPosition, worker: int, workers: int) -> Iterator[tuple[int, int]]:
         """``(first step, steps)`` of this worker's chunks from ``position`` on; at each
-        yield ``position`` already names the worker's next chunk (see :meth:`chunks`)."""
+        yield ``position`` already names the worker's next chunk (see :meth:`chunks`).
+
+        The only process (no torch workers) makes the first chunk of an iteration one step:
+        the first batch then waits for its own rows, not for ``K`` steps' (the chunk after
+        it runs to the next multiple of ``K``, as every chunk does). With workers the chunks
+        stay as they are: which worker makes which chunk follows from them.
+        """
         own_share = workers > 1 and position.worker == (worker, workers)
         position.worker = (worker, workers) if workers > 1 else None
         if not self.skip(position, 0 if own_share else worker):
             return
+        first_of_iteration = workers == 1
         while True:
             n = self.rows.chunk_size(position)
+            if first_of_iteration:
+                n, first_of_iteration = min(n, 1), False
             first = position.step
             position.step += n
             ended = not self.skip(position, workers - 1)

@@ -22,10 +22,20 @@ import numpy as np
 
 from wdstream.format.checksum import crc32c
 from wdstream.format.loss import NO_LOSS_BIT
+from wdstream.read.order.plan import EpochPlan
 from wdstream.read.sources.packed import ShardSource
+from wdstream.read.sources.quarantine import QuarantinedReads
 from wdstream.read.sources.reads import CHECKSUM_REASON, BadSample, CopyChecks, PieceRead
 
-__all__ = ["CopyTimeChecks", "Hit", "WindowData", "emitted_bad", "mask_rows", "samples_used"]
+__all__ = [
+    "CopyTimeChecks",
+    "Hit",
+    "WindowData",
+    "emitted_bad",
+    "mask_rows",
+    "samples_alone",
+    "samples_used",
+]
 
 Hit = tuple[int, BadSample]  # (row of the filled block, the bad sample it holds tokens of)
 
@@ -76,6 +86,44 @@ class WindowData:
     unverified: CopyTimeChecks | None = None
     # Emitted samples standing in masked (on_corrupt="mask"), by emitted index.
     bad: dict[int, BadSample] = field(default_factory=dict)
+
+
+def samples_alone(
+    reads: ShardSource | QuarantinedReads,
+    plan: EpochPlan,
+    positions: np.ndarray,
+    emitted: set[int],
+    docs: bool,
+) -> WindowData:
+    """A window whose samples are at epoch ``positions`` (emitted order) with only the
+    ``emitted`` ones read, each alone (one ranged read, verified); only those may be
+    copied from it.
+
+    For rows that hold few of a window not read yet (the first batch of an iteration): a
+    window is ~1,000 samples, often from a hundred shards, and the first batch needs 8.
+    """
+    order = sorted(emitted)
+    pieces_read = []
+    for i in order:
+        p = int(positions[i])
+        [(shard, k, _)] = plan.pieces(p, p + 1)
+        pieces_read.append((shard, k, k + 1))
+    parts = reads.read(pieces_read, docs=docs)
+    size = len(positions)
+    base_of, first = [-1] * size, [0] * size
+    pieces: list[tuple[int, ...]] = [()] * size if docs else []
+    bases, bad = [], {}
+    for j, (i, part) in enumerate(zip(order, parts, strict=True)):
+        base_of[i] = j
+        if docs:
+            bases.append(part.tokens.views()[0])
+            pieces[i] = part.doc_lens[0]
+        else:
+            bases.append(part.tokens.base)
+            first[i] = int(part.tokens.first[0])
+        if part.bad:
+            bad[i] = part.bad[0]
+    return WindowData(bases, base_of, first, pieces, bad=bad)
 
 
 def emitted_bad(reads: list[PieceRead], order: np.ndarray) -> dict[int, BadSample]:

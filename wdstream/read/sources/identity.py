@@ -50,7 +50,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import StateMismatchError
-from wdstream.format.index import DatasetIndex, ShardEntry
+from wdstream.format.index import DatasetIndex, ShardEntry, ShardTable
 from wdstream.words import count
 
 __all__ = [
@@ -80,8 +80,11 @@ _HEX = re.compile(r"[0-9a-f]*")
 _SHOW = 60  # characters of a value quoted in a message
 
 
-def _shard_digest(record: str) -> int:
-    return int.from_bytes(hashlib.blake2b(record.encode(), digest_size=8).digest(), "little")
+def _shard_digests(records: Iterable[str]) -> np.ndarray:
+    """One 64-bit digest per record: the first 8 bytes of its BLAKE2b, little-endian."""
+    blake2b = hashlib.blake2b
+    joined = b"".join(blake2b(r.encode(), digest_size=8).digest() for r in records)
+    return np.frombuffer(joined, dtype="<u8").astype(np.uint64)
 
 
 def _hex(value: int, digits: int) -> str:
@@ -112,14 +115,15 @@ class DatasetIdentity:
     Attributes:
         keys: the value of every key of :data:`KEYS` (None where the kind has none).
         digests: uint64, one per shard (or file), in order.
-        old: what states saved before content identity hashed to name this opening (the
-            shards' names and sha256 of a root, else the URLs with counts or sizes).
+        old: makes what states saved before content identity hashed to name this opening
+            (the shards' names and sha256 of a root, else the URLs with counts or sizes):
+            made only where such a state is checked.
         unit: what one digest stands for, in messages ("shard", raw text's "file").
     """
 
     keys: dict[str, Any]
     digests: np.ndarray
-    old: list[list[Any]]
+    old: Callable[[], list[list[Any]]]
     unit: str = "shard"
 
     @cached_property
@@ -143,7 +147,7 @@ class DatasetIdentity:
     def legacy(self) -> str:
         """How a state saved before content identity names this opening: 16 hex of SHA-256
         over ``repr`` of :attr:`old` (made only to check such a state)."""
-        return hashlib.sha256(repr(self.old).encode()).hexdigest()[:16]
+        return hashlib.sha256(repr(self.old()).encode()).hexdigest()[:16]
 
     def state(self) -> dict[str, Any]:
         """What a state saves as ``dataset`` (a fresh dict: the caller may change it)."""
@@ -317,7 +321,7 @@ def _quote(value: Any) -> str:
 
 
 def indexed_identity(
-    index: DatasetIndex, entries: Sequence[ShardEntry], old: list[list[Any]]
+    index: DatasetIndex, entries: Sequence[ShardEntry], old: Callable[[], list[list[Any]]]
 ) -> DatasetIdentity:
     """The identity of the shards ``entries`` of ``index`` (a root, or shards opened by URL
     beside their index.json: the same shards give the same identity either way)."""
@@ -326,30 +330,34 @@ def indexed_identity(
             "pad_id": index.pad_id, "dtype": index.dtype, "mode": index.mode,
             "seq_len": index.seq_len, "sample_tokens": index.sample_tokens,
             "loss_mask": index.loss_mask}  # fmt: skip
-    digests = [
-        _shard_digest(f"{e.samples}|{e.tokens}|{e.sha256}|{e.sidecar_sha256}") for e in entries
-    ]
-    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), old)
+    fields = ("samples", "tokens", "sha256", "sidecar_sha256")
+    columns = (
+        [entries.column(f) for f in fields]  # index.json's table: no entry made
+        if isinstance(entries, ShardTable)
+        else [[getattr(e, f) for e in entries] for f in fields]
+    )
+    digests = _shard_digests(map("{}|{}|{}|{}".format, *columns))
+    return DatasetIdentity(keys, digests, old)
 
 
 def shards_identity(
     mode: str,
     sample_tokens: int | None,
     records: Sequence[tuple[int, int, str]],
-    old: list[list[Any]],
+    old: Callable[[], list[list[Any]]],
 ) -> DatasetIdentity:
     """The identity of shards read without an index: ``mode`` and ``sample_tokens`` as
     inferred, per shard ``(samples, tokens, sha256 of its sidecar, or of the tar without one)``."""
     keys = dict.fromkeys(KEYS) | {"kind": "shards", "mode": mode, "sample_tokens": sample_tokens}
-    digests = [_shard_digest(f"{s}|{t}|{sha}") for s, t, sha in records]
-    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), old)
+    digests = _shard_digests(f"{s}|{t}|{sha}" for s, t, sha in records)
+    return DatasetIdentity(keys, digests, old)
 
 
 def text_identity(files: Sequence[tuple[str, int]], old: list[list[Any]]) -> DatasetIdentity:
     """The identity of raw text files: per file ``(name without its folder, size)``."""
     keys = dict.fromkeys(KEYS) | {"kind": "text"}
-    digests = [_shard_digest(f"{name}|{size}") for name, size in files]
-    return DatasetIdentity(keys, np.array(digests, dtype=np.uint64), old, "file")
+    digests = _shard_digests(f"{name}|{size}" for name, size in files)
+    return DatasetIdentity(keys, digests, lambda: old, "file")
 
 
 def packed_identity(
@@ -364,11 +372,12 @@ def packed_identity(
     ``index`` when it has one (opened by root or beside it), else the shards' ``records``
     (samples, tokens, sidecar sha256) and inferred ``mode``; what old states hashed from the
     root's index (opened by root: ``records`` None) or from the shard URLs and counts."""
-    old: list[list[Any]]
-    if records is None:
-        old = [[s.name, s.sha256] for s in entries or ()]
-    else:
-        old = [[f"{r}/{n}", a, b] for (r, n), (a, b, _) in zip(urls, records, strict=True)]
+
+    def old() -> list[list[Any]]:
+        if records is None:
+            return [[s.name, s.sha256] for s in entries or ()]
+        return [[f"{r}/{n}", a, b] for (r, n), (a, b, _) in zip(urls, records, strict=True)]
+
     if index is not None and entries is not None:
         return indexed_identity(index, entries, old)
     assert records is not None

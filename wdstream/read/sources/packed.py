@@ -87,17 +87,18 @@ class ShardSource:
         self._layouts = KeptLayouts(_SIDECAR_CACHE)
         self._lock = threading.Lock()
         self.index: DatasetIndex | None = None
-        self._entries: list[ShardEntry] | None = None  # each shard's entry in self.index
+        self._entries: Sequence[ShardEntry] | None = None  # each shard's entry in self.index
         # Opened by URL: per shard (samples, tokens, sha256 of its sidecar), for the identity.
         self._records: list[tuple[int, int, str]] | None = None
         if isinstance(source, str) and is_dataset_root(source):
             store = self._store(source)
             self.index = read_index(store)
-            self._entries = list(self.index.shards)
-            self.urls = [(source, s.name) for s in self.index.shards]
-            self.sidecar_names = [s.sidecar for s in self.index.shards]
-            self.samples = np.array([s.samples for s in self.index.shards], dtype=np.int64)
-            self.tokens = np.array([s.tokens for s in self.index.shards], dtype=np.int64)
+            # Columns, not entries: an entry is made where a shard is read (ShardTable).
+            self._entries = self.index.shards
+            self.urls = [(source, name) for name in self.index.column("name")]
+            self.sidecar_names = self.index.column("sidecar")
+            self.samples = np.array(self.index.column("samples"), dtype=np.int64)
+            self.tokens = np.array(self.index.column("tokens"), dtype=np.int64)
             self.mode = self.index.mode
             self.sample_tokens = self.index.sample_tokens
         else:

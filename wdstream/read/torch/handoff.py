@@ -100,12 +100,12 @@ class WorkerHandoff:
     ) -> None:
         size = _BASE_BYTES + _CURSOR_BYTES * streams + (_SCHEDULE_BYTES if schedule else 0)
         self.blob = torch.zeros(size, dtype=torch.uint8).share_memory_()
+        # Made in shared memory (share_memory_ would copy a private buffer there: the
+        # ring is MBs, ~5 ms before the first batch); a slot's pages are touched when filled.
         shape = (workers, slots, rows)
-        tokens = torch.empty((*shape, seq_len + 1), dtype=torch.int32).share_memory_()
+        tokens = new_buffer((*shape, seq_len + 1), torch.int32, shared=True)
         positions = (
-            torch.empty((*shape, seq_len), dtype=torch.int32).share_memory_()
-            if doc_boundaries
-            else None
+            new_buffer((*shape, seq_len), torch.int32, shared=True) if doc_boundaries else None
         )
         self.ring = (tokens, positions)
 

@@ -1,0 +1,202 @@
+"""The shard list of ``index.json`` checked a column at a time: the fast path of validation.
+
+An index lists every shard (100,000 of them is an ordinary dataset), and the rules of
+:mod:`wdstream.format.index_rules` and :mod:`wdstream.format.index_checks` test one shard
+at a time through a Python call per key and rule: tens of µs a shard, most of the time it
+took to open a many-shard dataset. Here each key of the list is gathered into one column
+and tested with a few whole-column operations in C (one regular expression over the names
+joined by newlines, ``bytes.fromhex`` over the joined hashes, ``set(map(type, ...))``,
+numpy comparisons of the counts), about 1 µs a shard::
+
+    names   "data-000000.tar\\ndata-000001.tar\\n..."  one regex match; the packer's
+            order: equal to "%s-%06d.tar\\n" % (prefix, i) joined; sidecars: the same with .idx
+    counts  int64 arrays: bytes >= headers + data, tokens == samples x sample_tokens, ...
+
+This path only *accepts*: every test here is as strict as the rule it stands for or
+stricter, so whatever it accepts the per-shard rules accept too. Whatever it does not
+accept (a broken index, or an unusual valid one: non-ASCII names, other tools' names)
+goes through the per-shard rules, which find the first problem and word it; so every
+message is the rules' own, whichever path ran (``tests/test_index_columns.py`` checks
+that both paths agree on edited indexes).
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from wdstream.format.index_rules import _SHARD, MAX_COUNT, MAX_NAME_BYTES
+from wdstream.format.sample import DTYPES
+from wdstream.format.tar import BLOCK
+
+__all__ = ["ShardColumns", "shard_columns"]
+
+_NAMES = ("name", "sidecar", "provenance")
+_COUNTS = ("samples", "tokens", "documents", "bytes")
+_HASHES = ("sha256", "sidecar_sha256", "provenance_sha256")
+_OPTIONAL = ("provenance", "provenance_sha256")
+_REQUIRED = tuple(k for k in (*_NAMES, *_COUNTS, *_HASHES) if k not in _OPTIONAL)
+# The keys _SHARD has rules for: a key added there must be checked here too.
+assert {r.key for r in _SHARD if r.required} == set(_REQUIRED)
+assert {r.key for r in _SHARD if not r.required} == set(_OPTIONAL)
+_SUFFIX = {"name": ".tar", "sidecar": ".idx", "provenance": ".prov"}
+_LEAST = {"samples": 1, "tokens": 0, "documents": 0, "bytes": 2 * BLOCK}
+# index_rules' _PLAIN_NAME with its end \Z a newline (no part "." or ".."), ending in the
+# key's suffix; its length and character class are checked by max(len) and the parts.
+_JOINED = {
+    key: re.compile(
+        rf"(?:(?:(?!\.\.?/)[\w.+=-]+/)*(?!\.\.?\n)[\w.+=-]+(?<={re.escape(suffix)})\n)*",
+        re.ASCII,
+    )
+    for key, suffix in _SUFFIX.items()
+}
+
+_FIRST_PACKED = re.compile(r"(.+)-000000\.tar")  # the packer's first name, NAME-000000.tar
+
+
+@dataclass(frozen=True)
+class ShardColumns:
+    """Every shard's values, one column per key, as accepted by :func:`shard_columns`.
+
+    Attributes:
+        names, sidecars: the shards' ``name`` and ``sidecar`` values in order.
+        joined: per name key (``name``, ``sidecar``, ``provenance``), its values each
+            followed by a newline ("" for an optional key no shard has).
+        counts: ``samples``, ``tokens``, ``documents``, ``bytes``: int64 arrays.
+        present: per optional key (``provenance``, ``provenance_sha256``), how many
+            shards hold it.
+        known_keys_only: no shard holds a key the format does not know.
+    """
+
+    names: list[str]
+    sidecars: list[str]
+    joined: dict[str, str]
+    counts: dict[str, np.ndarray]
+    present: dict[str, int]
+    known_keys_only: bool
+
+    def names_unique(self) -> bool:
+        """No name or sidecar listed twice (a name ends in .tar, a sidecar in .idx)."""
+        n = len(self.names)
+        return len(set(self.names)) == n and len(set(self.sidecars)) == n
+
+    def in_pack_order(self) -> bool:
+        """Every shard named ``NAME-{i:06d}.tar`` (sidecar ``.idx``), ``i`` its position:
+        the packer's names, all of which the per-shard rule accepts."""
+        first = _FIRST_PACKED.fullmatch(self.names[0])
+        if first is None:
+            return False
+        form = first[1].replace("%", "%%") + "-%06d.tar\n"
+        tars = "".join(map(form.__mod__, range(len(self.names))))
+        return tars == self.joined["name"] and self._renamed(".idx") == self.joined["sidecar"]
+
+    def provenance_everywhere(self) -> bool:
+        """No shard has both provenance keys, or every shard has both, each table named
+        after its shard."""
+        if 0 in self.present.values():
+            return True
+        return (
+            set(self.present.values()) == {len(self.names)}
+            and self._renamed(".prov") == self.joined["provenance"]
+        )
+
+    def _renamed(self, suffix: str) -> str:
+        """The joined names with ``.tar`` replaced by ``suffix`` (newlines end names only)."""
+        return self.joined["name"].replace(".tar\n", suffix + "\n")
+
+    def counts_fit(self, mode: str, sample_tokens: int | None, dtype: str) -> bool:
+        """Each shard's bytes hold its samples and tokens, documents fit, tokens fit the
+        mode's sample length, and the dataset's totals stay below 2**48."""
+        c = self.counts
+        samples, tokens, documents = c["samples"], c["tokens"], c["documents"]
+        data = np.maximum(BLOCK * samples, DTYPES[dtype].itemsize * tokens)
+        if not np.all(c["bytes"] >= 2 * BLOCK + BLOCK * samples + data):
+            return False
+        if not np.all(documents <= tokens) or (mode == "docs" and (documents != samples).any()):
+            return False
+        if mode in ("concat", "bestfit"):
+            st = int(sample_tokens or 0)
+            if st < 1 or int(samples.max()) > (2**62) // st:
+                return False  # samples x sample_tokens could pass int64: the rule decides
+            full = samples * st
+            whole = tokens == full
+            if mode == "concat":  # the last sample may be short
+                whole[-1] |= full[-1] - st < tokens[-1] < full[-1]
+            if not whole.all():
+                return False
+        # Python's sum: exact however many shards (int64 could wrap past 2**15 of 2**48).
+        return all(sum(c[key].tolist()) < MAX_COUNT for key in ("samples", "tokens", "documents"))
+
+    def documents_total(self) -> int:
+        """The sum of the shards' documents."""
+        return int(sum(self.counts["documents"].tolist()))
+
+
+def shard_columns(shards: list[Any]) -> ShardColumns | None:
+    """The shard list's columns when every key of every shard passes its rule on the fast
+    path (see the module docstring); None when the per-shard rules must decide.
+
+    ``shards``: a non-empty list of dicts (the top-level rules check that first).
+    """
+    n = len(shards)
+    try:
+        columns = {key: [s[key] for s in shards] for key in _REQUIRED}
+    except KeyError:
+        return None  # a required key missing: the rules name it
+    present = {k: sum(map(operator.contains, shards, repeat(k))) for k in _OPTIONAL}
+    # An optional key's rule checks the shards that hold it.
+    columns |= {k: [s[k] for s in shards if k in s] if present[k] else [] for k in _OPTIONAL}
+    joined = {}
+    for key in _NAMES:
+        text = _joined_names(columns[key], key)
+        if text is None:
+            return None
+        joined[key] = text
+    if not all(_hashes(columns[k]) for k in _HASHES):
+        return None
+    counts = {}
+    for key in _COUNTS:
+        column = columns[key]
+        if set(map(type, column)) != {int}:  # type(): True is not an integer here
+            return None
+        if not (_LEAST[key] <= min(column) and max(column) < MAX_COUNT):
+            return None
+        counts[key] = np.array(column, dtype=np.int64)
+    if (counts["bytes"] % BLOCK).any():
+        return None  # not a tar's size
+    known = sum(map(len, shards)) == n * len(_REQUIRED) + sum(present.values())
+    return ShardColumns(columns["name"], columns["sidecar"], joined, counts, present, known)
+
+
+def _joined_names(names: list[Any], key: str) -> str | None:
+    """The names each followed by a newline, when every one is a plain name of at most
+    255 characters ending in the key's suffix; else None."""
+    if not names:
+        return ""
+    try:
+        joined = "\n".join(names) + "\n"
+    except TypeError:
+        return None  # not all strings
+    if joined.count("\n") != len(names) or max(map(len, names)) > MAX_NAME_BYTES:
+        return None  # a newline inside a name, or too long
+    return joined if _JOINED[key].fullmatch(joined) else None
+
+
+def _hashes(hashes: list[Any]) -> bool:
+    """Every value 64 lowercase hex digits: ``fromhex`` reads 32 bytes from each 64
+    characters only when every character is a hex digit (it would skip whitespace)."""
+    if not hashes:
+        return True
+    if set(map(type, hashes)) != {str} or set(map(len, hashes)) != {64}:
+        return False
+    joined = "".join(hashes)
+    try:
+        whole = len(bytes.fromhex(joined)) == 32 * len(hashes)
+    except ValueError:
+        return False
+    return whole and joined.lower() == joined
