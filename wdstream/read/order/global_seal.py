@@ -66,8 +66,7 @@ def check_seal(state: dict[str, Any]) -> None:
     n = len(seal(state, SEALED[:1]))
     covered = len(tags) // n - len(SEALED) if isinstance(tags, str) else -1
     if not isinstance(tags, str) or len(tags) % n or not 0 <= covered <= len(counted):
-        want = n * len(fields)
-        raise mismatch(SEAL_KEY, tags, f"a string of {want} hex digits expected")
+        raise mismatch(SEAL_KEY, tags, f"a string of {n * len(fields)} hex digits expected")
     keys = SEALED + tuple(counted[:covered])
     want = seal(state, keys)
     bad = [k for i, k in enumerate(keys) if tags[i * n : (i + 1) * n] != want[i * n : (i + 1) * n]]
