@@ -139,7 +139,9 @@ def test_another_seq_len_is_refused(root: Path) -> None:
 
 
 def test_concat_dataset_keeps_plain_targets(tmp_path: Path) -> None:
-    assert row_labels(None, 10, None) is None
+    # Without an index the targets stay plain (no padding, no document ends are known);
+    # only a loss bit, which no vocabulary's ids reach, is split off (tests/test_masked_read).
+    assert row_labels(None, 10, None) == RowLabels(None, None, None, False, loss_mask=True)
     src = tmp_path / "a.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_corpus(10)))
     idx = wdstream.pack([str(src)], str(tmp_path / "o"), seq_len=31, workers=0).index
