@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,25 +45,10 @@ CHATML = (
 )
 
 # The same text, with {% generation %} around each assistant turn's content and end token:
-# the span wdstream's default rule supervises, so transformers' mask must equal ours.
-CHATML_GENERATION = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{%- generation -%}"
-    "{{- message['content'] -}}"
-    "{%- if message.tool_calls is defined -%}"
-    "{{- '<tool_call>' + message.tool_calls | tojson + '</tool_call>' -}}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>' -}}"
-    "{%- endgeneration -%}"
-    "{{- '\\n' -}}"
-    "{%- else -%}"
-    "{{- message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
+# the span wdstream's default rule supervises, so transformers' mask must equal ours. One
+# definition, the bench's (its chat part times the same template against transformers).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from benchlib.chat_corpus import CHATML_GENERATION  # noqa: E402
 
 # Llama 3 style: BOS, header tokens, trimmed content, <|eot_id|>.
 LLAMA3 = (
