@@ -120,12 +120,20 @@ class RowLabels:
         """bool ``[B, S]`` padding of ``rows``, or None for datasets without padding."""
         return None if self.pad_id is None else padding_mask(rows, self.pad_id)
 
-    def masked(self, rows: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor | None:
-        """bool ``[B, S-1]``: the targets to set to -100 (None: none)."""
+    def masked(
+        self,
+        rows: torch.Tensor,
+        padding: torch.Tensor | None,
+        no_loss: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """bool ``[B, S-1]``: the targets to set to -100 (None: none): padding, document
+        ends if chosen, and tokens ``no_loss`` marks (:meth:`split`, ``[B, S]``)."""
         mask = padding[:, 1:] if padding is not None else None
         if self.mask_doc_ends and self.eos_id is not None:
             ends = doc_end_mask(rows, self.eos_id, self.bos_id)
             mask = ends if mask is None else mask | ends
+        if no_loss is not None:
+            mask = no_loss[:, 1:] if mask is None else mask | no_loss[:, 1:]
         return mask
 
 
@@ -180,9 +188,7 @@ def labelled_rows(rows: torch.Tensor, labels: RowLabels | None) -> dict[str, tor
     out = {"input_ids": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous()}
     if labels is None:
         return out
-    masked = labels.masked(rows, labels.padding(rows))
-    if no_loss is not None:
-        masked = no_loss[:, 1:] if masked is None else masked | no_loss[:, 1:]
+    masked = labels.masked(rows, labels.padding(rows), no_loss)
     if masked is not None:
         out["labels"].masked_fill_(masked, IGNORE_INDEX)
     return out

@@ -279,10 +279,9 @@ def chunk_to_batches(
         rows = tokens[part]
         batch = {"input_ids": all_ids[part], "labels": all_targets[part]}
         padding = labels.padding(rows) if labels is not None else None
-        masked = labels.masked(rows, padding) if labels is not None else None
-        if no_loss is not None:
-            targets = no_loss[part, 1:]
-            masked = targets if masked is None else masked | targets
+        masked = None
+        if labels is not None:
+            masked = labels.masked(rows, padding, None if no_loss is None else no_loss[part])
         if masked is not None:
             batch["labels"].masked_fill_(masked, IGNORE_INDEX)
         if positions is not None:
