@@ -71,9 +71,10 @@ class RowReader(Protocol):
     empty: int
     bad: int
     input_bytes: int
-    documents: int
 
     def document_of(self, obj: Any, path: str, lineno: int) -> Any: ...
+
+    def counted(self, doc: Any, pos: InputPosition) -> Iterator[tuple[Any, InputPosition]]: ...
 
 
 def arrow_documents(
@@ -115,11 +116,7 @@ def _row_documents(
         doc = reader.document_of(obj, name, row + 1)
         if doc is None:
             continue
-        if len(doc):
-            reader.documents += 1
-            yield doc, pos
-        else:
-            reader.empty += 1
+        yield from reader.counted(doc, pos)
 
 
 def _columns(names: list[str], reader: RowReader) -> list[str] | None:

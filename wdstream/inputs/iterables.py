@@ -72,11 +72,7 @@ class RecordReader(DocumentReader):
                 continue
             if isinstance(doc, str):
                 self.input_bytes += len(doc) if doc.isascii() else len(doc.encode("utf-8"))
-            if len(doc):
-                self.documents += 1
-                yield doc, pos
-            else:
-                self.empty += 1
+            yield from self.counted(doc, pos)
         if not self.documents and self.bad and self.start is None:
             raise InputError(self._nothing_left())
 

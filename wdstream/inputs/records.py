@@ -167,6 +167,15 @@ class DocumentReader:
         if len(self.bad_locations) < _MAX_LOCATIONS:
             self.bad_locations.append(f"{where}: {why}")
 
+    def counted(self, doc: Any, pos: InputPosition) -> Iterator[tuple[Any, InputPosition]]:
+        """``(doc, pos)`` when the document holds anything (a document), else nothing (an
+        empty one): the one place either is counted, whatever the input kind."""
+        if len(doc):
+            self.documents += 1
+            yield doc, pos
+        else:
+            self.empty += 1
+
     def long_record(self, where: str, line: LongLine | int) -> None:
         """A record over :attr:`max_record_bytes` at ``where`` (``path:line``): raised as an
         InputError saying what to do, or (``on_error="skip"``) counted as a bad record."""
@@ -317,12 +326,7 @@ class DocumentReader:
             self.long_record(f"{name}:1", data)
             return
         self.input_bytes += len(data)
-        text = self.decode_bytes(data, name, 0)
-        if text:
-            self.documents += 1
-            yield text, pos
-        else:
-            self.empty += 1
+        yield from self.counted(self.decode_bytes(data, name, 0), pos)
 
     def _read_lines(
         self, i: int, fh: IO[bytes], name: str, info: InputFile, resume: InputPosition | None
@@ -378,8 +382,4 @@ class DocumentReader:
                 text = self.text_of(line, name, record)
                 if text is None:
                     continue
-            if len(text):
-                self.documents += 1
-                yield text, pos
-            else:
-                self.empty += 1
+            yield from self.counted(text, pos)
