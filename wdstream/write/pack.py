@@ -264,8 +264,6 @@ def pack(
         TokenizerError: the tokenizer cannot be loaded.
     """
     t0 = time.perf_counter()
-    if isinstance(inputs, str):
-        inputs = [inputs]
     if mode is None:
         mode = "bestfit" if chat else "concat"
     if mode not in MODES:  # a bad mode is reported before a bad engine
