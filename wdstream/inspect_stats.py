@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.format.index import DatasetIndex
-from wdstream.format.loss import NO_LOSS_BIT
+from wdstream.format.loss import carries_loss
 from wdstream.read.sources.shards import iter_samples, read_index
 from wdstream.storage import Store, open_store
 
@@ -65,7 +65,7 @@ def scan_dataset(root: str | Store) -> DatasetScan:
     cut = 0
     for _, _, smp in iter_samples(store, index):
         if index.loss_mask is not None:
-            supervised += int(np.count_nonzero(smp.tokens < NO_LOSS_BIT))
+            supervised += int(np.count_nonzero(carries_loss(smp.tokens)))
         if bestfit:  # the last piece of a best-fit row is its padding
             pads.append(smp.doc_lens[-1])
         for j, n in enumerate(index.document_pieces(smp.doc_lens)):

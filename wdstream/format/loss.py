@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ID_BITS", "LOSS_MASK_KIND", "NO_LOSS_BIT", "mark_no_loss", "split_ids"]
+__all__ = ["ID_BITS", "LOSS_MASK_KIND", "NO_LOSS_BIT", "carries_loss", "mark_no_loss", "split_ids"]
 
 LOSS_MASK_KIND = "bit31"  # the value of index.json's "loss_mask"
 NO_LOSS_BIT = 1 << 31
@@ -40,6 +40,11 @@ def mark_no_loss(ids: np.ndarray, supervised: np.ndarray) -> np.ndarray:
     out = ids.astype(np.uint32)
     out[~np.asarray(supervised, dtype=bool)] |= np.uint32(NO_LOSS_BIT)
     return out
+
+
+def carries_loss(stored: np.ndarray) -> np.ndarray:
+    """bool per token of stored (uint32) ids: True where it carries loss (bit 31 clear)."""
+    return stored < NO_LOSS_BIT
 
 
 def split_ids(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

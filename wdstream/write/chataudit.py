@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.chat.conversations import ROLES
-from wdstream.format.loss import NO_LOSS_BIT
+from wdstream.format.loss import carries_loss
 
 __all__ = ["ADDED_TAG", "PROBLEM_KINDS", "ChatAudit"]
 
@@ -70,7 +70,7 @@ class ChatAudit:
         """Count one packed conversation: its stored tokens, their tags (role, or
         :data:`ADDED_TAG`) and its note (``{"problems": [[kind, message, detail], ...]}``
         or None), found at ``where`` (``file:line``)."""
-        supervised = stored < NO_LOSS_BIT
+        supervised = carries_loss(stored)
         self._counts[:, 0] += np.bincount(tags, minlength=_TAGS)
         self._counts[:, 1] += np.bincount(tags[supervised], minlength=_TAGS)
         for kind, message, detail in (note or {}).get("problems", ()):

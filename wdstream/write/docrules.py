@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import InputError
-from wdstream.format.loss import NO_LOSS_BIT
+from wdstream.format.loss import carries_loss
 from wdstream.inputs import InputPosition
 from wdstream.write.chataudit import ADDED_TAG, ChatAudit
 from wdstream.write.encoders import EncodedBatch
@@ -119,7 +119,7 @@ class DocumentRules:
             doc, tags = kept
             kept_pos.append(before)
             if self.masked:
-                self.supervised += int(np.count_nonzero(doc < NO_LOSS_BIT))
+                self.supervised += int(np.count_nonzero(carries_loss(doc)))
             if self.audit is not None:
                 assert tags is not None, "an audited pack's encoder tags every token"
                 self.audit.add(doc, tags, note, self._where(pos))
@@ -155,7 +155,7 @@ class DocumentRules:
                 tags = np.concatenate([tags[: S - 1], np.array([ADDED_TAG], dtype=tags.dtype)])
             self.long_truncated += 1
             cut = True
-        if self.masked and not self.allow_unsupervised and not (doc < NO_LOSS_BIT).any():
+        if self.masked and not self.allow_unsupervised and not carries_loss(doc).any():
             where = self._where(pos)
             if self.on_error == "raise":
                 raise InputError(
