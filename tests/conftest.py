@@ -21,9 +21,8 @@ from hypothesis import settings
 settings.register_profile("wdstream", deadline=None, derandomize=True)
 settings.load_profile("wdstream")
 
-# ``python -m pytest -n auto --dist loadgroup`` runs the files on all cores (pytest-xdist;
-# the README's command, what CI runs, stays serial: under xdist a Ray test once took its
-# worker down and the scheduler then waited for ever). A file runs whole on one worker (its module fixtures, such as a
+# The README's test command runs the files on all cores (pytest-xdist, ``-n auto --dist
+# loadgroup`` in setup.cfg). A file runs whole on one worker (its module fixtures, such as a
 # server, start once); the Ray files run one after another on one worker, as two Ray
 # clusters started at once on a 2-core machine starve each other's raylets.
 _RAY_FILES = frozenset(
