@@ -259,10 +259,6 @@ class _Driver:
         except Exception:
             self._finish_queued()
             raise
-        except BaseException:
-            for ref, _ in self.pending.values():
-                ray.cancel(ref)
-            raise
         finally:
             bar.close()
         problems = [p for p in _get(checks) if p is not None]
@@ -282,8 +278,18 @@ class _Driver:
         try:
             self._commit(wait_all=True)
         except Exception:  # the error being raised is the one to report
-            for ref, _ in self.pending.values():
-                ray.cancel(ref)
+            self._settle_pending()
+
+    def _settle_pending(self) -> None:
+        """Wait until every shard task still out has ended, its result or error dropped.
+
+        Not ``ray.cancel``: a cancel racing a task's reply aborts the driver process
+        (Ray 2.60, ``task_manager.cc`` "Tried to complete task that was not pending",
+        ray-project/ray#54846), and a shard task is short and writes atomically, so
+        letting it end costs seconds and leaves nothing half-written."""
+        refs = [ref for ref, _ in self.pending.values()]
+        if refs:
+            ray.wait(refs, num_returns=len(refs))
 
     def _lay_out(self, i: int, docs_ref: Any, tokens_ref: Any, bar: Progress, at: int) -> int:
         """Place piece ``i``'s documents and pack them; return its source bytes (progress)."""
