@@ -169,3 +169,35 @@ def test_encoded_size_is_the_encoding_length(pieces: list[int], dtype: str, cont
 @pytest.mark.parametrize("name", ["000000000007.mp", "d/" * 60 + "x.mp"])
 def test_member_size_is_the_member_length(name: str, size: int) -> None:
     assert member_size(name, size) == len(member_bytes(name, b"x" * size))
+
+
+def test_kept_layouts_first_few_samples_then_whole_shard() -> None:
+    """A read of a few samples of a shard not searched yet searches only them (a fresh
+    loader's first batch); a later larger read searches the shard whole. Every read's
+    tokens equal the samples' full decode, whatever order the reads come in."""
+    from wdstream.format.sidecar import ShardSidecar
+    from wdstream.read.sources.layouts import KeptLayouts
+
+    data, offsets, sizes, arrays = _pack_many([5 + i % 9 for i in range(40)], "<u4", align=512)
+    sidecar = ShardSidecar(
+        offsets=np.array(offsets, dtype=np.uint64),
+        sizes=np.array(sizes, dtype=np.uint32),
+        tokens=np.array([len(a) for a in arrays], dtype=np.uint32),
+    )
+    kept = KeptLayouts(limit=4)
+    mapped: list[int] = []
+
+    def whole(end: int) -> memoryview:
+        mapped.append(end)
+        return memoryview(data)[:end]
+
+    for a, b in [(3, 5), (30, 33), (0, 40), (10, 12)]:
+        begin = offsets[a] - 7  # a read starts before its first sample
+        spans = kept.of_local(0, sidecar, a, b, begin, whole)
+        assert spans is not None
+        got = LocatedTokens.in_buffer(memoryview(data)[begin:], spans).views()
+        for view, want in zip(got, arrays[a:b], strict=True):
+            assert np.array_equal(view, want)
+    # The two small reads mapped only up to their last sample; the large one the whole shard,
+    # after which the small read is served from the kept layout (nothing mapped).
+    assert mapped == [offsets[4] + sizes[4], offsets[32] + sizes[32], len(data)]
