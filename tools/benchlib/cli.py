@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    before,
     bestfit,
     chat,
     memory,
@@ -65,6 +66,7 @@ class Bench:
         self.workers = [0] if args.quick else list(WORKERS)
         self.r: dict[str, Any] = {"args": vars(args)}
         self.t_start = time.perf_counter()
+        self.before_root: str | None = None  # --before: that commit's checkout
 
     def log(self, msg: str) -> None:
         print(f"[{time.perf_counter() - self.t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
@@ -94,8 +96,17 @@ class Bench:
         info = build_corpus(self.work / "corpus", int(mb * 1e6))
         self.r["corpus"] = info
         self.log(f"corpus: {info['docs']} docs, {info['text_bytes'] / 1e6:.1f} MB")
-        for name in self.args.parts:
-            self.r[name] = PARTS[name].measure(self)
+        if self.args.before:
+            self.before_root, self.r["before"] = before.checkout(
+                self.args.before, self.work / "before"
+            )
+            self.log(f"before: wdstream at {self.r['before']} in {self.before_root}")
+        try:
+            for name in self.args.parts:
+                self.r[name] = PARTS[name].measure(self)
+        finally:
+            if self.before_root:
+                before.remove(self.before_root)
         self.r["total_s"] = time.perf_counter() - self.t_start
         return self.r
 
@@ -123,6 +134,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--parts",
         help=f"comma-separated, of {','.join(PARTS)} (default all; quick: all but memory; "
         "'' for none)",
+    )
+    p.add_argument(
+        "--before",
+        metavar="COMMIT",
+        help="also measure wdstream at COMMIT (checked out in the work dir) where a part "
+        "can: read and mixture, rounds interleaved with this commit's",
     )
     p.add_argument("--workdir", help="where corpus and datasets go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp work dir")

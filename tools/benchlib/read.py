@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from benchlib import readers
 from benchlib.common import BATCH, SEQ_LEN, TOKENS_PER_BATCH, WORKERS
-from benchlib.rounds import first_error, interleave, ratio_spread, value_spread
+from benchlib.rounds import Spread, first_error, interleave, ratio_spread, value_spread
 from benchlib.runner import run_child
 from benchlib.tables import goal, millions, ms, table
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from benchlib.cli import Bench
 
 # name -> (reader, its dataset (a pack tool), loader options, label)
+BEFORE = "wdstream-before"
 READERS: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "memmap": ("memmap", "memmap", {}, "np.memmap random windows (nanoGPT `get_batch`)"),
     "wdstream": ("wdstream", "wdstream:tiktoken", {}, "wdstream `Loader` (CRC32C checks on)"),
@@ -41,6 +42,8 @@ READERS: dict[str, tuple[str, str, dict[str, Any], str]] = {
         "litdata `StreamingDataset` + `TokensLoader` + `StreamingDataLoader`",
     ),
     "webdataset": ("webdataset", "webdataset", {}, "webdataset pipeline, shuffle buffer 1000"),
+    # measured only with --before: the same Loader from that commit's checkout
+    BEFORE: ("wdstream", "wdstream:tiktoken", {}, "wdstream `Loader` (checks on), the code before"),
 }
 BASELINE = "memmap/0"
 PEERS = ("mosaicml", "litdata", "webdataset", "memmap")
@@ -100,7 +103,8 @@ def child_read(
 def measure(b: Bench) -> dict[str, list[dict[str, Any]]]:
     """Every reader at 0 and 2 workers, interleaved over ``repeats`` rounds."""
     a = b.args
-    contenders = [(name, w) for w in WORKERS for name in READERS]
+    names = [n for n in READERS if n != BEFORE or b.before_root]
+    contenders = [(name, w) for w in WORKERS for name in names]
     runs: dict[str, list[dict[str, Any]]] = {f"{n}/{w}": [] for n, w in contenders}
     for rnd, (name, workers) in interleave(contenders, a.repeats):
         reader, dataset, options, _ = READERS[name]
@@ -120,6 +124,7 @@ def measure(b: Bench) -> dict[str, list[dict[str, Any]]]:
                 warmup=a.warmup,
                 min_seconds=a.min_seconds,
                 options=options,
+                code_root=b.before_root if name == BEFORE else None,
             )
         res["round"] = rnd
         runs[key].append(res)
@@ -136,6 +141,8 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
     for workers in WORKERS:
         for name, (reader, _, _, label) in READERS.items():
             x = runs.get(f"{name}/{workers}")
+            if name == BEFORE and x is None:
+                continue
             tps = value_spread(x, "tokens_per_s")
             mem = value_spread(x, "peak_mb")
             first = value_spread(x, "first_batch_s")
@@ -159,6 +166,30 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
     ]
     _notes(runs, notes)
     a = r["args"]
+    starts = []
+    for w in WORKERS:
+        wd, lit = runs.get(f"wdstream/{w}"), runs.get(f"litdata/{w}")
+        starts.append(goal(f"{w} workers", ratio_spread(wd, lit, "first_batch_s"), 1.0, True))
+    changes = []
+    for w in WORKERS:
+        wd, old = runs.get(f"wdstream/{w}"), runs.get(f"{BEFORE}/{w}")
+        t_new, t_old = value_spread(wd, "first_batch_s"), value_spread(old, "first_batch_s")
+        if t_new and t_old:
+            changes.append(
+                f"{w} workers: first batch {ms(t_old.mid):.1f} -> {ms(t_new.mid):.1f} ms "
+                f"(after / before {_fmt(ratio_spread(wd, old, 'first_batch_s'))}), tokens/s "
+                f"after / before {_fmt(ratio_spread(wd, old, 'tokens_per_s'))}"
+            )
+    tail = [
+        "First batch, wdstream's time over LitData's in the same round (issue 26: no slower "
+        "than LitData's): " + "; ".join(starts) + ".",
+        "",
+    ]
+    if changes:
+        tail += [
+            f"Before ({r.get('before')}) and after, same rounds: " + "; ".join(changes) + ".",
+            "",
+        ]
     return [
         "## Read",
         "",
@@ -189,7 +220,12 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         "",
         "Goals (wdstream, checks on, vs the 0-worker memmap run): " + "; ".join(goals) + ".",
         "",
+        *tail,
     ]
+
+
+def _fmt(x: Spread | None) -> str:
+    return x.fmt() if x else "–"
 
 
 def _notes(runs: dict[str, Any], notes: list[str]) -> None:

@@ -95,8 +95,14 @@ class PeakSampler:
         return self.peak_kb / 1024
 
 
-def run_command(cmd: Sequence[str], timeout: float = 300, sample: bool = False) -> dict[str, Any]:
-    """Run ``cmd``; its ``BENCH_RESULT`` line as a dict, or ``{"error": ...}``.
+def run_command(
+    cmd: Sequence[str],
+    timeout: float = 300,
+    sample: bool = False,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``cmd`` (in ``env``, default this process's); its ``BENCH_RESULT`` line as a
+    dict, or ``{"error": ...}``.
 
     Adds ``wall_s``, and with ``sample`` the tree's ``peak_mb`` and ``mem_kind``. The child
     runs in its own session (process group), so a timeout kills its workers and servers too;
@@ -110,6 +116,7 @@ def run_command(cmd: Sequence[str], timeout: float = 300, sample: bool = False) 
         stderr=errfile,
         text=True,
         cwd=ROOT,
+        env=env,
         start_new_session=True,
     )
     sampler = PeakSampler(proc.pid) if sample else contextlib.nullcontext()
@@ -138,13 +145,25 @@ def run_command(cmd: Sequence[str], timeout: float = 300, sample: bool = False) 
 
 
 def run_child(
-    kind: str, timeout: float = 300, sample: bool = False, **kwargs: Any
+    kind: str,
+    timeout: float = 300,
+    sample: bool = False,
+    code_root: str | None = None,
+    **kwargs: Any,
 ) -> dict[str, Any]:
-    """Run the measurement ``CHILDREN[kind](**kwargs)`` in a child process."""
+    """Run the measurement ``CHILDREN[kind](**kwargs)`` in a child process.
+
+    With ``code_root`` (a checkout of another commit, :mod:`benchlib.before`) the child
+    imports ``wdstream`` from there: ``PYTHONPATH`` comes before the installed package.
+    """
     if kind not in CHILDREN:
         raise ValueError(f"unknown child kind {kind!r}, expected one of {sorted(CHILDREN)}")
     cmd = [sys.executable, str(BENCH_PY), "--child", json.dumps([kind, kwargs])]
-    return run_command(cmd, timeout=timeout, sample=sample)
+    env = None
+    if code_root is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (code_root, os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+    return run_command(cmd, timeout=timeout, sample=sample, env=env)
 
 
 def child_main(spec: str) -> None:
