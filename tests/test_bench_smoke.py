@@ -449,7 +449,8 @@ def test_gpu_part_runs_tiny_on_the_cpu_and_fills_its_report(tmp_path: Path) -> N
             assert run["trace"]["steps"] == args.gpu_profile_steps
             assert run["trace"]["h2d_copies"] == 0
     text = "\n".join(gpu.section({"gpu": res, "args": vars(args)}, []))
-    assert "Device: **cpu**" in text and _row(text, "| batches resident")[2] == "baseline"
+    assert "Device: **cpu** (smoke-test run" in text and "Goal" not in text
+    assert _row(text, "| batches resident")[2] == "baseline"
     for w in gpu.WORKERS:
         row = _row(text, f"| `Loader(device=...)`, {w} workers |")
         assert row[-1] == "ok" and row[2].endswith("x") and "no H2D copy in" in row[5]
@@ -461,8 +462,8 @@ def test_gpu_part_without_cuda_says_so_in_the_table(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    res = runner.run_child("gpu", timeout=120, root=str(tmp_path), device="cuda", tiny=False,
-                           workers=[2, 4], steps=300, warmup=30, repeats=3, profile_steps=40)  # fmt: skip
+    kw = {"workers": [2, 4], "steps": 300, "warmup": 30, "repeats": 3, "profile_steps": 40}
+    res = runner.run_child("gpu", timeout=120, root=str(tmp_path), device="cuda", tiny=False, **kw)
     assert res["skipped"] == gpu.NO_CUDA == "skipped: no CUDA device"
     assert set(res) == {"skipped", "wall_s"}  # returns at once: no model, no dataset read
     text = "\n".join(gpu.section({"gpu": res}, []))
