@@ -338,3 +338,135 @@ def test_quick_run_writes_the_given_path_and_not_the_committed_report(tmp_path: 
     for path in (defaults.output, defaults.results):
         assert Path(path).resolve().parent == (ROOT / "out").resolve()
     assert "/out/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+# --------------------------------------------------------------------------------------
+# remote: a real nginx
+
+
+def test_nginx_serves_ranges_of_the_folder_logs_each_get_and_stops(tmp_path: Path) -> None:
+    import requests
+    from benchlib import nginx
+
+    binary = nginx.nginx_binary()
+    if binary is None:
+        pytest.skip("nginx not installed (apt-get install nginx-light)")
+    (tmp_path / "ds").mkdir()
+    blob = np.random.default_rng(0).bytes(300_000)
+    (tmp_path / "ds" / "a.bin").write_bytes(blob)
+    with nginx.Nginx(str(tmp_path / "ds"), binary) as server:
+        part = requests.get(server.url + "a.bin", headers={"Range": "bytes=1000-70999"})
+        missing = requests.get(server.url + "nope.bin")
+        assert part.status_code == 206 and part.content == blob[1000:71000]
+        assert missing.status_code == 404
+        assert server.requests() == {"gets": 2, "others": 0, "errors": 1, "bytes": 70_000 + len(
+            missing.content)}  # fmt: skip
+        assert server.requests()["gets"] == 0  # only the lines since the last call
+        port, proc, tmp = server.port, server.proc, server.tmp
+    assert proc is not None and proc.returncode is not None and not tmp.exists()
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/a.bin", timeout=5)
+
+
+def test_nginx_child_reads_the_dataset_over_http_and_counts_gets(tmp_path: Path) -> None:
+    from benchlib import nginx
+
+    if nginx.nginx_binary() is None:
+        pytest.skip("nginx not installed (apt-get install nginx-light)")
+    from wdstream.testing import write_synthetic_dataset
+
+    root = tmp_path / "ds"
+    write_synthetic_dataset(str(root), doc_lens=[SAMPLE] * 64, sample_tokens=SAMPLE,
+                            samples_per_shard=16)  # fmt: skip
+    res = runner.run_child("nginx", timeout=240, root=str(root), workers=[0, 2], repeats=1,
+                           min_seconds=0.0)  # fmt: skip
+    assert "error" not in res and res["nginx_version"], res
+    token_bytes = 64 * SAMPLE * 4  # uint32 ids: every sample of the epoch crosses HTTP
+    for w in (0, 2):
+        local, http = res[f"local/{w}"][0], res[f"nginx/{w}"][0]
+        assert "error" not in local and "error" not in http, (local, http)
+        assert local["epoch_batches"] == http["epoch_batches"] == 64 // 8
+        assert http["tokens_per_s"] > 0 and http["errors"] == 0
+        assert http["gets"] >= 1 and http["bytes"] >= token_bytes
+    text = "\n".join(nginx.section(res, []))
+    assert _row(text, "| 2 | HTTP nginx |")[-1] == "ok" and "Goal (nginx vs local disk" in text
+    skipped = "\n".join(nginx.section({"skipped": nginx.NOT_INSTALLED}, []))
+    assert _row(skipped, "| 0 | HTTP nginx |")[-1] == "skipped: nginx not installed"
+
+
+# --------------------------------------------------------------------------------------
+# the GPU part
+
+
+def test_trace_summary_measures_copy_time_under_compute_and_its_stream() -> None:
+    from benchlib import gpu_trace
+
+    def ev(cat: str, name: str, ts: float, dur: float, stream: int) -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
+                "args": {"stream": stream}}  # fmt: skip
+
+    trace = {"traceEvents": [
+        ev("kernel", "gemm", 0, 10, 7), ev("kernel", "gelu", 5, 10, 7),  # compute: [0, 15]
+        ev("kernel", "gemm", 30, 10, 7),  # [30, 40]
+        ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 10, 10, 20),  # 5 of 10 under compute
+        ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 35, 10, 20),  # 5 of 10
+        ev("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 0, 50, 7),  # not a host-to-device
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100},
+    ]}  # fmt: skip
+    s = gpu_trace.summarize(trace)
+    assert (s["kernels"], s["kernel_ms"], s["h2d_copies"]) == (3, 0.025, 2)
+    assert (s["h2d_ms"], s["h2d_overlap_ms"], s["h2d_overlap_frac"]) == (0.02, 0.01, 0.5)
+    assert s["copy_streams"] == [20] and s["copies_off_compute_streams"] is True
+    trace["traceEvents"].append(ev("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 60, 4, 7))
+    assert gpu_trace.summarize(trace)["copies_off_compute_streams"] is False  # one on stream 7
+    assert gpu_trace.summarize({"traceEvents": []})["h2d_overlap_frac"] is None
+
+
+def test_gpu_part_runs_tiny_on_the_cpu_and_fills_its_report(tmp_path: Path) -> None:
+    import math
+
+    from benchlib import gpu
+
+    from wdstream.testing import write_synthetic_dataset
+
+    root = tmp_path / "ds"
+    write_synthetic_dataset(str(root), doc_lens=[65] * 96, sample_tokens=65, samples_per_shard=24)
+    args = cli.parse_args(["--gpu", "--gpu-device", "cpu", "--gpu-tiny", "--repeats", "1"])
+    assert "gpu" in args.parts and args.gpu_steps < 20
+    res = runner.run_child("gpu", timeout=300, root=str(root), device="cpu", tiny=True,
+                           workers=list(gpu.WORKERS), steps=args.gpu_steps,
+                           warmup=args.gpu_warmup, repeats=1,
+                           profile_steps=args.gpu_profile_steps)  # fmt: skip
+    assert "error" not in res and res["device"] == "cpu", res
+    assert res["vocab"] == 96 * 65 + 1 and 0 < res["params"] < 2_000_000
+    for name in ("resident", *(f"loader/{w}" for w in gpu.WORKERS)):
+        (run,) = res[name]
+        assert "error" not in run, run
+        assert run["step_s"] > 0 and 0 <= run["wait_ms"] <= run["wait_max_ms"]
+        assert run["wait_frac"] < 1 and run["host_next_ms"] >= 0
+        assert abs(run["loss"] - math.log(res["vocab"])) < 1.5  # about uniform at the start
+        if name != "resident":  # profiled in round 0; a CPU run has no copy to the device
+            assert run["trace"]["steps"] == args.gpu_profile_steps
+            assert run["trace"]["h2d_copies"] == 0
+    text = "\n".join(gpu.section({"gpu": res, "args": vars(args)}, []))
+    assert "Device: **cpu** (smoke-test run" in text and "Goal" not in text
+    assert _row(text, "| batches resident")[2] == "baseline"
+    for w in gpu.WORKERS:
+        row = _row(text, f"| `Loader(device=...)`, {w} workers |")
+        assert row[-1] == "ok" and row[2].endswith("x") and "no H2D copy in" in row[5]
+
+
+def test_gpu_part_without_cuda_says_so_in_the_table(tmp_path: Path) -> None:
+    import torch
+    from benchlib import gpu
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    kw = {"workers": [2, 4], "steps": 300, "warmup": 30, "repeats": 3, "profile_steps": 40}
+    res = runner.run_child("gpu", timeout=120, root=str(tmp_path), device="cuda", tiny=False, **kw)
+    assert res["skipped"] == gpu.NO_CUDA == "skipped: no CUDA device"
+    assert set(res) == {"skipped", "wall_s"}  # returns at once: no model, no dataset read
+    text = "\n".join(gpu.section({"gpu": res}, []))
+    for w in gpu.WORKERS:
+        assert _row(text, f"| `Loader(device=...)`, {w} workers |")[-1] == gpu.NO_CUDA
+    assert "gpu" not in cli.parse_args([]).parts  # not a default part without CUDA

@@ -11,6 +11,11 @@
 # The peers are installed with --no-deps and only the dependencies their import and local
 # use need (their cloud SDKs -- google-cloud-storage, azure, oci, paramiko -- are left out).
 #
+# The remote part's "HTTP nginx" rows need an nginx binary, a system package this script does
+# not install (it needs root): `sudo apt-get install nginx-light` on Debian/Ubuntu. The bench
+# starts nginx itself as the current user (its own config in a temp dir); without it those
+# rows say "skipped: nginx not installed".
+#
 # Usage: bash tools/setup_bench_env.sh [VENV]      (about 3 minutes here)
 set -euo pipefail
 VENV=${1:-/work/benchvenv}
@@ -37,5 +42,9 @@ for name in ("torch", "torchvision", "numpy", "streaming", "litdata", "webdatase
     mod = importlib.import_module(name)
     print(f"{name:12s} {getattr(mod, '__version__', '?')}")
 PY
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+    echo "hint: no nginx found; the remote part's nginx rows will be skipped." \
+        "Install it with: sudo apt-get install nginx-light"
+fi
 echo "bench venv ready: $VENV/bin/python tools/bench.py --quick   (or --output docs/BENCHMARKS.md for the full run)"
 echo "its smoke tests:  $VENV/bin/python -m pytest -q tests/test_bench_smoke.py"

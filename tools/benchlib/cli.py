@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,6 +23,7 @@ from benchlib import (
     before,
     bestfit,
     chat,
+    gpu,
     memory,
     mixture,
     pack,
@@ -50,8 +52,10 @@ PARTS = {
     "mixture": mixture,
     "ray_pack": ray_pack,
     "chat": chat,
+    "gpu": gpu,
 }
 QUICK_SKIPS = ("memory", "pack_large")
+CUDA_ONLY = ("gpu",)  # in the default parts only where CUDA is available
 
 
 class Bench:
@@ -141,6 +145,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="also measure wdstream at COMMIT (checked out in the work dir) where a part "
         "can: read and mixture, rounds interleaved with this commit's",
     )
+    p.add_argument("--gpu", action="store_true", help="add the gpu part (needs CUDA)")
+    p.add_argument("--gpu-device", default="cuda", help="gpu: the device (cpu: smoke test only)")
+    p.add_argument("--gpu-tiny", action="store_true", help="gpu: a tiny model (smoke test only)")
+    p.add_argument(
+        "--gpu-steps", type=int, help="gpu: timed steps per run (default 300, quick 100)"
+    )
+    p.add_argument("--gpu-warmup", type=int, help="gpu: untimed steps first (default 30)")
+    p.add_argument(
+        "--gpu-profile-steps", type=int, help="gpu: profiled steps in round 0 (default 40)"
+    )
     p.add_argument("--workdir", help="where corpus and datasets go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp work dir")
     p.add_argument(
@@ -161,16 +175,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     a.scale = a.scale or (2 if a.quick else 4)
     a.chat_mb = a.chat_mb or (4.0 if a.quick else 24.0)
     a.min_seconds = a.min_seconds if a.min_seconds is not None else (0.3 if a.quick else 1.0)
+    tiny = a.gpu_tiny
+    a.gpu_steps = a.gpu_steps or (6 if tiny else 100 if a.quick else 300)
+    a.gpu_warmup = a.gpu_warmup if a.gpu_warmup is not None else (2 if tiny else 30)
+    a.gpu_profile_steps = (
+        a.gpu_profile_steps if a.gpu_profile_steps is not None else (3 if tiny else 40)
+    )
     if a.parts is None:
         a.parts = [n for n in PARTS if not (a.quick and n in QUICK_SKIPS)]
+        if not (a.gpu or a.report_only or _cuda_available()):
+            a.parts = [n for n in a.parts if n not in CUDA_ONLY]
     else:
         a.parts = [s.strip() for s in a.parts.split(",") if s.strip()]
+    if a.gpu and "gpu" not in a.parts:
+        a.parts.append("gpu")
     unknown = [n for n in a.parts if n not in PARTS]
     if unknown:
         p.error(f"unknown parts {unknown}, expected some of {','.join(PARTS)}")
     if a.quick and Path(a.output).resolve() == COMMITTED_REPORT.resolve():
         p.error(f"a --quick run does not write {COMMITTED_REPORT.relative_to(ROOT)}")
     return a
+
+
+def _cuda_available() -> bool:
+    """Whether torch sees a CUDA device, asked in a child (the parent never imports torch);
+    without a GPU driver (NVIDIA's, or ROCm's ``/dev/kfd``) no child is started."""
+    if not any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/kfd")):
+        return False
+    code = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+    try:
+        return subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -5,7 +5,8 @@ One child process starts a helper process (``bench.py --serve-s3``: moto's
 dataset once, then reads it in interleaved rounds: local disk, S3 through the proxy with no
 delay, and with a per-GET delay, the delayed read also with the node-local cache
 (``cache_dir``) after one epoch filled it (the epoch-2 rate). Ratios are per round, against
-the same round's local-disk, no-delay and uncached runs.
+the same round's local-disk, no-delay and uncached runs. The same section also reads the
+dataset over ``http://`` from a real nginx (``benchlib.nginx``; its result under ``"nginx"``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchlib import nginx
 from benchlib.common import BATCH, BENCH_PY, ROOT, SEQ_LEN
 from benchlib.read import child_read
 from benchlib.rounds import first_error, interleave, ratio_spread, value_spread
@@ -149,6 +151,13 @@ def serve_s3() -> None:
 
 
 def measure(b: Bench) -> dict[str, Any]:
+    """The loopback S3 runs, and under ``"nginx"`` the nginx runs."""
+    res = _measure_s3(b)
+    res["nginx"] = nginx.measure(b)
+    return res
+
+
+def _measure_s3(b: Bench) -> dict[str, Any]:
     a = b.args
     try:
         from wdstream.storage import S3Store  # noqa: F401
@@ -212,8 +221,9 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
     head = ["## Remote (loopback S3)", ""]
     if not x:
         return head + ["Not run.", ""]
+    http = nginx.section(x.get("nginx"), notes)
     if "error" in x:
-        return head + [f"Not measured: {x['error']}", ""]
+        return head + [f"Not measured: {x['error']}", "", *http]
     delay = r["args"]["delay"]
     rows = []
     for workers in (0, 2):
@@ -297,4 +307,5 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
             ["workers", "source", "M tokens/s", "vs local", "vs no delay", "GETs", "status"], rows
         ),
         "",
+        *http,
     ]

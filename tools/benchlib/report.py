@@ -14,6 +14,7 @@ from benchlib import (
     bestfit,
     chat,
     checksums,
+    gpu,
     memory,
     mixture,
     pack,
@@ -41,6 +42,7 @@ SECTIONS = (
     mixture,
     ray_pack,
     chat,
+    gpu,
 )
 REPRODUCE = """\
 ```

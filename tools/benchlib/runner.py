@@ -34,6 +34,8 @@ CHILDREN = {
     "sequence": "benchlib.sequence:child_sequence",
     "epoch_memory": "benchlib.memory:child_epoch_memory",
     "remote": "benchlib.remote:child_remote",
+    "nginx": "benchlib.nginx:child_nginx",
+    "gpu": "benchlib.gpu:child_gpu",
     "versions": "benchlib.env:versions",
 }
 
