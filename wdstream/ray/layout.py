@@ -32,7 +32,7 @@ from wdstream.write.builders import SampleBuilder
 from wdstream.write.samples import PackedSample
 from wdstream.write.shards import doc_tokens_after, sample_member_size, starts_new_shard
 
-__all__ = ["CutShard", "SampleLayout", "ShardCutter", "index_runs", "tokens_per_piece"]
+__all__ = ["CutShard", "SampleLayout", "ShardCutter", "index_runs"]
 
 
 def index_runs(idx: np.ndarray) -> np.ndarray:
@@ -138,7 +138,7 @@ class ShardCutter:
             runs = _joined(
                 np.concatenate([index_runs(np.asarray(s.tokens)) for s, _, _ in samples])
             )
-        per_piece = tokens_per_piece(runs, piece_starts)
+        per_piece = _tokens_per_piece(runs, piece_starts)
         pieces = sorted(per_piece)
         plan = ShardPlan(
             index=self.next_shard,
@@ -232,7 +232,7 @@ def _joined(runs: np.ndarray) -> np.ndarray:
     return np.stack((first[heads], np.add.reduceat(count, heads)), axis=1).astype(np.int64)
 
 
-def tokens_per_piece(runs: np.ndarray, piece_starts: list[int]) -> dict[int, int]:
+def _tokens_per_piece(runs: np.ndarray, piece_starts: list[int]) -> dict[int, int]:
     """How many of the runs' (non-padding) tokens lie in each piece."""
     real = runs[runs[:, 0] >= 0]
     first = np.searchsorted(piece_starts, real[:, 0], side="right") - 1

@@ -21,6 +21,7 @@ so "tokens of a document before position ``a``" is always ``a - start``.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from wdstream.format.sample import DTYPES, encoded_size
 from wdstream.format.tar import BLOCK, END_OF_ARCHIVE
-from wdstream.ray.layout import CutShard, SampleLayout, ShardCutter, tokens_per_piece
+from wdstream.ray.layout import CutShard, SampleLayout, ShardCutter
 from wdstream.ray.tasks import SpanPlan
 from wdstream.write.builders import SampleBuilder
 from wdstream.write.engine import PackJob
@@ -48,9 +49,13 @@ _I64 = np.int64
 _MAX_NAMED = 10**12 - 1  # sample numbers whose 12-digit member name keeps one header block
 
 
+_UINT_LIMITS = np.array([1 << 7, 1 << 8, 1 << 16, 1 << 32], dtype=_I64)
+_UINT_BYTES = np.array([1, 2, 3, 5, 9], dtype=_I64)  # positive fixint, uint 8/16/32/64
+
+
 def uint_sizes(v: np.ndarray) -> np.ndarray:
     """Bytes msgpack takes for each non-negative int of ``v``."""
-    return 1 + (v >= 128) + 1 * (v >= 256) + 2 * (v >= 1 << 16) + 4 * (v >= 1 << 32)
+    return _UINT_BYTES[np.searchsorted(_UINT_LIMITS, v, side="right")]
 
 
 def _array_header(n: np.ndarray) -> np.ndarray:
@@ -150,7 +155,8 @@ class SpanLayout:
         # Documents not yet wholly in a cut shard: start, end (global tokens), run number,
         # file, record (absolute, 0-based); and their msgpack int sizes' prefix sums.
         empty = np.zeros(0, dtype=_I64)
-        self._st, self._en, self._id, self._file, self._rec = (empty,) * 5
+        self._st, self._en, self._id, self._file, self._rec, self._ints = (empty,) * 6
+        self._int_total = 0  # msgpack bytes of every document length so far (prefix sums)
         self._base: int | None = None  # the run's first token
         self._sized = 0  # token where the next sample not yet sized starts
         self._open_at = 0  # token where the open shard starts
@@ -183,6 +189,8 @@ class SpanLayout:
         self._id = np.concatenate((self._id, np.arange(first_id, first_id + len(lens))))
         self._file = np.concatenate((self._file, np.full(len(lens), file, dtype=_I64)))
         self._rec = np.concatenate((self._rec, records.astype(_I64, copy=False)))
+        ints = self._int_total + np.cumsum(uint_sizes(ends - starts))
+        self._ints, self._int_total = np.concatenate((self._ints, ints)), int(ints[-1])
         S, total = self.sample_tokens, int(ends[-1])
         if S is None:  # docs: each document is a sample
             lo = int(np.searchsorted(self._en, self._sized, side="right"))
@@ -192,8 +200,8 @@ class SpanLayout:
         cuts = self._place(bounds, piece_starts)
         keep = int(np.searchsorted(self._en, self._open_at, side="right"))
         if keep:
-            self._st, self._en, self._id, self._file, self._rec = (
-                a[keep:] for a in (self._st, self._en, self._id, self._file, self._rec)
+            self._st, self._en, self._id, self._file, self._rec, self._ints = (
+                x[keep:] for x in (self._st, self._en, self._id, self._file, self._rec, self._ints)
             )
         return cuts
 
@@ -217,10 +225,11 @@ class SpanLayout:
         pieces = i1 - i0
         first = np.minimum(en[i0], b) - np.maximum(st[i0], a)
         last = b - np.maximum(st[i1 - 1], a)
-        ints = np.concatenate(([0], np.cumsum(uint_sizes(en - st))))
-        more = pieces >= 2
-        middle = np.where(more, ints[np.maximum(i1 - 1, i0 + 1)] - ints[i0 + 1], 0)
-        int_bytes = uint_sizes(first) + np.where(more, uint_sizes(last) + middle, 0)
+        # Whole documents between the first and the last piece: prefix sums (inclusive) of
+        # their lengths' msgpack bytes; none when the sample holds fewer than 3 pieces.
+        ints = self._ints
+        middle = ints[np.maximum(i1 - 2, i0)] - ints[i0]
+        int_bytes = uint_sizes(first) + (uint_sizes(last) + middle) * (pieces >= 2)
         if self._open_sample + self._open_n + len(b) > _MAX_NAMED:
             raise ValueError("more than 10**12 samples: sample member names outgrow 12 digits")
         return member_sizes(b - a, pieces, int_bytes, self._dtype)
@@ -262,7 +271,7 @@ class SpanLayout:
         pre = max(0, a - int(st[lo]))
         new_docs = hi - lo - (1 if pre else 0)
         runs = np.array([[a, b - a]], dtype=_I64)
-        per_piece = tokens_per_piece(runs, piece_starts)
+        per_piece = _span_pieces(a, b, piece_starts)
         pieces = sorted(per_piece)
         plan = SpanPlan(
             index=self.next_shard,
@@ -285,3 +294,17 @@ class SpanLayout:
         self._open_sample += self._open_n
         self._open_at, self._open_n, self._open_size = b, 0, 0
         return CutShard(plan, end, pieces, per_piece)
+
+
+def _span_pieces(a: int, b: int, piece_starts: list[int]) -> dict[int, int]:
+    """How many tokens of ``[a, b)`` lie in each piece (pieces start at ``piece_starts``,
+    the last one runs to at least ``b``)."""
+    p = bisect.bisect_right(piece_starts, a) - 1
+    counts: dict[int, int] = {}
+    while p < len(piece_starts) and piece_starts[p] < b:
+        stop = piece_starts[p + 1] if p + 1 < len(piece_starts) else b
+        n = min(stop, b) - max(piece_starts[p], a)
+        if n > 0:
+            counts[p] = n
+        p += 1
+    return counts
