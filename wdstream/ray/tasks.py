@@ -4,7 +4,9 @@ Plain functions (the engine wraps them with ``ray.remote``). Each worker process
 tokenizer and opens the output store once and reuses them for every task it runs.
 
 Shards are written by the local engine's :class:`~wdstream.write.shards.ShardWriter`, fed the
-samples the driver laid out, so a shard's bytes are the local engine's by construction; the
+samples the local engine's sample builder makes of the shard's span of tokens (concat, docs:
+:class:`SpanPlan`) or the samples the driver laid out one by one (best-fit:
+:class:`ShardPlan`), so a shard's bytes are the local engine's by construction; the
 store's atomic writes (a local ``.partial`` file renamed, an S3 multipart upload completed
 only when whole) mean a task killed mid-write leaves nothing visible, and its retry writes
 the same bytes again.
