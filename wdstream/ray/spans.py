@@ -7,8 +7,8 @@ lengths alone. :class:`SpanLayout` computes, per piece and with array operations
 sample's tar member size from that metadata (the msgpack map's size is a sum over its
 ``doc_lens``), cuts shards with the local writer's rule on cumulative sizes, and hands each
 shard's task one span of global tokens ``[a, b)`` and the documents overlapping it. The
-task runs the local engine's own sample builder over that span (:func:`~wdstream.ray.tasks.
-write_shard`), so the driver does per-piece and per-shard work, not per-sample work::
+task (:func:`~wdstream.ray.tasks.write_shard`) runs the local engine's own sample builder
+over that span, so the driver does per-piece and per-shard work, not per-sample work::
 
     stream    base ................................................... T (tokens so far)
     samples   |  S  |  S  |  S  |  S  |  S  |  S  |  S  |  S  | ...     sized per piece
