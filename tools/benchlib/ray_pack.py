@@ -8,8 +8,9 @@ split between its nodes (``ray.cluster_utils.Cluster``, loopback only), so its r
 the local engine is Ray's overhead, not a speed-up.
 
 The scaling model measures the driver's serial work, which no number of workers removes:
-laying out one sample (the sample builder over token indices, the shard cut) and committing
-one shard (the journal rewrite), and projects a 1 TB pack on 4 nodes x 64 cores from the
+laying out the pieces' documents (for concat, the span layout: sample sizes and shard cuts
+as array operations per piece, its cost given per sample laid out; the samples themselves
+are built in the shard tasks) and committing one shard (the journal rewrite), and projects a 1 TB pack on 4 nodes x 64 cores from the
 per-core MB/s measured here. It is a projection, labelled as one.
 """
 
@@ -113,30 +114,32 @@ def _digest(root: str) -> str:
 
 
 def driver_cost(samples: int = 20000, shards: int = 400) -> dict[str, Any]:
-    """The driver's serial cost: seconds per laid-out sample, and per committed shard as
+    """The driver's serial cost: seconds of layout per sample (a concat pack's span layout
+    over 64 pieces of documents, each piece's records placed as the driver places them, the
+    shard plans cut; divided by the samples those plans hold), and per committed shard as
     ``a + b * n`` (the journal is rewritten whole, ``n`` entries long, at every commit)."""
     import numpy as np
 
     from wdstream.format.index import ShardEntry
     from wdstream.inputs import InputPosition
-    from wdstream.ray.layout import ShardCutter
+    from wdstream.ray.spans import SpanLayout
     from wdstream.storage import open_store
-    from wdstream.write.builders import sample_builder
     from wdstream.write.journal import Journal
 
     rng = np.random.default_rng(0)
     lens = rng.integers(50, 3000, size=samples * (SEQ_LEN + 1) // 1500 + 1)
-    builder = sample_builder("concat", SEQ_LEN, 1, None, 100257, np.dtype(np.int64), -1)
-    cutter = ShardCutter(SHARD_BYTES, None, "uint32", 0, 0, 0, 0, consecutive=True)
-    starts = [0]
+    pieces = np.array_split(lens, 64)
+    records = [np.arange(len(p), dtype=np.int64) for p in pieces]
+    layout = SpanLayout(SEQ_LEN + 1, SHARD_BYTES, None, "uint32", 0, 0, 0, lambda d: d)
+    starts: list[int] = []
     t0 = time.perf_counter()
-    n, at = 0, 0
-    for chunk in np.array_split(lens, 64):
-        idx = np.arange(at, at + int(chunk.sum()), dtype=np.int64)
-        at += len(idx)
-        for s in builder.add(idx, chunk, list(range(len(chunk)))):
-            cutter.add(s, [(0, d) for d in s.starts], (None, s.end[1]), starts)
-            n += 1
+    n = at = docs = 0
+    for chunk, rec in zip(pieces, records, strict=True):
+        starts.append(at)
+        for cut in layout.add(at, chunk, docs, 0, rec + docs, 0, starts):
+            n += cut.plan.samples
+        at, docs = at + int(chunk.sum()), docs + len(chunk)
+    n += sum(cut.plan.samples for cut in layout.close(starts))
     per_sample = (time.perf_counter() - t0) / max(n, 1)
     with tempfile.TemporaryDirectory() as tmp:
         journal = Journal(open_store(tmp), {"bench": True}, "data")

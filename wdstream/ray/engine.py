@@ -9,10 +9,10 @@ inputs and the journal::
     split inputs into pieces  ───────────►   tokenize_piece: read + tokenise a piece
     (files, byte ranges)                      -> PieceDocs (small, to the driver)
                                               -> token array (stays in the object store)
-    per piece, in input order:
-      the local sample builder over token
-      indices -> ShardCutter -> shard plan ►   write_shard: gather the plan's tokens from
-                                              the piece arrays, ShardWriter -> the store
+    per piece, in input order: sample and
+      shard cuts from document lengths
+      (SpanLayout) -> shard plan  ──────────►   write_shard: gather the plan's tokens, the
+                                              local sample builder, ShardWriter -> store
     commit shards to the journal in order ◄─   index entry (sha256 of what it wrote)
 
 At most a few pieces per CPU are tokenised ahead of the driver and a few shards per CPU are
@@ -40,8 +40,9 @@ import ray
 from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import ShardEntry
 from wdstream.inputs import InputFile, InputPosition
-from wdstream.ray.layout import CutShard, ShardCutter
+from wdstream.ray.layout import CutShard, SampleLayout
 from wdstream.ray.pieces import InputPiece, PieceDocs, split_pieces
+from wdstream.ray.spans import SpanLayout, driver_layout, drop_resumed
 from wdstream.ray.tasks import (
     PieceJob,
     ShardJob,
@@ -192,13 +193,8 @@ class _Driver:
             at.empty, at.bad, at.input_bytes, 0, list(resume.bad_locations), cpus, "ray"
         )
         entries = journal.entries
-        self.builder = job.new_builder(np.dtype(np.int64), -1)
-        self.cutter = ShardCutter(
-            job.shard_bytes, job.shard_samples, job.dtype, first_shard=len(entries),
-            first_sample=sum(e.samples for e in entries),
-            first_doc=sum(e.documents for e in entries), doc_offset=resume.emitted,
-            consecutive=self.builder.in_order,
-        )  # fmt: skip
+        first = (len(entries), sum(e.samples for e in entries), sum(e.documents for e in entries))
+        self.layout = driver_layout(job, first, resume.emitted, self._position)
         self.piece_starts: list[int] = []  # global first token of each piece laid out
         self.doc_starts: list[int] = []  # global first document of each piece laid out
         self.placed: dict[int, _Placed] = {}
@@ -207,7 +203,6 @@ class _Driver:
         self.line_base: dict[int, int] = {}  # per file: record number of the next range
         self.pending: dict[int, tuple[Any, CutShard]] = {}  # shard number -> task, layout
         self.tokens = self.docs = 0
-        self._end: tuple[int, InputPosition] = (-1, InputPosition(0, 0, 0, 0, 0, 0))
         self._tokenize = ray.remote(num_cpus=1, num_returns=2, max_retries=_RETRIES)(tokenize_piece)
         self._write = ray.remote(num_cpus=1, max_retries=_RETRIES)(write_shard)
         self._check = ray.remote(num_cpus=1, max_retries=_RETRIES)(check_shard)
@@ -250,11 +245,8 @@ class _Driver:
                     position += self._lay_out(*queue.popleft(), bar, position)
             while queue:
                 position += self._lay_out(*queue.popleft(), bar, position)
-            for sample in self.builder.flush():
-                self._add(sample)
-            last = self.cutter.close(self.piece_starts)
-            if last is not None:
-                self._submit(last)
+            for cut in self.layout.close(self.piece_starts):
+                self._submit(cut)
             self._commit(wait_all=True)
         except Exception:
             self._finish_queued()
@@ -313,15 +305,11 @@ class _Driver:
         self.doc_starts.append(self.docs)
         if ntok:
             self.placed[i], self.token_refs[i], self.left[i] = placed, tokens_ref, ntok
-        idx = np.arange(self.tokens, self.tokens + ntok, dtype=np.int64)
-        ids = list(range(self.docs, self.docs + n))
-        lens = docs.lens
-        if self.resume.start is not None and i == 0:
-            idx, lens, ids = self._drop_packed(placed, idx, lens, ids)
+        spans = isinstance(self.layout, SpanLayout)
+        for cut in self._add_span(i, placed) if spans else self._add_samples(i, placed):
+            self._submit(cut)
         self.tokens += ntok
         self.docs += n
-        for sample in self.builder.add(idx, lens, ids):
-            self._add(sample)
         t.empty += docs.total_empty
         t.bad += docs.total_bad
         t.input_bytes += docs.total_input_bytes
@@ -334,14 +322,33 @@ class _Driver:
         self._commit(wait_all=False)
         return piece.source_bytes
 
-    def _drop_packed(
-        self, placed: _Placed, idx: np.ndarray, lens: np.ndarray, ids: list[int]
-    ) -> tuple[np.ndarray, np.ndarray, list[int]]:
-        """On resume, drop what the first document has in committed shards: the local
-        engine's own rule, applied to this piece's positions."""
-        positions = [self._position(d) for d in ids]
-        idx, lens, kept = drop_packed(idx, lens, positions, self.resume, self.builder)
-        return idx, lens, ids[len(ids) - len(kept) :]
+    def _add_span(self, i: int, placed: _Placed) -> list[CutShard]:
+        """Lay out piece ``i``'s documents from their lengths (:class:`SpanLayout`), on
+        resume without what committed shards hold of the first one."""
+        assert isinstance(self.layout, SpanLayout)
+        lens, first, first_id, pre = placed.docs.lens, self.tokens, self.docs, 0
+        records = placed.record + placed.docs.records
+        if self.resume.start is not None and i == 0:
+            positions = [self._position(first_id)] if len(lens) else []
+            skip, whole = drop_resumed(lens, positions, self.resume, self.job.new_builder)
+            first += skip
+            if whole:
+                lens, records, first_id = lens[1:], records[1:], first_id + 1
+            else:
+                pre, lens = skip, np.concatenate(([lens[0] - skip], lens[1:]))
+        return self.layout.add(first, lens, first_id, placed.file, records, pre, self.piece_starts)
+
+    def _add_samples(self, i: int, placed: _Placed) -> list[CutShard]:
+        """Lay out piece ``i``'s documents sample by sample (:class:`SampleLayout`)."""
+        assert isinstance(self.layout, SampleLayout)
+        lens, n = placed.docs.lens, len(placed.docs.lens)
+        idx = np.arange(self.tokens, self.tokens + int(lens.sum()), dtype=np.int64)
+        ids = list(range(self.docs, self.docs + n))
+        if self.resume.start is not None and i == 0:  # drop what committed shards hold
+            positions = [self._position(d) for d in ids]
+            idx, lens, kept = drop_packed(idx, lens, positions, self.resume, self.layout.builder)
+            ids = ids[len(ids) - len(kept) :]
+        return self.layout.add(idx, lens, ids, self.piece_starts)
 
     def _position(self, doc: int) -> InputPosition:
         """The input position of global document ``doc``, with the counters before it."""
@@ -353,17 +360,6 @@ class _Driver:
             p.bad + int(d.bad[j]), p.input_bytes + int(d.input_bytes[j]),
         )  # fmt: skip
         return pos
-
-    def _add(self, sample: Any) -> None:
-        starts = [(p.file, p.record) for p in map(self._position, sample.starts)]
-        if sample.end[0] != self._end[0]:
-            # Kept: best-fit rows all end at their block's first document, whose piece may
-            # be released while the block's later rows are laid out.
-            self._end = (sample.end[0], self._position(sample.end[0]))
-        end = (self._end[1], sample.end[1])
-        cut = self.cutter.add(sample, starts, end, self.piece_starts)
-        if cut is not None:
-            self._submit(cut)
 
     def _submit(self, cut: CutShard) -> None:
         refs = [self.token_refs[p] for p in cut.pieces]

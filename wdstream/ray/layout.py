@@ -20,17 +20,19 @@ writes that shard and nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from wdstream.format.sample import DTYPES, encoded_size
-from wdstream.ray.tasks import ShardPlan
+from wdstream.ray.tasks import ShardPlan, SpanPlan
+from wdstream.write.builders import SampleBuilder
 from wdstream.write.samples import PackedSample
 from wdstream.write.shards import doc_tokens_after, sample_member_size, starts_new_shard
 
-__all__ = ["CutShard", "ShardCutter", "index_runs"]
+__all__ = ["CutShard", "SampleLayout", "ShardCutter", "index_runs"]
 
 
 def index_runs(idx: np.ndarray) -> np.ndarray:
@@ -55,7 +57,7 @@ def index_runs(idx: np.ndarray) -> np.ndarray:
 class CutShard:
     """A laid-out shard: the task's plan, plus what the driver keeps for the journal."""
 
-    plan: ShardPlan
+    plan: ShardPlan | SpanPlan  # SpanPlan: laid out by wdstream.ray.spans.SpanLayout
     end: Any  # the journal's resume position after the shard's last sample
     pieces: list[int]  # numbers of the pieces whose tokens it holds, ascending
     tokens_per_piece: dict[int, int]  # how many of its tokens each of them holds
@@ -136,8 +138,8 @@ class ShardCutter:
             runs = _joined(
                 np.concatenate([index_runs(np.asarray(s.tokens)) for s, _, _ in samples])
             )
-        tokens_per_piece = _tokens_per_piece(runs, piece_starts)
-        pieces = sorted(tokens_per_piece)
+        per_piece = _tokens_per_piece(runs, piece_starts)
+        pieces = sorted(per_piece)
         plan = ShardPlan(
             index=self.next_shard,
             first_sample=self.next_sample - len(samples),
@@ -152,11 +154,50 @@ class ShardCutter:
             offsets=[s.offset for s, _, _ in samples],
             piece_offsets=[piece_starts[p] for p in pieces],
         )
-        cut = CutShard(plan, samples[-1][2], pieces, tokens_per_piece)
+        cut = CutShard(plan, samples[-1][2], pieces, per_piece)
         self.next_shard += 1
         self._open, self._size = [], 0
         self._shard_doc, self._shard_offset = self._next_doc, self._doc_tokens
         return cut
+
+
+class SampleLayout:
+    """The layout sample by sample: the local sample builder over token indices, each sample
+    cut into shards by :class:`ShardCutter`. Best-fit rows need it (they reorder documents
+    and pad), and so do packs whose documents may be empty (no EOS or BOS); concat and docs
+    packs otherwise use :class:`~wdstream.ray.spans.SpanLayout`, which does no per-sample
+    work on the driver.
+
+    ``position``: the journal's input position of a document, by its number in the run.
+    """
+
+    def __init__(
+        self, builder: SampleBuilder, cutter: ShardCutter, position: Callable[[int], Any]
+    ) -> None:
+        self.builder, self.cutter, self._position = builder, cutter, position
+        self._end: tuple[int, Any] = (-1, None)
+
+    def add(
+        self, idx: np.ndarray, lens: np.ndarray, ids: list[int], piece_starts: list[int]
+    ) -> list[CutShard]:
+        """Lay out documents (their global token indices ``idx``, ``lens``, numbers ``ids``);
+        return the shards they closed."""
+        cuts = (self._add(s, piece_starts) for s in self.builder.add(idx, lens, ids))
+        return [c for c in cuts if c is not None]
+
+    def close(self, piece_starts: list[int]) -> list[CutShard]:
+        """The builder's last samples and the last shard."""
+        cuts = [self._add(s, piece_starts) for s in self.builder.flush()]
+        cuts.append(self.cutter.close(piece_starts))
+        return [c for c in cuts if c is not None]
+
+    def _add(self, sample: PackedSample, piece_starts: list[int]) -> CutShard | None:
+        starts = [(p.file, p.record) for p in map(self._position, sample.starts)]
+        if sample.end[0] != self._end[0]:
+            # Kept: best-fit rows all end at their block's first document, whose piece may
+            # be released while the block's later rows are laid out.
+            self._end = (sample.end[0], self._position(sample.end[0]))
+        return self.cutter.add(sample, starts, (self._end[1], sample.end[1]), piece_starts)
 
 
 def _consecutive_runs(samples: list[np.ndarray]) -> np.ndarray:

@@ -4,7 +4,9 @@ Plain functions (the engine wraps them with ``ray.remote``). Each worker process
 tokenizer and opens the output store once and reuses them for every task it runs.
 
 Shards are written by the local engine's :class:`~wdstream.write.shards.ShardWriter`, fed the
-samples the driver laid out, so a shard's bytes are the local engine's by construction; the
+samples the local engine's sample builder makes of the shard's span of tokens (concat, docs:
+:class:`SpanPlan`) or the samples the driver laid out one by one (best-fit:
+:class:`ShardPlan`), so a shard's bytes are the local engine's by construction; the
 store's atomic writes (a local ``.partial`` file renamed, an S3 multipart upload completed
 only when whole) mean a task killed mid-write leaves nothing visible, and its retry writes
 the same bytes again.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,7 @@ from wdstream.inputs import InputFile
 from wdstream.ray.pieces import InputPiece, PieceDocs, read_piece
 from wdstream.storage import Store, open_store
 from wdstream.tokenizers import Tokenizer, load_tokenizer
+from wdstream.write.samples import ConcatSampleBuilder, DocsSampleBuilder
 from wdstream.write.shards import ShardWriter, shard_names
 from wdstream.write.tokenpool import encode_flat
 
@@ -33,6 +36,7 @@ __all__ = [
     "PieceJob",
     "ShardJob",
     "ShardPlan",
+    "SpanPlan",
     "cached_tokenizer",
     "check_shard",
     "tokenize_piece",
@@ -41,6 +45,9 @@ __all__ = [
 ]
 
 Recipe = tuple[Callable[..., Tokenizer], tuple[Any, ...]]  # how a Tokenizer rebuilds itself
+
+# One sample as ShardWriter.add takes it: tokens, doc_lens, cont, new_docs, starts, offset.
+_Sample = tuple[np.ndarray, list[int], bool, int, Sequence[Any], "int | None"]
 
 _tokenizers: dict[Any, Tokenizer] = {}  # per worker process, by recipe
 _stores: dict[str, Store] = {}  # per worker process, by root URL and options
@@ -101,6 +108,32 @@ class ShardPlan:
     piece_offsets: list[int]  # first global token of each piece array passed to the task
 
 
+@dataclass(frozen=True)
+class SpanPlan:
+    """One shard of a concat or docs pack as the driver laid it out: one span of global
+    tokens (``runs``, a single row) and the documents overlapping it; the task builds the
+    samples itself with the local engine's sample builder (:mod:`wdstream.ray.spans`).
+
+    ``doc_lens`` are the documents' tokens inside the span, ``files`` and ``records`` their
+    input positions (provenance), ``pre`` the first document's tokens before the span.
+    ``samples`` and ``new_docs`` are what the driver counted, checked against the builder.
+    """
+
+    index: int
+    first_sample: int
+    first_doc: int
+    doc_offset: int
+    runs: np.ndarray
+    piece_offsets: list[int]
+    sample_tokens: int | None  # concat: tokens per sample; None: docs (one per document)
+    samples: int
+    new_docs: int
+    pre: int
+    doc_lens: np.ndarray
+    files: np.ndarray
+    records: np.ndarray
+
+
 def warm_up(spec: str, backend: str) -> None:
     """Import this module and load the pack's tokenizer into this worker's cache, early: a
     pack runs it on every CPU while the driver loads the tokenizer itself, instead of each
@@ -146,7 +179,9 @@ def tokenize_piece(job: PieceJob, piece: InputPiece) -> tuple[PieceDocs, np.ndar
     return docs, flat
 
 
-def _gather(plan: ShardPlan, pieces: Sequence[np.ndarray], dtype: np.dtype, pad: int) -> np.ndarray:
+def _gather(
+    plan: ShardPlan | SpanPlan, pieces: Sequence[np.ndarray], dtype: np.dtype, pad: int
+) -> np.ndarray:
     """The shard's tokens, in sample order, copied out of the piece arrays."""
     total = int(plan.runs[:, 1].sum()) if len(plan.runs) else 0
     out = np.empty(total, dtype=dtype)
@@ -165,13 +200,53 @@ def _gather(plan: ShardPlan, pieces: Sequence[np.ndarray], dtype: np.dtype, pad:
     return out
 
 
-def write_shard(job: ShardJob, plan: ShardPlan, *pieces: np.ndarray) -> dict[str, Any]:
+def _plan_samples(plan: ShardPlan, tokens: np.ndarray) -> Iterator[_Sample]:
+    """The samples the driver laid out one by one, their tokens cut from the gathered ones."""
+    at = 0
+    for k, n in enumerate(plan.sample_tokens):
+        yield (
+            tokens[at : at + n], plan.doc_lens[k], plan.cont[k], plan.new_docs[k],
+            plan.starts[k], plan.offsets[k],
+        )  # fmt: skip
+        at += n
+
+
+def _span_samples(plan: SpanPlan, tokens: np.ndarray) -> list[_Sample]:
+    """The span's samples, built by the local engine's sample builder, resumed ``pre`` tokens
+    into the first document when the span starts inside it.
+
+    Raises:
+        RuntimeError: the builder made other samples than the driver counted (a driver bug).
+    """
+    dtype = tokens.dtype
+    builder: ConcatSampleBuilder | DocsSampleBuilder
+    if plan.sample_tokens is None:
+        builder = DocsSampleBuilder(dtype)
+    else:
+        builder = ConcatSampleBuilder(plan.sample_tokens, dtype)
+        builder.resume_inside_document(plan.pre)
+    positions = list(zip(plan.files.tolist(), plan.records.tolist(), strict=True))
+    made = [*builder.add(tokens, plan.doc_lens, positions), *builder.flush()]
+    if len(made) != plan.samples or sum(s.new_docs for s in made) != plan.new_docs:
+        raise RuntimeError(
+            f"shard task {plan.index}: the builder made {len(made)} samples starting "
+            f"{sum(s.new_docs for s in made)} documents, the driver laid out {plan.samples} "
+            f"starting {plan.new_docs}"
+        )
+    return [(s.tokens, s.doc_lens, s.cont, s.new_docs, s.starts, s.offset) for s in made]
+
+
+def write_shard(job: ShardJob, plan: ShardPlan | SpanPlan, *pieces: np.ndarray) -> dict[str, Any]:
     """Write one shard (provenance table, sidecar, tar) and return its index entry.
 
     Raises:
         RuntimeError: the samples did not make exactly the planned shard (a driver bug).
     """
     tokens = _gather(plan, pieces, DTYPES[job.dtype], job.pad_id)
+    if isinstance(plan, SpanPlan):
+        samples: Iterable[_Sample] = _span_samples(plan, tokens)
+    else:
+        samples = _plan_samples(plan, tokens)
     committed: list[ShardEntry] = []
     writer = ShardWriter(
         _store(job.url, job.store_options),
@@ -186,13 +261,8 @@ def write_shard(job: ShardJob, plan: ShardPlan, *pieces: np.ndarray) -> dict[str
         doc_offset=plan.doc_offset,
     )
     try:
-        at = 0
-        for k, n in enumerate(plan.sample_tokens):
-            writer.add(
-                tokens[at : at + n], plan.doc_lens[k], plan.cont[k], plan.new_docs[k], None,
-                plan.starts[k], plan.offsets[k],
-            )  # fmt: skip
-            at += n
+        for toks, doc_lens, cont, new_docs, starts, offset in samples:
+            writer.add(toks, doc_lens, cont, new_docs, None, starts, offset)
         writer.close()
     except BaseException:
         writer.abort()
