@@ -17,13 +17,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from wdstream.format.checksum import running_checksum, sample_checksum
 from wdstream.format.index import FORMAT_VERSION, ShardEntry
 from wdstream.format.provenance import ShardProvenance, provenance_name
-from wdstream.format.sample import DTYPES, SAMPLE_SUFFIXES, encode_sample
+from wdstream.format.sample import SAMPLE_SUFFIXES, encode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.format.tar import BLOCK, END_OF_ARCHIVE, member_bytes, member_size
 from wdstream.storage import Store
@@ -32,7 +31,6 @@ __all__ = [
     "ShardWriter",
     "doc_tokens_after",
     "parse_size",
-    "sample_bytes",
     "sample_member",
     "sample_member_size",
     "shard_names",
@@ -82,32 +80,6 @@ def sample_member_size(
 ) -> int:
     """``len(sample_member(index, data))`` for ``data_size`` bytes of encoded sample."""
     return member_size(_sample_name(index, suffix), data_size)
-
-
-# encode_sample's msgpack map, in its fixed key order, around the token bytes and doc_lens.
-_MAP_HEAD = b"\x84\xa6tokens"
-_DTYPE_FIELD = {d: b"\xa5dtype\xa6" + n.encode() for n, d in DTYPES.items()}
-_DOC_LENS_KEY, _CONT = b"\xa8doc_lens", (b"\xa4cont\xc2", b"\xa4cont\xc3")
-
-
-def sample_bytes(
-    tokens: np.ndarray, doc_lens: Sequence[int], cont: bool, packer: msgpack.Packer | None = None
-) -> bytes:
-    """``encode_sample(tokens, doc_lens, cont)``, byte for byte (tested), joined from its
-    parts instead of packing a map (the packing process makes one per sample); ``packer``:
-    a msgpack Packer of the caller's own to reuse (``msgpack.packb`` makes one per call).
-
-    Raises:
-        ValueError: as :func:`~wdstream.format.sample.encode_sample`.
-    """
-    field = _DTYPE_FIELD.get(tokens.dtype)
-    if field is None or sum(doc_lens) != len(tokens) or not tokens.flags.c_contiguous:
-        return encode_sample(tokens, list(doc_lens), cont)  # its error, or a copy
-    n = tokens.nbytes
-    head = (b"\xc4%c" % n if n < 1 << 8 else b"\xc5" + n.to_bytes(2, "big") if n < 1 << 16
-            else b"\xc6" + n.to_bytes(4, "big"))  # fmt: skip
-    lens = (packer or msgpack.Packer()).pack(list(doc_lens))
-    return b"".join((_MAP_HEAD, head, tokens.data, field, _DOC_LENS_KEY, lens, _CONT[cont]))
 
 
 def _sample_name(index: int, suffix: str) -> str:
@@ -186,7 +158,6 @@ class ShardWriter:
         self._runs: list[int] = []  # running CRC32C of the shard to each sample's data end
         self._run = 0  # running CRC32C of the shard's members so far
         self._suffix = SAMPLE_SUFFIXES[version]
-        self._packer = msgpack.Packer()  # this writer's own: add() runs in one thread
         self._size = 0
         self._docs = 0
         self._state: Any = None
@@ -218,7 +189,7 @@ class ShardWriter:
         ``new_docs`` documents that start in it (used with ``provenance``); ``offset``: its
         first piece's token offset in its document when the sample builder knows it (best-fit rows,
         whose trailing padding piece is not a document), else counted here."""
-        data = sample_bytes(tokens, doc_lens, cont, self._packer)
+        data = encode_sample(tokens, doc_lens, cont)
         member = sample_member(self.next_sample, data, self._suffix)
         if starts_new_shard(
             len(self._members), self._size, len(member), self.shard_bytes, self.shard_samples
