@@ -111,7 +111,7 @@ def _init_worker(
     _worker = (BpeEncoder(tok) if isinstance(tok, str) else tok, encoder, parser)
 
 
-def run_task(
+def _run_task(
     tok: Tokenizer | BpeEncoder,
     encoder: DocumentEncoder,
     parser: BlockParser | None,
@@ -150,7 +150,7 @@ _Wire = tuple[bytes, bytes, bytes | None, list[Any] | None, ParsedBlock | None]
 
 def _encode_in_worker(task: list[Any] | LineBlock) -> _Wire:
     assert _worker is not None, "worker not initialised"
-    out, parsed = run_task(*_worker, task)
+    out, parsed = _run_task(*_worker, task)
     tags = None if out.tags is None else out.tags.tobytes()
     return out.flat.tobytes(), out.lens.tobytes(), tags, out.notes, parsed
 
@@ -250,7 +250,7 @@ class TokenPool:
             self._executor = ThreadPoolExecutor(workers, thread_name_prefix="wdstream-encode")
 
     def _here(self, task: Task) -> tuple[EncodedBatch, ParsedBlock | None]:
-        return run_task(self._tok, self._encoder, self._parser, task)
+        return _run_task(self._tok, self._encoder, self._parser, task)
 
     def _submit(self, task: Task) -> Future[Any]:
         assert self._executor is not None
