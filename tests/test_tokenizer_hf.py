@@ -209,3 +209,40 @@ def test_decoding_a_dataset_refuses_a_changed_tokenizer_file(
 
     res = CliRunner().invoke(main, ["inspect", str(out)])
     assert "recorded in index.json" in res.output, res.output
+
+
+def test_one_tokenizer_encodes_documents_and_chat_interleaved_and_concurrently(
+    hf_file: Path, corpus_docs: list[str]
+) -> None:
+    """One loaded tokenizer serves documents (special-token text as text) and chat (special
+    tokens recognised), however the calls interleave, from several threads too: each call's
+    ids equal those of a library tokenizer fixed to its setting."""
+    import threading
+
+    tok = load_tokenizer(str(hf_file))
+    as_text = _reference(hf_file)
+    special = tokenizers.Tokenizer.from_file(str(hf_file))  # the library's default: recognised
+    texts = [f"<s>{t[:80]}</s>" for t in corpus_docs[:30]]
+    want_doc = [_ref_ids(as_text, t) for t in texts]
+    want_chat = [_ref_ids(special, t) for t in texts]
+    assert want_doc != want_chat  # the two settings differ on these texts
+    for i, t in enumerate(texts):  # interleaved in one thread
+        assert tok.encode(t).tolist() == want_doc[i]
+        assert tok.encode_chat(t)[0].tolist() == want_chat[i]
+    errors: list[str] = []
+
+    def run(chat: bool) -> None:
+        for _ in range(20):
+            for i, t in enumerate(texts):
+                got = tok.encode_chat(t)[0].tolist() if chat else tok.encode(t).tolist()
+                if got != (want_chat if chat else want_doc)[i]:
+                    errors.append(f"{'chat' if chat else 'doc'} {i}")
+            if not chat and tok.encode_ordinary_batch(texts, num_threads=2) != want_doc:
+                errors.append("batch")
+
+    threads = [threading.Thread(target=run, args=(k % 2 == 1,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []

@@ -76,6 +76,10 @@ class RecordReader(DocumentReader):
         if not self.documents and self.bad and self.start is None:
             raise InputError(self._nothing_left())
 
+    def block_parser(self) -> None:
+        """None: records are documents already, never raw lines (iterate instead)."""
+        return None
+
     def _document(self, record: Any, name: str, number: int) -> Any:
         """The document of one record (see the module docstring), or None for a bad one
         that ``on_error`` skips."""

@@ -19,16 +19,13 @@ Lines with the text under ``text_key`` (dotted for nested fields). ``-`` reads J
 
 from __future__ import annotations
 
-import itertools
-import json
-import re
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 from wdstream.errors import InputError
 from wdstream.inputs.arrow import arrow_documents, is_arrow
+from wdstream.inputs.blocks import BlockParser, LineBlock, ParsedBlock, read_blocks
 from wdstream.inputs.compressed import compression, open_binary, truncated
 from wdstream.inputs.files import STDIN, InputFile, InputPosition
 from wdstream.inputs.lines import (
@@ -40,54 +37,11 @@ from wdstream.inputs.lines import (
     skip_line,
     too_long,
 )
+from wdstream.inputs.parse import RecordDocument, RecordParser
 
 __all__ = ["DocumentReader", "RecordDocument"]
 
 _MAX_LOCATIONS = 10
-_MAX_KEYS = 8  # keys an error lists when the text field is missing
-# A lone UTF-16 surrogate comes from a \uD800-\uDFFF escape in the JSON (UTF-8 decoding never
-# yields one); UTF-8 cannot encode it, so no tokenizer takes it.
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
-
-
-def _json_problem(exc: json.JSONDecodeError, line: str) -> str:
-    """json's complaint about a one-line record, placed by column or as the line's end."""
-    what = exc.msg.removesuffix(" at")  # "Invalid control character at" would read "at at"
-    if exc.pos < len(line.rstrip()):
-        return f"{what} at column {exc.pos + 1}"
-    if what == "Invalid control character":  # the newline, inside a string
-        return "a string is not closed before the end of the line"
-    # json counts the trailing newline as a line break, so its column would be on line 2.
-    return f"{what} at the end of the line"
-
-
-def _keys_found(obj: Any, owner: str) -> str:
-    """What ``owner`` holds instead of the text field, for the error message."""
-    if not isinstance(obj, dict):
-        return f"{owner} is a JSON {_JSON_TYPES.get(type(obj), 'number')}, not an object"
-    if not obj:
-        return f"{owner} is an empty object"
-    shown = ", ".join(_clip(repr(k)) for k in itertools.islice(obj, _MAX_KEYS))
-    if len(obj) <= _MAX_KEYS:
-        return f"{owner} has keys {shown}"
-    return f"{owner} has {len(obj)} keys: {shown} and {len(obj) - _MAX_KEYS} more"
-
-
-def _clip(text: str, width: int = 40) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-class RecordDocument(Protocol):
-    """Turns one parsed JSON record into the document a pack's encoder takes (pre-tokenized
-    ids and mask, a conversation, ...), instead of the text under ``text_key``.
-
-    Raises ValueError saying what is wrong with a record; the reader makes that a bad
-    record naming file and line. The document needs a ``len()`` (0: an empty document,
-    skipped and counted like empty text).
-    """
-
-    def __call__(self, record: Any) -> Any: ...
 
 
 @dataclass
@@ -139,7 +93,7 @@ class DocumentReader:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.errors not in ("strict", "replace"):
             raise ValueError(f"errors must be 'strict' or 'replace', got {self.errors!r}")
-        self._keys = self.text_key.split(".")
+        self.parser = RecordParser(self.text_key, self.errors, self.document)
         start = self.start or InputPosition(0, 0, 0, 0, 0, 0)
         self.empty, self.bad, self.input_bytes = start.empty, start.bad, start.input_bytes
         self.documents = 0  # yielded by this reader (not counting those before ``start``)
@@ -148,6 +102,7 @@ class DocumentReader:
         self.source_total = None if None in sizes else sum(s or 0 for s in sizes)
         self._done_bytes = sum(s or 0 for s in sizes[: start.file])  # files finished
         self._file: IO[bytes] | None = None  # the file being read, as stored on disk
+        self._next_record = 0  # settle(): the record after the last block settled
 
     @property
     def source_bytes(self) -> int:
@@ -193,84 +148,92 @@ class DocumentReader:
 
     def text_of(self, line: str, path: str, lineno: int) -> Any:
         """The text field of one JSON record (with :attr:`document`, the record's document),
-        or None if it was bad and ``on_error`` skips.
-
-        A record is bad when it is not JSON Python can load (malformed, nested deeper than
-        the recursion limit, an integer longer than Python's digit limit), has no text field,
-        or the field is not a string or holds a lone surrogate; with :attr:`document`, when
-        that refuses it.
-        """
-        try:
-            obj: Any = json.loads(line)
-        except json.JSONDecodeError as exc:
-            self._bad(f"{path}:{lineno}", f"malformed JSON ({_json_problem(exc, line)})")
-            return None
-        except RecursionError:
-            self._bad(
-                f"{path}:{lineno}", "JSON nested too deeply to parse (Python's recursion limit)"
-            )
-            return None
-        except ValueError:  # the only other one json raises: an integer over the digit limit
-            limit = sys.get_int_max_str_digits()
-            self._bad(
-                f"{path}:{lineno}", f"JSON integer longer than Python's limit of {limit:,} digits"
-            )
-            return None
-        return self.document_of(obj, path, lineno)
+        or None if it was bad and ``on_error`` skips (:meth:`RecordParser.line` says when a
+        record is bad)."""
+        doc, why = self.parser.line(line)
+        if why is not None:
+            self._bad(f"{path}:{lineno}", why)
+        return doc
 
     def document_of(self, obj: Any, path: str, lineno: int) -> Any:
         """The document of one parsed record ``obj`` (a JSON line, a Parquet/Arrow row, a
         record given from Python) at ``path:lineno``: its text field, or with
         :attr:`document` what that makes of it; None if it was bad and ``on_error`` skips."""
-        if self.document is not None:
-            try:
-                return self.document(obj)
-            except ValueError as exc:
-                self._bad(f"{path}:{lineno}", str(exc))
-                return None
-        for depth, key in enumerate(self._keys):
-            if not isinstance(obj, dict) or key not in obj:
-                owner = repr(".".join(self._keys[:depth])) if depth else "the record"
-                self._bad(
-                    f"{path}:{lineno}",
-                    f"no text field {self.text_key!r} ({_keys_found(obj, owner)})",
-                )
-                return None
-            obj = obj[key]
-        if not isinstance(obj, str):
-            self._bad(
-                f"{path}:{lineno}",
-                f"text field {self.text_key!r} is {type(obj).__name__}, not a string",
-            )
-            return None
-        if not obj.isascii():  # O(1), and ASCII text cannot hold a surrogate
-            return self._without_surrogates(obj, path, lineno)
-        return obj
+        doc, why = self.parser.record(obj)
+        if why is not None:
+            self._bad(f"{path}:{lineno}", why)
+        return doc
 
     def _without_surrogates(self, text: str, path: str, lineno: int) -> str | None:
         """``text``, unless it holds a lone surrogate: then a bad record, or U+FFFD for it."""
-        try:
-            text.encode("utf-8")  # several times faster than a regex search for one
-        except UnicodeEncodeError as exc:
-            if self.errors == "replace":
-                return _SURROGATE.sub("\ufffd", text)
-            self._bad(
-                f"{path}:{lineno}",
-                f"text field {self.text_key!r} holds a lone surrogate "
-                f"\\u{ord(text[exc.start]):04x} at character {exc.start} (half of a UTF-16 pair, "
-                "not text UTF-8 can encode; use errors='replace' / --errors replace to "
-                "substitute U+FFFD)",
-            )
-            return None
-        return text
+        doc, why = self.parser.checked_text(text)
+        if why is not None:
+            self._bad(f"{path}:{lineno}", why)
+        return doc
 
     def __iter__(self) -> Iterator[tuple[str, InputPosition]]:
         start = self.start or InputPosition(0, 0, 0, 0, 0, 0)
         for i in range(start.file, len(self.files)):
             resume = start if i == start.file else None
             yield from self._read_file(i, resume)
+        self.finished()
+
+    def finished(self) -> None:
+        """At the end of the inputs: refuse inputs whose every record was skipped.
+
+        Raises:
+            InputError: saying how many were bad and which came first.
+        """
         if not self.documents and self.bad and self.start is None:
             raise InputError(self._nothing_left())
+
+    def block_parser(self) -> BlockParser | None:
+        """The parser of :meth:`blocks` for a tokenizer worker, when every input is a line
+        file (JSON Lines, ``.txt`` with ``lines``); None when one is not (then iterate)."""
+        if any(is_arrow(f.path) or (f.is_text and not self.lines) for f in self.files):
+            return None
+        return BlockParser(self.parser, self.on_error, self.max_record_bytes)
+
+    def blocks(self, block_bytes: int = 1 << 20) -> Iterator[LineBlock]:
+        """The inputs as raw blocks of lines (:mod:`wdstream.inputs.blocks`), for a reader
+        whose :meth:`block_parser` is not None; number their documents with :meth:`settle`
+        in order, then call :meth:`finished`. Counts :attr:`input_bytes` as it reads."""
+        start = self.start or InputPosition(0, 0, 0, 0, 0, 0)
+        for i in range(start.file, len(self.files)):
+            resume = start if i == start.file else None
+            yield from self._read_file(i, resume, block_bytes)
+
+    def settle(self, block: tuple[int, int | None], parsed: ParsedBlock) -> list[InputPosition]:
+        """The positions of a parsed block's documents, ``block`` being its ``(file,
+        record)`` (:class:`LineBlock`'s), counting its lines and its empty and bad records
+        as reading them one by one would.
+
+        Raises:
+            InputError: the block's bad record (``on_error="raise"``) or invalid UTF-8.
+        """
+        file, record = block
+        base = self._next_record if record is None else record
+        self._next_record = base + parsed.lines
+        name = self._name(file)
+        empty, bad = self.empty, self.bad
+        cols = (parsed.lines_before + base, parsed.offsets, parsed.empty_before + empty,
+                parsed.bad_before + bad, parsed.input_bytes)  # fmt: skip
+        positions = [
+            InputPosition(file, r, o, e, b, n)
+            for r, o, e, b, n in zip(*(c.tolist() for c in cols), strict=True)
+        ]
+        self.empty, self.bad = empty + parsed.empty, bad + parsed.bad
+        self.documents += len(positions)
+        for k, why in parsed.messages[: max(_MAX_LOCATIONS - len(self.bad_locations), 0)]:
+            self.bad_locations.append(f"{name}:{base + k + 1}: {why}")
+        if parsed.fatal is not None:
+            line, why = parsed.fatal
+            raise InputError(why if line is None else f"{name}:{base + line + 1}: {why}")
+        return positions
+
+    def _name(self, file: int) -> str:
+        path = self.files[file].path
+        return "<stdin>" if path == STDIN else path
 
     def _nothing_left(self) -> str:
         """Why inputs whose every record was skipped give nothing to pack."""
@@ -282,8 +245,9 @@ class DocumentReader:
         )
 
     def _read_file(
-        self, i: int, resume: InputPosition | None
-    ) -> Iterator[tuple[str, InputPosition]]:
+        self, i: int, resume: InputPosition | None, block_bytes: int | None = None
+    ) -> Iterator[Any]:
+        """Input ``i``'s documents, or with ``block_bytes`` its raw blocks of lines."""
         info = self.files[i]
         path = info.path
         name = "<stdin>" if path == STDIN else path
@@ -300,6 +264,13 @@ class DocumentReader:
                 yield from arrow_documents(self, i, raw, name, resume)
             elif info.is_text and not self.lines:
                 yield from self._read_whole(i, fh, name, resume)
+            elif block_bytes is not None:
+                record, offset = self._resume_at(fh, name, resume)
+                first = LineBlock(b"", i, name, record, offset, self.input_bytes, info.is_text)
+                skip = self.on_error == "skip"
+                for block in read_blocks(fh, first, self.max_record_bytes, skip, block_bytes):
+                    self.input_bytes += block.size
+                    yield block
             else:
                 yield from self._read_lines(i, fh, name, info, resume)
         except EOFError as exc:  # gzip and _ZstdFrames: the compressed data was cut short
@@ -331,19 +302,24 @@ class DocumentReader:
     def _read_lines(
         self, i: int, fh: IO[bytes], name: str, info: InputFile, resume: InputPosition | None
     ) -> Iterator[tuple[str, InputPosition]]:
-        record, offset = 0, 0
-        if resume is not None and resume.record > 0:
-            record, offset = resume.record, resume.offset
-            if fh.seekable() and not name.endswith((".gz", ".zst")):
-                fh.seek(offset)
-            else:  # compressed or stdin: skip the consumed lines without parsing them
-                skipped = 0
-                for _ in range(record):
-                    skipped += skip_line(fh)
-                if skipped != offset:
-                    raise InputError(f"{name}: input changed since the interrupted pack")
+        record, offset = self._resume_at(fh, name, resume)
         lines = bounded_lines(fh, self.max_record_bytes, self.on_error == "skip")
         yield from self.line_documents(lines, i, name, info.is_text, record, offset)
+
+    @staticmethod
+    def _resume_at(fh: IO[bytes], name: str, resume: InputPosition | None) -> tuple[int, int]:
+        """Move ``fh`` to ``resume``'s record; its ``(record, offset)`` (0, 0 without)."""
+        if resume is None or resume.record == 0:
+            return 0, 0
+        if fh.seekable() and not name.endswith((".gz", ".zst")):
+            fh.seek(resume.offset)
+        else:  # compressed or stdin: skip the consumed lines without parsing them
+            skipped = 0
+            for _ in range(resume.record):
+                skipped += skip_line(fh)
+            if skipped != resume.offset:
+                raise InputError(f"{name}: input changed since the interrupted pack")
+        return resume.record, resume.offset
 
     def line_documents(
         self,

@@ -11,16 +11,20 @@ BOS and EOS come from the tokenizer's own configuration, first found wins:
 Document text is encoded with ``add_special_tokens=False`` and ``encode_special_tokens``
 on, so a document that contains the text ``</s>`` gets the ordinary ids of those characters,
 never the EOS id (tiktoken documents are encoded the same way). Rendered chat text
-(:meth:`HFTokenizer.encode_chat`) is encoded by a second copy of the tokenizer with that
-setting off, so the special tokens a chat template writes are recognised, exactly as
-``transformers`` encodes them.
+(:meth:`HFTokenizer.encode_chat`) is encoded with that setting off, so the special tokens a
+chat template writes are recognised, exactly as ``transformers`` encodes them. One loaded
+tokenizer serves both: the setting is switched when a call needs the other one
+(:class:`_SpecialTokens`), instead of loading a second copy for chat (a chat pack's worker
+loaded the file twice, ~1 s each for a 14 MB ``tokenizer.json``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -113,6 +117,35 @@ def _special_tokens(
     return bos, eos, config_sha
 
 
+class _SpecialTokens:
+    """The ``encode_special_tokens`` setting of one ``tokenizers.Tokenizer``, shared by its
+    callers: calls wanting the same setting run together; one wanting the other waits until
+    they are done, then switches it (switching is a field write; a text pack or a chat pack
+    never switches after its first call)."""
+
+    def __init__(self, tok: Any) -> None:
+        self._tok, self._cond = tok, threading.Condition()
+        self._users = 0
+        tok.encode_special_tokens = self._as_text = True
+
+    @contextmanager
+    def set_to(self, as_text: bool) -> Iterator[Any]:
+        """The tokenizer, with special-token text encoded as text (``as_text``: documents)
+        or recognised (chat), for the time of the block."""
+        with self._cond:
+            while self._users and self._as_text != as_text:
+                self._cond.wait()
+            if self._as_text != as_text:
+                self._tok.encode_special_tokens = self._as_text = as_text
+            self._users += 1
+        try:
+            yield self._tok
+        finally:
+            with self._cond:
+                self._users -= 1
+                self._cond.notify_all()
+
+
 class HFTokenizer(Tokenizer):
     """A ``tokenizer.json`` loaded with Hugging Face ``tokenizers``.
 
@@ -155,8 +188,7 @@ class HFTokenizer(Tokenizer):
             raise TokenizerError(
                 f"cannot load Hugging Face tokenizer file {path}: {type(exc).__name__}: {exc}"
             ) from exc
-        self._tok.encode_special_tokens = True
-        self._chat_tok: Any = None  # the copy that recognises special tokens, made on first use
+        self._special = _SpecialTokens(self._tok)
         self.bos_id = self._id_of(bos)
         self.eos_id = self._id_of(eos)
         self.n_vocab = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
@@ -183,27 +215,26 @@ class HFTokenizer(Tokenizer):
         return out
 
     def encode(self, text: str) -> np.ndarray:
-        return np.array(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+        with self._special.set_to(True) as tok:
+            return np.array(tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
 
     def encode_chat(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         """Ids of a rendered chat with special tokens recognised and nothing added, and each
         token's character span: ``tokenizers``' own offsets, the ones ``transformers`` maps
         its assistant masks with (:meth:`Tokenizer.encode_chat`)."""
-        if self._chat_tok is None:
-            chat_tok = _import_tokenizers().Tokenizer.from_str(self._tok.to_str())
-            chat_tok.encode_special_tokens = False
-            self._chat_tok = chat_tok
-        enc = self._chat_tok.encode(text, add_special_tokens=False)
+        with self._special.set_to(False) as tok:
+            enc = tok.encode(text, add_special_tokens=False)
         spans = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
         return np.array(enc.ids, dtype=np.int64), spans
 
     def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
         """Sequential below 2 threads; else tokenizers' own (Rayon) pool, whose size is
         ``RAYON_NUM_THREADS`` (it cannot be set per call)."""
-        if num_threads < 2:
-            return [self._tok.encode(t, add_special_tokens=False).ids for t in texts]
-        encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
-        return [e.ids for e in encs]
+        with self._special.set_to(True) as tok:
+            if num_threads < 2:
+                return [tok.encode(t, add_special_tokens=False).ids for t in texts]
+            encs = tok.encode_batch_fast(list(texts), add_special_tokens=False)
+            return [e.ids for e in encs]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=False))

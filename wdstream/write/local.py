@@ -6,6 +6,10 @@ Pipeline (one packing thread, tokenisation in a pool, writes in a background thr
         -> TokenPool (ordered, the job's DocumentEncoder) -> DocumentRules
         -> sample builder -> ShardWriter -> Store (provenance, sidecar, tar, then journal)
 
+Line files (JSON Lines, text lines) go as raw blocks of lines instead of documents: the pool's
+workers parse them, and the reader numbers what they found in order (``reader.settle``), so
+the packing process never parses JSON (:mod:`wdstream.inputs.blocks`).
+
 Packing depends only on the token stream, never on batch or worker boundaries, so the
 shards are byte-identical for any worker count and to the Ray engine's.
 """
@@ -18,6 +22,7 @@ from typing import Any
 from wdstream.errors import WdstreamError
 from wdstream.format.sample import DTYPES
 from wdstream.inputs import DocumentReader, InputPosition
+from wdstream.inputs.blocks import LineBlock
 from wdstream.storage import Store
 from wdstream.write.builders import SampleBuilder
 from wdstream.write.docrules import DocumentRules
@@ -61,11 +66,15 @@ class LocalEngine:
             first_doc=sum(e.documents for e in entries),
             doc_offset=resume.emitted,
         )
-        tpool = TokenPool(job.tokenizer, self.workers, self.pool, job.document_encoder())
+        parser = reader.block_parser()
+        tpool = TokenPool(
+            job.tokenizer, self.workers, self.pool, job.document_encoder(), parser=parser
+        )
         rules = job.new_rules(resume.start) if job.new_rules is not None else None
         builder = job.new_builder(DTYPES[job.dtype], job.pad_id)
         bar = Progress(job.progress, reader.source_total, lambda: len(journal.entries))
-        _write_shards(tpool, reader, rules, builder, writer, bar, job.batch_bytes, resume)
+        tasks = _blocks(reader, job.batch_bytes) if parser else _batches(reader, job.batch_bytes)
+        _write_shards(tpool, tasks, reader, rules, builder, writer, bar, resume)
         return InputTotals(
             reader.empty, reader.bad, reader.input_bytes, reader.documents,
             list(reader.bad_locations), tpool.workers, tpool.kind,
@@ -93,25 +102,38 @@ def _batches(
         yield texts, positions
 
 
+def _blocks(
+    reader: DocumentReader, block_bytes: int
+) -> Iterator[tuple[LineBlock, tuple[int, int | None]]]:
+    """The inputs as raw blocks of lines (parsed in the token pool), each with what
+    :meth:`DocumentReader.settle` needs of it."""
+    for block in reader.blocks(block_bytes):
+        yield block, (block.file, block.record)
+
+
 def _write_shards(
     tpool: TokenPool,
+    tasks: Iterator[tuple[Any, Any]],
     reader: DocumentReader,
     rules: DocumentRules | None,
     builder: SampleBuilder,
     writer: ShardWriter,
     bar: Progress,
-    batch_bytes: int,
     resume: ResumePoint,
 ) -> None:
-    """Run the pipeline: read, encode, apply the document rules, build samples, write
-    shards; wait for the last.
+    """Run the pipeline: read, encode (``tasks``: batches of documents with their
+    positions, or blocks of lines with their file, numbered here once parsed), apply the
+    document rules, build samples, write shards; wait for the last.
 
     On resume the first document's tokens already in committed shards are dropped. On any
     error the shards already queued still finish and commit, the partial one is dropped.
     """
     try:
         first = True
-        for positions, batch in tpool.map(_batches(reader, batch_bytes)):
+        for meta, batch, parsed in tpool.map(tasks):
+            positions = meta if parsed is None else reader.settle(meta, parsed)
+            if not positions:
+                continue  # a block of blank, empty or bad lines
             flat, lens = batch.flat, batch.lens
             if rules is not None:
                 flat, lens, positions = rules.apply(batch, positions)
@@ -123,6 +145,7 @@ def _write_shards(
             for s in builder.add(flat, lens, positions):
                 writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
             bar.update(reader.source_bytes, len(lens), len(flat))
+        reader.finished()
         if first and resume.start is not None:
             raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
         for s in builder.flush():

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from wdstream.errors import WdstreamError
+from wdstream.inputs.blocks import BlockParser, LineBlock, ParsedBlock
 from wdstream.tokenizers.base import Tokenizer
 from wdstream.tokenizers.tiktoken import BpeEncoder
 from wdstream.write.encoders import DocumentEncoder, EncodedBatch, encode_flat
@@ -52,7 +53,7 @@ __all__ = ["POOL_KINDS", "TokenPool", "encode_flat", "prestart"]
 POOL_KINDS = ("auto", "threads", "processes")
 M = TypeVar("M")
 
-_worker: tuple[Tokenizer | BpeEncoder, DocumentEncoder] | None = None
+_worker: tuple[Tokenizer | BpeEncoder, DocumentEncoder, BlockParser | None] | None = None
 
 
 def _process_context() -> multiprocessing.context.BaseContext:
@@ -100,12 +101,32 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="wdstream-parent-watch", daemon=True).start()
 
 
-def _init_worker(tok: Tokenizer | str, encoder: DocumentEncoder) -> None:
+def _init_worker(
+    tok: Tokenizer | str, encoder: DocumentEncoder, parser: BlockParser | None
+) -> None:
     """``tok``: the tokenizer (it crossed as its recipe and reloaded itself, a file checked
     against its hash), or for bpe-openai just the encoding's name."""
     global _worker
     _exit_with_parent()
-    _worker = (BpeEncoder(tok) if isinstance(tok, str) else tok, encoder)
+    _worker = (BpeEncoder(tok) if isinstance(tok, str) else tok, encoder, parser)
+
+
+def _run_task(
+    tok: Tokenizer | BpeEncoder,
+    encoder: DocumentEncoder,
+    parser: BlockParser | None,
+    task: list[Any] | LineBlock,
+) -> tuple[EncodedBatch, ParsedBlock | None]:
+    """Encode a batch of documents, or parse a block of lines and encode its documents
+    (then return what the reader numbers them with, without the documents)."""
+    if not isinstance(task, LineBlock):
+        return encoder.encode(tok, task), None
+    assert parser is not None, "a block of lines needs the pool's parser"
+    parsed = parser.parse(task)
+    if not parsed.docs:  # nothing to encode (every line blank, empty or bad)
+        empty = np.zeros(0, dtype=encoder.dtype)
+        return EncodedBatch(empty, np.zeros(0, dtype=np.int64)), parsed
+    return encoder.encode(tok, parsed.docs), parsed.without_docs()
 
 
 def _ready() -> None:
@@ -122,15 +143,16 @@ _BROKEN_POOL = (
 )
 
 
-# An EncodedBatch as it crosses back: its arrays as bytes, its notes as they are.
-_Wire = tuple[bytes, bytes, bytes | None, list[Any] | None]
+# An EncodedBatch as it crosses back: its arrays as bytes, its notes as they are, and a
+# parsed block's numbering.
+_Wire = tuple[bytes, bytes, bytes | None, list[Any] | None, ParsedBlock | None]
 
 
-def _encode_in_worker(docs: list[Any]) -> _Wire:
+def _encode_in_worker(task: list[Any] | LineBlock) -> _Wire:
     assert _worker is not None, "worker not initialised"
-    out = _worker[1].encode(_worker[0], docs)
+    out, parsed = _run_task(*_worker, task)
     tags = None if out.tags is None else out.tags.tobytes()
-    return out.flat.tobytes(), out.lens.tobytes(), tags, out.notes
+    return out.flat.tobytes(), out.lens.tobytes(), tags, out.notes, parsed
 
 
 class _Starter:
@@ -167,8 +189,14 @@ class _Starter:
             raise self._error
 
 
+# What the pool maps: a batch of documents, or a block of raw lines (with a parser).
+Task = list[Any] | LineBlock
+Encoded = tuple[M, EncodedBatch, ParsedBlock | None]
+
+
 class TokenPool:
-    """Ordered, bounded parallel map from document batches to ``(meta, EncodedBatch)``.
+    """Ordered, bounded parallel map from tasks (document batches, or blocks of raw lines
+    parsed in the workers) to ``(meta, EncodedBatch, ParsedBlock or None)``.
 
     While process workers start, batches are encoded on the calling thread
     (``inline_while_starting``; tests turn it off to exercise the pool on tiny inputs).
@@ -179,6 +207,8 @@ class TokenPool:
         kind: ``auto`` (processes), ``threads`` or ``processes``.
         encoder: what a batch of documents becomes (its ``dtype`` is the stored one).
         max_in_flight: batches submitted but not yet consumed (default ``2 * workers + 1``).
+        parser: what parses blocks of lines (:meth:`DocumentReader.block_parser`); None
+            when the tasks are batches of documents only.
     """
 
     inline_while_starting = True
@@ -190,6 +220,7 @@ class TokenPool:
         kind: str,
         encoder: DocumentEncoder,
         max_in_flight: int | None = None,
+        parser: BlockParser | None = None,
     ) -> None:
         if kind not in POOL_KINDS:
             raise ValueError(f"pool kind must be one of {POOL_KINDS}, got {kind!r}")
@@ -203,6 +234,7 @@ class TokenPool:
         self.kind = kind if workers > 0 else "inline"
         self.workers = workers
         self._tok, self._encoder, self._dtype = tok, encoder, encoder.dtype
+        self._parser = parser
         self._max = max_in_flight or 2 * workers + 1
         self._executor: Executor | None = None
         self._starter: _Starter | None = None
@@ -210,32 +242,48 @@ class TokenPool:
             ctx = _process_context()
             # bpe-openai workers need only the binding, not tiktoken's ranks (~0.3 s each).
             recipe = tok.name if tok.backend == "bpe-openai" else tok
-            initargs = (recipe, encoder)
+            initargs = (recipe, encoder, parser)
             self._executor = ProcessPoolExecutor(
                 workers, mp_context=ctx, initializer=_init_worker, initargs=initargs
             )
         elif self.kind == "threads":
             self._executor = ThreadPoolExecutor(workers, thread_name_prefix="wdstream-encode")
 
-    def _submit(self, docs: list[Any]) -> Future[Any]:
+    def _here(self, task: Task) -> tuple[EncodedBatch, ParsedBlock | None]:
+        return _run_task(self._tok, self._encoder, self._parser, task)
+
+    def _submit(self, task: Task) -> Future[Any]:
         assert self._executor is not None
         if self.kind == "processes":
             try:
-                return self._executor.submit(_encode_in_worker, docs)
+                return self._executor.submit(_encode_in_worker, task)
             except BrokenProcessPool as exc:
                 raise WdstreamError(_BROKEN_POOL) from exc
-        return self._executor.submit(self._encoder.encode, self._tok, docs)
+        return self._executor.submit(self._here, task)
 
-    def map(self, batches: Iterable[tuple[list[Any], M]]) -> Iterator[tuple[M, EncodedBatch]]:
-        """Yield ``(meta, encoded)`` for every ``(documents, meta)``, in input order."""
+    def map(self, tasks: Iterable[tuple[Task, M]]) -> Iterator[Encoded[M]]:
+        """Yield ``(meta, encoded, parsed)`` for every ``(task, meta)``, in input order.
+
+        When reading the tasks fails, the results of the tasks before are yielded first,
+        so an error they hold (a bad record found by a worker) comes before a later one.
+        """
         dtype = self._dtype
         if self._executor is None:
-            for texts, meta in batches:
-                yield meta, self._encoder.encode(self._tok, texts)
+            for task, meta in tasks:
+                yield meta, *self._here(task)
             return
         pending: deque[tuple[M, Future[Any]]] = deque()
         starter = self._starter = _Starter(self) if self.kind == "processes" else None
-        for texts, meta in batches:
+        it = iter(tasks)
+        while True:
+            try:
+                task, meta = next(it)
+            except StopIteration:
+                break
+            except Exception:
+                while pending:  # the tasks before the failed read come first
+                    yield self._result(*pending.popleft(), dtype)
+                raise
             if (
                 starter is not None
                 and self.inline_while_starting
@@ -245,32 +293,33 @@ class TokenPool:
                 # Workers are still starting (fork server imports, vocabulary: 1-2 s, and
                 # submitting blocks meanwhile, hence the thread): encode here meanwhile.
                 # Only while nothing is pending, so the order of results is unchanged.
-                yield meta, self._encoder.encode(self._tok, texts)
+                yield meta, *self._here(task)
                 continue
             if starter is not None:
                 starter.join()
                 starter = None
-            pending.append((meta, self._submit(texts)))
+            pending.append((meta, self._submit(task)))
             if len(pending) >= self._max:
                 yield self._result(*pending.popleft(), dtype)
         while pending:
             yield self._result(*pending.popleft(), dtype)
 
     @staticmethod
-    def _result(meta: M, fut: Future[Any], dtype: str) -> tuple[M, EncodedBatch]:
+    def _result(meta: M, fut: Future[Any], dtype: str) -> Encoded[M]:
         try:
             out = fut.result()
         except BrokenProcessPool as exc:
             raise WdstreamError(_BROKEN_POOL) from exc
-        if isinstance(out, EncodedBatch):  # threads: the encoder's own result
-            return meta, out
-        flat, lens, tags, notes = out
-        return meta, EncodedBatch(
+        if isinstance(out[0], EncodedBatch):  # threads: the encoder's own result
+            return meta, *out
+        flat, lens, tags, notes, parsed = out
+        encoded = EncodedBatch(
             np.frombuffer(flat, dtype=dtype),
             np.frombuffer(lens, dtype=np.int64),
             None if tags is None else np.frombuffer(tags, dtype=np.uint8),
             notes,
         )
+        return meta, encoded, parsed
 
     def close(self) -> None:
         """Stop the workers (pending batches are dropped)."""
