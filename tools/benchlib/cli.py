@@ -25,6 +25,7 @@ from benchlib import (
     mixture,
     pack,
     pack_large,
+    rawtext,
     ray_pack,
     read,
     remote,
@@ -49,6 +50,7 @@ PARTS = {
     "mixture": mixture,
     "ray_pack": ray_pack,
     "chat": chat,
+    "rawtext": rawtext,
 }
 QUICK_SKIPS = ("memory", "pack_large")
 
@@ -119,6 +121,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scale", type=int, help="memory part: dataset x1 vs x SCALE (default 4)")
     p.add_argument("--delay", type=float, default=0.02, help="remote: seconds of delay per GET")
     p.add_argument("--chat-mb", type=float, help="chat: MB of conversations (default 24, quick 4)")
+    p.add_argument(
+        "--rawtext-before",
+        default="6b7a4df",
+        help="rawtext: the commit whose wdstream/ is 'before' (default: the last one before "
+        "issue 26's raw-text change; '' for none)",
+    )
     p.add_argument(
         "--parts",
         help=f"comma-separated, of {','.join(PARTS)} (default all; quick: all but memory; "

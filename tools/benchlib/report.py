@@ -18,6 +18,7 @@ from benchlib import (
     mixture,
     pack,
     pack_large,
+    rawtext,
     ray_pack,
     read,
     remote,
@@ -41,6 +42,7 @@ SECTIONS = (
     mixture,
     ray_pack,
     chat,
+    rawtext,
 )
 REPRODUCE = """\
 ```

@@ -35,6 +35,8 @@ CHILDREN = {
     "epoch_memory": "benchlib.memory:child_epoch_memory",
     "remote": "benchlib.remote:child_remote",
     "versions": "benchlib.env:versions",
+    "rawtext": "benchlib.rawtext:child_rawtext",
+    "rawtext_state": "benchlib.rawtext:child_state",
 }
 
 
