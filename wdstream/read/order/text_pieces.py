@@ -4,15 +4,17 @@ A window is ``W`` documents read in file order; its shuffled order is a permutat
 depends only on the window's seed and its document count, so once the window's *text* is
 read the order is known without tokenizing anything. Its tokens are then made in pieces
 along that order, each piece one batched tokenizer call over a run of consecutive
-documents, the first piece small and every next one twice as large (by characters)::
+documents: the first sized (by characters) for the tokens of the first chunk of batches, a
+small one to top it up, then each twice the last::
 
     window 7 (W = 1024 documents, read and parsed: ~14 MB of text, ~0.3 s)
-    shuffled order   d812 d3 d419 d77 | d5 ... d930 | ......... | ...... d200
-    pieces           ~4 x one batch     x2            x2 ...       capped
-                     (first batch)      (tokenized in the background while the first is cut)
+    shuffled order   d812 d3 d419 ... d77 | d5 d61 | d930 ... | ......... | ...... d200
+    pieces           ~ the first chunk      | 1/4    | 1/2      | x2 ...    | capped
+                                              (each tokenized in the background while the
+                                               one before it is cut into rows)
 
-So the first batch of a fresh start needs the window's text and about one batch's worth of
-tokens, not the whole window's (40 s of a Hugging Face tokenizer for 1,024 source files),
+So the first batch of a fresh start needs the window's text and about one chunk's worth of
+tokens, not the whole window's (13 s of a Hugging Face cl100k on 2 cores for 1,024 files),
 and a resumed cursor ``(window, emitted=k, offset=o)`` tokenizes from its ``k``-th document
 on: the documents before it are read (to know the window) but never tokenized. The tokens
 are the same whatever the pieces (a document is always encoded whole, on its own), so the
@@ -30,11 +32,12 @@ from wdstream.read.sources.text import TextSource
 
 __all__ = ["DocReader", "TextPiece", "TextWindow", "pieces"]
 
-# The longest piece, in characters (~1-4 MB of tokens' text: seconds of one tokenizer thread).
+# The longest piece, in characters (~4 MB of text: seconds of one tokenizer thread).
 _MAX_PIECE_CHARS = 1 << 22
-# Characters per token the first piece is sized for (code and English with a 100k-vocabulary
-# BPE take ~3.5-4.5); a tokenizer with shorter tokens just needs a second piece for a batch.
-_CHARS_PER_TOKEN = 4
+# Characters per token the first piece is sized for: Python code and English take ~3.5-4.5
+# with a 100k-vocabulary BPE. Where the first piece falls short, the second (a quarter of it)
+# tops it up, so a first chunk never waits for a piece twice its size.
+_CHARS_PER_TOKEN = 4.5
 
 
 class DocReader:
@@ -130,9 +133,10 @@ def pieces(
         first: its first document to tokenize (a resumed cursor's ``emitted``).
         tokenize: texts -> ``(flat tokens, starts, doc starts)``, one batched call.
         next_window: ``(reader, window number)`` -> the next window read, or None.
-        first_tokens: tokens the first piece is sized for (one batch).
+        first_tokens: tokens the first piece is sized for (the first chunk of batches).
     """
-    budget = max(1, first_tokens * _CHARS_PER_TOKEN)
+    budget = max(1, int(first_tokens * _CHARS_PER_TOKEN))
+    grow = [max(1, budget // 4)]  # then twice the last, up to the cap
     while True:
         texts, j = win.texts, first
         while j < len(texts):
@@ -141,7 +145,7 @@ def pieces(
                 size += len(texts[m])
                 m += 1
             yield TextPiece(win, j, *tokenize(texts[j:m]))
-            j, budget = m, min(2 * budget, _MAX_PIECE_CHARS)
+            j, budget = m, grow.pop() if grow else min(2 * budget, _MAX_PIECE_CHARS)
         following = next_window(reader, win.window + 1)
         if following is None:
             return
