@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -101,15 +102,17 @@ def child_rawtext(
 
     where = str(Path(wdstream.__file__).parents[1])
     saved = json.loads(Path(state).read_text()) if state else None
-    t0 = time.perf_counter()
+    load = os.getloadavg()[0]  # the host's, to read the wall times by
+    c0, t0 = time.process_time(), time.perf_counter()
     loader = _loader(source, tokenizer, workers)
     if saved is not None:
         loader.load_state_dict(saved["state"])
     built = time.perf_counter() - t0
     got: list[str] = []
-    first = n = 0.0
+    first = first_cpu = n = 0.0
     for batch in loader:
-        first = first or time.perf_counter() - t0
+        if not first:
+            first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
         if len(got) < CHECK:
             got.append(_digest(batch))
         n += 1
@@ -117,8 +120,8 @@ def child_rawtext(
             break
     n_s = time.perf_counter() - t0
     exact = None if saved is None else got == saved["ref"][: len(got)]
-    return {"construct_s": built, "first_s": first, "n_s": n_s, "batches": n,
-            "exact": exact, "code": where}  # fmt: skip
+    return {"construct_s": built, "first_s": first, "first_cpu_s": first_cpu, "n_s": n_s,
+            "batches": n, "exact": exact, "code": where, "load": load}  # fmt: skip
 
 
 def _before_tree(b: Bench) -> str | None:
@@ -183,12 +186,15 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         ratio = ratio_spread(resumed, fresh, "first_s")
         exact = {x.get("exact") for x in resumed if "error" not in x}
         state = res.get(f"state/{workers}", {})
+        load = value_spread([*fresh, *resumed], "load")
         rows.append([
             workers, code, _s(value_spread(fresh, "construct_s")),
-            _s(value_spread(fresh, "first_s")), _s(value_spread(fresh, "n_s")),
+            _s(value_spread(fresh, "first_s")), _s(value_spread(fresh, "first_cpu_s")),
+            _s(value_spread(fresh, "n_s")),
             _s(value_spread(resumed, "first_s")), _s(value_spread(resumed, "n_s")), ratio,
             f"{state.get('at')}/{state.get('epoch_batches')}",
             "yes" if exact == {True} else f"NO {exact}",
+            load.fmt("", 1) if load else None,
             first_error(fresh) or first_error(resumed) or "ok",
         ])  # fmt: skip
         if code == "after":
@@ -208,7 +214,9 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         f"{BATCHES}th; resumed: `load_state_dict` of the state after {FRACTION * 100:.0f} % of "
         "the epoch (from one uninterrupted epoch, which also gives the batches after it: "
         f"exact = the {CHECK} batches after resume are those). Median (min–max) over "
-        f"{r['args']['repeats']} interleaved round(s); resumed / fresh: first batch, per round."
+        f"{r['args']['repeats']} interleaved round(s); resumed / fresh: first batch, per round. "
+        "CPU: the main process's (tokenizer threads included; at 2 workers not the workers'), "
+        "to read wall times taken on a busy host by; host load: the 1-minute load average."
         + (f" 'before' is commit `{before}`'s `wdstream/` in the same run." if before else ""),
         "",
         table(
@@ -217,12 +225,14 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
                 "code",
                 "construct",
                 "fresh → 1st batch",
+                "its CPU (main process)",
                 f"fresh → {BATCHES}",
                 "resumed → 1st batch",
                 f"resumed → {BATCHES}",
                 "resumed / fresh",
                 "resume at batch",
                 "exact",
+                "host load (1 min)",
                 "status",
             ],
             rows,
