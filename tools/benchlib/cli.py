@@ -28,6 +28,7 @@ from benchlib import (
     mixture,
     pack,
     pack_large,
+    rawtext,
     ray_pack,
     read,
     remote,
@@ -53,6 +54,7 @@ PARTS = {
     "ray_pack": ray_pack,
     "chat": chat,
     "gpu": gpu,
+    "rawtext": rawtext,
 }
 QUICK_SKIPS = ("memory", "pack_large")
 CUDA_ONLY = ("gpu",)  # in the default parts only where CUDA is available
@@ -143,7 +145,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--before",
         metavar="COMMIT",
         help="also measure wdstream at COMMIT (checked out in the work dir) where a part "
-        "can: read and mixture, rounds interleaved with this commit's",
+        "can: read, mixture and rawtext, rounds interleaved with this commit's",
     )
     p.add_argument("--gpu", action="store_true", help="add the gpu part (needs CUDA)")
     p.add_argument("--gpu-device", default="cuda", help="gpu: the device (cpu: smoke test only)")

@@ -19,6 +19,7 @@ from benchlib import (
     mixture,
     pack,
     pack_large,
+    rawtext,
     ray_pack,
     read,
     remote,
@@ -43,6 +44,7 @@ SECTIONS = (
     ray_pack,
     chat,
     gpu,
+    rawtext,
 )
 REPRODUCE = """\
 ```

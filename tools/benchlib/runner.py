@@ -37,6 +37,8 @@ CHILDREN = {
     "nginx": "benchlib.nginx:child_nginx",
     "gpu": "benchlib.gpu:child_gpu",
     "versions": "benchlib.env:versions",
+    "rawtext": "benchlib.rawtext:child_rawtext",
+    "rawtext_state": "benchlib.rawtext:child_state",
 }
 
 

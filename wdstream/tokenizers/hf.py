@@ -96,6 +96,18 @@ def _from_post_processor(proc: Any) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _spec_parts(tok: Any) -> dict[str, Any]:
+    """The two parts of ``tokenizer.json`` special tokens are looked up in, from the loaded
+    tokenizer: parsing the whole file again in Python (a 100k vocabulary: ~13 MB) takes a
+    third of the time loading it does."""
+    proc = tok.post_processor
+    added = tok.get_added_tokens_decoder().values()
+    return {
+        "post_processor": None if proc is None else json.loads(proc.__getstate__()),
+        "added_tokens": [{"content": t.content, "special": t.special} for t in added],
+    }
+
+
 def _special_tokens(
     path: str, spec_json: dict[str, Any], expect_config_sha256: str | None
 ) -> tuple[str | None, str | None, str]:
@@ -179,9 +191,9 @@ class HFTokenizer(Tokenizer):
         self.path = path
         try:
             raw, self._sha256 = read_pinned(path, expect_sha256)
-            spec_json = json.loads(raw)
             self._tok = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
-            bos, eos, self.config_sha256 = _special_tokens(path, spec_json, expect_config_sha256)
+            parts = _spec_parts(self._tok)
+            bos, eos, self.config_sha256 = _special_tokens(path, parts, expect_config_sha256)
         except TokenizerError:
             raise
         except Exception as exc:  # noqa: BLE001 - OSError, bad JSON, tokenizers' own errors
@@ -229,12 +241,16 @@ class HFTokenizer(Tokenizer):
 
     def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
         """Sequential below 2 threads; else tokenizers' own (Rayon) pool, whose size is
-        ``RAYON_NUM_THREADS`` (it cannot be set per call)."""
+        ``RAYON_NUM_THREADS`` (it cannot be set per call).
+
+        Sequential is one text per ``encode_batch_fast`` call, not ``encode``: the batch
+        call skips the character offsets ``encode`` computes, ~25 % of a byte-level BPE's
+        time (cl100k on Python sources: 1.65 against 1.25 MB per CPU second)."""
         with self._special.set_to(True) as tok:
+            fast = tok.encode_batch_fast
             if num_threads < 2:
-                return [tok.encode(t, add_special_tokens=False).ids for t in texts]
-            encs = tok.encode_batch_fast(list(texts), add_special_tokens=False)
-            return [e.ids for e in encs]
+                return [fast([t], add_special_tokens=False)[0].ids for t in texts]
+            return [e.ids for e in fast(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=False))

@@ -8,17 +8,19 @@ Without an index there are no counts to plan with, so the split is by *files*
     rank 0               f3 f5 f4
     rank 1               f0 f1 f2
 
-A stream reads its files in order, ``W`` documents per window; a window is tokenized in one
-batched call (tiktoken releases the GIL) and emitted in a permutation seeded by
-``(seed, e, rank, stream, window)``. The cursor is::
+A stream reads its files in order, ``W`` documents per window, emitted in a permutation
+seeded by ``(seed, e, rank, stream, window)``; the window is tokenized in pieces along that
+order, each one batched call (GIL released), the next piece in the background while the last
+is cut into rows (:mod:`~wdstream.read.order.text_pieces`). The cursor is::
 
     {"epoch": e, "window": w, "file": f, "byte": b, "record": r,
      "emitted": k, "offset": o, "batches": d}
 
 "window ``w`` of epoch ``e`` starts at byte ``b`` (record ``r``) of the stream's ``f``-th
 file; the next token is token ``o`` of its ``k``-th document in shuffled order; ``d`` batches
-of this epoch are done". Restoring re-reads that one window (a seek for plain files; for
-``.gz``/``.zst`` a decompression from the file's start), never replays the epoch.
+of this epoch are done". Restoring re-reads that one window's text (a seek for plain files;
+for ``.gz``/``.zst`` a decompression from the file's start) and tokenizes it from document
+``k`` on, never replays the epoch.
 
 A stream's epoch ends when its files cannot fill another batch (the rest is left out), or
 after ``batches_per_epoch / streams`` batches when that cap is given; the cap is the only way
@@ -27,11 +29,11 @@ to make every rank yield the same number of batches, since file sizes are unknow
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
-from collections.abc import Generator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,54 +41,12 @@ import numpy as np
 from wdstream.errors import InputError, StateMismatchError
 from wdstream.read.order.state_fields import mismatch
 from wdstream.read.order.streams_context import ReaderConfig, copy_window
-from wdstream.read.order.streams_state import check_in_window
+from wdstream.read.order.text_pieces import DocReader, TextPiece, TextWindow, pieces
 from wdstream.read.sources.text import TextSource
 
 __all__ = ["TEXT_CURSOR_KEYS", "TextContext", "TextStream"]
 
 TEXT_CURSOR_KEYS = ("epoch", "window", "file", "byte", "record", "emitted", "offset", "batches")
-
-
-@dataclass
-class _TextWindow:
-    window: int
-    file: int  # where the window starts: index into the stream's file list of this epoch,
-    byte: int  # byte offset and record number in that (decompressed) file
-    record: int
-    tokens: np.ndarray  # flat int32, documents in shuffled order
-    starts: np.ndarray  # int64[n + 1]
-    doc_start: np.ndarray | None
-
-
-class _DocReader:
-    """The documents of one stream's files from a position, read strictly sequentially."""
-
-    def __init__(self, source: TextSource, files: list[int], f: int, byte: int, record: int):
-        self._gen = self._iter(source, files, f, byte, record)
-        self._head = next(self._gen, None)
-
-    @staticmethod
-    def _iter(
-        source: TextSource, files: list[int], f: int, byte: int, record: int
-    ) -> Generator[tuple[str, int, int, int], None, None]:
-        for i in range(f, len(files)):
-            b, r = (byte, record) if i == f else (0, 0)
-            for text, at, rec in source.docs(files[i], b, r):
-                yield text, i, at, rec
-
-    def position(self) -> tuple[int, int, int] | None:
-        """``(file, byte, record)`` of the next document, None when the files are done."""
-        return None if self._head is None else self._head[1:]
-
-    def take(self, n: int) -> list[str]:
-        out: list[str] = []
-        while len(out) < n and self._head is not None:
-            out.append(self._head[0])
-            self._head = next(self._gen, None)
-        return out
-
-    def close(self) -> None:
-        self._gen.close()
 
 
 class TextContext:
@@ -217,34 +177,34 @@ class TextContext:
         g = cfg.rank * cfg.streams + stream
         return [int(i) for i in order[g :: cfg.world_size * cfg.streams]]
 
-    def tokenize(
-        self, texts: list[str], epoch: int, stream: int, window: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Tokenize a window in one batched call, shuffle it, flatten it."""
-        tok, cfg = self.source.tokenizer, self.cfg
-        # tiktoken's batch encoder runs its own threads (the Rust core releases the GIL).
-        ids = tok.encode_ordinary_batch(texts, num_threads=self.threads)
+    def window_order(self, epoch: int, stream: int, window: int, n: int) -> np.ndarray:
+        """The order a window's ``n`` documents are emitted in (its seeded permutation)."""
+        cfg = self.cfg
+        if not cfg.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([cfg.seed, epoch, cfg.rank, stream, window]).permutation(n)
+
+    def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Tokenize documents in one batched call and flatten them in the order given:
+        ``(int32 tokens, int64 starts[n + 1], doc starts or None)``, EOS after each."""
+        # tiktoken's and tokenizers' batch encoders run their own threads (GIL released).
+        ids = self.source.tokenizer.encode_ordinary_batch(texts, num_threads=self.threads)
         n = len(ids)
-        if cfg.shuffle:
-            rng = np.random.default_rng([cfg.seed, epoch, cfg.rank, stream, window])
-            order = rng.permutation(n)
-        else:
-            order = np.arange(n)
         eos = self.source.eos_id
-        lens = np.fromiter((len(ids[i]) for i in order), dtype=np.int64, count=n)
+        lens = np.fromiter((len(x) for x in ids), dtype=np.int64, count=n)
         lens += eos is not None
         starts = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens, out=starts[1:])
         flat = np.empty(int(starts[-1]), dtype=np.int32)
-        for j, i in enumerate(order.tolist()):
+        for j, x in enumerate(ids):
             a, b = int(starts[j]), int(starts[j + 1])
             if eos is not None:
-                flat[a : b - 1] = ids[i]
+                flat[a : b - 1] = x
                 flat[b - 1] = eos
             else:
-                flat[a:b] = ids[i]
+                flat[a:b] = x
         doc_start = None
-        if cfg.doc_boundaries:
+        if self.cfg.doc_boundaries:
             doc_start = np.zeros(len(flat), dtype=bool)
             doc_start[starts[:-1][lens > 0]] = True
         return flat, starts, doc_start
@@ -257,10 +217,11 @@ class TextStream:
         self.ctx = ctx
         self.stream = stream
         self._cursor = dict(cursor)
-        self._wins: list[_TextWindow] = []  # the current window first, then read-ahead ones
+        self._wins: list[TextPiece] = []  # the current piece first, then read-ahead ones
         self._pos = 0
-        self._reader: _DocReader | None = None
-        self._ahead: Future[_TextWindow | None] | None = None
+        self._reader: DocReader | None = None
+        self._pieces: Iterator[TextPiece] | None = None
+        self._ahead: Future[TextPiece | None] | None = None
         self._files: list[int] = []
         self._done = False  # the reader has no more documents in this epoch
 
@@ -272,58 +233,73 @@ class TextStream:
         self._drop()
 
     def _drop(self) -> None:
-        ahead, reader = self._ahead, self._reader
-        self._ahead = self._reader = None
+        ahead, reader, gen = self._ahead, self._reader, self._pieces
+        self._ahead = self._reader = self._pieces = None
         self._wins = []
         self._done = False
         if reader is not None:
-            if ahead is None or ahead.cancel() or ahead.done():
+
+            def close(_: object = None) -> None:
+                if gen is not None:
+                    gen.close()  # type: ignore[attr-defined]
                 reader.close()
+
+            if ahead is None or ahead.cancel() or ahead.done():
+                close()
             else:  # still tokenizing: close once it is done
-                ahead.add_done_callback(lambda _: reader.close())
+                ahead.add_done_callback(close)
 
-    def _read(self, reader: _DocReader, epoch: int, window: int) -> _TextWindow | None:
-        at = reader.position()
-        if at is None:
+    def _next_piece(self) -> TextPiece | None:
+        """The piece after the last one loaded, then start tokenizing the one after it."""
+        gen = self._pieces
+        if self._done or gen is None:
             return None
-        texts = reader.take(self.ctx.cfg.shuffle_window)
-        tokens, starts, ds = self.ctx.tokenize(texts, epoch, self.stream, window)
-        return _TextWindow(window, *at, tokens, starts, ds)
-
-    def _next_window(self) -> _TextWindow | None:
-        """The window after the last one loaded, then start reading the one after it."""
-        reader = self._reader
-        if self._done or reader is None:
-            return None
-        epoch = self._cursor["epoch"]
-        window = self._wins[-1].window + 1 if self._wins else self._cursor["window"]
         ahead = self._ahead
-        win = ahead.result() if ahead is not None else self._read(reader, epoch, window)
+        piece = ahead.result() if ahead is not None else next(gen, None)
         self._ahead = None
-        if win is None:
+        if piece is None:
             self._done = True
         else:
-            # Read and tokenize the next window while this one is cut into rows.
-            self._ahead = self.ctx.pool.submit(self._read, reader, epoch, window + 1)
-        return win
+            # Tokenize the next piece while this one is cut into rows.
+            self._ahead = self.ctx.pool.submit(next, gen, None)
+        return piece
 
     def _ensure(self) -> None:
-        """Open the reader and load the cursor's window if nothing is loaded."""
+        """Open the reader and load the cursor's window and first piece if nothing is loaded.
+
+        Raises:
+            StateMismatchError: for ``emitted`` past the window's documents or ``offset``
+                past that document's tokens.
+        """
         if self._wins or self._done:
             return
-        c = self._cursor
-        self._files = self.ctx.files(c["epoch"], self.stream)
-        if c["file"] < len(self._files):
-            self._reader = self._open(c)
-        win = self._next_window()
+        c, ctx = self._cursor, self.ctx
+        self._files = ctx.files(c["epoch"], self.stream)
+        if c["file"] >= len(self._files):
+            self._done = True
+            return
+        reader = self._reader = self._open(c)
+        order = functools.partial(ctx.window_order, c["epoch"], self.stream)
+        read = functools.partial(TextWindow.read, size=ctx.cfg.shuffle_window, order=order)
+        win = read(reader, c["window"])
         if win is None:
             self._done = True
             return
-        check_in_window(self.stream, c, win.starts)
-        self._wins = [win]
-        self._pos = int(win.starts[c["emitted"]]) + c["offset"]
+        s, k, n = self.stream, c["emitted"], len(win.texts)
+        if k >= n:
+            raise mismatch(f"streams[{s}].emitted", k, f"its window holds {n} documents")
+        cfg = ctx.cfg
+        first_tokens = ctx.chunk_size(c) * cfg.batch_size * (cfg.seq_len + 1) + c["offset"]
+        self._pieces = pieces(reader, win, k, ctx.tokenize, read, first_tokens)
+        piece = self._next_piece()
+        assert piece is not None and piece.first == k
+        size = int(piece.starts[1])
+        if c["offset"] >= size:
+            raise mismatch(f"streams[{s}].offset", c["offset"], f"that document has {size} tokens")
+        self._wins = [piece]
+        self._pos = c["offset"]
 
-    def _open(self, c: dict[str, int]) -> _DocReader:
+    def _open(self, c: dict[str, int]) -> DocReader:
         """A reader from the cursor's window start, which must be where a document starts.
 
         A cursor inside an epoch names where its window's first document was read, so
@@ -335,7 +311,7 @@ class TextStream:
         """
         f, byte = c["file"], c["byte"]
         try:
-            reader = _DocReader(self.ctx.source, self._files, f, byte, c["record"])
+            reader = DocReader(self.ctx.source, self._files, f, byte, c["record"])
         except InputError as exc:
             if c["batches"] == 0:
                 raise  # an epoch's start: the data itself is bad
@@ -355,11 +331,11 @@ class TextStream:
         self._ensure()
         have = sum(len(w.tokens) for w in self._wins) - self._pos
         while have < need:
-            win = self._next_window()
-            if win is None:
+            piece = self._next_piece()
+            if piece is None:
                 return False
-            self._wins.append(win)
-            have += len(win.tokens)
+            self._wins.append(piece)
+            have += len(piece.tokens)
         return True
 
     def _end_epoch(self) -> None:
@@ -427,15 +403,14 @@ class TextStream:
                 )
             self._end_epoch()
             return self.cursor()
-        win = self._wins[0]
-        if self._pos >= len(win.tokens):
+        while self._pos >= len(self._wins[0].tokens):  # (pieces of empty documents too)
             self._wins.pop(0)
             self._pos = 0
-            win = self._wins[0]
-        k = int(np.searchsorted(win.starts, self._pos, side="right")) - 1
+        piece = self._wins[0]
+        k, offset = piece.doc_at(self._pos)
+        win = piece.window
         self._cursor = {
             "epoch": c["epoch"], "window": win.window, "file": win.file, "byte": win.byte,
-            "record": win.record, "emitted": k, "offset": self._pos - int(win.starts[k]),
-            "batches": d,
+            "record": win.record, "emitted": k, "offset": offset, "batches": d,
         }  # fmt: skip
         return self.cursor()

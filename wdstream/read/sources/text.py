@@ -227,6 +227,11 @@ class TextSource:
                 text = self._parser.decode_bytes(data, name, 0)
                 if text:
                     yield text, 0, 0
+        except GeneratorExit:
+            # Closed before its end (a loader left mid-epoch), also at interpreter exit, when
+            # module globals such as ``tarfile`` may already be None: matched first, so the
+            # clause below is never evaluated then ("Exception ignored ... TarError").
+            raise
         except (OSError, EOFError, tarfile.TarError) as exc:
             raise InputError(f"{name}: read failed ({exc})") from exc
         finally:
