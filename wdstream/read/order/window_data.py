@@ -1,8 +1,9 @@
-"""A window's samples as read, their copy-time checks, and the rows quarantine masks.
+"""A window's samples as read, the copy of rows out of them with their copy-time checks,
+and the rows quarantine masks.
 
 The global order (:mod:`~wdstream.read.order.global_order`) reads a window whole and copies
-rows out of it. What it keeps of the read is a :class:`WindowData`; a torch worker of several
-verifies each sample at its first copy (:class:`CopyTimeChecks`). With ``on_corrupt="mask"``
+rows out of it (:func:`copy_rows`). What it keeps of the read is a :class:`WindowData`; a
+torch worker of several verifies each sample at its first copy (:class:`CopyTimeChecks`). With ``on_corrupt="mask"``
 a sample that could not be read stands in masked (``WindowData.bad``, from the read or from
 a failed copy-time check), and every row that holds any token of it is masked whole
 (:func:`mask_rows`): each of its tokens becomes the dataset's neutral id with the no-loss bit,
