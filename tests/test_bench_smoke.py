@@ -244,6 +244,11 @@ def _fake_results() -> dict:
             "wdstream-nocrc/2": [125e6, 40e6, 120e6]}  # fmt: skip
     reads = _reads(tps)
     reads["litdata/2"] = [{"round": i, "error": "not installed: litdata"} for i in range(3)]
+    # CPU seconds of the process tree over 1,000 rows: on minus off 0.4, 1.2, -0.2 µs per row
+    for key, cpu in (("wdstream/2", [0.0150, 0.0300, 0.0148]),
+                     ("wdstream-nocrc/2", [0.0146, 0.0288, 0.0150])):  # fmt: skip
+        for run, c in zip(reads[key], cpu, strict=True):
+            run |= {"cpu_s": c, "rows": 1000}
     resume = {"epoch_batches": 10, "at": 9, "exact": True, "mismatch": "", "state_bytes": 300,
               "rounds": [{"round": i, "resume_s": 0.02, "cold_s": 0.01 * (i + 1)}
                          for i in range(3)]}  # fmt: skip
@@ -294,6 +299,10 @@ def test_checksum_rows_give_on_off_and_memmap_ratios_per_round(tmp_path: Path) -
     assert row2[3] == "0.96x (0.92–1.00)"  # 120/125, 40/40, 110/120
     assert f"on/off, 0 workers 0.90x (0.90–0.95) (goal ≥ {checksums.GOAL_ON_OFF}x: NOT met)" in text
     assert "off vs memmap, 0 workers 1.00x (1.00–1.00) (goal ≥ 1.0x: met)" in text
+    # the checks' CPU per row: on minus off in each round, not a difference of medians
+    assert row2[6:8] == ["0.40 µs (-0.20–1.20)", "15.0 µs (14.6–28.8)"]
+    assert row0[6] == "–"  # no CPU measured
+    assert "checks' CPU per row, 2 workers 0.40 µs (-0.20–1.20) (goal ≤ 0.5 µs: met)" in text
 
 
 def test_report_sections_resume_spread_and_handwritten_tail(tmp_path: Path) -> None:

@@ -216,3 +216,50 @@ def test_a_flip_is_refused_with_workers_when_a_window_mixes_unchecked_shards(
                 pass
     assert entry.name in str(info.value)
     assert f"sample 3 at byte {int(sidecar.offsets[3])}" in str(info.value)
+
+
+def test_copy_time_checks_cut_samples_and_a_failed_check_stays_pending(tmp_path: Path) -> None:
+    """A worker's copy-time checks (token windows) with samples of 33 tokens in rows of 17,
+    so most samples are cut across rows, fills and windows: the rows equal those of a reader
+    that verifies whole reads, a flipped byte is refused naming its sample, and refused
+    again when the same rows are filled once more (a sample whose check failed is not
+    marked verified)."""
+    clean = tmp_path / "clean"
+    write_synthetic_dataset(str(clean), n_docs=60, sample_tokens=33, samples_per_shard=7)
+    opts = dict(seq_len=16, batch_size=6, seed=7, order="global", chunk_batches=2, **WIN)
+
+    def rows(root: Path, worker: bool) -> list[np.ndarray]:
+        order = Loader(str(root), **opts).dataset.sequence.order  # type: ignore[arg-type, union-attr]
+        if worker:
+            order.check_only(lambda epoch, a, b: [])  # a torch worker of several
+        out = []
+        for row in range(0, order.rows_per_epoch - 4, 5):  # fills of 5 rows, any alignment
+            tokens = np.empty((5, 17), dtype=np.int32)
+            order.fill(0, row, tokens, None)
+            out.append(tokens)
+        return out
+
+    got, want = rows(clean, True), rows(clean, False)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    index = read_index(open_store(str(clean)))
+    entry = index.shards[1]
+    sidecar = ShardSidecar.from_bytes((clean / entry.sidecar).read_bytes())
+    bad = tmp_path / "bad"
+    shutil.copytree(clean, bad)
+    data = bytearray((bad / entry.name).read_bytes())
+    data[int(sidecar.offsets[4]) + 90] ^= 0x10  # a token byte in the sample's second row
+    (bad / entry.name).write_bytes(bytes(data))
+    order = Loader(str(bad), **opts).dataset.sequence.order  # type: ignore[arg-type, union-attr]
+    order.check_only(lambda epoch, a, b: [])
+    tokens = np.empty((5, 17), dtype=np.int32)
+    failed = None
+    for row in range(0, order.rows_per_epoch - 4, 5):
+        try:
+            order.fill(0, row, tokens, None)
+        except CorruptShardError as exc:
+            failed = row, str(exc)
+            break
+    assert failed is not None, "the flipped byte was not refused"
+    assert f"sample 4 at byte {int(sidecar.offsets[4])}" in failed[1]
+    with pytest.raises(CorruptShardError, match=f"sample 4 at byte {int(sidecar.offsets[4])}"):
+        order.fill(0, failed[0], tokens, None)

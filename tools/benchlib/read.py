@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from benchlib import readers
 from benchlib.common import BATCH, SEQ_LEN, TOKENS_PER_BATCH, WORKERS
+from benchlib.cputime import tree_cpu_s
 from benchlib.rounds import Spread, first_error, interleave, ratio_spread, value_spread
 from benchlib.runner import run_child
 from benchlib.tables import goal, millions, ms, table
@@ -66,7 +67,9 @@ def child_read(
 
     Times at least ``batches`` batches and at least ``min_seconds`` (fast readers would
     otherwise be timed over a few milliseconds); epochs follow one another as in training.
-    The first batch is timed from constructing the loader, imports excluded.
+    The first batch is timed from constructing the loader, imports excluded. ``cpu_s``: CPU
+    seconds of the whole process tree (this process and its workers) over the same batches,
+    for the CPU each delivered row costs.
     """
     import torch  # noqa: F401  (imports are not part of the loader's start-up)
 
@@ -75,7 +78,7 @@ def child_read(
     loader = readers.make_loader(reader, root, workers, **(options or {}))
     first = None
     n = 0
-    t1 = 0.0
+    t1 = cpu1 = 0.0
     for b in readers.batches(reader, loader):
         n += 1
         if n == 1:
@@ -84,18 +87,22 @@ def child_read(
                 if tuple(b[key].shape) != (BATCH, SEQ_LEN):
                     raise ValueError(f"{reader}: {key} shape {tuple(b[key].shape)}")
         if n == warmup:
+            cpu1 = tree_cpu_s()
             t1 = time.perf_counter()
         if n >= warmup + batches and (
             time.perf_counter() - t1 >= min_seconds or n >= warmup + max_batches
         ):
             break
     seconds = time.perf_counter() - t1
+    cpu_s = tree_cpu_s() - cpu1
     measured = n - warmup
     return {
         "tokens_per_s": measured * TOKENS_PER_BATCH / seconds,
         "first_batch_s": first,
         "batches": measured,
         "seconds": seconds,
+        "cpu_s": cpu_s,
+        "rows": measured * BATCH,
         "transport": readers.transport(reader, workers, loader),
     }
 

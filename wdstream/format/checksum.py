@@ -16,8 +16,8 @@ checks a run of samples it read with one call over the run's bytes (the GIL rele
 training loop in the same process, per-sample hand-offs between threads cost more than the
 sums. The per-sample values then only name the bad sample once a run fails. A torch worker
 of several, which copies scattered samples of each window, instead checks each sample
-against its per-sample value right after copying it (``read/order/global_order.py``), in its own thread,
-on cached bytes.
+against its per-sample value right after copying it (``read/order/window_data.py``,
+``copy_rows``), in its own thread, on cached bytes.
 """
 
 from __future__ import annotations

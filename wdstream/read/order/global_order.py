@@ -42,6 +42,7 @@ from wdstream.read.order.window_data import (
     CopyTimeChecks,
     Hit,
     WindowData,
+    copy_rows,
     emitted_bad,
     mask_rows,
     samples_alone,
@@ -49,7 +50,7 @@ from wdstream.read.order.window_data import (
 )
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.quarantine import QuarantinedReads
-from wdstream.read.sources.reads import CopyChecks, neutral_id
+from wdstream.read.sources.reads import neutral_id
 
 __all__ = ["ORDER_VERSION", "GlobalOrder", "OrderConfig", "Origin", "ReadSpans"]
 
@@ -367,18 +368,7 @@ class GlobalOrder:
         counts = [len(x) for x in located]
         base_of = np.repeat(np.arange(len(located)), counts)[order].tolist()
         first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
-        unverified = None
-        if any(c is not None for c in checks):
-
-            def column(part: Callable[[CopyChecks], np.ndarray]) -> list[int]:
-                parts = [np.full(n, -1, dtype=np.int64) if c is None else part(c)
-                         for c, n in zip(checks, counts, strict=True)]  # fmt: skip
-                return np.concatenate(parts)[order].tolist()
-
-            unverified = CopyTimeChecks(
-                checks, column(lambda c: c.offsets), column(lambda c: c.offsets + c.sizes),
-                column(lambda c: c.crcs),
-            )  # fmt: skip
+        unverified = CopyTimeChecks.of(checks, counts, order)
         bases = [x.base for x in located]
         return WindowData(bases, base_of, first[order].tolist(), [], unverified,
                           emitted_bad(reads, order))  # fmt: skip
@@ -423,28 +413,12 @@ class GlobalOrder:
         flat_ds = doc_start.reshape(-1) if doc_start is not None else None
         if flat_ds is not None:
             flat_ds[:] = False
-        o = 0
         segments = self._segments(epoch, t0, t0 + tokens.size)
         windows = self._samples_alone(epoch, segments, with_docs)
-        hits: list[Hit] = []
-        for w, i, off, take in segments:
-            data = windows.get(w)
-            if data is None:
-                data = windows[w] = self._window_data(epoch, w, with_docs)
-            base, at = data.bases[data.base_of[i]], data.first[i] + off
-            flat[o : o + take] = base[at : at + take]
-            unverified = data.unverified
-            if unverified is not None and unverified.want[i] >= 0:
-                bad = data.bad if self.quarantine else None
-                unverified.verify(i, data.base_of[i], self.source, bad)
-            if data.bad and i in data.bad:
-                hits += [(r, data.bad[i]) for r in range(o // T1, (o + take - 1) // T1 + 1)]
-            if flat_ds is not None:
-                starts = np.concatenate([[0], np.cumsum(data.pieces[i])[:-1]]) - off
-                starts = starts[(starts >= 0) & (starts < take)]
-                flat_ds[o + starts] = True
-                flat_ds[o] = True  # a sample boundary, or a row start inside a sample
-            o += take
+        hits = copy_rows(
+            segments, windows, lambda w: self._window_data(epoch, w, with_docs),
+            flat, flat_ds, T1, self.source, self.quarantine,
+        )  # fmt: skip
         if hits:
             mask_rows(tokens, doc_start, hits, self.neutral)
         return hits

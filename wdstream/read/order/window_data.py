@@ -1,8 +1,9 @@
-"""A window's samples as read, their copy-time checks, and the rows quarantine masks.
+"""A window's samples as read, the copy of rows out of them with their copy-time checks,
+and the rows quarantine masks.
 
 The global order (:mod:`~wdstream.read.order.global_order`) reads a window whole and copies
-rows out of it. What it keeps of the read is a :class:`WindowData`; a torch worker of several
-verifies each sample at its first copy (:class:`CopyTimeChecks`). With ``on_corrupt="mask"``
+rows out of it (:func:`copy_rows`). What it keeps of the read is a :class:`WindowData`; a
+torch worker of several verifies each sample at its first copy (:class:`CopyTimeChecks`). With ``on_corrupt="mask"``
 a sample that could not be read stands in masked (``WindowData.bad``, from the read or from
 a failed copy-time check), and every row that holds any token of it is masked whole
 (:func:`mask_rows`): each of its tokens becomes the dataset's neutral id with the no-loss bit,
@@ -16,6 +17,7 @@ sample is exactly the clean row::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +32,9 @@ from wdstream.read.sources.reads import CHECKSUM_REASON, BadSample, CopyChecks, 
 __all__ = [
     "CopyTimeChecks",
     "Hit",
+    "Segment",
     "WindowData",
+    "copy_rows",
     "emitted_bad",
     "mask_rows",
     "samples_alone",
@@ -42,33 +46,57 @@ Hit = tuple[int, BadSample]  # (row of the filled block, the bad sample it holds
 
 @dataclass(frozen=True)
 class CopyTimeChecks:
-    """Emitted sample ``i`` is bytes ``[start[i], end[i])`` of ``reads[r].buf``, where ``r`` is
-    its read (``WindowData.base_of[i]``), with CRC32C ``want[i]``; ``want[i]`` is -1 once the
-    filling thread has verified it, and from the start for a read without checksums (a v1 or
-    sidecar-less shard, read unchecked with a warning). Plain lists: looked up once per
-    copied row, and three columns are all a window builds for them."""
+    """Emitted sample ``i`` is bytes ``[start, end)`` of ``bufs[r]`` (the buffer of
+    ``reads[r]``, ``r = WindowData.base_of[i]``) with CRC32C ``want``: column ``i`` of
+    ``spans``, whose ``want`` is -1 once a fill has verified it, and from the start for a
+    read without checksums (a v1 or sidecar-less shard, read unchecked with a warning).
+
+    One numpy array for the window, not Python lists: a torch worker of ``W`` copies only
+    ``1/W`` of a window's samples, so a Python object per sample of the window cost the
+    read-ahead thread more than the sums of its own; a fill takes the columns of the
+    emitted samples it copies (one contiguous range per window) as lists (:func:`copy_rows`).
+    """
 
     reads: list[CopyChecks | None]
-    start: list[int]
-    end: list[int]
-    want: list[int]
+    bufs: list[memoryview]  # each read's buffer (empty for a read without checksums)
+    spans: np.ndarray  # int64 [3, n]: start, end, CRC32C (-1: nothing to verify), emitted order
 
-    def verify(
-        self, i: int, read: int, source: ShardSource, bad: dict[int, BadSample] | None
+    @classmethod
+    def of(
+        cls, reads: list[CopyChecks | None], counts: list[int], order: np.ndarray
+    ) -> CopyTimeChecks | None:
+        """The checks of a window read as ``reads`` (``counts[r]`` samples each, lane order),
+        emitted in ``order``; None when no read has checksums."""
+        if all(c is None for c in reads):
+            return None
+        none = np.full(max(counts), -1, dtype=np.int64)
+        lane = np.empty((3, sum(counts)), dtype=np.int64)  # start, size then end, CRC32C
+        for row, name in enumerate(("offsets", "sizes", "crcs")):
+            parts = [none[:n] if c is None else getattr(c, name)
+                     for c, n in zip(reads, counts, strict=True)]  # fmt: skip
+            np.concatenate(parts, out=lane[row])
+        lane[1] += lane[0]
+        spans = lane.take(order, axis=1)  # emitted order (take: 4x faster than [:, order])
+        bufs = [memoryview(b"") if c is None else c.buf for c in reads]
+        return cls(reads, bufs, spans)
+
+    def failed(
+        self,
+        i: int,
+        read: int,
+        start: int,
+        source: ShardSource,
+        bad: dict[int, BadSample] | None,
     ) -> None:
-        """Verify emitted sample ``i`` of read ``read``: on a mismatch raise
-        :class:`CorruptShardError` naming it, or with ``bad`` (``on_corrupt="mask"``)
-        record it there."""
-        checks, start = self.reads[read], self.start[i]
-        assert checks is not None, "only samples of checked reads are pending"
-        # GIL held (below 16 KiB): one short sum of cached bytes, no hand-off to a thread.
-        if crc32c(checks.buf[start : self.end[i]]) != self.want[i]:
-            if bad is None:
-                source.report_corrupt(checks, start)
-            k = checks.first + int(np.searchsorted(checks.offsets, start))
-            where = source.where(checks.shard)
-            bad[i] = BadSample(where, k, checks.begin + start, CHECKSUM_REASON)
-        self.want[i] = -1
+        """Emitted sample ``i`` (of read ``read``, at ``start`` in its buffer) failed its
+        CRC32C: raise :class:`CorruptShardError` naming it, or with ``bad``
+        (``on_corrupt="mask"``) record it there."""
+        checks = self.reads[read]
+        assert checks is not None, "only samples of checked reads are verified"
+        if bad is None:
+            source.report_corrupt(checks, start)
+        k = checks.first + int(np.searchsorted(checks.offsets, start))
+        bad[i] = BadSample(source.where(checks.shard), k, checks.begin + start, CHECKSUM_REASON)
 
 
 @dataclass(frozen=True)
@@ -86,6 +114,81 @@ class WindowData:
     unverified: CopyTimeChecks | None = None
     # Emitted samples standing in masked (on_corrupt="mask"), by emitted index.
     bad: dict[int, BadSample] = field(default_factory=dict)
+
+
+Segment = tuple[int, int, int, int]  # (window, emitted index, first token, tokens)
+
+
+def copy_rows(
+    segments: list[Segment],
+    windows: dict[int, WindowData],
+    load: Callable[[int], WindowData],
+    flat: np.ndarray,
+    flat_ds: np.ndarray | None,
+    row_tokens: int,
+    source: ShardSource,
+    quarantine: bool,
+) -> list[Hit]:
+    """Copy ``segments`` (stream order) end to end into ``flat``, reading each window's
+    data from ``windows`` (those missing with ``load``); verify each sample a
+    :class:`CopyTimeChecks` holds pending right after its copy, while its bytes are in
+    the cache (batched at the fill's end they had left it, and the sums slowed by more
+    than the batching saved); mark document starts in ``flat_ds``.
+
+    A fill's samples of one window are consecutive emitted indices, so their check
+    columns are one slice of the window's array, taken as lists when the fill enters the
+    window and marked verified (in the array) when it leaves it: a sample whose check
+    raised stays pending, so a retried fill checks it again.
+
+    Returns:
+        Each row (of ``row_tokens`` tokens from ``flat``'s start) that holds tokens of a
+        stand-in sample (``on_corrupt="mask"``: ``quarantine``), with it, in stream order.
+    """
+    hits: list[Hit] = []
+    o, cw, lo = 0, -1, 0
+    checks: CopyTimeChecks | None = None
+    data: WindowData
+    starts: list[int]
+    ends: list[int]
+    wants: list[int]
+    bufs: list[memoryview]
+    for k, (w, i, off, take) in enumerate(segments):
+        if w != cw:
+            if checks is not None:  # leaving a window: its samples of this fill are verified
+                checks.spans[2, lo : segments[k - 1][1] + 1] = -1
+            if w not in windows:
+                windows[w] = load(w)
+            data = windows[w]
+            cw, checks = w, data.unverified
+            if checks is not None:
+                # At most the rest of the fill's segments are this window's.
+                lo = i
+                starts, ends, wants = checks.spans[:, lo : lo + len(segments) - k].tolist()
+                bufs = checks.bufs
+        r = data.base_of[i]
+        base, at = data.bases[r], data.first[i] + off
+        flat[o : o + take] = base[at : at + take]
+        if checks is not None:
+            j = i - lo
+            want = wants[j]
+            if want >= 0:
+                wants[j] = -1  # a sample cut into two rows of this fill: checked once
+                # GIL held (below 16 KiB): one short sum of cached bytes, no hand-off.
+                if crc32c(bufs[r][starts[j] : ends[j]]) != want:
+                    checks.failed(i, r, starts[j], source, data.bad if quarantine else None)
+        if data.bad and i in data.bad:
+            hits += [
+                (x, data.bad[i]) for x in range(o // row_tokens, (o + take - 1) // row_tokens + 1)
+            ]
+        if flat_ds is not None:
+            first = np.concatenate([[0], np.cumsum(data.pieces[i])[:-1]]) - off
+            first = first[(first >= 0) & (first < take)]
+            flat_ds[o + first] = True
+            flat_ds[o] = True  # a sample boundary, or a row start inside a sample
+        o += take
+    if checks is not None:
+        checks.spans[2, lo : segments[-1][1] + 1] = -1
+    return hits
 
 
 def samples_alone(
