@@ -72,10 +72,7 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         )
         if w in GOAL_CPU_US:
             want = GOAL_CPU_US[w]
-            verdict = "not measured"
-            if cpu:
-                verdict = f"{cpu.fmt(' µs')} (goal ≤ {want} µs: {'met' if cpu.mid <= want else 'NOT met'})"
-            goals.append(f"checks' CPU per row, {w} workers {verdict}")
+            goals.append(goal(f"checks' CPU per row, {w} workers", cpu, want, True, " µs"))
             if cpu and cpu.mid > want:
                 notes.append(
                     f"read, {w} workers: the CRC32C checks cost {cpu.fmt(' µs')} of CPU per "

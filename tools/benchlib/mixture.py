@@ -27,7 +27,7 @@ from benchlib.common import BATCH, SEQ_LEN, WORKERS
 from benchlib.corpus import read_texts
 from benchlib.rounds import Spread, interleave, ratio_spread, value_spread
 from benchlib.runner import run_child
-from benchlib.tables import millions, table
+from benchlib.tables import goal, millions, table
 
 if TYPE_CHECKING:
     from benchlib.cli import Bench
@@ -163,6 +163,7 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
             one, mix = runs.get(f"one/{w}"), runs.get(f"mixture/{w}")
             tps_one, tps_mix = value_spread(one, "tokens_per_s"), value_spread(mix, "tokens_per_s")
             ratio = ratio_spread(mix, one, "tokens_per_s")
+            goal(f"mixture / one dataset, {w} workers", ratio, READ_GOAL)  # for the summary
             err = next((y["error"] for y in (mix or []) + (one or []) if "error" in y), "")
             rows.append([str(w), millions(tps_one.mid) if tps_one else None,
                          millions(tps_mix.mid) if tps_mix else None, ratio,

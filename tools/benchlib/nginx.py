@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from benchlib.cli import Bench
 
 GOAL = 0.8  # nginx vs local disk, first epoch (issue 26)
+AMPLIFICATION_GOAL = 1.1  # GETs and bytes per rank, 2 workers over 0 (issue 26)
 NOT_INSTALLED = "skipped: nginx not installed"
 _LOG_FORMAT = "$request_method $status $body_bytes_sent"
 
@@ -279,6 +280,13 @@ def section(x: dict[str, Any] | None, notes: list[str]) -> list[str]:
         ),  # fmt: skip
         "",
     ]
+    zero, two = x.get("nginx/0"), x.get("nginx/2")
+    if zero and two:  # one rank: what the rank fetches per epoch, 2 workers against none
+        goals += [goal("GETs per epoch, 2 workers / 0", ratio_spread(two, zero, "gets"),
+                       AMPLIFICATION_GOAL, True),
+                  goal("bytes per epoch, 2 workers / 0", ratio_spread(two, zero, "bytes"),
+                       AMPLIFICATION_GOAL, True)]  # fmt: skip
     if goals:
-        text += ["Goal (nginx vs local disk, first epoch): " + "; ".join(goals) + ".", ""]
+        text += ["Goals (nginx vs local disk, first epoch; what a rank fetches at 2 workers "
+                 "against 0): " + "; ".join(goals) + ".", ""]  # fmt: skip
     return head + text

@@ -172,10 +172,10 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         ])  # fmt: skip
         if code == "after":
             first = value_spread(fresh, "first_s")
-            met = first is not None and first.mid <= GOAL_FIRST_S
-            goals.append(f"{workers} workers first batch {_s(first)} ("
-                         f"{'met' if met else 'NOT met'}), resumed / fresh "
-                         + goal("", ratio, GOAL_RESUME, at_most=True).strip())  # fmt: skip
+            goals.append(goal(f"raw text, {workers} workers, first batch", first, GOAL_FIRST_S,
+                              True, " s"))  # fmt: skip
+            goals.append(goal(f"raw text, {workers} workers, resumed / fresh", ratio,
+                              GOAL_RESUME, True))  # fmt: skip
     before = res.get("before_rev")
     return [
         "## Raw text tokenized on the fly",

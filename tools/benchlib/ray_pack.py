@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from benchlib import pack_large
 from benchlib.common import SEQ_LEN, SHARD_BYTES
-from benchlib.rounds import first_error, interleave, ratio_spread, value_spread
+from benchlib.rounds import first_error, interleave, ratio_spread, spread, value_spread
 from benchlib.runner import RESULT_TAG, run_command
 from benchlib.tables import goal, table
 
@@ -39,6 +39,7 @@ ENGINES = {
     "ray-2": "Ray, 2-node cluster on this machine",
 }
 GOAL = 0.8  # Ray on this machine vs the local engine, same cores (issue 12)
+DRIVER_GOAL_US = 2.0  # the driver's serial work per laid-out sample (issue 26)
 BACKEND = "tiktoken"
 PROJECT_BYTES, PROJECT_NODES, PROJECT_CORES = 1e12, 4, 64
 PROJECT_SHARD = 256e6  # pack's default shard size, bytes of tar
@@ -187,10 +188,14 @@ def measure(b: Bench) -> dict[str, Any]:
         res["round"] = rnd
         runs[key].append(res)
         b.log(f"ray_pack {key} #{rnd}: {b.brief(res, 'seconds')}")
-    driver = _run("driver", b)
-    b.log(f"ray_pack driver: {b.brief(driver, 'per_sample_s')}")
+    drivers = []
+    for rnd in range(b.args.repeats):  # a fresh process each: its spread is the host's
+        drivers.append(_run("driver", b))
+        b.log(f"ray_pack driver #{rnd}: {b.brief(drivers[-1], 'per_sample_s')}")
+    ok = sorted((x for x in drivers if "error" not in x), key=lambda x: x["per_sample_s"])
+    driver = ok[len(ok) // 2] if ok else drivers[0]  # the median round's, for the model
     mb = {c: n / 1e6 for c, (_, n) in corpora.items()}
-    return {"runs": runs, "driver": driver, "cores": b.cores, "mb": mb}
+    return {"runs": runs, "driver": driver, "drivers": drivers, "cores": b.cores, "mb": mb}
 
 
 def _projection(r: dict[str, Any], mb_s_core: float) -> list[str]:
@@ -260,6 +265,10 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
     local = value_spread(runs.get("bench/local"), "seconds")
     mb_s_core = rp["mb"]["bench"] / local.mid / rp["cores"] if local else 0.0
     d = rp["driver"]
+    if "error" not in d:
+        rounds = rp.get("drivers") or [d]
+        per = spread([x["per_sample_s"] * 1e6 for x in rounds if "per_sample_s" in x])
+        goals.append(goal("driver per laid-out sample", per, DRIVER_GOAL_US, True, " µs"))
     return [
         "## Pack on Ray",
         "",

@@ -168,7 +168,11 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
                 ]
             )
     goals = [
-        goal(f"{w} workers", ratio_spread(runs.get(f"wdstream/{w}"), base, "tokens_per_s"), want)
+        goal(
+            f"tokens/s vs memmap, {w} workers",
+            ratio_spread(runs.get(f"wdstream/{w}"), base, "tokens_per_s"),
+            want,
+        )
         for w, want in GOALS.items()
     ]
     _notes(runs, notes)
@@ -176,7 +180,14 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
     starts = []
     for w in WORKERS:
         wd, lit = runs.get(f"wdstream/{w}"), runs.get(f"litdata/{w}")
-        starts.append(goal(f"{w} workers", ratio_spread(wd, lit, "first_batch_s"), 1.0, True))
+        starts.append(
+            goal(
+                f"first batch, time / LitData's, {w} workers",
+                ratio_spread(wd, lit, "first_batch_s"),
+                1.0,
+                True,
+            )
+        )
     changes = []
     for w in WORKERS:
         wd, old = runs.get(f"wdstream/{w}"), runs.get(f"{BEFORE}/{w}")

@@ -26,10 +26,12 @@ from benchlib.common import BATCH, BENCH_PY, ROOT, SEQ_LEN
 from benchlib.read import child_read
 from benchlib.rounds import first_error, interleave, ratio_spread, value_spread
 from benchlib.runner import run_child
-from benchlib.tables import millions, table
+from benchlib.tables import goal, millions, table
 
 if TYPE_CHECKING:
     from benchlib.cli import Bench
+
+LATENCY_GOAL = 0.95  # delayed GETs over no delay, tokens/s (issue 26: read-ahead adapts)
 
 _AWS = {
     "AWS_ACCESS_KEY_ID": "bench",
@@ -225,7 +227,8 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
     if "error" in x:
         return head + [f"Not measured: {x['error']}", "", *http]
     delay = r["args"]["delay"]
-    rows = []
+    rows: list[list[Any]] = []
+    goals: list[str] = []
     for workers in (0, 2):
         local = x.get(f"local/{workers}")
         if local is None:
@@ -261,6 +264,9 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
                     first_error(runs) or "ok",
                 ]
             )
+            if d:
+                goals.append(goal(f"+{d * 1000:.0f} ms per GET vs none, {workers} workers",
+                                  vs_plain, LATENCY_GOAL))  # fmt: skip
             if vs_plain and vs_plain.mid < 0.8:
                 notes.append(
                     f"remote, {workers} workers: a {d * 1000:.0f} ms delay per GET cuts wdstream "
@@ -306,6 +312,8 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         table(
             ["workers", "source", "M tokens/s", "vs local", "vs no delay", "GETs", "status"], rows
         ),
+        "",
+        "Goals (read-ahead that hides the delay): " + ("; ".join(goals) or "not measured") + ".",
         "",
         *http,
     ]

@@ -25,6 +25,7 @@ from benchlib import (
     remote,
     resume,
     sequence,
+    tables,
 )
 from benchlib.common import COMMITTED_REPORT, SAMPLE, SHARD_BYTES
 from benchlib.tables import table
@@ -100,10 +101,36 @@ def render(r: dict[str, Any], command: str, keep_from: Path = COMMITTED_REPORT) 
         "",
     ]
     notes: list[str] = []
+    tables.JUDGED.clear()
+    judged: list[tuple[str, tables.Goal]] = []
+    body: list[str] = []
     for part in SECTIONS:
-        lines += part.section(r, notes)
+        text = part.section(r, notes)
+        title = text[0].lstrip("# ") if text else part.__name__
+        judged += [(title, g) for g in tables.JUDGED]
+        tables.JUDGED.clear()
+        body += text
+    lines += _summary(judged) + body
     lines += ["## Where wdstream is not ahead", ""]
     lines += [f"- {n}" for n in notes] or ["- (nothing measured in this run)"]
     lines.append("")
     keep = handwritten(keep_from)
     return "\n".join(lines) + ("\n" + keep if keep else "")
+
+
+def _summary(judged: list[tuple[str, tables.Goal]]) -> list[str]:
+    """Every goal the sections below judge, in one table (each section says how)."""
+    if not judged:
+        return []
+    verdict = {True: "met", False: "**NOT met**", None: "not measured"}
+    rows = [[part, g.name, g.measured, g.want, verdict[g.met]] for part, g in judged]
+    met = sum(g.met is True for _, g in judged)
+    return [
+        "## Goals in this run",
+        "",
+        f"{met} of {len(judged)} goals met, each judged on the median of its rounds (the "
+        "section named says what was measured and how).",
+        "",
+        table(["section", "goal", "measured: median (min–max)", "wanted", "verdict"], rows),
+        "",
+    ]

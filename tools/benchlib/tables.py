@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from benchlib.rounds import Spread
@@ -24,13 +25,38 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def goal(name: str, value: Spread | None, want: float, at_most: bool = False) -> str:
-    """``"0 workers 0.92x (0.88–0.97) (goal ≥ 1.0x: NOT met)"``, judged on the median."""
+@dataclass(frozen=True)
+class Goal:
+    """One goal judged in a section of the report (collected for the summary table)."""
+
+    name: str
+    measured: str  # median (min–max), or "not measured"
+    want: str  # "≥ 0.95x", "≤ 2.0 s"
+    met: bool | None  # None: not measured
+
+
+JUDGED: list[Goal] = []  # every goal() call since the report began (report.render resets it)
+
+
+def goal(
+    name: str,
+    value: Spread | None,
+    want: float,
+    at_most: bool = False,
+    unit: str = "x",
+    digits: int = 2,
+) -> str:
+    """``"0 workers 0.92x (0.88–0.97) (goal ≥ 1.0x: NOT met)"``, judged on the median;
+    ``unit`` follows the numbers (``"x"`` for a ratio, ``" µs"``, ``" s"``). Also recorded
+    in :data:`JUDGED` for the report's summary of goals."""
+    sign = "≤" if at_most else "≥"
+    wanted = f"{sign} {want}{unit}"
     if value is None:
+        JUDGED.append(Goal(name, "not measured", wanted, None))
         return f"{name}: not measured"
     met = value.mid <= want if at_most else value.mid >= want
-    sign = "≤" if at_most else "≥"
-    return f"{name} {value.fmt()} (goal {sign} {want}x: {'met' if met else 'NOT met'})"
+    JUDGED.append(Goal(name, value.fmt(unit, digits), wanted, met))
+    return f"{name} {value.fmt(unit, digits)} (goal {wanted}: {'met' if met else 'NOT met'})"
 
 
 def millions(v: float | None) -> float | None:
