@@ -30,7 +30,7 @@ def test_section_gives_per_round_ratio_goals_and_exactness() -> None:
     # per-round resumed / fresh: 2.0, 0.33, 1.0 -> median 1.0, not a ratio of medians
     assert "1.00x (0.33–2.00)" in rows[1] and "| yes |" in rows[1]
     assert "| NO {False} |" in rows[0]
-    assert "0 workers first batch 3.00s (1.00–4.00) (NOT met)" in text
+    assert "raw text, 0 workers, first batch 3.00 s (1.00–4.00) (goal ≤ 2.0 s: NOT met)" in text
     assert "(goal ≤ 1.5x: met)" in text and "`abc1234`" in text
 
 

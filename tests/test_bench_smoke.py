@@ -398,7 +398,7 @@ def test_nginx_child_reads_the_dataset_over_http_and_counts_gets(tmp_path: Path)
         assert http["tokens_per_s"] > 0 and http["errors"] == 0
         assert http["gets"] >= 1 and http["bytes"] >= token_bytes
     text = "\n".join(nginx.section(res, []))
-    assert _row(text, "| 2 | HTTP nginx |")[-1] == "ok" and "Goal (nginx vs local disk" in text
+    assert _row(text, "| 2 | HTTP nginx |")[-1] == "ok" and "Goals (nginx vs local disk" in text
     skipped = "\n".join(nginx.section({"skipped": nginx.NOT_INSTALLED}, []))
     assert _row(skipped, "| 0 | HTTP nginx |")[-1] == "skipped: nginx not installed"
 
