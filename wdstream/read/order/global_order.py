@@ -29,7 +29,9 @@ exactly once), then whole epochs again.
 from __future__ import annotations
 
 import bisect
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,6 +49,12 @@ from wdstream.read.order.window_data import (
     samples_alone,
     samples_used,
 )
+from wdstream.read.sources.exchange import (
+    ReadShare,
+    SharedPieces,
+    remove_share_folder,
+    share_folder,
+)
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.quarantine import QuarantinedReads
 from wdstream.read.sources.reads import CopyChecks, neutral_id
@@ -60,6 +68,8 @@ ORDER_VERSION = 1
 # ``(epoch, t0, t1)`` -> the token ranges ``[a, b)`` of ``[t0, t1)`` of the epoch's stream
 # that one consumer will read (see ``GlobalOrder.check_only``).
 ReadSpans = Callable[[int, int, int], list[tuple[int, int]]]
+# ``(epoch, t0, t1)`` -> the torch workers whose chunks read tokens of ``[t0, t1)``.
+Needers = Callable[[int, int, int], list[int]]
 
 _WINDOW_CACHE = 4  # windows' metadata kept per process (a few KB each)
 _DATA_CACHE = 2  # windows' sample views kept per process (the current one and the next)
@@ -143,12 +153,22 @@ class GlobalOrder:
         # None: the only consumer, verifying every sample read; else a worker of several
         # (see check_only).
         self._read_spans: ReadSpans | None = None
+        # The folder this order's torch workers share window reads through (made by the
+        # first worker that shares; removed by this process), and, in such a worker, its
+        # side of the share (see share_reads).
+        self._share_token = f"{os.getpid()}-{os.urandom(6).hex()}"
+        if source.shares_reads:
+            folder = share_folder(self._share_token)
+            weakref.finalize(self, remove_share_folder, folder, os.getpid())
+        self._sharing: tuple[ReadShare, Needers] | None = None
 
     def __getstate__(self) -> dict[str, object]:
-        return {"source": self.source, "cfg": self.cfg, "quarantine": self.quarantine}
+        return {"source": self.source, "cfg": self.cfg, "quarantine": self.quarantine,
+                "share": self._share_token}  # fmt: skip
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["source"], state["cfg"], state["quarantine"])  # type: ignore[misc]
+        self._share_token = str(state["share"])  # the maker's folder, not a new one
 
     # ---- where a step is ---------------------------------------------------------------
     def locate(self, step: int, origin: Origin = Origin()) -> tuple[int, int]:
@@ -266,8 +286,19 @@ class GlobalOrder:
             with self._lock:
                 self._data[key] = fut
         nxt = (epoch, w + 1, with_docs) if w + 1 < self.n_windows else (epoch + 1, 0, with_docs)
-        self._read_ahead(nxt)
+        if self._needs(nxt[0], nxt[1]):
+            self._read_ahead(nxt)
         return fut.result()
+
+    def _needs(self, epoch: int, w: int) -> bool:
+        """Whether this process will cut rows from window ``w`` (always, but in a torch
+        worker that knows the workers' chunks: past the iteration's end, or a window
+        of other workers' chunks only, its read-ahead would be fetched for nothing)."""
+        if self._sharing is None:
+            return True
+        share, needers = self._sharing
+        win = self.window(epoch, w)
+        return share.worker in needers(epoch, win.begin, win.end)
 
     def _read_ahead(self, key: tuple[int, int, bool]) -> None:
         """Start reading window ``key`` in the background unless it is read or being read."""
@@ -320,6 +351,31 @@ class GlobalOrder:
         """
         self.release()
         self._read_spans = read_spans
+        if read_spans is None and self._sharing is not None:
+            self._sharing[0].clear()
+            self._sharing = None
+
+    def share_reads(self, worker: int, needers: Needers) -> None:
+        """Make this torch worker (of several, after :meth:`check_only`) split the fetches
+        of each window with the other workers whose chunks read it (``needers``): it
+        fetches some of the window's pieces and takes the rest from them
+        (:mod:`~wdstream.read.sources.exchange`), so a rank fetches each byte once."""
+        share = ReadShare(share_folder(self._share_token), worker)
+        share.clear()
+        self._sharing = (share, needers)
+
+    def _shared(
+        self, epoch: int, w: int, win: _OrderWindow, pieces: list[tuple[int, int, int]]
+    ) -> SharedPieces | None:
+        """How window ``w``'s piece reads are split among the workers that need it (None:
+        this process reads them all)."""
+        if self._sharing is None:
+            return None
+        share, needers = self._sharing
+        who = needers(epoch, win.begin, win.end)
+        if share.worker not in who or len(who) < 2:
+            return None
+        return SharedPieces.split(share, (epoch, w), [b - a for _, a, b in pieces], who)
 
     def _submit(self, key: tuple[int, int, bool]) -> Future[WindowData]:
         if self._readahead is None:
@@ -332,8 +388,9 @@ class GlobalOrder:
         plan, win = self.plan(epoch), self.window(epoch, w)
         pieces = [pc for p, q in self.geometry.spans(w) for pc in plan.pieces(p, q)]
         order = win.order
+        shared = self._shared(epoch, w, win, pieces)
         if not with_docs and self._read_spans is not None:
-            return self._load_unverified(pieces, order)
+            return self._load_unverified(pieces, order, shared)
         checks = None
         if self._read_spans is not None and self.source.checksums:
             used = samples_used(
@@ -342,12 +399,12 @@ class GlobalOrder:
             bounds = np.cumsum([0] + [b - a for _, a, b in pieces])
             checks = [used[i:j] for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
         if with_docs:
-            parts = self.reads.read(pieces, docs=True, checks=checks)
+            parts = self.reads.read(pieces, docs=True, checks=checks, shared=shared)
             toks = [t for part in parts for t in part.tokens.views()]
             docs = [d for part in parts for d in part.doc_lens]
             return WindowData(toks, order.tolist(), [0] * len(order), [docs[k] for k in order],
                               bad=emitted_bad(parts, order))  # fmt: skip
-        parts = self.reads.read(pieces, checks=checks)
+        parts = self.reads.read(pieces, checks=checks, shared=shared)
         located = [part.tokens for part in parts]
         base_of = np.repeat(np.arange(len(located)), [len(x) for x in located])
         first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
@@ -355,13 +412,15 @@ class GlobalOrder:
         return WindowData(bases, base_of[order].tolist(), first[order].tolist(), [],
                           bad=emitted_bad(parts, order))  # fmt: skip
 
-    def _load_unverified(self, pieces: list[tuple[int, int, int]], order: np.ndarray) -> WindowData:
+    def _load_unverified(
+        self, pieces: list[tuple[int, int, int]], order: np.ndarray, shared: SharedPieces | None
+    ) -> WindowData:
         """A torch worker's window (one of several workers): it copies scattered samples,
         and verifies each right after its first copy (:meth:`fill`), while the bytes are
         in the cache. Checked by a read-ahead thread instead, in runs of the samples it
         uses, the sums cost 2-3x more there: every run is a GIL hand-off between that
         thread and the filling one, on cores the other workers already keep busy."""
-        reads = self.reads.read(pieces, verify=False)
+        reads = self.reads.read(pieces, verify=False, shared=shared)
         located = [part.tokens for part in reads]
         checks = [part.checks for part in reads]
         counts = [len(x) for x in located]
