@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -71,8 +72,13 @@ ReadSpans = Callable[[int, int, int], list[tuple[int, int]]]
 # ``(epoch, t0, t1)`` -> the torch workers whose chunks read tokens of ``[t0, t1)``.
 Needers = Callable[[int, int, int], list[int]]
 
-_WINDOW_CACHE = 4  # windows' metadata kept per process (a few KB each)
-_DATA_CACHE = 2  # windows' sample views kept per process (the current one and the next)
+_WINDOW_CACHE = 8  # windows' metadata kept per process (a few KB each)
+_DATA_CACHE = 2  # windows' sample views kept besides those read ahead (previous, current)
+# Windows read ahead of the current one: 1, and for a remote source one more each time the
+# rows had to wait for a read-ahead longer than _DEEPEN_WAIT_S, up to _AHEAD_MAX (so at most
+# _AHEAD_MAX + 2 windows' bytes held: 48 MB for 1,024 samples of 8 KB).
+_AHEAD_MAX = 4
+_DEEPEN_WAIT_S = 0.002
 # Rows that hold at most 1/16 of a window not read yet read their samples alone (fill).
 _ALONE_SHARE = 16
 
@@ -150,6 +156,7 @@ class GlobalOrder:
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
         self._readahead: ThreadPoolExecutor | None = None
+        self.ahead = 1  # windows read ahead (see _AHEAD_MAX)
         # None: the only consumer, verifying every sample read; else a worker of several
         # (see check_only).
         self._read_spans: ReadSpans | None = None
@@ -269,7 +276,9 @@ class GlobalOrder:
     def _window_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         """The sample views of window ``w``, read with one ranged read per lane and shard
         (concurrently from remote stores) and kept while rows are cut from it; the next
-        window is read ahead in a background thread. A window not read ahead (the first
+        window is read ahead in a background thread, and from a remote store one more
+        window each time the rows had to wait for one (``ahead``, up to ``_AHEAD_MAX``:
+        the store's latency, not its bandwidth, was the limit). A window not read ahead (the first
         of an iteration) is read here: waiting for a thread to start and read it would
         only add the hand-off."""
         key = (epoch, w, with_docs)
@@ -285,9 +294,17 @@ class GlobalOrder:
                 fut.set_exception(exc)
             with self._lock:
                 self._data[key] = fut
-        nxt = (epoch, w + 1, with_docs) if w + 1 < self.n_windows else (epoch + 1, 0, with_docs)
-        if self._needs(nxt[0], nxt[1]):
-            self._read_ahead(nxt)
+        elif not fut.done():
+            t0 = time.perf_counter()
+            fut.exception()  # waits; a failed read raises below
+            if self.source.remote and time.perf_counter() - t0 > _DEEPEN_WAIT_S:
+                self.ahead = min(self.ahead + 1, _AHEAD_MAX)  # the latency was not hidden
+        nxt = key
+        for _ in range(self.ahead):
+            e, v, _ = nxt
+            nxt = (e, v + 1, with_docs) if v + 1 < self.n_windows else (e + 1, 0, with_docs)
+            if self._needs(nxt[0], nxt[1]):
+                self._read_ahead(nxt)
         return fut.result()
 
     def _needs(self, epoch: int, w: int) -> bool:
@@ -305,7 +322,7 @@ class GlobalOrder:
         with self._lock:
             if key not in self._data:
                 self._submit(key)
-            while len(self._data) > _DATA_CACHE + 1:
+            while len(self._data) > _DATA_CACHE + self.ahead:
                 self._data.popitem(last=False)
 
     def _samples_alone(
@@ -379,7 +396,9 @@ class GlobalOrder:
 
     def _submit(self, key: tuple[int, int, bool]) -> Future[WindowData]:
         if self._readahead is None:
-            self._readahead = ThreadPoolExecutor(1, thread_name_prefix="wdstream-readahead")
+            self._readahead = ThreadPoolExecutor(
+                _AHEAD_MAX, thread_name_prefix="wdstream-readahead"
+            )
         fut = self._readahead.submit(self._load_data, *key)
         self._data[key] = fut
         return fut

@@ -49,7 +49,7 @@ from wdstream.storage.urls import is_dataset_root, split_url
 # CopyChecks, PieceRead: reads.py; expand_urls: stores.py
 __all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]
 
-_REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
+_REMOTE_READS = 16  # concurrent ranged reads from a remote store (windows read ahead share them)
 _SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
 
 
