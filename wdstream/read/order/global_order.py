@@ -323,7 +323,9 @@ class GlobalOrder:
             if key not in self._data:
                 self._submit(key)
             while len(self._data) > _DATA_CACHE + self.ahead:
-                self._data.popitem(last=False)
+                # The earliest window goes, not the least recently used: rows move forward,
+                # and a window read ahead is used after the current ones.
+                del self._data[min(self._data, key=lambda k: k[:2])]
 
     def _samples_alone(
         self, epoch: int, segments: list[tuple[int, int, int, int]], with_docs: bool
