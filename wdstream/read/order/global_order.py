@@ -31,16 +31,15 @@ from __future__ import annotations
 import bisect
 import os
 import threading
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from wdstream.read.order.plan import EpochPlan, WindowGeometry
+from wdstream.read.order.read_ahead import WindowCache, WindowKey
 from wdstream.read.order.window_data import (
     CopyTimeChecks,
     Hit,
@@ -51,8 +50,9 @@ from wdstream.read.order.window_data import (
     samples_used,
 )
 from wdstream.read.sources.exchange import (
-    ReadShare,
+    Needers,
     SharedPieces,
+    WindowShares,
     remove_share_folder,
     share_folder,
 )
@@ -69,16 +69,8 @@ ORDER_VERSION = 1
 # ``(epoch, t0, t1)`` -> the token ranges ``[a, b)`` of ``[t0, t1)`` of the epoch's stream
 # that one consumer will read (see ``GlobalOrder.check_only``).
 ReadSpans = Callable[[int, int, int], list[tuple[int, int]]]
-# ``(epoch, t0, t1)`` -> the torch workers whose chunks read tokens of ``[t0, t1)``.
-Needers = Callable[[int, int, int], list[int]]
 
 _WINDOW_CACHE = 8  # windows' metadata kept per process (a few KB each)
-_DATA_CACHE = 2  # windows' sample views kept besides those read ahead (previous, current)
-# Windows read ahead of the current one: 1, and for a remote source one more each time the
-# rows had to wait for a read-ahead longer than _DEEPEN_WAIT_S, up to _AHEAD_MAX (so at most
-# _AHEAD_MAX + 2 windows' bytes held: 48 MB for 1,024 samples of 8 KB).
-_AHEAD_MAX = 4
-_DEEPEN_WAIT_S = 0.002
 # Rows that hold at most 1/16 of a window not read yet read their samples alone (fill).
 _ALONE_SHARE = 16
 
@@ -152,11 +144,9 @@ class GlobalOrder:
         self.n_windows = self.geometry.n_windows
         self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
         self._windows: OrderedDict[tuple[int, int], _OrderWindow] = OrderedDict()
-        self._data: OrderedDict[tuple[int, int, bool], Future[WindowData]] = OrderedDict()
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
-        self._readahead: ThreadPoolExecutor | None = None
-        self.ahead = 1  # windows read ahead (see _AHEAD_MAX)
+        self._cache = WindowCache(self._load_data, deepen=source.remote)
         # None: the only consumer, verifying every sample read; else a worker of several
         # (see check_only).
         self._read_spans: ReadSpans | None = None
@@ -167,7 +157,7 @@ class GlobalOrder:
         if source.shares_reads:
             folder = share_folder(self._share_token)
             weakref.finalize(self, remove_share_folder, folder, os.getpid())
-        self._sharing: tuple[ReadShare, Needers] | None = None
+        self._sharing: WindowShares | None = None
 
     def __getstate__(self) -> dict[str, object]:
         return {"source": self.source, "cfg": self.cfg, "quarantine": self.quarantine,
@@ -276,56 +266,25 @@ class GlobalOrder:
     def _window_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         """The sample views of window ``w``, read with one ranged read per lane and shard
         (concurrently from remote stores) and kept while rows are cut from it; the next
-        window is read ahead in a background thread, and from a remote store one more
-        window each time the rows had to wait for one (``ahead``, up to ``_AHEAD_MAX``:
-        the store's latency, not its bandwidth, was the limit). A window not read ahead (the first
-        of an iteration) is read here: waiting for a thread to start and read it would
-        only add the hand-off."""
-        key = (epoch, w, with_docs)
-        with self._lock:
-            fut = self._data.get(key)
-            if fut is not None:
-                self._data.move_to_end(key)
-        if fut is None:
-            fut = Future()
-            try:
-                fut.set_result(self._load_data(*key))
-            except Exception as exc:  # kept, as the read-ahead keeps a failed read
-                fut.set_exception(exc)
-            with self._lock:
-                self._data[key] = fut
-        elif not fut.done():
-            t0 = time.perf_counter()
-            fut.exception()  # waits; a failed read raises below
-            if self.source.remote and time.perf_counter() - t0 > _DEEPEN_WAIT_S:
-                self.ahead = min(self.ahead + 1, _AHEAD_MAX)  # the latency was not hidden
-        nxt = key
-        for _ in range(self.ahead):
-            e, v, _ = nxt
-            nxt = (e, v + 1, with_docs) if v + 1 < self.n_windows else (e + 1, 0, with_docs)
-            if self._needs(nxt[0], nxt[1]):
-                self._read_ahead(nxt)
-        return fut.result()
+        windows this process needs are read ahead (:mod:`~wdstream.read.order.read_ahead`)."""
+        return self._cache.get((epoch, w, with_docs), self._following)
+
+    def _following(self, key: WindowKey, n: int) -> list[WindowKey]:
+        """Of the ``n`` windows after ``key``, those this process will cut rows from."""
+        out = []
+        epoch, w, with_docs = key
+        for _ in range(n):
+            epoch, w = (epoch, w + 1) if w + 1 < self.n_windows else (epoch + 1, 0)
+            if self._needs(epoch, w):
+                out.append((epoch, w, with_docs))
+        return out
 
     def _needs(self, epoch: int, w: int) -> bool:
         """Whether this process will cut rows from window ``w`` (always, but in a torch
         worker that knows the workers' chunks: past the iteration's end, or a window
         of other workers' chunks only, its read-ahead would be fetched for nothing)."""
-        if self._sharing is None:
-            return True
-        share, needers = self._sharing
         win = self.window(epoch, w)
-        return share.worker in needers(epoch, win.begin, win.end)
-
-    def _read_ahead(self, key: tuple[int, int, bool]) -> None:
-        """Start reading window ``key`` in the background unless it is read or being read."""
-        with self._lock:
-            if key not in self._data:
-                self._submit(key)
-            while len(self._data) > _DATA_CACHE + self.ahead:
-                # The earliest window goes, not the least recently used: rows move forward,
-                # and a window read ahead is used after the current ones.
-                del self._data[min(self._data, key=lambda k: k[:2])]
+        return self._sharing is None or self._sharing.needs(epoch, win.begin, win.end)
 
     def _samples_alone(
         self, epoch: int, segments: list[tuple[int, int, int, int]], with_docs: bool
@@ -339,23 +298,16 @@ class GlobalOrder:
         out = {}
         for w, emitted in wanted.items():
             key, positions = (epoch, w, with_docs), self.window(epoch, w).positions
-            with self._lock:
-                cold = key not in self._data
-            if cold and len(emitted) * _ALONE_SHARE <= len(positions):
+            if self._cache.cold(key) and len(emitted) * _ALONE_SHARE <= len(positions):
                 plan = self.plan(epoch)
                 out[w] = samples_alone(self.reads, plan, positions, emitted, with_docs)
-                self._read_ahead(key)
+                self._cache.start(key)
         return out
 
     def release(self) -> None:
         """Drop the windows' sample views (they pin the mapped shards' file descriptors) and
         any read-ahead: called when an iteration ends or is abandoned."""
-        with self._lock:
-            futures = list(self._data.values())
-            self._data.clear()
-        for fut in futures:
-            if not fut.cancel():
-                fut.exception()  # a read still running: wait, so no view outlives this call
+        self._cache.release()
 
     def check_only(self, read_spans: ReadSpans | None) -> None:
         """Make this order a torch worker's, one of several (``None``: the only consumer).
@@ -371,7 +323,7 @@ class GlobalOrder:
         self.release()
         self._read_spans = read_spans
         if read_spans is None and self._sharing is not None:
-            self._sharing[0].clear()
+            self._sharing.close()
             self._sharing = None
 
     def share_reads(self, worker: int, needers: Needers) -> None:
@@ -379,37 +331,15 @@ class GlobalOrder:
         of each window with the other workers whose chunks read it (``needers``): it
         fetches some of the window's pieces and takes the rest from them
         (:mod:`~wdstream.read.sources.exchange`), so a rank fetches each byte once."""
-        share = ReadShare(share_folder(self._share_token), worker)
-        share.clear()
-        self._sharing = (share, needers)
-
-    def _shared(
-        self, epoch: int, w: int, win: _OrderWindow, pieces: list[tuple[int, int, int]]
-    ) -> SharedPieces | None:
-        """How window ``w``'s piece reads are split among the workers that need it (None:
-        this process reads them all)."""
-        if self._sharing is None:
-            return None
-        share, needers = self._sharing
-        who = needers(epoch, win.begin, win.end)
-        if share.worker not in who or len(who) < 2:
-            return None
-        return SharedPieces.split(share, (epoch, w), [b - a for _, a, b in pieces], who)
-
-    def _submit(self, key: tuple[int, int, bool]) -> Future[WindowData]:
-        if self._readahead is None:
-            self._readahead = ThreadPoolExecutor(
-                _AHEAD_MAX, thread_name_prefix="wdstream-readahead"
-            )
-        fut = self._readahead.submit(self._load_data, *key)
-        self._data[key] = fut
-        return fut
+        self._sharing = WindowShares(share_folder(self._share_token), worker, needers)
 
     def _load_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         plan, win = self.plan(epoch), self.window(epoch, w)
         pieces = [pc for p, q in self.geometry.spans(w) for pc in plan.pieces(p, q)]
         order = win.order
-        shared = self._shared(epoch, w, win, pieces)
+        sizes = [b - a for _, a, b in pieces]
+        shares = self._sharing
+        shared = shares.split((epoch, w), win.begin, win.end, sizes) if shares else None
         if not with_docs and self._read_spans is not None:
             return self._load_unverified(pieces, order, shared)
         checks = None

@@ -40,9 +40,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SHARE_WAIT_S", "ReadShare", "SharedPieces", "remove_share_folder", "share_folder"]
+__all__ = ["SHARE_WAIT_S", "Needers", "ReadShare", "SharedPieces", "WindowShares",
+           "remove_share_folder", "share_folder"]  # fmt: skip
 
 Window = tuple[int, int]  # (epoch, window)
+# ``(epoch, t0, t1)`` -> the torch workers whose chunks read tokens of ``[t0, t1)``.
+Needers = Callable[[int, int, int], list[int]]
 
 SHARE_WAIT_S = 60.0  # the longest a taker waits for a live owner (then fetches the piece)
 _PREFIX = "wdstream-share-"
@@ -267,3 +270,37 @@ class SharedPieces:
         """Piece ``j`` will not be fetched (its window's read failed first): release its takers."""
         if self.owner[j] == self.share.worker:
             self.share.fail(self.window, j, self.takers[j])
+
+
+class WindowShares:
+    """A torch worker's side of the share, with which workers need each window.
+
+    Args:
+        folder: from :func:`share_folder`.
+        worker: this torch worker's id.
+        needers: the workers whose chunks read a token range of an epoch.
+    """
+
+    def __init__(self, folder: str, worker: int, needers: Needers) -> None:
+        self.share = ReadShare(folder, worker)
+        self.share.clear()
+        self._needers = needers
+
+    def needs(self, epoch: int, begin: int, end: int) -> bool:
+        """Whether this worker's chunks read tokens ``[begin, end)`` of ``epoch``."""
+        return self.share.worker in self._needers(epoch, begin, end)
+
+    def split(
+        self, window: Window, begin: int, end: int, sizes: Sequence[int]
+    ) -> SharedPieces | None:
+        """How the pieces (of ``sizes`` samples) of ``window``, tokens ``[begin, end)`` of
+        its epoch, are fetched: split among the workers that need it, or None where this
+        worker is alone in needing it (or does not: a read-ahead of its own)."""
+        who = self._needers(window[0], begin, end)
+        if self.share.worker not in who or len(who) < 2:
+            return None
+        return SharedPieces.split(self.share, window, sizes, who)
+
+    def close(self) -> None:
+        """The iteration ended: drop what was left for this worker."""
+        self.share.clear()
