@@ -158,6 +158,9 @@ class GlobalOrder:
             folder = share_folder(self._share_token)
             weakref.finalize(self, remove_share_folder, folder, os.getpid())
         self._sharing: WindowShares | None = None
+        # ``(epoch, t0, t1)`` -> whether this process's rows read any of those tokens,
+        # where its chunks are known (an iteration's): windows read ahead are those.
+        self._reads: Callable[[int, int, int], bool] | None = None
 
     def __getstate__(self) -> dict[str, object]:
         return {"source": self.source, "cfg": self.cfg, "quarantine": self.quarantine,
@@ -280,11 +283,11 @@ class GlobalOrder:
         return out
 
     def _needs(self, epoch: int, w: int) -> bool:
-        """Whether this process will cut rows from window ``w`` (always, but in a torch
-        worker that knows the workers' chunks: past the iteration's end, or a window
-        of other workers' chunks only, its read-ahead would be fetched for nothing)."""
+        """Whether this process will cut rows from window ``w`` (always, but where its
+        chunks are known: past the iteration's end, or in a window of other workers'
+        chunks only, its read-ahead would be fetched for nothing)."""
         win = self.window(epoch, w)
-        return self._sharing is None or self._sharing.needs(epoch, win.begin, win.end)
+        return self._reads is None or self._reads(epoch, win.begin, win.end)
 
     def _samples_alone(
         self, epoch: int, segments: list[tuple[int, int, int, int]], with_docs: bool
@@ -325,6 +328,12 @@ class GlobalOrder:
         if read_spans is None and self._sharing is not None:
             self._sharing.close()
             self._sharing = None
+        self._reads = None if read_spans is None else lambda e, a, b: bool(read_spans(e, a, b))
+
+    def read_ahead_only(self, reads: Callable[[int, int, int], bool] | None) -> None:
+        """Read ahead only windows with tokens ``reads(epoch, t0, t1)`` says this process
+        reads (the only one: past an iteration's end nothing); None: every next one."""
+        self._reads = reads
 
     def share_reads(self, worker: int, needers: Needers) -> None:
         """Make this torch worker (of several, after :meth:`check_only`) split the fetches

@@ -264,9 +264,14 @@ class GlobalReader:
         self, position: GlobalPosition, worker: int, workers: int
     ) -> RowScope | None:
         """With several workers, make this one verify only the samples of its own rows
-        (the others verify theirs); returns what to tell as chunks are filled, or None."""
-        if workers <= 1:
-            return None
+        (the others verify theirs) and share window fetches with them; remote, read
+        ahead only windows of its own rows. Returns what to tell as chunks are filled."""
+        if workers <= 1:  # verifies all it reads; reads ahead only up to the iteration's end
+            if not self.order.source.remote:
+                return None
+            own = _OwnRows(self, position.copy(), worker, 1)
+            self.order.read_ahead_only(lambda e, a, b: bool(own.spans(e, a, b)))
+            return own
         every = [_OwnRows(self, position.copy(), w, workers) for w in range(workers)]
         self.order.check_only(every[worker].spans)
         cfg = self.order.cfg
