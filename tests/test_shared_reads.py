@@ -9,6 +9,7 @@ summed, at 0 workers against 2 workers over the same epoch (before the share, 2 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from click.testing import CliRunner
 from tests.servers import FaultProxy, FileServer
 from wdstream import Loader
 from wdstream.cli import main
-from wdstream.read.sources.exchange import SHARE_WAIT_S, ReadShare, SharedPieces
+from wdstream.read.sources.exchange import SHARE_WAIT_S, ReadShare, SharedPieces, WindowShares
 
 pytest_plugins = ["tests.fixtures_remote"]
 
@@ -102,9 +103,21 @@ def test_a_piece_that_fails_or_never_comes_is_fetched_by_its_taker(tmp_path: Pat
     owner.fail((0, 3), 2, [1])
     assert taker.take((0, 3), 2, owner=0) is None
     owner.begin((0, 4), [])  # went on to window 4 without claiming piece 5 of window 3
-    import time
-
     t0 = time.monotonic()
     assert taker.take((0, 3), 5, owner=0) is None
     assert time.monotonic() - t0 < SHARE_WAIT_S / 10
     assert not [p for p in Path(folder).iterdir() if not p.name.startswith("progress")]
+
+
+def test_a_piece_offered_before_its_taker_starts_is_kept(tmp_path: Path) -> None:
+    """Workers start at different times: a piece offered before its taker's iteration began
+    is still taken (the taker's start drops only stale marks), with no wait."""
+    folder = str(tmp_path / "share")
+    owner = ReadShare(folder, 0)
+    SharedPieces.split(owner, (0, 0), [5], [0, 1]).begin()
+    owner.offer((0, 0), 0, memoryview(b"xyz"), [1])
+    taker = WindowShares(folder, 1, lambda e, a, b: [0, 1])
+    got = taker.share.take((0, 0), 0, owner=0)
+    assert got is not None and bytes(got) == b"xyz"
+    taker.close()
+    assert not list(Path(folder).glob("*.1*"))

@@ -118,13 +118,16 @@ class ReadShare:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def clear(self) -> None:
-        """Drop what was left for this worker and its progress (an iteration begins or
-        ends): a piece of a window it left unread, a claim its owner never kept."""
+    def clear(self, pieces: bool) -> None:
+        """Drop what an earlier iteration left for this worker: claims its owners never
+        kept, failure marks, its progress, and with ``pieces`` (the iteration ends) the
+        pieces it left untaken. As an iteration begins a peer may already have offered
+        this one's pieces, so they stay (a piece's bytes are the same in any iteration)."""
         mine = f".{self.worker}"
         for entry in list(self.folder.iterdir()) if self.folder.is_dir() else []:
             name = entry.name.removesuffix(".c").removesuffix(".x")
-            if name.endswith(mine) and not name.startswith("."):
+            mark = name != entry.name or name.startswith("progress.")
+            if name.endswith(mine) and not name.startswith(".") and (mark or pieces):
                 entry.unlink(missing_ok=True)
 
     def begin(self, window: Window, claims: Sequence[tuple[int, Sequence[int]]]) -> None:
@@ -283,7 +286,7 @@ class WindowShares:
 
     def __init__(self, folder: str, worker: int, needers: Needers) -> None:
         self.share = ReadShare(folder, worker)
-        self.share.clear()
+        self.share.clear(pieces=False)
         self._needers = needers
 
     def needs(self, epoch: int, begin: int, end: int) -> bool:
@@ -303,4 +306,4 @@ class WindowShares:
 
     def close(self) -> None:
         """The iteration ended: drop what was left for this worker."""
-        self.share.clear()
+        self.share.clear(pieces=True)
