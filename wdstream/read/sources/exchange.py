@@ -270,7 +270,8 @@ class SharedPieces:
         return get()
 
     def abandon(self, j: int) -> None:
-        """Piece ``j`` will not be fetched (its window's read failed first): release its takers."""
+        """Piece ``j`` will not be fetched, or its read failed (the window's read failed):
+        release its takers (a piece already offered is taken before the mark is seen)."""
         if self.owner[j] == self.share.worker:
             self.share.fail(self.window, j, self.takers[j])
 

@@ -317,6 +317,8 @@ class ShardSource:
                 return self._read_piece(*pieces[j], docs, each[j], verify, shared, j)
             except BaseException:
                 failed.set()
+                if shared is not None:  # its takers fetch it themselves (e.g. no sidecar)
+                    shared.abandon(j)
                 raise
 
         each = checks if checks is not None else [None] * len(pieces)
