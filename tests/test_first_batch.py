@@ -61,7 +61,7 @@ def test_the_first_batch_reads_its_rows_shards_only(
     loader = _loader(many_shards)
     order = loader.dataset.sequence.order  # type: ignore[attr-defined]
     started: list[tuple[int, int, bool]] = []
-    monkeypatch.setattr(order, "_submit", started.append)  # no read-ahead runs
+    monkeypatch.setattr(order._cache, "_submit", started.append)  # no read-ahead runs
     batch = next(iter(loader))
     assert batch["input_ids"].shape == (4, 16)
     # 4 rows of one sample each (seq_len + 1 = sample_tokens): at most 4 shards read, of

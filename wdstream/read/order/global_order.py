@@ -29,15 +29,17 @@ exactly once), then whole epochs again.
 from __future__ import annotations
 
 import bisect
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from wdstream.read.order.plan import EpochPlan, WindowGeometry
+from wdstream.read.order.read_ahead import WindowCache, WindowKey
 from wdstream.read.order.window_data import (
     CopyTimeChecks,
     Hit,
@@ -47,6 +49,13 @@ from wdstream.read.order.window_data import (
     mask_rows,
     samples_alone,
     samples_used,
+)
+from wdstream.read.sources.exchange import (
+    Needers,
+    SharedPieces,
+    WindowShares,
+    remove_share_folder,
+    share_folder,
 )
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.quarantine import QuarantinedReads
@@ -62,8 +71,7 @@ ORDER_VERSION = 1
 # that one consumer will read (see ``GlobalOrder.check_only``).
 ReadSpans = Callable[[int, int, int], list[tuple[int, int]]]
 
-_WINDOW_CACHE = 4  # windows' metadata kept per process (a few KB each)
-_DATA_CACHE = 2  # windows' sample views kept per process (the current one and the next)
+_WINDOW_CACHE = 8  # windows' metadata kept per process (a few KB each)
 # Rows that hold at most 1/16 of a window not read yet read their samples alone (fill).
 _ALONE_SHARE = 16
 
@@ -137,19 +145,31 @@ class GlobalOrder:
         self.n_windows = self.geometry.n_windows
         self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
         self._windows: OrderedDict[tuple[int, int], _OrderWindow] = OrderedDict()
-        self._data: OrderedDict[tuple[int, int, bool], Future[WindowData]] = OrderedDict()
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
-        self._readahead: ThreadPoolExecutor | None = None
+        self._cache = WindowCache(self._load_data, deepen=source.remote)
         # None: the only consumer, verifying every sample read; else a worker of several
         # (see check_only).
         self._read_spans: ReadSpans | None = None
+        # The folder this order's torch workers share window reads through (made by the
+        # first worker that shares; removed by this process), and, in such a worker, its
+        # side of the share (see share_reads).
+        self._share_token = f"{os.getpid()}-{os.urandom(6).hex()}"
+        if source.shares_reads:
+            folder = share_folder(self._share_token)
+            weakref.finalize(self, remove_share_folder, folder, os.getpid())
+        self._sharing: WindowShares | None = None
+        # ``(epoch, t0, t1)`` -> whether this process's rows read any of those tokens,
+        # where its chunks are known (an iteration's): windows read ahead are those.
+        self._reads: Callable[[int, int, int], bool] | None = None
 
     def __getstate__(self) -> dict[str, object]:
-        return {"source": self.source, "cfg": self.cfg, "quarantine": self.quarantine}
+        return {"source": self.source, "cfg": self.cfg, "quarantine": self.quarantine,
+                "share": self._share_token}  # fmt: skip
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["source"], state["cfg"], state["quarantine"])  # type: ignore[misc]
+        self._share_token = str(state["share"])  # the maker's folder, not a new one
 
     # ---- where a step is ---------------------------------------------------------------
     def locate(self, step: int, origin: Origin = Origin()) -> tuple[int, int]:
@@ -250,33 +270,25 @@ class GlobalOrder:
     def _window_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         """The sample views of window ``w``, read with one ranged read per lane and shard
         (concurrently from remote stores) and kept while rows are cut from it; the next
-        window is read ahead in a background thread. A window not read ahead (the first
-        of an iteration) is read here: waiting for a thread to start and read it would
-        only add the hand-off."""
-        key = (epoch, w, with_docs)
-        with self._lock:
-            fut = self._data.get(key)
-            if fut is not None:
-                self._data.move_to_end(key)
-        if fut is None:
-            fut = Future()
-            try:
-                fut.set_result(self._load_data(*key))
-            except Exception as exc:  # kept, as the read-ahead keeps a failed read
-                fut.set_exception(exc)
-            with self._lock:
-                self._data[key] = fut
-        nxt = (epoch, w + 1, with_docs) if w + 1 < self.n_windows else (epoch + 1, 0, with_docs)
-        self._read_ahead(nxt)
-        return fut.result()
+        windows this process needs are read ahead (:mod:`~wdstream.read.order.read_ahead`)."""
+        return self._cache.get((epoch, w, with_docs), self._following)
 
-    def _read_ahead(self, key: tuple[int, int, bool]) -> None:
-        """Start reading window ``key`` in the background unless it is read or being read."""
-        with self._lock:
-            if key not in self._data:
-                self._submit(key)
-            while len(self._data) > _DATA_CACHE + 1:
-                self._data.popitem(last=False)
+    def _following(self, key: WindowKey, n: int) -> list[WindowKey]:
+        """Of the ``n`` windows after ``key``, those this process will cut rows from."""
+        out = []
+        epoch, w, with_docs = key
+        for _ in range(n):
+            epoch, w = (epoch, w + 1) if w + 1 < self.n_windows else (epoch + 1, 0)
+            if self._needs(epoch, w):
+                out.append((epoch, w, with_docs))
+        return out
+
+    def _needs(self, epoch: int, w: int) -> bool:
+        """Whether this process will cut rows from window ``w`` (always, but where its
+        chunks are known: past the iteration's end, or in a window of other workers'
+        chunks only, its read-ahead would be fetched for nothing)."""
+        win = self.window(epoch, w)
+        return self._reads is None or self._reads(epoch, win.begin, win.end)
 
     def _samples_alone(
         self, epoch: int, segments: list[tuple[int, int, int, int]], with_docs: bool
@@ -290,23 +302,16 @@ class GlobalOrder:
         out = {}
         for w, emitted in wanted.items():
             key, positions = (epoch, w, with_docs), self.window(epoch, w).positions
-            with self._lock:
-                cold = key not in self._data
-            if cold and len(emitted) * _ALONE_SHARE <= len(positions):
+            if self._cache.cold(key) and len(emitted) * _ALONE_SHARE <= len(positions):
                 plan = self.plan(epoch)
                 out[w] = samples_alone(self.reads, plan, positions, emitted, with_docs)
-                self._read_ahead(key)
+                self._cache.start(key)
         return out
 
     def release(self) -> None:
         """Drop the windows' sample views (they pin the mapped shards' file descriptors) and
         any read-ahead: called when an iteration ends or is abandoned."""
-        with self._lock:
-            futures = list(self._data.values())
-            self._data.clear()
-        for fut in futures:
-            if not fut.cancel():
-                fut.exception()  # a read still running: wait, so no view outlives this call
+        self._cache.release()
 
     def check_only(self, read_spans: ReadSpans | None) -> None:
         """Make this order a torch worker's, one of several (``None``: the only consumer).
@@ -321,20 +326,32 @@ class GlobalOrder:
         """
         self.release()
         self._read_spans = read_spans
+        if read_spans is None and self._sharing is not None:
+            self._sharing.close()
+            self._sharing = None
+        self._reads = None if read_spans is None else lambda e, a, b: bool(read_spans(e, a, b))
 
-    def _submit(self, key: tuple[int, int, bool]) -> Future[WindowData]:
-        if self._readahead is None:
-            self._readahead = ThreadPoolExecutor(1, thread_name_prefix="wdstream-readahead")
-        fut = self._readahead.submit(self._load_data, *key)
-        self._data[key] = fut
-        return fut
+    def read_ahead_only(self, reads: Callable[[int, int, int], bool] | None) -> None:
+        """Read ahead only windows with tokens ``reads(epoch, t0, t1)`` says this process
+        reads (the only one: past an iteration's end nothing); None: every next one."""
+        self._reads = reads
+
+    def share_reads(self, worker: int, needers: Needers) -> None:
+        """Make this torch worker (of several, after :meth:`check_only`) split the fetches
+        of each window with the other workers whose chunks read it (``needers``): it
+        fetches some of the window's pieces and takes the rest from them
+        (:mod:`~wdstream.read.sources.exchange`), so a rank fetches each byte once."""
+        self._sharing = WindowShares(share_folder(self._share_token), worker, needers)
 
     def _load_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         plan, win = self.plan(epoch), self.window(epoch, w)
         pieces = [pc for p, q in self.geometry.spans(w) for pc in plan.pieces(p, q)]
         order = win.order
+        sizes = [b - a for _, a, b in pieces]
+        shares = self._sharing
+        shared = shares.split((epoch, w), win.begin, win.end, sizes) if shares else None
         if not with_docs and self._read_spans is not None:
-            return self._load_unverified(pieces, order)
+            return self._load_unverified(pieces, order, shared)
         checks = None
         if self._read_spans is not None and self.source.checksums:
             used = samples_used(
@@ -343,12 +360,12 @@ class GlobalOrder:
             bounds = np.cumsum([0] + [b - a for _, a, b in pieces])
             checks = [used[i:j] for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
         if with_docs:
-            parts = self.reads.read(pieces, docs=True, checks=checks)
+            parts = self.reads.read(pieces, docs=True, checks=checks, shared=shared)
             toks = [t for part in parts for t in part.tokens.views()]
             docs = [d for part in parts for d in part.doc_lens]
             return WindowData(toks, order.tolist(), [0] * len(order), [docs[k] for k in order],
                               bad=emitted_bad(parts, order))  # fmt: skip
-        parts = self.reads.read(pieces, checks=checks)
+        parts = self.reads.read(pieces, checks=checks, shared=shared)
         located = [part.tokens for part in parts]
         base_of = np.repeat(np.arange(len(located)), [len(x) for x in located])
         first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
@@ -356,13 +373,15 @@ class GlobalOrder:
         return WindowData(bases, base_of[order].tolist(), first[order].tolist(), [],
                           bad=emitted_bad(parts, order))  # fmt: skip
 
-    def _load_unverified(self, pieces: list[tuple[int, int, int]], order: np.ndarray) -> WindowData:
+    def _load_unverified(
+        self, pieces: list[tuple[int, int, int]], order: np.ndarray, shared: SharedPieces | None
+    ) -> WindowData:
         """A torch worker's window (one of several workers): it copies scattered samples,
         and verifies each right after its first copy (:meth:`fill`), while the bytes are
         in the cache. Checked by a read-ahead thread instead, in runs of the samples it
         uses, the sums cost 2-3x more there: every run is a GIL hand-off between that
         thread and the filling one, on cores the other workers already keep busy."""
-        reads = self.reads.read(pieces, verify=False)
+        reads = self.reads.read(pieces, verify=False, shared=shared)
         located = [part.tokens for part in reads]
         checks = [part.checks for part in reads]
         counts = [len(x) for x in located]

@@ -264,12 +264,21 @@ class GlobalReader:
         self, position: GlobalPosition, worker: int, workers: int
     ) -> RowScope | None:
         """With several workers, make this one verify only the samples of its own rows
-        (the others verify theirs); returns what to tell as chunks are filled, or None."""
-        if workers <= 1:
-            return None
-        reads = _OwnRows(self, position.copy(), worker, workers)
-        self.order.check_only(reads.spans)
-        return reads
+        (the others verify theirs) and share window fetches with them; remote, read
+        ahead only windows of its own rows. Returns what to tell as chunks are filled."""
+        if workers <= 1:  # verifies all it reads; reads ahead only up to the iteration's end
+            if not self.order.source.remote:
+                return None
+            own = _OwnRows(self, position.copy(), worker, 1)
+            self.order.read_ahead_only(lambda e, a, b: bool(own.spans(e, a, b)))
+            return own
+        every = [_OwnRows(self, position.copy(), w, workers) for w in range(workers)]
+        self.order.check_only(every[worker].spans)
+        cfg = self.order.cfg
+        rows = _WorkerRows(every, worker, 4 * cfg.shuffle_window // cfg.global_batch + 1)
+        if self.order.source.shares_reads:
+            self.order.share_reads(worker, rows.needers)
+        return rows
 
     def verify_all_rows(self) -> None:
         """Back to verifying every sample read (the iteration ended)."""
@@ -357,6 +366,25 @@ class _OwnRows:
         with self._lock:
             while self._known and self._known[0][3] < step:
                 self._known.popleft()
+
+
+class _WorkerRows:
+    """Every worker's :class:`_OwnRows`, walked in one worker: which workers' chunks read
+    a range (they share its fetches, :mod:`~wdstream.read.sources.exchange`)."""
+
+    def __init__(self, every: list[_OwnRows], worker: int, margin: int) -> None:
+        self._every, self._worker, self._margin = every, worker, margin
+
+    def needers(self, epoch: int, t0: int, t1: int) -> list[int]:
+        """The workers whose chunks read tokens of ``[t0, t1)`` of ``epoch``."""
+        return [w for w, rows in enumerate(self._every) if rows.spans(epoch, t0, t1)]
+
+    def forget_before(self, step: int) -> None:
+        """Drop this worker's ranges of chunks before ``step`` (filled), and the others'
+        before ``margin`` steps earlier: a window still to read may begin before this
+        worker's position (about four windows of steps, so every worker decides alike)."""
+        for w, rows in enumerate(self._every):
+            rows.forget_before(step if w == self._worker else step - self._margin)
 
 
 def _worker(value: Any) -> tuple[int, int] | None:

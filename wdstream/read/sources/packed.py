@@ -29,6 +29,7 @@ from wdstream.format.checksum import Corruption, find_corruption, spot_check
 from wdstream.format.index import DatasetIndex, ShardEntry
 from wdstream.format.sample import LocatedTokens, Sample, decode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
+from wdstream.read.sources.exchange import SharedPieces
 from wdstream.read.sources.identity import DatasetIdentity, packed_identity
 from wdstream.read.sources.layouts import KeptLayouts
 from wdstream.read.sources.reads import CopyChecks, PieceRead
@@ -48,7 +49,7 @@ from wdstream.storage.urls import is_dataset_root, split_url
 # CopyChecks, PieceRead: reads.py; expand_urls: stores.py
 __all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]
 
-_REMOTE_READS = 8  # concurrent ranged reads of one window from a remote store
+_REMOTE_READS = 16  # concurrent ranged reads from a remote store (windows read ahead share them)
 _SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
 
 
@@ -124,6 +125,9 @@ class ShardSource:
         drop_short_last_sample(self.samples, self.tokens, self.mode, self.sample_tokens)
         # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
         self.remote = any("://" in root and not root.startswith("file://") for root, _ in self.urls)
+        # Torch workers split a window's fetches (read/sources/exchange.py); through a node
+        # cache each reads its local blocks instead.
+        self.shares_reads = self.remote and store_options.get("cache_dir") is None
         st = self.sample_tokens or 0
         # A shard is "regular" when every sample but possibly its last has sample_tokens
         # tokens; then token prefixes are arithmetic and no sidecar is needed to plan.
@@ -274,6 +278,7 @@ class ShardSource:
         docs: bool = False,
         checks: list[np.ndarray] | None = None,
         verify: bool = True,
+        shared: SharedPieces | None = None,
     ) -> list[PieceRead]:
         """The samples of every ``(shard, a, b)`` piece (samples ``[a, b)`` of ``shard``),
         one ranged read each, in order.
@@ -295,31 +300,41 @@ class ShardSource:
                 worker cutting its own chunks from a window): checking each sample right
                 after copying it sums bytes the copy just brought into the cache. The caller
                 must verify every sample it copies before handing the copy on.
+            shared: how torch workers split these pieces' fetches
+                (:mod:`~wdstream.read.sources.exchange`); None: this process fetches all.
         """
 
         failed = threading.Event()
 
-        def one(shard: int, a: int, b: int, check: np.ndarray | None) -> PieceRead:
+        def one(j: int) -> PieceRead:
             # One fate per window: at its first failure the reads not started are not made,
             # so it fails by its first read's deadline, not one more per round of threads.
             if failed.is_set():
+                if shared is not None:
+                    shared.abandon(j)
                 raise CancelledError
             try:
-                return self._read_piece(shard, a, b, docs, check, verify)
+                return self._read_piece(*pieces[j], docs, each[j], verify, shared, j)
             except BaseException:
                 failed.set()
+                if shared is not None:  # its takers fetch it themselves (e.g. no sidecar)
+                    shared.abandon(j)
                 raise
 
         each = checks if checks is not None else [None] * len(pieces)
+        if shared is not None:
+            shared.begin()
         if not self.remote or len(pieces) < 2 or self._held(pieces):
-            return [one(*pc, c) for pc, c in zip(pieces, each, strict=True)]
+            return [one(j) for j in range(len(pieces))]
         with self._lock:
             if self._fetch_pool is None:
                 self._fetch_pool = ThreadPoolExecutor(
                     _REMOTE_READS, thread_name_prefix="wdstream-fetch"
                 )
-        jobs = [self._fetch_pool.submit(one, *pc, c) for pc, c in zip(pieces, each, strict=True)]
-        return [job.result() for job in jobs]  # the first failure in order is a real one
+        pool = self._fetch_pool
+        order = shared.taken_first() if shared is not None else range(len(pieces))
+        jobs = {j: pool.submit(one, j) for j in order}
+        return [jobs[j].result() for j in range(len(pieces))]  # the first failure in order
 
     def _held(self, pieces: list[tuple[int, int, int]]) -> bool:
         """Whether the stores hold every piece's bytes at hand (a node cache's mapped
@@ -339,10 +354,11 @@ class ShardSource:
         return True
 
     def _read_piece(
-        self, shard: int, a: int, b: int, docs: bool, check: np.ndarray | None, verify: bool
-    ) -> PieceRead:
-        """One piece of :meth:`read`."""
-        buf, begin, sidecar = self._checked_range(shard, a, b, check, verify)
+        self, shard: int, a: int, b: int, docs: bool, check: np.ndarray | None, verify: bool,
+        shared: SharedPieces | None = None, j: int = 0,
+    ) -> PieceRead:  # fmt: skip
+        """One piece of :meth:`read` (piece ``j`` of ``shared``)."""
+        buf, begin, sidecar = self._checked_range(shard, a, b, check, verify, shared, j)
         if docs:
             # Verified by _checked_range as asked: not a second CRC pass per sample here.
             samples = list(decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False))
@@ -405,11 +421,12 @@ class ShardSource:
         raise CorruptShardError(self._corruption_message(checks.shard, bad, dropped))
 
     def _checked_range(
-        self, shard: int, a: int, b: int, check: np.ndarray | None, verify: bool = True
-    ) -> tuple[memoryview, int, ShardSidecar]:
-        """The bytes of samples ``[a, b)`` (one ranged read), verified against their
-        checksums (those ``check`` marks; none without ``verify``); returns ``(buffer, its
-        shard offset, sidecar)``."""
+        self, shard: int, a: int, b: int, check: np.ndarray | None, verify: bool = True,
+        shared: SharedPieces | None = None, j: int = 0,
+    ) -> tuple[memoryview, int, ShardSidecar]:  # fmt: skip
+        """The bytes of samples ``[a, b)`` (one ranged read, or piece ``j`` of ``shared``),
+        verified against their checksums (those ``check`` marks; none without ``verify``);
+        returns ``(buffer, its shard offset, sidecar)``."""
         sidecar, _ = self._sidecar(shard)
         verify = verify and self.checksums and sidecar.crc32c is not None
         verify = verify and (check is None or bool(check.any()))
@@ -418,7 +435,13 @@ class ShardSource:
         begin, end = sidecar.run_check(a, b)[:2] if by_run else sidecar.byte_range(a, b)
         root, name = self.urls[shard]
         store = self._store(root)
-        buf = store.read_range_view(name, begin, end)
+        if shared is None:
+            buf = store.read_range_view(name, begin, end)
+        else:
+            # Workers differ in which samples they verify: all share the widest range.
+            wide = sidecar.run_check(a, b)[0] if sidecar.crc32c_run is not None else begin
+            got = shared.fetch(j, lambda: store.read_range_view(name, wide, end))
+            buf = got[begin - wide :]
         bad = self._bad_bytes(shard, buf, begin, sidecar, a, b, check, verify)
         dropped = store.forget_range(name, begin, end) if bad is not None else []
         if dropped:  # a node cache's bytes failed: fetched once more, from the source

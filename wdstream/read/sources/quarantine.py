@@ -24,6 +24,7 @@ import numpy as np
 
 from wdstream.errors import CorruptShardError
 from wdstream.format.sample import LocatedTokens, Sample
+from wdstream.read.sources.exchange import SharedPieces
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.reads import BadSample, PieceRead, masked_tokens, neutral_id
 
@@ -51,15 +52,17 @@ class QuarantinedReads:
         docs: bool = False,
         checks: list[np.ndarray] | None = None,
         verify: bool = True,
+        shared: SharedPieces | None = None,
     ) -> list[PieceRead]:
-        """:meth:`ShardSource.read`, but a sample that cannot be read stands in masked.
+        """:meth:`ShardSource.read`, but a sample that cannot be read stands in masked (a
+        piece read again after a failure is fetched by this process, not ``shared``).
 
         Raises:
             CorruptShardError: a shard without a readable sidecar whose samples vary in
                 length (no count keeps the later rows in place).
         """
         try:
-            return self.source.read(pieces, docs=docs, checks=checks, verify=verify)
+            return self.source.read(pieces, docs=docs, checks=checks, verify=verify, shared=shared)
         except _FAILURES:
             pass  # some piece failed: find which, one by one
         out = []

@@ -1,0 +1,123 @@
+"""Torch workers of one rank share a window's remote reads (read/sources/exchange.py): over
+the real HTTP file server and moto S3 (tests/servers.py), an epoch read by 2 workers makes
+about the GETs and fetches about the bytes one process does, and gives the same batches.
+
+The oracle is the server's own request log: every GET with its ``Range`` header, counted and
+summed, at 0 workers against 2 workers over the same epoch (before the share, 2 workers made
+~2x of both, each fetching every window its chunks touch)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from click.testing import CliRunner
+
+from tests.servers import FaultProxy, FileServer
+from wdstream import Loader
+from wdstream.cli import main
+from wdstream.read.sources.exchange import SHARE_WAIT_S, ReadShare, SharedPieces, WindowShares
+
+pytest_plugins = ["tests.fixtures_remote"]
+
+pytestmark = pytest.mark.timeout(180)
+
+# Windows of 256 samples, chunks of 32 rows (1/8 of a window, as in the bench: a cold
+# window is read whole, not sample by sample): every window holds chunks of both workers.
+PACK_ARGS = ["--seq-len", "64", "--shard-size", "64KB", "--workers", "0", "-q"]
+KW: dict[str, Any] = {"seq_len": 64, "batch_size": 4, "epochs": 1, "shuffle_window": 256,
+                      "shuffle_lanes": 4, "chunk_batches": 8}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.conftest import _write_jsonl, make_corpus
+
+    d = tmp_path_factory.mktemp("shared")
+    src = _write_jsonl(d / "in.jsonl", make_corpus())
+    out = d / "ds"
+    result = CliRunner().invoke(main, ["pack", str(src), "--output", str(out), *PACK_ARGS])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _range_bytes(rng: str | None) -> int:
+    m = re.fullmatch(r"bytes=(\d+)-(\d+)", rng or "")
+    assert m, f"a shard read without a closed range: {rng!r}"
+    return int(m[2]) - int(m[1]) + 1
+
+
+def _epoch(url: str, workers: int, log: Callable[[], list[Any]], **opts: Any) -> dict[str, Any]:
+    batches = [b["input_ids"].tolist() for b in Loader(url, num_workers=workers, **KW, **opts)]
+    gets = [(p, r) for m, p, r in log() if m == "GET" and p.split("?")[0].endswith(".tar")]
+    return {"batches": batches, "gets": len(gets), "bytes": sum(_range_bytes(r) for _, r in gets)}
+
+
+def _assert_shared(one: dict[str, Any], two: dict[str, Any]) -> None:
+    assert two["batches"] == one["batches"]
+    assert len(one["batches"]) >= 40 and one["gets"] >= 10, "the test wants several windows"
+    assert two["gets"] <= 1.1 * one["gets"], (two["gets"], one["gets"])
+    assert two["bytes"] <= 1.1 * one["bytes"], (two["bytes"], one["bytes"])
+
+
+def test_two_workers_fetch_a_window_once_over_http(pack: Path) -> None:
+    with FileServer(pack) as server:
+        runs = []
+        for workers in (0, 2):
+            server.faults.reset()
+            runs.append(_epoch(server.base_url, workers, lambda: list(server.faults.requests)))
+    _assert_shared(*runs)
+
+
+def test_two_workers_fetch_a_window_once_over_s3(
+    s3_bucket: str, pack: Path, s3_proxy: FaultProxy, aws_env: str
+) -> None:
+    s3 = boto3.client("s3", endpoint_url=aws_env)
+    for f in pack.iterdir():
+        s3.upload_file(str(f), s3_bucket, f"ds/{f.name}")
+    opts = {"endpoint_url": s3_proxy.base_url}
+    runs = []
+    for workers in (0, 2):
+        s3_proxy.faults.reset()
+        log = lambda: list(s3_proxy.faults.requests)  # noqa: E731
+        runs.append(_epoch(f"s3://{s3_bucket}/ds", workers, log, **opts))
+    _assert_shared(*runs)
+
+
+def test_a_piece_that_fails_or_never_comes_is_fetched_by_its_taker(tmp_path: Path) -> None:
+    """The taker's way out: a piece marked failed, or an owner that began a later window
+    without claiming it, returns None at once (the caller fetches), not after the deadline."""
+    folder = str(tmp_path / "share")
+    owner, taker = ReadShare(folder, 0), ReadShare(folder, 1)
+    pieces = SharedPieces.split(owner, (0, 3), [5, 5], [0, 1])
+    assert pieces.owner == [0, 1] and pieces.takers == [(1,), (0,)]
+    pieces.begin()
+    owner.offer((0, 3), 0, memoryview(b"abc"), [1])
+    got = taker.take((0, 3), 0, owner=0)
+    assert got is not None and bytes(got) == b"abc"
+    owner.fail((0, 3), 2, [1])
+    assert taker.take((0, 3), 2, owner=0) is None
+    owner.begin((0, 4), [])  # went on to window 4 without claiming piece 5 of window 3
+    t0 = time.monotonic()
+    assert taker.take((0, 3), 5, owner=0) is None
+    assert time.monotonic() - t0 < SHARE_WAIT_S / 10
+    assert not [p for p in Path(folder).iterdir() if not p.name.startswith("progress")]
+
+
+def test_a_piece_offered_before_its_taker_starts_is_kept(tmp_path: Path) -> None:
+    """Workers start at different times: a piece offered before its taker's iteration began
+    is still taken (the taker's start drops only stale marks), with no wait."""
+    folder = str(tmp_path / "share")
+    owner = ReadShare(folder, 0)
+    SharedPieces.split(owner, (0, 0), [5], [0, 1]).begin()
+    owner.offer((0, 0), 0, memoryview(b"xyz"), [1])
+    taker = WindowShares(folder, 1, lambda e, a, b: [0, 1])
+    got = taker.share.take((0, 0), 0, owner=0)
+    assert got is not None and bytes(got) == b"xyz"
+    taker.close()
+    assert not list(Path(folder).glob("*.1*"))

@@ -1,0 +1,112 @@
+"""Windows' sample data kept while rows are cut from them, and read ahead of the rows.
+
+The global order (:mod:`~wdstream.read.order.global_order`) cuts rows from one window after
+another. :class:`WindowCache` keeps the windows being cut and reads the next ones in
+background threads. From a remote store one window ahead may not hide a GET's latency (the
+rows then wait for it): each wait longer than ``DEEPEN_WAIT_S`` reads one more window ahead,
+up to ``AHEAD_MAX``, so the reads in flight grow with the latency, while the bytes held stay
+bounded (``AHEAD_MAX + KEEP`` windows: 48 MB for windows of 1,024 samples of 8 KB)::
+
+    rows at window   5                      ahead = 1: 6 read ahead
+    waited 20 ms for 6                      ahead = 2: 7, 8 read ahead
+    windows behind the rows go first        kept: 5, 6 (the rows), 7, 8 (ahead)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from wdstream.read.order.window_data import WindowData
+
+__all__ = ["AHEAD_MAX", "DEEPEN_WAIT_S", "KEEP", "WindowCache", "WindowKey"]
+
+WindowKey = tuple[int, int, bool]  # (epoch, window, with document boundaries)
+
+KEEP = 2  # windows kept besides those read ahead: the one before the rows', and theirs
+AHEAD_MAX = 4  # the most windows read ahead (and threads reading them)
+DEEPEN_WAIT_S = 0.002  # a wait for a read-ahead longer than this reads one more ahead
+
+
+class WindowCache:
+    """Windows' data by key, loaded with ``load`` here or ahead in background threads.
+
+    Args:
+        load: reads one window's data.
+        deepen: whether waits for a read-ahead deepen it (a remote source: latency to
+            hide; locally a wait means the reads are bound by the CPU, which more
+            windows in flight would not help).
+    """
+
+    def __init__(self, load: Callable[[int, int, bool], WindowData], deepen: bool) -> None:
+        self._load = load
+        self._deepen = deepen
+        self._data: OrderedDict[WindowKey, Future[WindowData]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self.ahead = 1  # windows read ahead of the rows (see AHEAD_MAX)
+
+    def get(
+        self, key: WindowKey, following: Callable[[WindowKey, int], Iterable[WindowKey]]
+    ) -> WindowData:
+        """Window ``key``'s data, and the read-ahead of ``following(key, ahead)`` started.
+        A window not read ahead (the first of an iteration) is read here: waiting for a
+        thread to start and read it would only add the hand-off.
+
+        Raises:
+            Whatever its read raised (kept: asked again, it raises again).
+        """
+        with self._lock:
+            fut = self._data.get(key)
+            if fut is not None:
+                self._data.move_to_end(key)
+        if fut is None:
+            fut = Future()
+            try:
+                fut.set_result(self._load(*key))
+            except Exception as exc:  # kept, as the read-ahead keeps a failed read
+                fut.set_exception(exc)
+            with self._lock:
+                self._data[key] = fut
+        elif not fut.done():
+            t0 = time.perf_counter()
+            fut.exception()  # waits; a failed read raises below
+            if self._deepen and time.perf_counter() - t0 > DEEPEN_WAIT_S:
+                self.ahead = min(self.ahead + 1, AHEAD_MAX)  # the latency was not hidden
+        for nxt in following(key, self.ahead):
+            self.start(nxt)
+        return fut.result()
+
+    def cold(self, key: WindowKey) -> bool:
+        """Whether window ``key`` is neither read nor being read."""
+        with self._lock:
+            return key not in self._data
+
+    def start(self, key: WindowKey) -> None:
+        """Start reading window ``key`` in the background unless it is read or being read."""
+        with self._lock:
+            if key not in self._data:
+                self._submit(key)
+            while len(self._data) > KEEP + self.ahead:
+                # The earliest window goes, not the least recently used: rows move forward,
+                # and a window read ahead is used after the ones they are in.
+                del self._data[min(self._data, key=lambda k: k[:2])]
+
+    def _submit(self, key: WindowKey) -> None:
+        """Read window ``key`` in a background thread (under the lock)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(AHEAD_MAX, thread_name_prefix="wdstream-readahead")
+        self._data[key] = self._pool.submit(self._load, *key)
+
+    def release(self) -> None:
+        """Drop the windows' data (it pins the mapped shards' file descriptors) and any
+        read-ahead: called when an iteration ends or is abandoned."""
+        with self._lock:
+            futures = list(self._data.values())
+            self._data.clear()
+        for fut in futures:
+            if not fut.cancel():
+                fut.exception()  # a read still running: wait, so no view outlives this call
