@@ -186,6 +186,14 @@ TEXT_EDITS = {
     "NaN": ('"tokens": 27', '"tokens": NaN', True),
     "long float": ('"shards": [', '"x": 1.' + "0" * 45 + ', "shards": [', True),
     "not JSON": ('"shards": [', '"shards": [[', True),
+    # Repeated keys are told by counting colons (index._keys_unique): try to fool it.
+    "duplicate nested key": ('"shards": [', '"x": {"a": 1, "a": 2}, "shards": [', True),
+    "duplicate top key": ('"shards": [', '"shards": 1, "shards": [', True),
+    "dropped value with a colon": ('"shards": [', '"x": "a:b", "x": "c", "shards": [', True),
+    "kept value with a colon": ('"shards": [', '"x": "c", "x": "a:b", "shards": [', True),
+    "escaped colon hides a key": ('"shards": [', '"x": 1, "x": "\\u003a", "shards": [', True),
+    "escaped colon": ('"shards": [', '"x": "\\u003A", "shards": [', False),
+    "colons in keys and values": ('"shards": [', '"x": {"k:1": ["a:b", "::"]}, "shards": [', False),
 }
 
 
@@ -198,6 +206,21 @@ def test_json_edits_give_the_strict_parse_answer(
     assert old in text
     got = _agree(text.replace(old, new, 1), monkeypatch)
     assert isinstance(got, str) == refused, got
+
+
+def test_a_clean_index_is_parsed_once_as_text_or_bytes(base: dict[str, Any]) -> None:
+    """The clean parse accepts a packed index (str, and UTF-8 bytes); UTF-16 bytes and a
+    repeated key, however hidden, go to the strict parse."""
+    text = json.dumps(base, indent=1)
+    assert index_module._parse_clean(text, WHERE) is not None
+    assert index_module._parse_clean(text.encode(), WHERE) is not None
+    assert index_module._parse_clean(text.encode("utf-16"), WHERE) is None
+    assert DatasetIndex.from_json(text.encode("utf-16")) == DatasetIndex.from_json(text)
+    repeated = text.replace('"tokens": 27', '"tokens": 27, "tokens": 27', 1)
+    assert repeated != text and index_module._parse_clean(repeated, WHERE) is None
+    for data in (repeated, repeated.encode(), repeated.encode("utf-32")):
+        with pytest.raises(IndexValidationError, match=r"tokens: key appears more than once"):
+            DatasetIndex.from_json(data, WHERE)
 
 
 def test_the_table_behaves_as_the_tuple_of_entries(base: dict[str, Any]) -> None:

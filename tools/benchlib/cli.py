@@ -23,6 +23,7 @@ from benchlib import (
     chat,
     memory,
     mixture,
+    open_shards,
     pack,
     pack_large,
     ray_pack,
@@ -49,6 +50,7 @@ PARTS = {
     "mixture": mixture,
     "ray_pack": ray_pack,
     "chat": chat,
+    "open_shards": open_shards,
 }
 QUICK_SKIPS = ("memory", "pack_large")
 

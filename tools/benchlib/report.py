@@ -16,6 +16,7 @@ from benchlib import (
     checksums,
     memory,
     mixture,
+    open_shards,
     pack,
     pack_large,
     ray_pack,
@@ -41,6 +42,7 @@ SECTIONS = (
     mixture,
     ray_pack,
     chat,
+    open_shards,
 )
 REPRODUCE = """\
 ```

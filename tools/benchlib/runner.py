@@ -34,6 +34,7 @@ CHILDREN = {
     "sequence": "benchlib.sequence:child_sequence",
     "epoch_memory": "benchlib.memory:child_epoch_memory",
     "remote": "benchlib.remote:child_remote",
+    "open_shards": "benchlib.open_shards:child_open_shards",
     "versions": "benchlib.env:versions",
 }
 
