@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from wdstream.errors import IndexValidationError
 from wdstream.format import index as index_module
-from wdstream.format import index_checks
+from wdstream.format import index_checks, index_columns
 from wdstream.format.index import DatasetIndex, ShardEntry, ShardTable
 from wdstream.testing import write_synthetic_dataset
 
@@ -206,6 +206,43 @@ def test_json_edits_give_the_strict_parse_answer(
     assert old in text
     got = _agree(text.replace(old, new, 1), monkeypatch)
     assert isinstance(got, str) == refused, got
+
+
+def _pack_order_oracle(names: list[str]) -> bool:
+    prefix = names[0][: -len("-000000.tar")]
+    return (
+        names[0].endswith("-000000.tar")
+        and len(prefix) > 0
+        and names == [f"{prefix}-{i:06d}.tar" for i in range(len(names))]
+    )
+
+
+@given(
+    prefix=st.text("ab-/.%0\u00e9", min_size=1, max_size=4),
+    n=st.integers(1, 30),
+    edit=st.sampled_from(["none", "swap", "digit", "letter", "prefix", "width", "drop"]),
+    at=st.integers(0, 29),
+)
+@settings(max_examples=300, deadline=None)
+def test_pack_order_is_told_as_the_packer_names(prefix: str, n: int, edit: str, at: int) -> None:
+    """``_packer_names`` (a byte matrix when the names are ASCII and of one width) agrees
+    with the names built one by one, for the packer's names and each kind of edit."""
+    names = [f"{prefix}-{i:06d}.tar" for i in range(n)]
+    at %= n
+    if edit == "swap" and n > 1:
+        names[at], names[(at + 1) % n] = names[(at + 1) % n], names[at]
+    elif edit == "digit":
+        names[at] = names[at][:-5] + "9.tar"
+    elif edit == "letter":
+        names[at] = names[at][:-6] + "a" + names[at][-5:]
+    elif edit == "prefix":
+        names[at] = "b" + names[at][1:]
+    elif edit == "width":
+        names[at] = names[at][:-4] + "0.tar"
+    elif edit == "drop" and n > 1:
+        del names[at]
+    joined = "\n".join(names) + "\n"
+    assert index_columns._packer_names(names, joined) == _pack_order_oracle(names)
 
 
 def test_a_clean_index_is_parsed_once_as_text_or_bytes(base: dict[str, Any]) -> None:

@@ -143,11 +143,17 @@ class DatasetIndex:
         else:
             obj, columns = clean
         known = {k: obj[k] for k in _INDEX_KEYS if k in obj}
-        return cls(**{**known, "shards": ShardTable(_rows(obj["shards"], columns))})
+        if columns is not None and columns.known_keys_only:  # the parsed dicts as rows
+            table = ShardTable(obj["shards"], columns.values)
+        else:  # new dicts of the known keys (a later version's keys dropped)
+            table = ShardTable([{k: s.get(k) for k in _SHARD_KEYS} for s in obj["shards"]])
+        return cls(**{**known, "shards": table})
 
 
 _SHARD_KEYS = tuple(f.name for f in fields(ShardEntry))
 _OPTIONAL_SHARD_KEYS = ("provenance", "provenance_sha256")
+_ABSENT: dict[str, Any] = dict.fromkeys(_OPTIONAL_SHARD_KEYS)
+_N_FIELDS = len(_SHARD_KEYS)
 _INDEX_KEYS = tuple(f.name for f in fields(DatasetIndex))
 
 
@@ -162,11 +168,17 @@ class ShardTable(Sequence[ShardEntry]):
     behaves as the tuple of entries: indexing, slices (tuples), iteration, equality.
     """
 
-    __slots__ = ("_rows",)
+    __slots__ = ("_rows", "_columns")
 
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        """``rows``: one dict per shard holding exactly :class:`ShardEntry`'s fields."""
+    def __init__(
+        self, rows: list[dict[str, Any]], columns: dict[str, list[Any]] | None = None
+    ) -> None:
+        """``rows``: one dict per shard holding :class:`ShardEntry`'s fields and no other
+        key; an optional field it lacks is None. (Adding the absent keys to the parsed dicts
+        cost more than the rest of opening an index of no provenance: each dict grows.)
+        ``columns``: fields' columns already gathered (by validation), by key."""
         self._rows = rows
+        self._columns = columns or {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -184,7 +196,11 @@ class ShardTable(Sequence[ShardEntry]):
         return map(_entry, self._rows)
 
     def column(self, key: str) -> list[Any]:
-        """Every shard's value of field ``key``, in shard order."""
+        """Every shard's value of field ``key``, in shard order (a new list)."""
+        if key in self._columns:
+            return self._columns[key].copy()
+        if key in _OPTIONAL_SHARD_KEYS:
+            return [row.get(key) for row in self._rows]
         return [row[key] for row in self._rows]
 
     def __eq__(self, other: object) -> bool:
@@ -200,25 +216,12 @@ class ShardTable(Sequence[ShardEntry]):
 
 
 def _entry(row: dict[str, Any]) -> ShardEntry:
-    """A :class:`ShardEntry` whose ``__dict__`` is ``row`` (a frozen dataclass's
-    ``__init__`` sets each field through ``object.__setattr__``: ~5 µs an entry)."""
+    """A :class:`ShardEntry` whose ``__dict__`` is ``row``, completed with the optional
+    fields it lacks (a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``: ~5 µs an entry)."""
     entry = object.__new__(ShardEntry)
-    object.__setattr__(entry, "__dict__", row)
+    object.__setattr__(entry, "__dict__", row if len(row) == _N_FIELDS else _ABSENT | row)
     return entry
-
-
-def _rows(shards: list[dict[str, Any]], columns: ShardColumns | None) -> list[dict[str, Any]]:
-    """The rows of a :class:`ShardTable` from a validated shard list: each parsed dict,
-    completed with the optional keys' defaults, where every shard holds only keys this
-    version knows (the columns say so); else new dicts of the known keys (a later
-    version's keys dropped)."""
-    if columns is None or not columns.known_keys_only:
-        return [{k: s.get(k) for k in _SHARD_KEYS} for s in shards]
-    for key in _OPTIONAL_SHARD_KEYS:
-        if columns.present[key] < len(shards):
-            for shard in shards:
-                shard.setdefault(key, None)
-    return shards
 
 
 def _check_format_version(obj: Any, where: str) -> None:

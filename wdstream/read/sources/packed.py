@@ -123,7 +123,8 @@ class ShardSource:
             )
         drop_short_last_sample(self.samples, self.tokens, self.mode, self.sample_tokens)
         # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
-        self.remote = any("://" in root and not root.startswith("file://") for root, _ in self.urls)
+        roots = {root for root, _ in self.urls}  # one a dataset: not a Python call per shard
+        self.remote = any("://" in root and not root.startswith("file://") for root in roots)
         st = self.sample_tokens or 0
         # A shard is "regular" when every sample but possibly its last has sample_tokens
         # tokens; then token prefixes are arithmetic and no sidecar is needed to plan.
