@@ -219,9 +219,9 @@ def _pack_order_oracle(names: list[str]) -> bool:
 
 @given(
     prefix=st.text("ab-/.%0\u00e9", min_size=1, max_size=4),
-    n=st.integers(1, 30),
+    n=st.sampled_from([1, 2, 5, 63, 64, 65, 100]),
     edit=st.sampled_from(["none", "swap", "digit", "letter", "prefix", "width", "drop"]),
-    at=st.integers(0, 29),
+    at=st.integers(0, 99),
 )
 @settings(max_examples=300, deadline=None)
 def test_pack_order_is_told_as_the_packer_names(prefix: str, n: int, edit: str, at: int) -> None:

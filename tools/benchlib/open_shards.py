@@ -3,9 +3,10 @@
 
 The datasets hold shards of 8 samples of 65 tokens (``seq_len`` 64). Packing 100,000 shards
 would take many minutes (each is written and fsynced on its own), so a few dozen distinct
-shards are written once by the real writer and the datasets list them over and over, each
-name a hard link to one of them (a copy where links fail), in an ``index.json`` made by
-:class:`wdstream.format.index.DatasetIndex` with each entry's own name. What is timed (the
+shards are packed once (``wdstream.pack``, with provenance tables as every pack has) and the
+datasets list them over and over, each name a hard link to one of them (a copy where links
+fail), in an ``index.json`` made by :class:`wdstream.format.index.DatasetIndex` with each
+entry's own names. What is timed (the
 index parsed and checked, the order planned, the first batch's samples read and verified) is
 the same as for distinct shards; no reader checks that two shards differ.
 
@@ -23,6 +24,7 @@ The child also counts the full collections that ran inside the timing.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -46,45 +48,45 @@ LARGEST_GOAL_S = 1.5
 
 
 def build(root: Path, sizes: tuple[int, ...]) -> dict[int, str]:
-    """One dataset per size under ``root``, sharing the shard files of a base dataset."""
-    from wdstream.format import index as ix
-    from wdstream.testing import write_synthetic_dataset
+    """One dataset per size under ``root``, sharing the shard files of a base dataset
+    packed by ``wdstream.pack`` (pretokenized documents: its index, sidecars and provenance
+    tables are a real pack's)."""
+    import dataclasses
 
+    import wdstream
+    from wdstream.format.index import INDEX_NAME, DatasetIndex
+
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    docs = root / "docs.jsonl"
+    with docs.open("w") as f:
+        for d in range(240):
+            ids = [(d * 7 + i) % 50_000 for i in range(1 + (d * 37) % 300)]
+            f.write(json.dumps({"input_ids": ids}) + "\n")
     base_dir = root / "base"
-    if base_dir.exists():
-        shutil.rmtree(base_dir)
-    base = write_synthetic_dataset(
-        str(base_dir), n_docs=240, sample_tokens=SAMPLE_TOKENS, samples_per_shard=SHARD_SAMPLES
-    )
+    wdstream.pack([str(docs)], str(base_dir), seq_len=SAMPLE_TOKENS - 1, pretokenized=True,
+                  shard_samples=SHARD_SAMPLES, progress=False)  # fmt: skip
+    base = DatasetIndex.from_json((base_dir / INDEX_NAME).read_bytes())
     full = [s for s in base.shards if s.samples == SHARD_SAMPLES]  # not a short last one
     out = {}
     for n in sizes:
         d = root / f"shards-{n}"
-        if d.exists():
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
+        d.mkdir()
         entries = []
         for i in range(n):
             src = full[i % len(full)]
-            name = f"data-{i:06d}"
-            for have, want in ((src.name, f"{name}.tar"), (src.sidecar, f"{name}.idx")):
+            files = {"name": ".tar", "sidecar": ".idx", "provenance": ".prov"}
+            names = {key: f"data-{i:06d}{suffix}" for key, suffix in files.items()}
+            for key, name in names.items():
                 try:
-                    os.link(base_dir / have, d / want)
+                    os.link(base_dir / getattr(src, key), d / name)
                 except OSError:
-                    shutil.copyfile(base_dir / have, d / want)
-            entries.append(
-                ix.ShardEntry(**{**src.__dict__, "name": f"{name}.tar", "sidecar": f"{name}.idx"})
-            )
-        index = ix.DatasetIndex(
-            **{
-                **{k: getattr(base, k) for k in ("tokenizer", "eos_id", "bos_id", "dtype")},
-                **{k: getattr(base, k) for k in ("mode", "seq_len", "sample_tokens")},
-                **{k: getattr(base, k) for k in ("checksum", "version", "pad_id")},
-                "shards": tuple(entries),
-                "stats": {"documents": sum(e.documents for e in entries)},
-            }
-        )
-        (d / ix.INDEX_NAME).write_text(index.to_json())
+                    shutil.copyfile(base_dir / getattr(src, key), d / name)
+            entries.append(dataclasses.replace(src, **names))
+        stats = {**base.stats, "documents": sum(e.documents for e in entries)}
+        index = dataclasses.replace(base, shards=tuple(entries), stats=stats)
+        (d / INDEX_NAME).write_text(index.to_json())
         out[n] = str(d)
     return out
 
@@ -170,16 +172,18 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
     rows = []
     for n in sizes:
         for kind in KINDS:
-            v = value_spread(runs.get(f"{n}/{kind}"), "first_batch_s")
-            colls = value_spread(runs.get(f"{n}/{kind}"), "full_collections")
-            ratio = ratio_spread(runs.get(f"{n}/{kind}"), runs.get(f"10/{kind}"), "first_batch_s")
+            got = [y for y in runs.get(f"{n}/{kind}", []) if "error" not in y]
+            v = value_spread(got, "first_batch_s")
+            full = f"{sum(y['full_collections'] > 0 for y in got)} of {len(got)}"
+            ratio = ratio_spread(got, runs.get(f"10/{kind}"), "first_batch_s")
             per = per_shard_us(runs, n, kind) if n != 10 else None
             rows.append([
-                f"{n:,}", "raw" if kind == "raw" else "gc paid first",
-                _ms(v) if v else None, colls.fmt("", 0) if colls else None,
-                ratio if n != 10 else None, per.fmt(" µs", 1) if per else None,
+                f"{n:,}", "raw" if kind == "raw" else "gc paid first", _ms(v) if v else None,
+                full, ratio if n != 10 else None, per.fmt(" µs", 1) if per else None,
             ])  # fmt: skip
-    mid = sizes[1]
+    mid, big = sizes[1], sizes[-1]
+    header = ["shards", "kind", "first batch", "runs with a full collection inside",
+              "vs 10 shards", "µs a shard"]  # fmt: skip
     lines = head + [
         f"A fresh `Loader` (0 workers, batch {BATCH} x {SAMPLE_TOKENS - 1}) to its first batch "
         f"over datasets of shards of {SHARD_SAMPLES} samples of {SAMPLE_TOKENS} tokens, one "
@@ -189,17 +193,7 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         "first*: `gc.collect()` before the timing. µs a shard: (time at n - time at 10) / "
         "(n - 10), same round.",
         "",
-        table(
-            [
-                "shards",
-                "kind",
-                "first batch ms",
-                "full collections inside",
-                "vs 10 shards",
-                "µs a shard",
-            ],
-            rows,
-        ),  # fmt: skip
+        table(header, rows),
         "",
     ]
     for kind in KINDS:
@@ -208,11 +202,15 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         if ratio is not None and ratio.mid > RATIO_GOAL:
             notes.append(f"Opening {mid:,} shards ({kind}): {ratio.fmt()} the time of 10 shards "
                          f"(goal ≤ {RATIO_GOAL}x).")  # fmt: skip
-    big = value_spread(runs.get(f"{sizes[-1]}/raw"), "first_batch_s")
-    if sizes[-1] >= 100_000 and big is not None:
-        met = "met" if big.mid <= LARGEST_GOAL_S else "NOT met"
-        lines.append(f"- {sizes[-1]:,} shards, raw: {big.fmt(' s', 2)} (goal ≤ "
-                     f"{LARGEST_GOAL_S} s: {met})")  # fmt: skip
+    per = per_shard_us(runs, big, "gc")
+    if per is not None:
+        met = "met" if per.mid <= PER_SHARD_GOAL_US else "NOT met"
+        lines.append(f"- {big:,} shards, gc paid first: {per.fmt(' µs', 1)} a shard (goal ≤ "
+                     f"{PER_SHARD_GOAL_US:.0f} µs: {met})")  # fmt: skip
+    v = value_spread(runs.get(f"{big}/raw"), "first_batch_s")
+    if big >= 100_000 and v is not None:
+        met = "met" if v.mid <= LARGEST_GOAL_S else "NOT met"
+        lines.append(f"- {big:,} shards, raw: {v.fmt(' s', 2)} (goal ≤ {LARGEST_GOAL_S} s: {met})")
     errs = [first_error(v) for v in runs.values()]
     return lines + [""] + [e for e in errs if e] + [""]
 

@@ -315,12 +315,12 @@ def _parse_clean(text: str | bytes, where: str) -> tuple[dict[str, Any], ShardCo
         columns = validate_index(obj, where)
     except Exception:  # any refusal: the strict path words it
         return None
-    if columns is None or not columns.known_keys_only or not _keys_unique(text, obj):
+    if columns is None or not columns.known_keys_only or not _keys_unique(text, obj, columns):
         return None
     return obj, columns
 
 
-def _keys_unique(text: str | bytes, obj: dict[str, Any]) -> bool:
+def _keys_unique(text: str | bytes, obj: dict[str, Any], columns: ShardColumns) -> bool:
     """No object of ``text`` repeats a key, told without a Python call per object (the
     strict parse's ``object_pairs_hook`` makes a list of pairs for each: ~0.7 µs a shard);
     False also when this cannot be told so cheaply (then the strict parse decides).
@@ -340,7 +340,7 @@ def _keys_unique(text: str | bytes, obj: dict[str, Any]) -> bool:
         marks, escape = text.count(":"), "\\u003" in text
     if escape:
         return False
-    keys = len(obj) + sum(map(len, obj["shards"]))
+    keys = len(obj) + columns.keys
     colons = 0
     stack = [*obj.keys(), *(v for k, v in obj.items() if k != "shards")]
     while stack:

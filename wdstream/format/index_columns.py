@@ -74,6 +74,7 @@ class ShardColumns:
         known_keys_only: no shard holds a key the format does not know.
         packed: every shard named ``NAME-{i:06d}.tar`` (sidecar ``.idx``), ``i`` its
             position: the packer's names.
+        keys: the keys of all shards together.
     """
 
     values: dict[str, list[Any]]
@@ -82,6 +83,7 @@ class ShardColumns:
     present: dict[str, int]
     known_keys_only: bool
     packed: bool
+    keys: int
 
     def names_unique(self) -> bool:
         """No name or sidecar listed twice (a name ends in .tar, a sidecar in .idx)."""
@@ -148,7 +150,10 @@ def shard_columns(shards: list[Any]) -> ShardColumns | None:
         return None  # a required key missing: the rules name it
     present = {k: sum(map(operator.contains, shards, repeat(k))) for k in _OPTIONAL}
     # An optional key's rule checks the shards that hold it.
-    columns |= {k: [s[k] for s in shards if k in s] if present[k] else [] for k in _OPTIONAL}
+    columns |= {
+        k: [s[k] for s in shards] if present[k] == n else [s[k] for s in shards if k in s]
+        for k in _OPTIONAL
+    }
     joined = {}
     for key in _NAMES:
         text = _joined_names(columns[key])
@@ -177,10 +182,11 @@ def shard_columns(shards: list[Any]) -> ShardColumns | None:
             return None
     if (counts["bytes"] % BLOCK).any():
         return None  # not a tar's size
-    known = sum(map(len, shards)) == n * len(_REQUIRED) + sum(present.values())
+    keys = sum(map(len, shards))
+    known = keys == n * len(_REQUIRED) + sum(present.values())
     packed = packer and joined["sidecar"] == joined["name"].replace(".tar\n", ".idx\n")
     values = {key: columns[key] for key in _REQUIRED}
-    return ShardColumns(values, joined, counts, present, known, packed)
+    return ShardColumns(values, joined, counts, present, known, packed, keys)
 
 
 def _joined_names(names: list[Any]) -> str | None:
@@ -205,7 +211,7 @@ def _packer_names(names: list[str], joined: str) -> bool:
     if first is None:
         return False
     n, width = len(names), len(names[0]) + 1
-    if n > 10**6 or len(joined) != n * width or not joined.isascii():
+    if not 64 <= n <= 10**6 or len(joined) != n * width or not joined.isascii():
         form = first[1].replace("%", "%%") + "-%06d.tar\n"
         return "".join(map(form.__mod__, range(n))) == joined
     # Lines of one width (each ends in the newline checked below, and there are n): as a
