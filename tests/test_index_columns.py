@@ -258,6 +258,10 @@ def test_a_clean_index_is_parsed_once_as_text_or_bytes(base: dict[str, Any]) -> 
     for data in (repeated, repeated.encode(), repeated.encode("utf-32")):
         with pytest.raises(IndexValidationError, match=r"tokens: key appears more than once"):
             DatasetIndex.from_json(data, WHERE)
+    hidden = text.replace('"shards": [', '"x": 1, "x": "\\u003a", "shards": [', 1)
+    assert hidden != text and index_module._parse_clean(hidden.encode(), WHERE) is None
+    with pytest.raises(IndexValidationError, match=r": x: key appears more than once"):
+        DatasetIndex.from_json(hidden.encode(), WHERE)
 
 
 def test_the_table_behaves_as_the_tuple_of_entries(base: dict[str, Any]) -> None:

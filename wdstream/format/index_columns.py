@@ -102,12 +102,8 @@ class ShardColumns:
             return True
         return (
             set(self.present.values()) == {len(self.values["name"])}
-            and self._renamed(".prov") == self.joined["provenance"]
+            and _renamed(self.joined["name"], "provenance") == self.joined["provenance"]
         )
-
-    def _renamed(self, suffix: str) -> str:
-        """The joined names with ``.tar`` replaced by ``suffix`` (newlines end names only)."""
-        return self.joined["name"].replace(".tar\n", suffix + "\n")
 
     def counts_fit(self, mode: str, sample_tokens: int | None, dtype: str) -> bool:
         """Each shard's bytes hold its samples and tokens, documents fit, tokens fit the
@@ -161,9 +157,10 @@ def shard_columns(shards: list[Any]) -> ShardColumns | None:
             return None
         joined[key] = text
     packer = _packer_names(columns["name"], joined["name"])
+    renamed = {key: _renamed(joined["name"], key) if packer else "" for key in _NAMES}
     for key in _NAMES:
         # The packer's names are plain when the first is: the rest differ in digits only.
-        one = packer and joined[key] == joined["name"].replace(".tar\n", _SUFFIX[key] + "\n")
+        one = packer and joined[key] == renamed[key]
         end = joined[key].find("\n") + 1 if one else len(joined[key])
         if not _JOINED[key].fullmatch(joined[key], 0, end):
             return None
@@ -184,9 +181,15 @@ def shard_columns(shards: list[Any]) -> ShardColumns | None:
         return None  # not a tar's size
     keys = sum(map(len, shards))
     known = keys == n * len(_REQUIRED) + sum(present.values())
-    packed = packer and joined["sidecar"] == joined["name"].replace(".tar\n", ".idx\n")
+    packed = packer and joined["sidecar"] == renamed["sidecar"]
     values = {key: columns[key] for key in _REQUIRED}
     return ShardColumns(values, joined, counts, present, known, packed, keys)
+
+
+def _renamed(names: str, key: str) -> str:
+    """Joined names (each followed by a newline, the only newlines) with ``.tar``
+    replaced by ``key``'s suffix."""
+    return names if key == "name" else names.replace(".tar\n", _SUFFIX[key] + "\n")
 
 
 def _joined_names(names: list[Any]) -> str | None:
