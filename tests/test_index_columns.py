@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from wdstream.errors import IndexValidationError
 from wdstream.format import index as index_module
-from wdstream.format import index_checks
+from wdstream.format import index_checks, index_columns
 from wdstream.format.index import DatasetIndex, ShardEntry, ShardTable
 from wdstream.testing import write_synthetic_dataset
 
@@ -186,6 +186,14 @@ TEXT_EDITS = {
     "NaN": ('"tokens": 27', '"tokens": NaN', True),
     "long float": ('"shards": [', '"x": 1.' + "0" * 45 + ', "shards": [', True),
     "not JSON": ('"shards": [', '"shards": [[', True),
+    # Repeated keys are told by counting colons (index._keys_unique): try to fool it.
+    "duplicate nested key": ('"shards": [', '"x": {"a": 1, "a": 2}, "shards": [', True),
+    "duplicate top key": ('"shards": [', '"shards": 1, "shards": [', True),
+    "dropped value with a colon": ('"shards": [', '"x": "a:b", "x": "c", "shards": [', True),
+    "kept value with a colon": ('"shards": [', '"x": "c", "x": "a:b", "shards": [', True),
+    "escaped colon hides a key": ('"shards": [', '"x": 1, "x": "\\u003a", "shards": [', True),
+    "escaped colon": ('"shards": [', '"x": "\\u003A", "shards": [', False),
+    "colons in keys and values": ('"shards": [', '"x": {"k:1": ["a:b", "::"]}, "shards": [', False),
 }
 
 
@@ -198,6 +206,62 @@ def test_json_edits_give_the_strict_parse_answer(
     assert old in text
     got = _agree(text.replace(old, new, 1), monkeypatch)
     assert isinstance(got, str) == refused, got
+
+
+def _pack_order_oracle(names: list[str]) -> bool:
+    prefix = names[0][: -len("-000000.tar")]
+    return (
+        names[0].endswith("-000000.tar")
+        and len(prefix) > 0
+        and names == [f"{prefix}-{i:06d}.tar" for i in range(len(names))]
+    )
+
+
+@given(
+    prefix=st.text("ab-/.%0\u00e9", min_size=1, max_size=4),
+    n=st.sampled_from([1, 2, 5, 63, 64, 65, 100]),
+    edit=st.sampled_from(["none", "swap", "digit", "letter", "prefix", "width", "drop"]),
+    at=st.integers(0, 99),
+)
+@settings(max_examples=300, deadline=None)
+def test_pack_order_is_told_as_the_packer_names(prefix: str, n: int, edit: str, at: int) -> None:
+    """``_packer_names`` (a byte matrix when the names are ASCII and of one width) agrees
+    with the names built one by one, for the packer's names and each kind of edit."""
+    names = [f"{prefix}-{i:06d}.tar" for i in range(n)]
+    at %= n
+    if edit == "swap" and n > 1:
+        names[at], names[(at + 1) % n] = names[(at + 1) % n], names[at]
+    elif edit == "digit":
+        names[at] = names[at][:-5] + "9.tar"
+    elif edit == "letter":
+        names[at] = names[at][:-6] + "a" + names[at][-5:]
+    elif edit == "prefix":
+        names[at] = "b" + names[at][1:]
+    elif edit == "width":
+        names[at] = names[at][:-4] + "0.tar"
+    elif edit == "drop" and n > 1:
+        del names[at]
+    joined = "\n".join(names) + "\n"
+    assert index_columns._packer_names(names, joined) == _pack_order_oracle(names)
+
+
+def test_a_clean_index_is_parsed_once_as_text_or_bytes(base: dict[str, Any]) -> None:
+    """The clean parse accepts a packed index (str, and UTF-8 bytes); UTF-16 bytes and a
+    repeated key, however hidden, go to the strict parse."""
+    text = json.dumps(base, indent=1)
+    assert index_module._parse_clean(text, WHERE) is not None
+    assert index_module._parse_clean(text.encode(), WHERE) is not None
+    assert index_module._parse_clean(text.encode("utf-16"), WHERE) is None
+    assert DatasetIndex.from_json(text.encode("utf-16")) == DatasetIndex.from_json(text)
+    repeated = text.replace('"tokens": 27', '"tokens": 27, "tokens": 27', 1)
+    assert repeated != text and index_module._parse_clean(repeated, WHERE) is None
+    for data in (repeated, repeated.encode(), repeated.encode("utf-32")):
+        with pytest.raises(IndexValidationError, match=r"tokens: key appears more than once"):
+            DatasetIndex.from_json(data, WHERE)
+    hidden = text.replace('"shards": [', '"x": 1, "x": "\\u003a", "shards": [', 1)
+    assert hidden != text and index_module._parse_clean(hidden.encode(), WHERE) is None
+    with pytest.raises(IndexValidationError, match=r": x: key appears more than once"):
+        DatasetIndex.from_json(hidden.encode(), WHERE)
 
 
 def test_the_table_behaves_as_the_tuple_of_entries(base: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from benchlib import (
     gpu,
     memory,
     mixture,
+    open_shards,
     pack,
     pack_large,
     rawtext,
@@ -55,6 +56,7 @@ PARTS = {
     "chat": chat,
     "gpu": gpu,
     "rawtext": rawtext,
+    "open_shards": open_shards,
 }
 QUICK_SKIPS = ("memory", "pack_large")
 CUDA_ONLY = ("gpu",)  # in the default parts only where CUDA is available

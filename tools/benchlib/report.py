@@ -17,6 +17,7 @@ from benchlib import (
     gpu,
     memory,
     mixture,
+    open_shards,
     pack,
     pack_large,
     rawtext,
@@ -46,6 +47,7 @@ SECTIONS = (
     chat,
     gpu,
     rawtext,
+    open_shards,
 )
 REPRODUCE = """\
 ```

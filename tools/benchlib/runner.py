@@ -36,6 +36,7 @@ CHILDREN = {
     "remote": "benchlib.remote:child_remote",
     "nginx": "benchlib.nginx:child_nginx",
     "gpu": "benchlib.gpu:child_gpu",
+    "open_shards": "benchlib.open_shards:child_open_shards",
     "versions": "benchlib.env:versions",
     "rawtext": "benchlib.rawtext:child_rawtext",
     "rawtext_state": "benchlib.rawtext:child_state",

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, overload
 
+import numpy as np
+
 from wdstream.format.index_checks import validate_index
 from wdstream.format.index_columns import ShardColumns
 from wdstream.format.index_rules import index_error, join_path, show_value
@@ -143,11 +145,17 @@ class DatasetIndex:
         else:
             obj, columns = clean
         known = {k: obj[k] for k in _INDEX_KEYS if k in obj}
-        return cls(**{**known, "shards": ShardTable(_rows(obj["shards"], columns))})
+        if columns is not None and columns.known_keys_only:  # the parsed dicts as rows
+            table = ShardTable(obj["shards"], columns.values)
+        else:  # new dicts of the known keys (a later version's keys dropped)
+            table = ShardTable([{k: s.get(k) for k in _SHARD_KEYS} for s in obj["shards"]])
+        return cls(**{**known, "shards": table})
 
 
 _SHARD_KEYS = tuple(f.name for f in fields(ShardEntry))
 _OPTIONAL_SHARD_KEYS = ("provenance", "provenance_sha256")
+_ABSENT: dict[str, Any] = dict.fromkeys(_OPTIONAL_SHARD_KEYS)
+_N_FIELDS = len(_SHARD_KEYS)
 _INDEX_KEYS = tuple(f.name for f in fields(DatasetIndex))
 
 
@@ -162,11 +170,17 @@ class ShardTable(Sequence[ShardEntry]):
     behaves as the tuple of entries: indexing, slices (tuples), iteration, equality.
     """
 
-    __slots__ = ("_rows",)
+    __slots__ = ("_rows", "_columns")
 
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        """``rows``: one dict per shard holding exactly :class:`ShardEntry`'s fields."""
+    def __init__(
+        self, rows: list[dict[str, Any]], columns: dict[str, list[Any]] | None = None
+    ) -> None:
+        """``rows``: one dict per shard holding :class:`ShardEntry`'s fields and no other
+        key; an optional field it lacks is None. (Adding the absent keys to the parsed dicts
+        cost more than the rest of opening an index of no provenance: each dict grows.)
+        ``columns``: fields' columns already gathered (by validation), by key."""
         self._rows = rows
+        self._columns = columns or {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -184,7 +198,11 @@ class ShardTable(Sequence[ShardEntry]):
         return map(_entry, self._rows)
 
     def column(self, key: str) -> list[Any]:
-        """Every shard's value of field ``key``, in shard order."""
+        """Every shard's value of field ``key``, in shard order (a new list)."""
+        if key in self._columns:
+            return self._columns[key].copy()
+        if key in _OPTIONAL_SHARD_KEYS:
+            return [row.get(key) for row in self._rows]
         return [row[key] for row in self._rows]
 
     def __eq__(self, other: object) -> bool:
@@ -200,25 +218,12 @@ class ShardTable(Sequence[ShardEntry]):
 
 
 def _entry(row: dict[str, Any]) -> ShardEntry:
-    """A :class:`ShardEntry` whose ``__dict__`` is ``row`` (a frozen dataclass's
-    ``__init__`` sets each field through ``object.__setattr__``: ~5 µs an entry)."""
+    """A :class:`ShardEntry` whose ``__dict__`` is ``row``, completed with the optional
+    fields it lacks (a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``: ~5 µs an entry)."""
     entry = object.__new__(ShardEntry)
-    object.__setattr__(entry, "__dict__", row)
+    object.__setattr__(entry, "__dict__", row if len(row) == _N_FIELDS else _ABSENT | row)
     return entry
-
-
-def _rows(shards: list[dict[str, Any]], columns: ShardColumns | None) -> list[dict[str, Any]]:
-    """The rows of a :class:`ShardTable` from a validated shard list: each parsed dict,
-    completed with the optional keys' defaults, where every shard holds only keys this
-    version knows (the columns say so); else new dicts of the known keys (a later
-    version's keys dropped)."""
-    if columns is None or not columns.known_keys_only:
-        return [{k: s.get(k) for k in _SHARD_KEYS} for s in shards]
-    for key in _OPTIONAL_SHARD_KEYS:
-        if columns.present[key] < len(shards):
-            for shard in shards:
-                shard.setdefault(key, None)
-    return shards
 
 
 def _check_format_version(obj: Any, where: str) -> None:
@@ -302,12 +307,7 @@ def _parse_clean(text: str | bytes, where: str) -> tuple[dict[str, Any], ShardCo
     """
     hooks = _StrictHooks()
     try:
-        obj = json.loads(
-            text,
-            parse_float=hooks.real,
-            parse_constant=hooks.number,
-            object_pairs_hook=hooks.object,
-        )
+        obj = json.loads(text, parse_float=hooks.real, parse_constant=hooks.number)
     except (RecursionError, ValueError):
         return None
     if hooks.marked or not isinstance(obj, dict) or not _short_integers(obj):
@@ -317,9 +317,47 @@ def _parse_clean(text: str | bytes, where: str) -> tuple[dict[str, Any], ShardCo
         columns = validate_index(obj, where)
     except Exception:  # any refusal: the strict path words it
         return None
-    if columns is None or not columns.known_keys_only:
+    if columns is None or not columns.known_keys_only or not _keys_unique(text, obj, columns):
         return None
     return obj, columns
+
+
+def _keys_unique(text: str | bytes, obj: dict[str, Any], columns: ShardColumns) -> bool:
+    """No object of ``text`` repeats a key, told without a Python call per object (the
+    strict parse's ``object_pairs_hook`` makes a list of pairs for each: ~0.7 µs a shard);
+    False also when this cannot be told so cheaply (then the strict parse decides).
+
+    Outside strings a colon in JSON only ends a key, and each colon inside a string
+    decodes to one colon when no escape gives one (``\\u003a``). So the colons of the text
+    are its keys, duplicates included, plus the colons of the strings, dropped duplicates'
+    included; the parsed objects hold ``keys`` keys and ``colons`` colons in their strings.
+    Equal counts leave no room for a dropped key. ``obj``'s shards are validated columns:
+    their keys are the format's and their strings names and hashes, without colons.
+    """
+    if isinstance(text, bytes):
+        if json.detect_encoding(text) != "utf-8":
+            return False  # in UTF-16 or UTF-32 a 0x3A byte need not be a colon
+        # numpy counts 3x faster than bytes.count; "\\" alone is a memchr, "\\u003" not
+        marks = int(np.count_nonzero(np.frombuffer(text, dtype=np.uint8) == ord(":")))
+        escape = b"\\" in text and b"\\u003" in text
+    else:
+        marks, escape = text.count(":"), "\\" in text and "\\u003" in text
+    if escape:
+        return False
+    keys = len(obj) + columns.keys
+    colons = 0
+    stack = [*obj.keys(), *(v for k, v in obj.items() if k != "shards")]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            colons += value.count(":")
+        elif isinstance(value, dict):
+            keys += len(value)
+            stack += value.keys()
+            stack += value.values()
+        elif isinstance(value, list):
+            stack += value
+    return marks == keys + colons
 
 
 def _short_integers(obj: dict[str, Any]) -> bool:

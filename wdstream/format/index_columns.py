@@ -64,36 +64,36 @@ class ShardColumns:
     """Every shard's values, one column per key, as accepted by :func:`shard_columns`.
 
     Attributes:
-        names, sidecars: the shards' ``name`` and ``sidecar`` values in order.
+        values: per required key (every key but ``provenance``, ``provenance_sha256``),
+            the shards' values in order.
         joined: per name key (``name``, ``sidecar``, ``provenance``), its values each
             followed by a newline ("" for an optional key no shard has).
         counts: ``samples``, ``tokens``, ``documents``, ``bytes``: int64 arrays.
         present: per optional key (``provenance``, ``provenance_sha256``), how many
             shards hold it.
         known_keys_only: no shard holds a key the format does not know.
+        packed: every shard named ``NAME-{i:06d}.tar`` (sidecar ``.idx``), ``i`` its
+            position: the packer's names.
+        keys: the keys of all shards together.
     """
 
-    names: list[str]
-    sidecars: list[str]
+    values: dict[str, list[Any]]
     joined: dict[str, str]
     counts: dict[str, np.ndarray]
     present: dict[str, int]
     known_keys_only: bool
+    packed: bool
+    keys: int
 
     def names_unique(self) -> bool:
         """No name or sidecar listed twice (a name ends in .tar, a sidecar in .idx)."""
-        n = len(self.names)
-        return len(set(self.names)) == n and len(set(self.sidecars)) == n
+        names, sidecars = self.values["name"], self.values["sidecar"]
+        return len(set(names)) == len(names) and len(set(sidecars)) == len(names)
 
     def in_pack_order(self) -> bool:
         """Every shard named ``NAME-{i:06d}.tar`` (sidecar ``.idx``), ``i`` its position:
         the packer's names, all of which the per-shard rule accepts."""
-        first = _FIRST_PACKED.fullmatch(self.names[0])
-        if first is None:
-            return False
-        form = first[1].replace("%", "%%") + "-%06d.tar\n"
-        tars = "".join(map(form.__mod__, range(len(self.names))))
-        return tars == self.joined["name"] and self._renamed(".idx") == self.joined["sidecar"]
+        return self.packed
 
     def provenance_everywhere(self) -> bool:
         """No shard has both provenance keys, or every shard has both, each table named
@@ -101,13 +101,9 @@ class ShardColumns:
         if 0 in self.present.values():
             return True
         return (
-            set(self.present.values()) == {len(self.names)}
-            and self._renamed(".prov") == self.joined["provenance"]
+            set(self.present.values()) == {len(self.values["name"])}
+            and _renamed(self.joined["name"], "provenance") == self.joined["provenance"]
         )
-
-    def _renamed(self, suffix: str) -> str:
-        """The joined names with ``.tar`` replaced by ``suffix`` (newlines end names only)."""
-        return self.joined["name"].replace(".tar\n", suffix + "\n")
 
     def counts_fit(self, mode: str, sample_tokens: int | None, dtype: str) -> bool:
         """Each shard's bytes hold its samples and tokens, documents fit, tokens fit the
@@ -150,13 +146,24 @@ def shard_columns(shards: list[Any]) -> ShardColumns | None:
         return None  # a required key missing: the rules name it
     present = {k: sum(map(operator.contains, shards, repeat(k))) for k in _OPTIONAL}
     # An optional key's rule checks the shards that hold it.
-    columns |= {k: [s[k] for s in shards if k in s] if present[k] else [] for k in _OPTIONAL}
+    columns |= {
+        k: [s[k] for s in shards] if present[k] == n else [s[k] for s in shards if k in s]
+        for k in _OPTIONAL
+    }
     joined = {}
     for key in _NAMES:
-        text = _joined_names(columns[key], key)
+        text = _joined_names(columns[key])
         if text is None:
             return None
         joined[key] = text
+    packer = _packer_names(columns["name"], joined["name"])
+    renamed = {key: _renamed(joined["name"], key) if packer else "" for key in _NAMES}
+    for key in _NAMES:
+        # The packer's names are plain when the first is: the rest differ in digits only.
+        one = packer and joined[key] == renamed[key]
+        end = joined[key].find("\n") + 1 if one else len(joined[key])
+        if not _JOINED[key].fullmatch(joined[key], 0, end):
+            return None
     if not all(_hashes(columns[k]) for k in _HASHES):
         return None
     counts = {}
@@ -164,18 +171,31 @@ def shard_columns(shards: list[Any]) -> ShardColumns | None:
         column = columns[key]
         if set(map(type, column)) != {int}:  # type(): True is not an integer here
             return None
-        if not (_LEAST[key] <= min(column) and max(column) < MAX_COUNT):
+        try:
+            counts[key] = np.array(column, dtype=np.int64)
+        except OverflowError:
             return None
-        counts[key] = np.array(column, dtype=np.int64)
+        if not (_LEAST[key] <= counts[key].min() and counts[key].max() < MAX_COUNT):
+            return None
     if (counts["bytes"] % BLOCK).any():
         return None  # not a tar's size
-    known = sum(map(len, shards)) == n * len(_REQUIRED) + sum(present.values())
-    return ShardColumns(columns["name"], columns["sidecar"], joined, counts, present, known)
+    keys = sum(map(len, shards))
+    known = keys == n * len(_REQUIRED) + sum(present.values())
+    packed = packer and joined["sidecar"] == renamed["sidecar"]
+    values = {key: columns[key] for key in _REQUIRED}
+    return ShardColumns(values, joined, counts, present, known, packed, keys)
 
 
-def _joined_names(names: list[Any], key: str) -> str | None:
-    """The names each followed by a newline, when every one is a plain name of at most
-    255 characters ending in the key's suffix; else None."""
+def _renamed(names: str, key: str) -> str:
+    """Joined names (each followed by a newline, the only newlines) with ``.tar``
+    replaced by ``key``'s suffix."""
+    return names if key == "name" else names.replace(".tar\n", _SUFFIX[key] + "\n")
+
+
+def _joined_names(names: list[Any]) -> str | None:
+    """The names each followed by a newline, when every one is a string of at most 255
+    characters without a newline; else None. (Whether they are plain names and end in
+    their key's suffix is for ``_JOINED``.)"""
     if not names:
         return ""
     try:
@@ -184,7 +204,30 @@ def _joined_names(names: list[Any], key: str) -> str | None:
         return None  # not all strings
     if joined.count("\n") != len(names) or max(map(len, names)) > MAX_NAME_BYTES:
         return None  # a newline inside a name, or too long
-    return joined if _JOINED[key].fullmatch(joined) else None
+    return joined
+
+
+def _packer_names(names: list[str], joined: str) -> bool:
+    """Whether shard ``i`` is named ``NAME-{i:06d}.tar`` for every ``i``, as the packer
+    names them (``joined``: the names each followed by a newline, the only newlines)."""
+    first = _FIRST_PACKED.fullmatch(names[0])
+    if first is None:
+        return False
+    n, width = len(names), len(names[0]) + 1
+    if not 64 <= n <= 10**6 or len(joined) != n * width or not joined.isascii():
+        form = first[1].replace("%", "%%") + "-%06d.tar\n"
+        return "".join(map(form.__mod__, range(n))) == joined
+    # Lines of one width (each ends in the newline checked below, and there are n): as a
+    # byte matrix, every line is line 0 but for 6 digits that count 0, 1, 2, ...
+    rows = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).reshape(n, width)
+    at = width - len("000000.tar\n")
+    digits = rows[:, at : at + 6].astype(np.int64) - ord("0")
+    return bool(
+        (rows[:, :at] == rows[0, :at]).all()
+        and (rows[:, at + 6 :] == rows[0, at + 6 :]).all()
+        and ((digits >= 0) & (digits <= 9)).all()
+        and (digits @ 10 ** np.arange(5, -1, -1) == np.arange(n)).all()
+    )
 
 
 def _hashes(hashes: list[Any]) -> bool:

@@ -124,7 +124,8 @@ class ShardSource:
             )
         drop_short_last_sample(self.samples, self.tokens, self.mode, self.sample_tokens)
         # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
-        self.remote = any("://" in root and not root.startswith("file://") for root, _ in self.urls)
+        roots = {root for root, _ in self.urls}  # one a dataset: not a Python call per shard
+        self.remote = any("://" in root and not root.startswith("file://") for root in roots)
         # Torch workers split a window's fetches (read/sources/exchange.py); through a node
         # cache each reads its local blocks instead.
         self.shares_reads = self.remote and store_options.get("cache_dir") is None
