@@ -13,7 +13,6 @@ are loaded lazily, only for the shards actually read), a brace pattern of shard 
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import warnings
 from collections import OrderedDict
@@ -27,8 +26,9 @@ import numpy as np
 from wdstream.errors import CorruptShardError
 from wdstream.format.checksum import Corruption, find_corruption, spot_check
 from wdstream.format.index import DatasetIndex, ShardEntry
-from wdstream.format.sample import LocatedTokens, Sample, decode_sample
+from wdstream.format.sample import LocatedTokens, Sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
+from wdstream.read.sources.damage import corruption_message, scanned_sidecar
 from wdstream.read.sources.exchange import SharedPieces
 from wdstream.read.sources.identity import DatasetIdentity, packed_identity
 from wdstream.read.sources.layouts import KeptLayouts
@@ -40,7 +40,6 @@ from wdstream.read.sources.shards import (
     parse_sidecar,
     read_index,
     sibling_index,
-    sidecar_from_tar,
 )
 from wdstream.read.sources.stores import StoreCache, expand_urls
 from wdstream.storage import Store
@@ -180,23 +179,6 @@ class ShardSource:
         """URL of a shard, for messages."""
         return self._stores.url(*self.urls[shard])
 
-    def _corruption_message(self, shard: int, bad: Corruption, cached: list[str]) -> str:
-        """The error for bytes that failed their checksums; ``cached``: the node cache's
-        block files they were read from (dropped), which are then named as the suspects."""
-        via = (
-            f"; read through the node cache, blocks {', '.join(cached)} (dropped)" if cached else ""
-        )
-        if bad.sample is None:
-            return (
-                f"{self.where(shard)}: bytes from {bad.byte} between samples (tar headers or "
-                f"padding) fail the running checksum (corrupt bytes{via}; `wdstream verify` "
-                "scans the whole shard)"
-            )
-        return (
-            f"{self.where(shard)}: sample {bad.sample} at byte {bad.byte}: checksum mismatch "
-            f"(corrupt bytes{via})"
-        )
-
     def sidecar(self, shard: int) -> ShardSidecar:
         """The sidecar of ``shard`` (read once, checked, kept in a per-process LRU).
 
@@ -223,7 +205,7 @@ class ShardSource:
             version = self.index.version if self.index is not None else None
             sidecar, sha = parse_sidecar(store, self.sidecar_names[shard], index_entry, version)
         except FileNotFoundError:
-            sidecar, sha = self._scan(shard)
+            sidecar, sha = scanned_sidecar(store.read(name), self.where(shard))
         if sidecar.crc32c is None and self.checksums and not self._unchecked_warned:
             self._unchecked_warned = True
             warnings.warn(
@@ -238,23 +220,6 @@ class ShardSource:
             while len(self._cache) > _SIDECAR_CACHE:
                 self._cache.popitem(last=False)
         return entry, sha
-
-    def _scan(self, shard: int) -> tuple[ShardSidecar, str]:
-        """Build a sidecar for a shard that has none by reading the whole tar once; returns
-        it and the tar's sha256."""
-        root, name = self.urls[shard]
-        data = self._store(root).read(name)
-        found = sidecar_from_tar(data, self.where(shard))
-        spans = zip(found.offsets.tolist(), found.sizes.tolist(), strict=True)
-        ntok = [len(self._decode(shard, data[o : o + n], o).tokens) for o, n in spans]
-        sha = hashlib.sha256(data).hexdigest()
-        return ShardSidecar(found.offsets, found.sizes, np.array(ntok, dtype="<u4")), sha
-
-    def _decode(self, shard: int, data: bytes | memoryview, offset: int) -> Any:
-        try:
-            return decode_sample(data)
-        except ValueError as exc:
-            raise CorruptShardError(f"{self.where(shard)}: sample at byte {offset}: {exc}") from exc
 
     def tokens_before(self, shard: int, k: int) -> int:
         """Tokens in samples ``[0, k)`` of ``shard`` (no read for regular concat shards)."""
@@ -419,7 +384,7 @@ class ShardSource:
         root, name = self.urls[checks.shard]
         at = checks.begin + start, checks.begin + start + int(checks.sizes[i])
         dropped = self._store(root).forget_range(name, *at)  # a rerun fetches them again
-        raise CorruptShardError(self._corruption_message(checks.shard, bad, dropped))
+        raise CorruptShardError(corruption_message(self.where(checks.shard), bad, dropped))
 
     def _checked_range(
         self, shard: int, a: int, b: int, check: np.ndarray | None, verify: bool = True,
@@ -452,7 +417,7 @@ class ShardSource:
             buf = store.read_source_range(name, begin, end)
             bad = self._bad_bytes(shard, buf, begin, sidecar, a, b, check, verify)
         if bad is not None:
-            raise CorruptShardError(self._corruption_message(shard, bad, dropped))
+            raise CorruptShardError(corruption_message(self.where(shard), bad, dropped))
         return buf, begin, sidecar
 
     def _bad_bytes(
