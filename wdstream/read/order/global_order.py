@@ -404,13 +404,20 @@ class GlobalOrder:
         return out
 
     def fill(
-        self, epoch: int, row: int, tokens: np.ndarray, doc_start: np.ndarray | None
+        self,
+        epoch: int,
+        row: int,
+        tokens: np.ndarray,
+        doc_start: np.ndarray | None,
+        into: np.ndarray | None = None,
     ) -> list[Hit]:
-        """Write rows ``[row, row + len(tokens))`` of ``epoch`` into ``tokens`` ([n, T + 1]).
+        """Write rows ``[row, row + n)`` of ``epoch`` into ``tokens`` ([n, T + 1]), or with
+        ``into`` (``n`` increasing rows of ``tokens``) row ``row + j`` into ``tokens[into[j]]``:
+        a mixture writes each source's rows straight into their places in the batch.
 
-        ``doc_start`` (bool, same shape), when given, is True where a document piece begins:
-        at every sample start (the next sample of a shuffled stream is unrelated) and at
-        every document start inside a sample.
+        ``doc_start`` (bool, shaped as ``tokens``), when given, is True where a document
+        piece begins: at every sample start (the next sample of a shuffled stream is
+        unrelated) and at every document start inside a sample.
 
         Returns:
             With ``quarantine``, each row (of ``tokens``) masked whole with each stand-in
@@ -421,10 +428,13 @@ class GlobalOrder:
         with_docs = doc_start is not None
         flat = tokens.reshape(-1)
         flat_ds = doc_start.reshape(-1) if doc_start is not None else None
-        if flat_ds is not None:
-            flat_ds[:] = False
+        n = len(tokens) if into is None else len(into)
+        # Flat offset of each filled row in ``tokens`` (None: row j is tokens[j]).
+        starts = None if into is None else (into * T1).tolist()
+        if doc_start is not None:
+            doc_start[slice(None) if into is None else into] = False
         o = 0
-        segments = self._segments(epoch, t0, t0 + tokens.size)
+        segments = self._segments(epoch, t0, t0 + n * T1)
         windows = self._samples_alone(epoch, segments, with_docs)
         hits: list[Hit] = []
         for w, i, off, take in segments:
@@ -432,7 +442,13 @@ class GlobalOrder:
             if data is None:
                 data = windows[w] = self._window_data(epoch, w, with_docs)
             base, at = data.bases[data.base_of[i]], data.first[i] + off
-            flat[o : o + take] = base[at : at + take]
+            if starts is None:
+                flat[o : o + take] = base[at : at + take]
+            elif o % T1 + take <= T1:  # the piece lies in one row
+                d = starts[o // T1] + o % T1
+                flat[d : d + take] = base[at : at + take]
+            else:
+                _copy_across(flat, starts, T1, o, base[at : at + take])
             unverified = data.unverified
             if unverified is not None and unverified.want[i] >= 0:
                 bad = data.bad if self.quarantine else None
@@ -440,11 +456,24 @@ class GlobalOrder:
             if data.bad and i in data.bad:
                 hits += [(r, data.bad[i]) for r in range(o // T1, (o + take - 1) // T1 + 1)]
             if flat_ds is not None:
-                starts = np.concatenate([[0], np.cumsum(data.pieces[i])[:-1]]) - off
-                starts = starts[(starts >= 0) & (starts < take)]
-                flat_ds[o + starts] = True
-                flat_ds[o] = True  # a sample boundary, or a row start inside a sample
+                marks = np.concatenate([[0], np.cumsum(data.pieces[i])[:-1]]) - off
+                marks = o + marks[(marks >= 0) & (marks < take)]
+                marks = np.append(marks, o)  # a sample boundary, or a row start inside one
+                flat_ds[marks if into is None else into[marks // T1] * T1 + marks % T1] = True
             o += take
+        if into is not None:
+            hits = [(int(into[r]), bad) for r, bad in hits]
         if hits:
             mask_rows(tokens, doc_start, hits, self.neutral)
         return hits
+
+
+def _copy_across(flat: np.ndarray, starts: list[int], T1: int, o: int, piece: np.ndarray) -> None:
+    """Copy ``piece``, tokens ``[o, o + len(piece))`` of the filled rows, into ``flat``
+    where row ``j`` begins at ``starts[j]``: one copy per row it reaches."""
+    done = 0
+    while done < len(piece):
+        r, c = divmod(o + done, T1)
+        take = min(T1 - c, len(piece) - done)
+        flat[starts[r] + c : starts[r] + c + take] = piece[done : done + take]
+        done += take
