@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wdstream.read.order.plan import EpochPlan, WindowGeometry
+from wdstream.read.order.plan import EpochPlan, OrderWindow, WindowGeometry
+from wdstream.read.order.row_places import RowPlaces, piece_starts
 from wdstream.read.order.window_data import (
     CopyTimeChecks,
     Hit,
@@ -88,20 +89,6 @@ class Origin:
     row: int = 0
 
 
-@dataclass(frozen=True)
-class _OrderWindow:
-    positions: np.ndarray  # int64[n]: epoch positions of the window's samples, emitted order
-    starts: np.ndarray  # int64[n + 1]: token offsets of those samples inside the window
-    begin: int  # token offset of the window in the epoch's stream
-    order: np.ndarray  # int64[n]: emitted sample i is the order[i]-th in lane order
-    bounds: list[int]  # ``starts`` as Python ints, for bisect (no numpy call per lookup)
-
-    @property
-    def end(self) -> int:
-        """Token offset of the window's end in the epoch's stream."""
-        return self.begin + self.bounds[-1]
-
-
 class GlobalOrder:
     """Locate and read the rows of any global step.
 
@@ -135,7 +122,7 @@ class GlobalOrder:
         self.geometry = WindowGeometry(0, self.n_samples, cfg.shuffle_window, lanes)
         self.n_windows = self.geometry.n_windows
         self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
-        self._windows: OrderedDict[tuple[int, int], _OrderWindow] = OrderedDict()
+        self._windows: OrderedDict[tuple[int, int], OrderWindow] = OrderedDict()
         self._data: OrderedDict[tuple[int, int, bool], Future[WindowData]] = OrderedDict()
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
@@ -182,7 +169,7 @@ class GlobalOrder:
                 self._plans.popitem(last=False)
         return plan
 
-    def window(self, epoch: int, w: int) -> _OrderWindow:
+    def window(self, epoch: int, w: int) -> OrderWindow:
         """Window ``w`` of ``epoch``: its samples in emitted order and their token offsets."""
         key = (epoch, w)
         with self._lock:
@@ -204,7 +191,7 @@ class GlobalOrder:
         pos, cnt = pos[order], cnt[order]
         starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
         begin = self.geometry.tokens_before_window(w, plan.tokens_before)
-        win = _OrderWindow(pos, starts, begin, order, starts.tolist())
+        win = OrderWindow(pos, starts, begin, order, starts.tolist())
         with self._lock:
             self._windows[key] = win
             while len(self._windows) > _WINDOW_CACHE:
@@ -424,17 +411,14 @@ class GlobalOrder:
             sample it holds tokens of, in stream order; else empty.
         """
         T1 = self.row_tokens
-        t0 = row * T1
         with_docs = doc_start is not None
         flat = tokens.reshape(-1)
         flat_ds = doc_start.reshape(-1) if doc_start is not None else None
-        n = len(tokens) if into is None else len(into)
-        # Flat offset of each filled row in ``tokens`` (None: row j is tokens[j]).
-        starts = None if into is None else (into * T1).tolist()
+        places = None if into is None else RowPlaces(into, T1)
         if doc_start is not None:
             doc_start[slice(None) if into is None else into] = False
-        o = 0
-        segments = self._segments(epoch, t0, t0 + n * T1)
+        o, n = 0, len(tokens) if into is None else len(into)
+        segments = self._segments(epoch, row * T1, (row + n) * T1)
         windows = self._samples_alone(epoch, segments, with_docs)
         hits: list[Hit] = []
         for w, i, off, take in segments:
@@ -442,13 +426,13 @@ class GlobalOrder:
             if data is None:
                 data = windows[w] = self._window_data(epoch, w, with_docs)
             base, at = data.bases[data.base_of[i]], data.first[i] + off
-            if starts is None:
+            if places is None:
                 flat[o : o + take] = base[at : at + take]
-            elif o % T1 + take <= T1:  # the piece lies in one row
-                d = starts[o // T1] + o % T1
+            elif o % T1 + take <= T1:  # in one row: the place inline (a call costs more)
+                d = places.starts[o // T1] + o % T1
                 flat[d : d + take] = base[at : at + take]
             else:
-                _copy_across(flat, starts, T1, o, base[at : at + take])
+                places.copy(flat, o, base[at : at + take])
             unverified = data.unverified
             if unverified is not None and unverified.want[i] >= 0:
                 bad = data.bad if self.quarantine else None
@@ -456,24 +440,11 @@ class GlobalOrder:
             if data.bad and i in data.bad:
                 hits += [(r, data.bad[i]) for r in range(o // T1, (o + take - 1) // T1 + 1)]
             if flat_ds is not None:
-                marks = np.concatenate([[0], np.cumsum(data.pieces[i])[:-1]]) - off
-                marks = o + marks[(marks >= 0) & (marks < take)]
-                marks = np.append(marks, o)  # a sample boundary, or a row start inside one
-                flat_ds[marks if into is None else into[marks // T1] * T1 + marks % T1] = True
+                marks = o + piece_starts(data.pieces[i], off, take)
+                flat_ds[marks if places is None else places.flat(marks)] = True
             o += take
-        if into is not None:
-            hits = [(int(into[r]), bad) for r, bad in hits]
+        if places is not None:
+            hits = [(int(places.into[r]), bad) for r, bad in hits]
         if hits:
             mask_rows(tokens, doc_start, hits, self.neutral)
         return hits
-
-
-def _copy_across(flat: np.ndarray, starts: list[int], T1: int, o: int, piece: np.ndarray) -> None:
-    """Copy ``piece``, tokens ``[o, o + len(piece))`` of the filled rows, into ``flat``
-    where row ``j`` begins at ``starts[j]``: one copy per row it reaches."""
-    done = 0
-    while done < len(piece):
-        r, c = divmod(o + done, T1)
-        take = min(T1 - c, len(piece) - done)
-        flat[starts[r] + c : starts[r] + c + take] = piece[done : done + take]
-        done += take
