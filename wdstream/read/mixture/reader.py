@@ -313,8 +313,8 @@ class MixtureReader:
         src, hits = self.fill_rows(rows, position, tokens, doc)
         b = self.batch_size
         cursors = step_cursors(first, n, b, self.rank, hits)
-        for i, cursor in enumerate(cursors):
-            cursor["source"] = src[i * b : (i + 1) * b]
+        for cursor, batch_src in zip(cursors, src.reshape(n, b), strict=True):
+            cursor["source"] = batch_src
         return cursors
 
     def verify_own_rows(
