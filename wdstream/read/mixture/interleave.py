@@ -123,14 +123,18 @@ class Interleave:
         self.period = sum(weights)
         self.w = np.asarray(weights, dtype=np.int64)
         self.source, self.within = _period_table(weights)
+        # int64 copies for locate: row r of a period is index q * step[r] + within[r] of
+        # source[r] (one lookup per table, no casts per call).
+        self._source = self.source.astype(np.int64)
+        self._step = self.w[self._source]
+        self._within = self.within.astype(np.int64)
         # Per source: where its rows fall inside the period (for counts and inverses).
         self.offsets = [np.flatnonzero(self.source == i) for i in range(len(weights))]
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Source and index inside that source of each row (counted from the start)."""
         q, r = np.divmod(rows, self.period)
-        src = self.source[r].astype(np.int64)
-        return src, q * self.w[src] + self.within[r]
+        return self._source[r], q * self._step[r] + self._within[r]
 
     def counts(self, rows: int) -> np.ndarray:
         """Rows each source gives among the first ``rows`` rows (int64 [K])."""

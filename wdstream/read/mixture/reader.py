@@ -116,13 +116,11 @@ class MixtureReader:
         self.rank, self.batch_size = rank, batch_size
         self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
         self._schedules: dict[tuple[SchedulePiece, ...], Schedule] = {}
-        self._scratch: np.ndarray | None = None  # rows grouped by source, reused per chunk
         self.steps = StepChunks(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_schedules"] = {}  # rebuilt on use (tables are cached per process)
-        state["_scratch"] = None
         return state
 
     # ---- steps, rows, schedule ---------------------------------------------------------
@@ -248,6 +246,9 @@ class MixtureReader:
     def rank_rows(self, first: int, n: int, origin: Origin) -> np.ndarray:
         """This rank's mixture rows of steps ``[first, first + n)``, in order (int64)."""
         g, b = self.cfg.global_batch, self.batch_size
+        if b == g:  # one rank: the steps' rows are contiguous
+            row = self.row_at(first, origin)
+            return np.arange(row, row + n * g, dtype=np.int64)
         starts = self.row_at(first, origin) + np.arange(n, dtype=np.int64) * g + self.rank * b
         return (starts[:, None] + np.arange(b, dtype=np.int64)[None, :]).reshape(-1)
 
@@ -264,47 +265,45 @@ class MixtureReader:
         tokens: np.ndarray,
         doc_start: np.ndarray | None,
     ) -> tuple[np.ndarray, list[Hit]]:
-        """Mixture rows ``rows`` into ``tokens`` ([len(rows), T + 1]); returns their sources
-        and the rows masked (:meth:`GlobalOrder.fill`).
+        """Mixture rows ``rows`` (increasing) into ``tokens`` ([len(rows), T + 1]); returns
+        their sources and the rows masked (:meth:`GlobalOrder.fill`).
 
-        A source's rows among them have consecutive source indices, so the rows are grouped
-        by source (a stable sort), each run of one source's epoch is filled with one call
-        into a scratch block kept between chunks, and one scatter puts every row in place.
-        Rows all of one source are filled in place."""
+        A source's rows among them have increasing source indices, consecutive but where
+        the rank's rows skip other ranks' and at the source's epoch ends: each run of
+        consecutive rows of one source's epoch is one fill, straight into its rows'
+        places (no scratch block, no scatter)."""
         src, idx = self.schedule(position).locate(rows)
-        r = np.asarray(self.rows_per_epoch, dtype=np.int64)
-        if (src == src[0]).all():
-            return src, self._fill_runs(src, idx, r, tokens, doc_start)
-        order = np.argsort(src, kind="stable")
-        n, t1 = len(rows), tokens.shape[1]
-        if self._scratch is None or self._scratch.shape[0] < n or self._scratch.shape[1] != t1:
-            self._scratch = np.empty((n, t1), dtype=tokens.dtype)
-        out = self._scratch[:n]
-        ds = None if doc_start is None else np.empty((n, t1), dtype=bool)
-        hits = self._fill_runs(src[order], idx[order], r, out, ds)
-        tokens[order] = out
-        if doc_start is not None:
-            doc_start[order] = ds
-        return src, [(int(order[q]), bad) for q, bad in hits]
+        given = np.bincount(src, minlength=len(self.orders)).tolist()
+        if len(rows) in given:  # all of one source
+            return src, self._fill_source(given.index(len(rows)), idx, None, tokens, doc_start)
+        hits: list[Hit] = []
+        for s, m in enumerate(given):
+            if m:
+                into = np.flatnonzero(src == s)
+                hits += self._fill_source(s, idx[into], into, tokens, doc_start)
+        return src, hits
 
-    def _fill_runs(
+    def _fill_source(
         self,
-        src: np.ndarray,
+        source: int,
         idx: np.ndarray,
-        rows_per_epoch: np.ndarray,
-        out: np.ndarray,
+        into: np.ndarray | None,
+        tokens: np.ndarray,
         doc_start: np.ndarray | None,
     ) -> list[Hit]:
-        """Fill ``out`` from rows grouped by source: one call per run of consecutive rows
-        of one source's epoch; returns the rows (of ``out``) masked."""
-        epoch, row = np.divmod(idx, rows_per_epoch[src])
-        cut = (np.diff(src) != 0) | (np.diff(idx) != 1) | (np.diff(epoch) != 0)
-        bounds = [0, *(np.flatnonzero(cut) + 1).tolist(), len(idx)]
+        """Rows ``idx`` (increasing indices) of ``source`` into rows ``into`` of ``tokens``
+        (None: all, in order); one fill per run of consecutive rows of one epoch."""
+        order, r = self.orders[source], self.rows_per_epoch[source]
+        first, last = int(idx[0]), int(idx[-1])
+        if last - first == len(idx) - 1 and first // r == last // r:  # one run: the rule
+            return order.fill(first // r, first % r, tokens, doc_start, into)
+        epoch = idx // r
+        cut = np.flatnonzero((np.diff(idx) != 1) | (np.diff(epoch) != 0)) + 1
         hits: list[Hit] = []
-        for a, b in itertools.pairwise(bounds):
-            ds = None if doc_start is None else doc_start[a:b]
-            got = self.orders[int(src[a])].fill(int(epoch[a]), int(row[a]), out[a:b], ds)
-            hits += [(a + q, bad) for q, bad in got]
+        for a, b in itertools.pairwise([0, *cut.tolist(), len(idx)]):
+            at = np.arange(a, b) if into is None else into[a:b]
+            e, k = divmod(int(idx[a]), r)
+            hits += order.fill(e, k, tokens, doc_start, at)
         return hits
 
     def fill_chunk(
@@ -314,8 +313,8 @@ class MixtureReader:
         src, hits = self.fill_rows(rows, position, tokens, doc)
         b = self.batch_size
         cursors = step_cursors(first, n, b, self.rank, hits)
-        for i, cursor in enumerate(cursors):
-            cursor["source"] = src[i * b : (i + 1) * b]
+        for cursor, batch_src in zip(cursors, src.reshape(n, b), strict=True):
+            cursor["source"] = batch_src
         return cursors
 
     def verify_own_rows(

@@ -38,8 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wdstream.read.order.plan import EpochPlan, WindowGeometry
+from wdstream.read.order.plan import EpochPlan, OrderWindow, WindowGeometry
 from wdstream.read.order.read_ahead import WindowCache, WindowKey
+from wdstream.read.order.row_places import RowPlaces
 from wdstream.read.order.window_data import (
     CopyTimeChecks,
     Hit,
@@ -97,20 +98,6 @@ class Origin:
     row: int = 0
 
 
-@dataclass(frozen=True)
-class _OrderWindow:
-    positions: np.ndarray  # int64[n]: epoch positions of the window's samples, emitted order
-    starts: np.ndarray  # int64[n + 1]: token offsets of those samples inside the window
-    begin: int  # token offset of the window in the epoch's stream
-    order: np.ndarray  # int64[n]: emitted sample i is the order[i]-th in lane order
-    bounds: list[int]  # ``starts`` as Python ints, for bisect (no numpy call per lookup)
-
-    @property
-    def end(self) -> int:
-        """Token offset of the window's end in the epoch's stream."""
-        return self.begin + self.bounds[-1]
-
-
 class GlobalOrder:
     """Locate and read the rows of any global step.
 
@@ -144,7 +131,7 @@ class GlobalOrder:
         self.geometry = WindowGeometry(0, self.n_samples, cfg.shuffle_window, lanes)
         self.n_windows = self.geometry.n_windows
         self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
-        self._windows: OrderedDict[tuple[int, int], _OrderWindow] = OrderedDict()
+        self._windows: OrderedDict[tuple[int, int], OrderWindow] = OrderedDict()
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
         self._cache = WindowCache(self._load_data, deepen=source.remote)
@@ -203,7 +190,7 @@ class GlobalOrder:
                 self._plans.popitem(last=False)
         return plan
 
-    def window(self, epoch: int, w: int) -> _OrderWindow:
+    def window(self, epoch: int, w: int) -> OrderWindow:
         """Window ``w`` of ``epoch``: its samples in emitted order and their token offsets."""
         key = (epoch, w)
         with self._lock:
@@ -225,7 +212,7 @@ class GlobalOrder:
         pos, cnt = pos[order], cnt[order]
         starts = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
         begin = self.geometry.tokens_before_window(w, plan.tokens_before)
-        win = _OrderWindow(pos, starts, begin, order, starts.tolist())
+        win = OrderWindow(pos, starts, begin, order, starts.tolist())
         with self._lock:
             self._windows[key] = win
             while len(self._windows) > _WINDOW_CACHE:
@@ -413,30 +400,38 @@ class GlobalOrder:
         return out
 
     def fill(
-        self, epoch: int, row: int, tokens: np.ndarray, doc_start: np.ndarray | None
+        self,
+        epoch: int,
+        row: int,
+        tokens: np.ndarray,
+        doc_start: np.ndarray | None,
+        into: np.ndarray | None = None,
     ) -> list[Hit]:
-        """Write rows ``[row, row + len(tokens))`` of ``epoch`` into ``tokens`` ([n, T + 1]).
+        """Write rows ``[row, row + n)`` of ``epoch`` into ``tokens`` ([n, T + 1]), or with
+        ``into`` (``n`` increasing rows of ``tokens``) row ``row + j`` into ``tokens[into[j]]``:
+        a mixture writes each source's rows straight into their places in the batch.
 
-        ``doc_start`` (bool, same shape), when given, is True where a document piece begins:
-        at every sample start (the next sample of a shuffled stream is unrelated) and at
-        every document start inside a sample.
+        ``doc_start`` (bool, shaped as ``tokens``), when given, is True where a document
+        piece begins: at every sample start (the next sample of a shuffled stream is
+        unrelated) and at every document start inside a sample.
 
         Returns:
             With ``quarantine``, each row (of ``tokens``) masked whole with each stand-in
             sample it holds tokens of, in stream order; else empty.
         """
         T1 = self.row_tokens
-        t0 = row * T1
         with_docs = doc_start is not None
         flat = tokens.reshape(-1)
         flat_ds = doc_start.reshape(-1) if doc_start is not None else None
-        if flat_ds is not None:
-            flat_ds[:] = False
-        segments = self._segments(epoch, t0, t0 + tokens.size)
+        places = None if into is None else RowPlaces(into, T1)
+        if doc_start is not None:
+            doc_start[slice(None) if into is None else into] = False
+        n = len(tokens) if into is None else len(into)
+        segments = self._segments(epoch, row * T1, (row + n) * T1)
         windows = self._samples_alone(epoch, segments, with_docs)
         hits = copy_rows(
             segments, windows, lambda w: self._window_data(epoch, w, with_docs),
-            flat, flat_ds, T1, self.source, self.quarantine,
+            flat, flat_ds, T1, self.source, self.quarantine, places,
         )  # fmt: skip
         if hits:
             mask_rows(tokens, doc_start, hits, self.neutral)

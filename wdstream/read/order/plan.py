@@ -33,7 +33,7 @@ from numpy.random import default_rng
 
 from wdstream.read.sources.packed import ShardSource
 
-__all__ = ["EpochPlan", "WindowGeometry"]
+__all__ = ["EpochPlan", "OrderWindow", "WindowGeometry"]
 
 
 @dataclass(frozen=True)
@@ -152,3 +152,19 @@ class EpochPlan:
         bounds = [self.tokens_before(g * self.range_len) for g in range(self.n_ranges + 1)]
         tokens = np.diff(np.asarray(bounds, dtype=np.int64))
         return int((tokens // row_tokens // batch_size).min())
+
+
+@dataclass(frozen=True)
+class OrderWindow:
+    """A window of the global order (:mod:`~wdstream.read.order.global_order`)."""
+
+    positions: np.ndarray  # int64[n]: epoch positions of the window's samples, emitted order
+    starts: np.ndarray  # int64[n + 1]: token offsets of those samples inside the window
+    begin: int  # token offset of the window in the epoch's stream
+    order: np.ndarray  # int64[n]: emitted sample i is the order[i]-th in lane order
+    bounds: list[int]  # ``starts`` as Python ints, for bisect (no numpy call per lookup)
+
+    @property
+    def end(self) -> int:
+        """Token offset of the window's end in the epoch's stream."""
+        return self.begin + self.bounds[-1]

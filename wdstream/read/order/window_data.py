@@ -25,6 +25,7 @@ import numpy as np
 from wdstream.format.checksum import crc32c
 from wdstream.format.loss import NO_LOSS_BIT
 from wdstream.read.order.plan import EpochPlan
+from wdstream.read.order.row_places import RowPlaces, piece_starts
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.quarantine import QuarantinedReads
 from wdstream.read.sources.reads import CHECKSUM_REASON, BadSample, CopyChecks, PieceRead
@@ -128,8 +129,10 @@ def copy_rows(
     row_tokens: int,
     source: ShardSource,
     quarantine: bool,
+    places: RowPlaces | None = None,
 ) -> list[Hit]:
-    """Copy ``segments`` (stream order) end to end into ``flat``, reading each window's
+    """Copy ``segments`` (stream order) end to end into ``flat`` (with ``places``, filled
+    row ``j`` into row ``places.into[j]`` of ``flat``'s block), reading each window's
     data from ``windows`` (those missing with ``load``); verify each sample a
     :class:`CopyTimeChecks` holds pending right after its copy, while its bytes are in
     the cache (batched at the fill's end they had left it, and the sums slowed by more
@@ -141,8 +144,8 @@ def copy_rows(
     raised stays pending, so a retried fill checks it again.
 
     Returns:
-        Each row (of ``row_tokens`` tokens from ``flat``'s start) that holds tokens of a
-        stand-in sample (``on_corrupt="mask"``: ``quarantine``), with it, in stream order.
+        Each row of the block that holds tokens of a stand-in sample (``on_corrupt="mask"``:
+        ``quarantine``), with it, in stream order.
     """
     hits: list[Hit] = []
     o, cw, lo = 0, -1, 0
@@ -167,7 +170,13 @@ def copy_rows(
                 bufs = checks.bufs
         r = data.base_of[i]
         base, at = data.bases[r], data.first[i] + off
-        flat[o : o + take] = base[at : at + take]
+        if places is None:
+            flat[o : o + take] = base[at : at + take]
+        elif o % row_tokens + take <= row_tokens:  # in one row: the place inline
+            d = places.starts[o // row_tokens] + o % row_tokens
+            flat[d : d + take] = base[at : at + take]
+        else:
+            places.copy(flat, o, base[at : at + take])
         if checks is not None:
             j = i - lo
             want = wants[j]
@@ -181,13 +190,13 @@ def copy_rows(
                 (x, data.bad[i]) for x in range(o // row_tokens, (o + take - 1) // row_tokens + 1)
             ]
         if flat_ds is not None:
-            first = np.concatenate([[0], np.cumsum(data.pieces[i])[:-1]]) - off
-            first = first[(first >= 0) & (first < take)]
-            flat_ds[o + first] = True
-            flat_ds[o] = True  # a sample boundary, or a row start inside a sample
+            marks = o + piece_starts(data.pieces[i], off, take)
+            flat_ds[marks if places is None else places.flat(marks)] = True
         o += take
     if checks is not None:
         checks.spans[2, lo : segments[-1][1] + 1] = -1
+    if places is not None:
+        hits = [(int(places.into[r]), bad) for r, bad in hits]
     return hits
 
 

@@ -1,0 +1,59 @@
+"""``GlobalOrder.fill`` with ``into`` (a mixture fills each source's rows straight into their
+places in the batch) writes exactly the rows the contiguous fill writes, in the rows named,
+and nothing else: tokens and document starts, for rows that cut samples and samples that
+cut rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wdstream.read.order.global_order import GlobalOrder, OrderConfig
+from wdstream.read.order.row_places import RowPlaces
+from wdstream.read.sources.packed import ShardSource
+from wdstream.testing import write_synthetic_dataset
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    concat = str(tmp_path_factory.mktemp("concat"))
+    write_synthetic_dataset(concat, n_docs=80, sample_tokens=17, samples_per_shard=7)
+    docs = str(tmp_path_factory.mktemp("docs"))
+    write_synthetic_dataset(docs, n_docs=120, mode="docs", samples_per_shard=9)
+    return {"concat": concat, "docs": docs}
+
+
+@pytest.mark.parametrize("kind", ["concat", "docs"])
+@pytest.mark.parametrize("seq_len", [16, 6, 40])  # rows of one sample, in one, across many
+def test_fill_into_rows_is_the_contiguous_fill_placed(
+    roots: dict[str, str], kind: str, seq_len: int
+) -> None:
+    order = GlobalOrder(ShardSource(roots[kind]), OrderConfig(seq_len, 1, True, 3, 10, 3))
+    T1, rng = seq_len + 1, np.random.default_rng(0)
+    for epoch, first, n in [(0, 0, 5), (0, 7, 13), (1, 3, 1), (1, 0, order.rows_per_epoch)]:
+        want = np.zeros((n, T1), dtype=np.int32)
+        want_ds = np.zeros((n, T1), dtype=bool)
+        order.fill(epoch, first, want, want_ds)
+        block = 2 * n + 3
+        into = np.sort(rng.choice(block, size=n, replace=False)).astype(np.int64)
+        got = np.full((block, T1), -7, dtype=np.int32)
+        got_ds = np.ones((block, T1), dtype=bool)
+        assert order.fill(epoch, first, got, got_ds, into) == []
+        assert np.array_equal(got[into], want)
+        assert np.array_equal(got_ds[into], want_ds)
+        rest = np.setdiff1d(np.arange(block), into)
+        assert (got[rest] == -7).all() and got_ds[rest].all()  # other rows untouched
+    assert want_ds[:, 1:].any()  # over a whole epoch, pieces start inside rows: tested
+
+
+def test_row_places_copy_splits_a_piece_at_row_ends() -> None:
+    places = RowPlaces(np.array([3, 0, 2], dtype=np.int64), 4)
+    flat = np.full(16, -1, dtype=np.int64)
+    places.copy(flat, 2, np.arange(100, 109))  # tokens 2..10 of rows 0, 1, 2 (4 tokens each)
+    assert flat.reshape(4, 4).tolist() == [
+        [102, 103, 104, 105],  # filled row 1
+        [-1, -1, -1, -1],
+        [106, 107, 108, -1],  # filled row 2
+        [-1, -1, 100, 101],  # filled row 0, from its token 2
+    ]
+    assert places.flat(np.array([0, 5, 9])).tolist() == [12, 1, 9]
