@@ -54,7 +54,11 @@ REPRODUCE = """\
 bash tools/setup_bench_env.sh /work/benchvenv   # separate venv: peers pin numpy<2.2, need torchvision
 /work/benchvenv/bin/python tools/bench.py --output docs/BENCHMARKS.md   # full: 28 MB, 3 rounds
 /work/benchvenv/bin/python tools/bench.py --quick   # 8 MB, 1 round, no memory or pack_large part
+/work/benchvenv/bin/python tools/bench.py --before COMMIT ...   # also that commit's wdstream
+/work/benchvenv/bin/python tools/bench.py --gpu ...   # the GPU part (on by default with CUDA)
 ```
+
+nginx for the remote part's real-server rows: `apt-get install nginx-light` (skipped without).
 
 Without `--output` a run writes `out/BENCHMARKS.md` (gitignored) and the raw results to
 `out/bench-results.json` (`--report-only` re-renders them); `--quick` refuses to write
