@@ -102,14 +102,17 @@ def _pack_args(src: Path, out: Path, *more: str) -> tuple[str, ...]:
 
 
 def test_progress_off_a_terminal_is_one_line_at_a_time(tmp_path: Path) -> None:
-    """30,000 documents are 4 batches (8,192 documents each): a line after each, with a
-    period of 0 s; every line says documents, tokens, MB/s and shards."""
+    """30,000 documents (~1.4 MB) are read in two ~1 MB blocks of lines: a line after each,
+    with a period of 0 s, the counts growing; every line says documents, tokens, MB/s and
+    shards."""
     src = _jsonl(tmp_path / "in.jsonl", 30_000)
     args = _pack_args(src, tmp_path / "ds", "--shard-size", "64KB", "--progress")
     proc = _cli(*args, env={"WDSTREAM_PROGRESS_SECONDS": "0"})
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
-    assert len(lines) == 4 and "\r" not in proc.stderr, proc.stderr
+    assert len(lines) >= 2 and "\r" not in proc.stderr, proc.stderr
+    docs = [int(line.split("): ")[1].split(" documents")[0].replace(",", "")) for line in lines]
+    assert docs == sorted(set(docs)), lines
     for line in lines:
         assert line.startswith("pack: ") and " %): " in line, line
         assert "documents, " in line and "tokens, " in line and " MB/s, " in line, line
@@ -125,7 +128,8 @@ def test_progress_from_the_environment_and_its_period(tmp_path: Path) -> None:
     src = _jsonl(tmp_path / "in.jsonl", 20_000)
     args = _pack_args(src, tmp_path / "a", "--shard-size", "64KB")
     proc = _cli(*args, env={"WDSTREAM_PROGRESS": "1", "WDSTREAM_PROGRESS_SECONDS": "0"})
-    assert proc.returncode == 0 and len(proc.stderr.splitlines()) == 3, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 0 and lines and "(100 %)" in lines[-1], proc.stderr
     args = _pack_args(src, tmp_path / "b", "--shard-size", "64KB")
     proc = _cli(*args, env={"WDSTREAM_PROGRESS": "1", "WDSTREAM_PROGRESS_SECONDS": "600"})
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
