@@ -172,9 +172,9 @@ def test_member_size_is_the_member_length(name: str, size: int) -> None:
 
 
 def test_kept_layouts_first_few_samples_then_whole_shard() -> None:
-    """A read of a few samples of a shard not searched yet searches only them (a fresh
-    loader's first batch); a later larger read searches the shard whole. Every read's
-    tokens equal the samples' full decode, whatever order the reads come in."""
+    """The first read of a shard, of a few of its samples, searches only them (a fresh
+    loader's first batch); the next read searches the shard whole, and later reads use the
+    kept layout. Every read's tokens equal the samples' full decode."""
     from wdstream.format.sidecar import ShardSidecar
     from wdstream.read.sources.layouts import KeptLayouts
 
@@ -198,6 +198,6 @@ def test_kept_layouts_first_few_samples_then_whole_shard() -> None:
         got = LocatedTokens.in_buffer(memoryview(data)[begin:], spans).views()
         for view, want in zip(got, arrays[a:b], strict=True):
             assert np.array_equal(view, want)
-    # The two small reads mapped only up to their last sample; the large one the whole shard,
-    # after which the small read is served from the kept layout (nothing mapped).
-    assert mapped == [offsets[4] + sizes[4], offsets[32] + sizes[32], len(data)]
+    # The first small read mapped only up to its last sample; the next the whole shard, after
+    # which every read is served from the kept layout (nothing mapped).
+    assert mapped == [offsets[4] + sizes[4], len(data)]

@@ -243,7 +243,7 @@ def section(x: dict[str, Any] | None, notes: list[str]) -> list[str]:
         first, gets = value_spread(runs, "first_batch_s"), value_spread(runs, "gets")
         mb = value_spread(runs, "bytes")
         vs_local = ratio_spread(runs, local, "tokens_per_s")
-        goals.append(goal(f"{w} workers", vs_local, GOAL))
+        goals.append(goal(f"nginx vs local disk, {w} workers", vs_local, GOAL))
         if vs_local and vs_local.mid < GOAL:
             notes.append(f"remote, {w} workers: from nginx on loopback wdstream reads the first "
                          f"epoch at {vs_local.fmt()} of its local-disk rate.")  # fmt: skip
