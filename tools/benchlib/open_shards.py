@@ -204,13 +204,12 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
                          f"(goal ≤ {RATIO_GOAL}x).")  # fmt: skip
     per = per_shard_us(runs, big, "gc")
     if per is not None:
-        met = "met" if per.mid <= PER_SHARD_GOAL_US else "NOT met"
-        lines.append(f"- {big:,} shards, gc paid first: {per.fmt(' µs', 1)} a shard (goal ≤ "
-                     f"{PER_SHARD_GOAL_US:.0f} µs: {met})")  # fmt: skip
+        lines.append("- " + goal(f"{big:,} shards, gc paid first, a shard", per,
+                                 PER_SHARD_GOAL_US, True, " µs", 1))  # fmt: skip
     v = value_spread(runs.get(f"{big}/raw"), "first_batch_s")
     if big >= 100_000 and v is not None:
-        met = "met" if v.mid <= LARGEST_GOAL_S else "NOT met"
-        lines.append(f"- {big:,} shards, raw: {v.fmt(' s', 2)} (goal ≤ {LARGEST_GOAL_S} s: {met})")
+        lines.append("- " + goal(f"{big:,} shards, raw, first batch", v, LARGEST_GOAL_S, True,
+                                 " s"))  # fmt: skip
     errs = [first_error(v) for v in runs.values()]
     return lines + [""] + [e for e in errs if e] + [""]
 
