@@ -12,6 +12,7 @@ import random
 import sysconfig
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -22,19 +23,31 @@ settings.register_profile("wdstream", deadline=None, derandomize=True)
 settings.load_profile("wdstream")
 
 # The README's test command runs the files on all cores (pytest-xdist, ``-n auto --dist
-# loadgroup`` in setup.cfg). A file runs whole on one worker (its module fixtures, such as a
+# loadfile`` in setup.cfg). A file runs whole on one worker (its module fixtures, such as a
 # server, start once); the Ray files run one after another on one worker, as two Ray
-# clusters started at once on a 2-core machine starve each other's raylets.
+# clusters started at once on a 2-core machine starve each other's raylets, and a test that
+# stops a tokenising worker by its title could catch the other cluster's. The grouping is a
+# scheduler of our own rather than ``xdist_group`` marks: pytest 9.2 no longer reads the
+# ``_nodeid`` that xdist's loadgroup writes the group into, so those marks were silently
+# ignored and the Ray files ran side by side.
 _RAY_FILES = frozenset(
     ("test_ray_node_loss.py", "test_ray_optional.py", "test_ray_pack.py", "test_ray_system_kill.py")
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Group each test with its file (and the Ray files together) for ``--dist loadgroup``."""
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("ray" if name in _RAY_FILES else name))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the Ray files as one unit of work."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileWithRayTogether(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if Path(path).name in _RAY_FILES else path
+
+    return FileWithRayTogether(config, log)
 
 
 _WORDS = (
