@@ -35,6 +35,7 @@ from wdstream.read.order.global_order import Origin
 from wdstream.read.order.steps import masked_rows
 from wdstream.read.order.streams_context import ReaderConfig
 from wdstream.read.torch.handoff import FreshBuffers, WorkerHandoff
+from wdstream.read.torch.host_buffers import HostBuffers
 
 if TYPE_CHECKING:
     from wdstream.read.sources.packed import ShardSource
@@ -238,8 +239,9 @@ class TokenDataset(IterableDataset):
                 yield batch
 
 
-def _long(x: torch.Tensor, pin: bool) -> torch.Tensor:
-    """A contiguous int64 copy of ``x`` (page-locked if ``pin``).
+def _long(x: torch.Tensor, pin: bool, buffers: HostBuffers | None = None) -> torch.Tensor:
+    """A contiguous int64 copy of ``x`` (page-locked if ``pin``; else in an array of
+    ``buffers`` if given).
 
     On the CPU the cast goes through numpy: one thread, in the caller's. torch's own cast
     splits a chunk over its intra-op OpenMP threads, and on a busy 2-core host waking that
@@ -247,6 +249,10 @@ def _long(x: torch.Tensor, pin: bool) -> torch.Tensor:
     """
     if x.device.type != "cpu":
         return x.to(torch.int64, memory_format=torch.contiguous_format)
+    if buffers is not None and not pin:
+        arr = buffers.int64(tuple(x.shape))
+        np.copyto(arr, x.numpy())
+        return torch.from_numpy(arr)
     out = torch.empty(tuple(x.shape), dtype=torch.int64, pin_memory=pin)
     np.copyto(out.numpy(), x.numpy())
     return out
@@ -258,6 +264,7 @@ def chunk_to_batches(
     batch_size: int,
     pin: bool = False,
     labels: RowLabels | None = None,
+    buffers: HostBuffers | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Slice a chunk into batches: int64 contiguous ``input_ids``/``labels`` [B, T].
 
@@ -265,6 +272,8 @@ def chunk_to_batches(
     of every piece plus ``B * T`` at the end) and ``doc_ids`` (int32 [B, T], -1 on padding)
     are added when ``positions`` is given. ``labels``: the dataset's target rule
     (:mod:`wdstream.read.batches.rows`: -100 on best-fit padding and, if chosen, document ends).
+    ``buffers``: reused arrays for the int64 copies (the ``Loader``'s training process; the
+    batches are then ``from_numpy`` tensors, which torch workers could not send).
     """
     n = tokens.shape[0] // batch_size * batch_size
     # Ids carrying a loss mask lose it here, once per chunk (wdstream.format.loss).
@@ -273,7 +282,8 @@ def chunk_to_batches(
         tokens, no_loss = labels.split(tokens[:n])
     # One int64 conversion per chunk, not per batch: each batch is a contiguous row slice of
     # it (two calls per chunk instead of two per batch, in the training loop's thread).
-    all_ids, all_targets = _long(tokens[:n, :-1], pin), _long(tokens[:n, 1:], pin)
+    all_ids = _long(tokens[:n, :-1], pin, buffers)
+    all_targets = _long(tokens[:n, 1:], pin, buffers)
     for j in range(n // batch_size):
         part = slice(j * batch_size, (j + 1) * batch_size)
         rows = tokens[part]
@@ -285,7 +295,7 @@ def chunk_to_batches(
         if masked is not None:
             batch["labels"].masked_fill_(masked, IGNORE_INDEX)
         if positions is not None:
-            pos = _long(positions[part], pin)
+            pos = _long(positions[part], pin, buffers)
             flat = pos.reshape(-1)
             starts = torch.nonzero(flat == 0).reshape(-1)
             batch["position_ids"] = pos

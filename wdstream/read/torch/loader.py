@@ -36,6 +36,7 @@ from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.torch.device import pinned, to_device
 from wdstream.read.torch.handoff import WorkerHandoff
+from wdstream.read.torch.host_buffers import HostBuffers
 
 if TYPE_CHECKING:
     from wdstream.tokenizers.base import Tokenizer
@@ -223,6 +224,8 @@ class Loader:
         # it by the chunks prefetched or being sliced, so this is the loader's own.
         self._handed: SequencePosition = self.dataset.position.copy()
         self._quarantine = QuarantineLog(max_quarantined)
+        # The int64 arrays batches are cut from, reused once the caller drops them.
+        self._host = HostBuffers()
         if max_tokens is not None and on_corrupt != "raise":
             raise ValueError("on_corrupt='mask' needs the global order; max_tokens batches "
                              "have no fixed place to keep a masked row in")  # fmt: skip
@@ -438,7 +441,7 @@ class Loader:
             if not cursors:  # a raw-text stream that finished its epochs passes its turn
                 handed.pass_turn(s)
                 continue
-            for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin=pin, labels=labels)):
+            for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin, labels, self._host)):
                 # Record the position only now, as the batch is handed over (past
                 # max_quarantined it is not).
                 self._quarantine.admit(cursors[j], handed.quarantined, B)
