@@ -20,7 +20,6 @@ Each ``iter()`` runs ``epochs`` epochs from where the previous one stopped (fore
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,7 +34,7 @@ from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.torch.device import pinned, to_device
-from wdstream.read.torch.handoff import WorkerHandoff
+from wdstream.read.torch.handoff import WorkerHandoff, worker_start
 from wdstream.read.torch.host_buffers import HostBuffers
 
 if TYPE_CHECKING:
@@ -44,24 +43,8 @@ if TYPE_CHECKING:
 __all__ = ["Loader"]
 
 
-# Bytes of the shared buffer that hands the start position to the workers: a cursor is at
-# most 8 int64 fields in JSON (< 300 bytes), the rest a few numbers.
 def _identity(x: Any) -> Any:
     return x
-
-
-def _worker_start(worker_id: int) -> None:
-    """A torch worker's first act: the objects it inherited go out of its garbage
-    collector's reach (:func:`gc.freeze`, as the ``gc`` docs advise for forked children).
-
-    A forked worker holds a copy of the whole training process (~170,000 objects after
-    ``import torch``), and the full collection that process owes fires in the worker as
-    soon as it has made a few thousand objects of its own, often in its first chunk: it
-    walks every inherited object and, writing to each one's header, copies every page they
-    lie on (100-250 ms per worker measured, and memory). The worker's own objects are
-    collected as ever; the inherited ones are the parent's to collect.
-    """
-    gc.freeze()
 
 
 def _usable_cores() -> int:
@@ -390,7 +373,7 @@ class Loader:
             opts = {k: v for k, v in self._dl_options.items() if v is not None}
             self._dl = DataLoader(
                 ds, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
-                worker_init_fn=_worker_start, **opts,
+                worker_init_fn=worker_start, **opts,
             )  # fmt: skip
         return self._dl
 
