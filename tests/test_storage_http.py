@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers import FileServer
+from tests.servers import FaultProxy, FileServer
 from wdstream.errors import WdstreamError
 from wdstream.storage import RemoteReadError, RemoteWriteError, open_store, split_url
 from wdstream.storage.http import HttpStore, ListingNotSupportedError
@@ -212,3 +212,39 @@ def test_threads_share_a_store_over_a_flaky_server(served: FileServer) -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+_PROXY_VARS = ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy")
+
+
+def test_environment_proxies_are_used_and_no_proxy_bypasses_them(
+    served: FileServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store reads the environment once per session (requests' per-request walk of it
+    # cost ~0.5 ms a GET): what it reads must still decide where each GET goes.
+    for var in _PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    with FaultProxy(("127.0.0.1", served.port)) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.base_url)
+        assert _store(served).read_range("s.tar", 10, 2000) == DATA[10:2000]
+        assert proxy.faults.ranges() == ["bytes=10-1999"]  # through the proxy
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert _store(served).read_range("s.tar", 0, 100) == DATA[:100]
+        assert proxy.faults.ranges() == ["bytes=10-1999"]  # straight to the server
+
+
+def test_netrc_credentials_are_sent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in _PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    basic = "Basic " + base64.b64encode(b"reader:s3cret").decode()
+    (tmp_path / "root").mkdir()
+    with FileServer(tmp_path / "root", auth_header=basic) as server:
+        (server.root / "ds").mkdir()
+        (server.root / "ds" / "s.tar").write_bytes(DATA)
+        netrc = tmp_path / "netrc"
+        netrc.write_text("machine 127.0.0.1 login reader password s3cret\n")
+        monkeypatch.setenv("NETRC", str(netrc))
+        assert _store(server).read_range("s.tar", 5, 50) == DATA[5:50]
+        monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+        with pytest.raises(PermissionError, match="HTTP 401"):  # no credentials: refused
+            _store(server).read_range("s.tar", 5, 50)

@@ -194,10 +194,29 @@ class HttpStore(RemoteStore):
             session.headers.update(self.headers)
             session.headers["Accept-Encoding"] = "identity"  # byte ranges of the raw object
             session.verify = self.verify
+            self._environment_once(session)
             local.session, local.pid = session, os.getpid()
             with self._lock:
                 self._sessions.append(session)
         return cast(requests.Session, local.session)
+
+    def _environment_once(self, session: requests.Session) -> None:
+        """What ``requests`` reads from the environment on every request (proxies and
+        ``NO_PROXY``, a CA bundle, ``~/.netrc``), read once for this store's host.
+
+        Every object of a store is on one host, so the answer is the same each time; read
+        per request it cost ~0.5 ms a GET (walking ``os.environ``, twice), ~15 % of the
+        CPU of reading a dataset from nginx on loopback (profiled)."""
+        base = urlunsplit((self._parts.scheme, self._parts.netloc, "/", "", ""))
+        session.trust_env = False
+        session.proxies.update(requests.utils.get_environ_proxies(base))
+        if self.verify is True:
+            bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+            if bundle:
+                session.verify = bundle
+        netrc = requests.utils.get_netrc_auth(base)
+        if netrc is not None:
+            session.auth = netrc
 
     def _object_url(self, name: str) -> str:
         p = self._parts

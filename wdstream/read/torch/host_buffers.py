@@ -26,19 +26,29 @@ _UNUSED_REFS = 3
 
 
 class HostBuffers:
-    """Up to ``keep`` int64 arrays per shape, handed out again once unused."""
+    """At most ``keep`` int64 arrays, each handed out again once unused.
 
-    def __init__(self, keep: int = 4) -> None:
+    A free array of another shape (a first or last chunk is shorter) makes way for the
+    shape asked for, so the arrays kept are bounded by count, not by how many shapes occur.
+    The default covers what is alive at once: a chunk's ``input_ids`` and ``labels`` and the
+    next chunk's, plus the per-batch ``position_ids`` in use and the next.
+    """
+
+    def __init__(self, keep: int = 8) -> None:
         self.keep = keep
-        self._arrays: dict[tuple[int, ...], list[np.ndarray]] = {}
+        self._arrays: list[np.ndarray] = []
 
     def int64(self, shape: tuple[int, ...]) -> np.ndarray:
         """An uninitialised int64 array of ``shape`` that no live tensor uses."""
-        arrays = self._arrays.setdefault(shape, [])
-        for arr in arrays:
+        free_other = None
+        for arr in self._arrays:  # (enumerate's reused tuple would hold one more reference)
             if sys.getrefcount(arr) == _UNUSED_REFS:
-                return arr
-        arr = np.empty(shape, dtype=np.int64)
-        if len(arrays) < self.keep:
-            arrays.append(arr)
-        return arr
+                if arr.shape == shape:
+                    return arr
+                free_other = arr
+        new = np.empty(shape, dtype=np.int64)
+        if free_other is not None:
+            self._arrays = [new if a is free_other else a for a in self._arrays]
+        elif len(self._arrays) < self.keep:
+            self._arrays.append(new)
+        return new
