@@ -59,17 +59,25 @@ def digests(root: Path) -> dict[str, str]:
 
 
 def ray_workers_running(task: str) -> list[int]:
-    """Pids of worker processes whose title says they run ``task`` now."""
+    """Pids of this test process's Ray workers whose title says they run ``task`` now.
+
+    This process's: the worker's raylet is a child of this process (the clusters the
+    tests start in-process), so a cluster of another test process (another pytest-xdist
+    worker, a CLI run's own) is never touched.
+    """
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
+            if not cmdline.startswith(f"ray::{task}".encode()):
+                continue
+            raylet = int(proc_stat(int(entry.name))[1])
+            if int(proc_stat(raylet)[1]) == os.getpid():
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
             continue
-        if cmdline.startswith(f"ray::{task}".encode()):
-            found.append(int(entry.name))
     return found
 
 

@@ -41,6 +41,7 @@ from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import ShardEntry
 from wdstream.inputs import InputFile, InputPosition
 from wdstream.ray.layout import CutShard, SampleLayout
+from wdstream.ray.liveness import get_watched
 from wdstream.ray.pieces import InputPiece, PieceDocs, split_pieces
 from wdstream.ray.spans import SpanLayout, driver_layout, drop_resumed
 from wdstream.ray.tasks import (
@@ -150,14 +151,28 @@ def write_tokenized(
 
 
 def _get(ref: Any) -> Any:
-    """``ray.get``, raising a task's own error (a write that failed names its object)
-    rather than Ray's wrapper around it."""
+    """``ray.get`` with the driver's raylet watched (:mod:`~wdstream.ray.liveness`),
+    raising a task's own error (a write that failed names its object) rather than Ray's
+    wrapper around it."""
     try:
-        return ray.get(ref)
+        return get_watched(ref)
     except ray.exceptions.RayTaskError as exc:
         if isinstance(exc.cause, Exception):
             raise exc.cause from exc
         raise
+
+
+def _system_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure of Ray itself (a raylet or other system process gone,
+    an object lost), not of a task.
+
+    After one, the driver does not wait for the tasks still out: they may never end (their
+    raylet is dead; Ray resubmits the lost objects' tasks), and a driver whose raylet died
+    is ended by Ray itself soon after (status 1, nothing printed), so the one-line error
+    must be raised before that. A rerun resumes after the shards committed so far."""
+    return isinstance(exc, ray.exceptions.RayError) and not isinstance(
+        exc, ray.exceptions.RayTaskError
+    )
 
 
 def _cluster_failed(exc: BaseException) -> str:
@@ -248,8 +263,9 @@ class _Driver:
             for cut in self.layout.close(self.piece_starts):
                 self._submit(cut)
             self._commit(wait_all=True)
-        except Exception:
-            self._finish_queued()
+        except Exception as exc:
+            if not _system_failure(exc):
+                self._finish_queued()
             raise
         finally:
             bar.close()
