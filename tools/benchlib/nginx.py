@@ -131,8 +131,18 @@ http {{
 
     def requests(self) -> dict[str, int]:
         """GETs, other requests, error answers (status >= 400) and body bytes sent, from the
-        access-log lines written since the last call (nginx writes each line as it answers)."""
+        access-log lines written since the last call.
+
+        nginx writes a request's line just after its answer has gone out, so a client can
+        hold the answer before the line is there (seen: the 404 of a test's second GET
+        missing): the log is read once its size has not moved for 50 ms (at most 2 s)."""
         log = self.tmp / "access.log"
+        size, deadline = log.stat().st_size, time.monotonic() + 2
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            size, was = log.stat().st_size, size
+            if size == was:
+                break
         with log.open("rb") as f:
             f.seek(self._log_offset)
             data = f.read()
