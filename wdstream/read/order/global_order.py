@@ -344,7 +344,7 @@ class GlobalOrder:
             used = samples_used(
                 win.begin + win.starts, order, self._read_spans(epoch, win.begin, win.end)
             )
-            bounds = np.cumsum([0] + [b - a for _, a, b in pieces])
+            bounds = np.cumsum([0, *sizes])
             checks = [used[i:j] for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
         if with_docs:
             parts = self.reads.read(pieces, docs=True, checks=checks, shared=shared)

@@ -405,7 +405,7 @@ class ShardSource:
             buf = store.read_range_view(name, begin, end)
         else:
             # Workers differ in which samples they verify: all share the widest range.
-            wide = sidecar.run_check(a, b)[0] if sidecar.crc32c_run is not None else begin
+            wide = begin if by_run or sidecar.crc32c_run is None else sidecar.run_check(a, b)[0]
             got = shared.fetch(j, lambda: store.read_range_view(name, wide, end))
             buf = got[begin - wide :]
         bad = self._bad_bytes(shard, buf, begin, sidecar, a, b, check, verify)
