@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -26,8 +27,8 @@ from click.testing import CliRunner
 
 import wdstream
 from tests.conftest import make_corpus
-from tests.fixtures_remote import aws_env, moto_endpoint, s3_bucket  # noqa: F401
-from tests.servers import FileServer
+from tests.fixtures_remote import _s3_proxy, aws_env, moto_endpoint, s3_bucket, s3_proxy  # noqa: F401
+from tests.servers import FaultProxy, FileServer
 from tests.test_pack_resume import _files, _kill_after, _without_provenance
 from wdstream.cli import main
 from wdstream.errors import PackLockedError
@@ -234,6 +235,7 @@ def test_sigkilled_s3_pack_needs_force_unlock(
     corpus: Path,
     expected: dict[str, bytes],
     s3_bucket: str,  # noqa: F811
+    s3_proxy: FaultProxy,  # noqa: F811
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A killed pack's lock object stays: the rerun is refused naming it, and takes over
@@ -244,14 +246,20 @@ def test_sigkilled_s3_pack_needs_force_unlock(
     def committed() -> int:
         return _committed(store)
 
-    cmd = _pack_cmd(str(corpus), url)
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    # The pack to kill writes through a proxy that holds each journal PUT for 0.3 s, so its
+    # 9 commits take >= 2.7 s and the test (reading moto directly) sees 2 of them with
+    # seconds to spare, however loaded the machine: unslowed, it once finished first.
+    s3_proxy.faults.reset(delay=0.3, methods=("PUT",), only=JOURNAL_NAME)
+    env = {**os.environ, "AWS_ENDPOINT_URL": s3_proxy.base_url}
+    proc = subprocess.Popen(_pack_cmd(str(corpus), url), stderr=subprocess.DEVNULL, env=env)
     try:
         _wait_for("2 committed shards", lambda: committed() >= 2 or _ended(proc))
         assert proc.poll() is None, "pack finished before it could be killed"
     finally:
         proc.kill()
         proc.wait()
+    puts = [p for m, p, _ in s3_proxy.faults.requests if m == "PUT" and JOURNAL_NAME in p]
+    assert len(puts) >= 2, "the killed pack did not write through the slowing proxy"
     dead = _owner(url)
     assert dead is not None and dead.pid == proc.pid
 
