@@ -13,6 +13,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,23 @@ NODE: dict[str, Any] = {
     "node_ip_address": "127.0.0.1",
 }
 PACK_OPTS: dict[str, Any] = {"seq_len": 255, "shard_size": "96KB", "workers": 0, "progress": False}
+
+
+@contextmanager
+def ray_driver(address: str) -> Iterator[None]:
+    """This process connected to the cluster at ``address`` as a Ray driver, and after it
+    left with the SIGTERM handler it had: ``ray.init`` installs one that raises SystemExit,
+    and ``ray.shutdown`` leaves it, so a pool forked by a later test in this process hung
+    in ``terminate()`` (its workers, told to stop, ran Python instead of ending)."""
+    import ray
+
+    before = signal.getsignal(signal.SIGTERM)
+    ray.init(address=address, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        signal.signal(signal.SIGTERM, before)
 
 
 def write_corpus(d: Path) -> Path:

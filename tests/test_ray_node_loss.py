@@ -26,6 +26,7 @@ from tests.ray_support import (
     inputs_with_long_task,
     pack_in_thread,
     proc_stat,
+    ray_driver,
     wait_exited,
     write_corpus,
 )
@@ -44,11 +45,10 @@ def two_worker_nodes() -> Iterator[Any]:
     c.add_node(**NODE)
     c.add_node(**NODE)
     c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
     try:
-        yield c
+        with ray_driver(c.address):
+            yield c
     finally:
-        ray.shutdown()
         c.shutdown()
 
 

@@ -42,13 +42,13 @@ from tests.ray_support import (
     inputs_with_long_task,
     kill_and_reap,
     pack_in_thread,
+    ray_driver,
     write_corpus,
 )
 
 # Read by Ray when it is imported: "0" keeps every address on the loopback interface
 # (127.0.0.1 is otherwise replaced by the machine's address), so nothing leaves the host.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-import ray  # noqa: E402  (the dev extra installs ray[data]: these tests run in CI)
 
 from wdstream.errors import InputError, WdstreamError  # noqa: E402
 from wdstream.inputs import InputFile  # noqa: E402
@@ -75,11 +75,10 @@ def cluster(moto_endpoint: str) -> Iterator[Any]:  # noqa: F811
         c = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
         c.add_node(**NODE)
         c.wait_for_nodes()
-        ray.init(address=c.address, log_to_driver=False)
         try:
-            yield c
+            with ray_driver(c.address):
+                yield c
         finally:
-            ray.shutdown()
             c.shutdown()
 
 
@@ -254,6 +253,36 @@ def test_worker_killed_mid_task_is_retried_and_output_identical(
     thread.join(timeout=120)
     assert not thread.is_alive() and not errors, errors
     assert digests(tmp_path / "out") == digests(reference)
+
+
+def test_engine_gives_back_the_sigterm_handler(cluster: Any, tmp_path: Path) -> None:
+    """A pack that connects to Ray itself leaves the process's SIGTERM handler as it found
+    it: ray.init installs one raising SystemExit and ray.shutdown leaves it, so a worker
+    forked afterwards (a DataLoader's, a pool's) would run Python when told to stop."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_corpus(40, seed=2)))
+    code = (
+        "import signal, ray\n"
+        "from wdstream.write.pack import pack\n"
+        "def mine(signum, frame): pass\n"
+        "signal.signal(signal.SIGTERM, mine)\n"
+        "seen = []\n"
+        "init = ray.init\n"
+        "def watched(*a, **k):\n"
+        "    out = init(*a, **k)\n"
+        "    seen.append(signal.getsignal(signal.SIGTERM) is not mine)\n"
+        "    return out\n"
+        "ray.init = watched\n"
+        f"pack([{str(src)!r}], {str(tmp_path / 'out')!r}, engine='ray',"
+        f" ray_address={cluster.address!r}, **{PACK_OPTS!r})\n"
+        "print(seen, signal.getsignal(signal.SIGTERM) is mine, ray.is_initialized())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=180, cwd=Path(__file__).parents[1])  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    # Ray did replace it while connected (else this test would prove nothing), and the
+    # engine disconnected and put it back.
+    assert out.stdout.split() == ["[True]", "True", "False"]
 
 
 @pytest.mark.parametrize("mode", ["concat", "bestfit"])

@@ -206,6 +206,12 @@ def test_store_pickles_for_worker_processes(s3_bucket: str) -> None:
     state = store.__getstate__()
     assert "_client" not in state and "_lock" not in state
     assert pickle.loads(pickle.dumps(store)).read_range("s.tar", 5, 9) == DATA[5:9]
-    with multiprocessing.get_context("fork").Pool(2) as pool:
+    # Closed and joined, not terminated: the workers end on their own rather than on a
+    # SIGTERM, whose handler a fork inherits from whatever this test process ran before.
+    pool = multiprocessing.get_context("fork").Pool(2)
+    try:
         got = pool.starmap(_read_in_child, [(store, 0, 1_000), (store, 50_000, 99_999)])
+    finally:
+        pool.close()
+        pool.join()
     assert got == [DATA[:1_000], DATA[50_000:99_999]]

@@ -29,6 +29,8 @@ checking each kept shard against its sha256 on the cluster. See ``docs/RAY.md``.
 from __future__ import annotations
 
 import bisect
+import signal
+import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -97,6 +99,10 @@ class RayEngine:
 
     def __init__(self, address: str | None, tokenizer: tuple[str, str]) -> None:
         self.started = not ray.is_initialized()
+        # ray.init replaces the process's SIGTERM handler with one raising SystemExit, and
+        # ray.shutdown leaves it: a process forked later (a DataLoader or pool worker) would
+        # then run Python on SIGTERM instead of ending (a pool's terminate() hung on it).
+        self._sigterm = signal.getsignal(signal.SIGTERM)
         if self.started:
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -132,9 +138,12 @@ class RayEngine:
             raise WdstreamError(_cluster_failed(exc)) from exc
 
     def close(self) -> None:
-        """Shut down a Ray instance this engine started (one it found is left running)."""
+        """Shut down a Ray instance this engine started (one it found is left running),
+        and give the process back the SIGTERM handler it had."""
         if self.started:
             ray.shutdown()
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, self._sigterm)
 
 
 def write_tokenized(
