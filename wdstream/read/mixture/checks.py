@@ -10,13 +10,21 @@ the rows a worker reads from a window follow from the schedule without walking t
 
 from __future__ import annotations
 
-from typing import Protocol
+import threading
+from collections import OrderedDict
+from typing import Protocol, TypeVar
+
+import numpy as np
 
 from wdstream.read.mixture.schedule import Schedule
 from wdstream.read.order.global_order import OrderConfig, Origin
 from wdstream.read.order.steps import GlobalPosition
 
-__all__ = ["MixtureOwnRows", "MixtureRows"]
+__all__ = ["MixtureOwnRows", "MixtureRows", "row_at"]
+
+Steps = TypeVar("Steps", int, np.ndarray)  # one step, or many at once
+
+_KEPT = 64  # ranges' answers kept: a few windows of each source, asked again at every fill
 
 
 class MixtureRows(Protocol):
@@ -55,13 +63,32 @@ class MixtureOwnRows:
         self._first_chunk = position.step // reader.chunk_batches
         self._phase = 0 if position.worker == (worker, workers) else worker
         self._workers = workers
+        self._lock = threading.Lock()
+        self._known: OrderedDict[tuple[int, int, int, int], list[tuple[int, int]]] = OrderedDict()
 
     def forget_before(self, step: int) -> None:
         """Nothing to forget: the ranges are computed, not remembered."""
 
     def spans(self, source: int, epoch: int, t0: int, t1: int) -> list[tuple[int, int]]:
         """The ranges of tokens ``[t0, t1)`` of ``source``'s epoch ``epoch`` this worker
-        reads (all of them where the schedule never reaches the range's end)."""
+        reads (all of them where the schedule never reaches the range's end).
+
+        Kept once computed: a pure function of the schedule, asked for the same window at
+        every fill that reads it (whether to read ahead), and ~0.5 ms a window to compute
+        (a quarter of a worker's time at 3 sources, batch 8 x 2,048, when it was not kept).
+        """
+        key = (source, epoch, t0, t1)
+        with self._lock:  # the fill's thread and document windows' read-ahead ask
+            known = self._known.get(key)
+        if known is None:
+            known = self._spans(source, epoch, t0, t1)
+            with self._lock:
+                self._known[key] = known
+                if len(self._known) > _KEPT:
+                    self._known.popitem(last=False)
+        return list(known)
+
+    def _spans(self, source: int, epoch: int, t0: int, t1: int) -> list[tuple[int, int]]:
         r, pos = self._reader, self._position
         T1, R = r.row_tokens, r.rows_per_epoch[source]
         sched = r.schedule(pos)
@@ -72,18 +99,25 @@ class MixtureOwnRows:
         G, B, K, origin = r.cfg.global_batch, r.batch_size, r.chunk_batches, pos.origin
         step_lo = max(origin.step + (first_row - origin.row) // G, self._first_step)
         step_hi = origin.step + (last_row - origin.row) // G + 1
-        out: list[tuple[int, int]] = []
-        for c in range(step_lo // K, (step_hi - 1) // K + 1):
-            if (c - self._first_chunk - self._phase) % self._workers:
-                continue
-            steps = range(max(c * K, step_lo), min((c + 1) * K, step_hi))
-            if B == G:
-                rows = [(r.row_at(steps.start, origin), r.row_at(steps.stop, origin))]
-            else:
-                rows = [(m, m + B) for m in (r.row_at(s, origin) + r.rank * B for s in steps)]
-            for a, b in rows:
-                got_a = max(int(sched.counts(a)[source]), lo)
-                got_b = min(int(sched.counts(b)[source]), hi)
-                if got_a < got_b:
-                    out.append(((got_a - epoch * R) * T1, (got_b - epoch * R) * T1))
-        return out
+        steps = np.arange(step_lo, step_hi, dtype=np.int64)
+        steps = steps[(steps // K - self._first_chunk - self._phase) % self._workers == 0]
+        if not len(steps):
+            return []
+        if B == G:  # one rank: each of this worker's chunks is one run of rows
+            new = np.flatnonzero(np.diff(steps // K)) + 1  # where the next chunk starts
+            first = steps[np.concatenate(([0], new))]
+            stop = steps[np.concatenate((new - 1, [len(steps) - 1]))] + 1
+            a, b = row_at(first, origin, G), row_at(stop, origin, G)
+        else:  # this rank's B rows of every step
+            a = row_at(steps, origin, G) + r.rank * B
+            b = a + B
+        got_a = np.maximum(sched.source_counts(source, a), lo) - epoch * R
+        got_b = np.minimum(sched.source_counts(source, b), hi) - epoch * R
+        keep = got_a < got_b
+        return list(zip((got_a[keep] * T1).tolist(), (got_b[keep] * T1).tolist(), strict=True))
+
+
+def row_at(step: Steps, origin: Origin, g: int) -> Steps:
+    """The first mixture row of step ``step`` (or of each of ``step``) counted from
+    ``origin`` in steps of ``g`` rows."""
+    return origin.row + (step - origin.step) * g

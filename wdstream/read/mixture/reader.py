@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import StateMismatchError
-from wdstream.read.mixture.checks import MixtureOwnRows
+from wdstream.read.mixture.checks import MixtureOwnRows, row_at
 from wdstream.read.mixture.interleave import MIXTURE_ORDER_VERSION
 from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weights
 from wdstream.read.mixture.sources import source_seed
@@ -126,7 +126,7 @@ class MixtureReader:
     # ---- steps, rows, schedule ---------------------------------------------------------
     def row_at(self, step: int, origin: Origin) -> int:
         """The first mixture row of global step ``step``."""
-        return _row_at(step, origin, self.cfg.global_batch)
+        return row_at(step, origin, self.cfg.global_batch)
 
     def schedule(self, position: GlobalPosition) -> Schedule:
         assert isinstance(position, MixturePosition)
@@ -413,12 +413,12 @@ class MixtureReader:
             )
         origin, stop = saved.origin, saved.iter_stop
         if saved.global_batch != g:
-            stop_row = None if stop is None else _row_at(stop, origin, saved.global_batch)
-            origin = Origin(step, 0, _row_at(step, origin, saved.global_batch))
+            stop_row = None if stop is None else row_at(stop, origin, saved.global_batch)
+            origin = Origin(step, 0, row_at(step, origin, saved.global_batch))
             if stop_row is not None:
                 stop = max(step, origin.step + (stop_row - origin.row) // g)
         if isinstance(state, dict) and "order_version" in state:
-            row = _row_at(step, saved.origin, saved.global_batch)
+            row = row_at(step, saved.origin, saved.global_batch)
             check_identity(state, list(_ORDER_VERSION), lambda: self.next_rows(row, saved.pieces))
         pieces = (*saved.pieces, *self.future_pieces(step, origin))
         return MixturePosition(step, origin, stop, saved.worker, saved.skips, saved.quarantined,
@@ -432,11 +432,6 @@ class MixtureReader:
     def data_step(self, position: GlobalPosition, training_step: int) -> int:
         """The data step of ``training_step`` (:meth:`GlobalPosition.data_step`)."""
         return position.data_step(training_step)
-
-
-def _row_at(step: int, origin: Origin, g: int) -> int:
-    """The first mixture row of step ``step`` counted from ``origin`` in steps of ``g`` rows."""
-    return origin.row + (step - origin.step) * g
 
 
 def _show(pieces: list[tuple[int, tuple[int, ...]]], names: list[str]) -> str:

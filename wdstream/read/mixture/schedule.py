@@ -143,6 +143,20 @@ class Schedule:
         j = self.piece_at(row)
         return self.base[j] + self.parts[j].counts(row - self.starts[j])
 
+    def source_counts(self, source: int, rows: np.ndarray) -> np.ndarray:
+        """Rows of ``source`` among global rows ``[0, rows[k])``, for every k (int64):
+        :meth:`counts` of one source at many rows at once."""
+        if len(self.pieces) == 1:
+            return self.parts[0].source_counts(source, rows)
+        which = np.searchsorted(self._starts, rows, side="right") - 1
+        out = np.empty(len(rows), dtype=np.int64)
+        for j in np.unique(which).tolist():
+            sel = which == j
+            out[sel] = self.base[j][source] + self.parts[j].source_counts(
+                source, rows[sel] - self.starts[j]
+            )
+        return out
+
     def row_of(self, source: int, index: int) -> int | None:
         """The global row of ``source``'s ``index``-th row; None if the schedule never
         reaches it (the source's weight is 0 from some piece on)."""

@@ -283,13 +283,21 @@ class GlobalOrder:
         """The windows of ``segments`` neither read nor being read of which these rows
         hold few samples (at most 1/16): those samples alone (:func:`samples_alone`),
         each window's whole read started behind them for the rows after."""
-        wanted: dict[int, set[int]] = {}
+        # Segments run through windows in order; most fills touch only windows already
+        # read or being read, and then no segment needs looking at.
+        spanned = range(segments[0][0], segments[-1][0] + 1) if segments else range(0)
+        wanted: dict[int, set[int]] = {
+            w: set() for w in spanned if self._cache.cold((epoch, w, with_docs))
+        }
+        if not wanted:
+            return {}
         for w, i, _, _ in segments:
-            wanted.setdefault(w, set()).add(i)
+            if w in wanted:
+                wanted[w].add(i)
         out = {}
         for w, emitted in wanted.items():
             key, positions = (epoch, w, with_docs), self.window(epoch, w).positions
-            if self._cache.cold(key) and len(emitted) * _ALONE_SHARE <= len(positions):
+            if emitted and len(emitted) * _ALONE_SHARE <= len(positions):
                 plan = self.plan(epoch)
                 out[w] = samples_alone(self.reads, plan, positions, emitted, with_docs)
                 self._cache.start(key)
