@@ -214,27 +214,11 @@ def test_local_lock_contention_in_threads(tmp_path: Path) -> None:
         assert not (tmp_path / LOCK_NAME).exists()
 
 
-@pytest.fixture(scope="module")
-def long_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
-    """~250 KB of JSONL and the files of its solo pack: 250 shards of 8 KB, so a pack of it
-    runs on ~0.9 s after its second commit. (A pack of the 9-shard corpus ends ~0.15 s
-    after it, its exit included: a poll delayed that long on a loaded machine would miss
-    the moment to kill.)"""
-    where = tmp_path_factory.mktemp("lock-long")
-    path = where / "in.jsonl"
-    with open(path, "w", encoding="utf-8") as f:
-        for t in make_corpus(n_docs=400, seed=4, stdlib_files=0):
-            f.write(json.dumps({"text": t}) + "\n")
-    wdstream.pack([str(path)], str(where / "ref"), **KW)  # type: ignore[arg-type]
-    return path, _files(where / "ref")
-
-
 def test_sigkilled_local_pack_is_taken_over(
-    tmp_path: Path, long_corpus: tuple[Path, dict[str, bytes]], caplog: pytest.LogCaptureFixture
+    tmp_path: Path, corpus: Path, expected: dict[str, bytes], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The kernel dropped the dead pack's lock; its record names a pid that is gone on this
     host, so the rerun takes over (saying so) and finishes byte-identical."""
-    corpus, expected = long_corpus
     out = tmp_path / "out"
     cmd = _pack_cmd(str(corpus), str(out))
     assert _kill_after(cmd, out, 2), "pack finished before it could be killed"

@@ -70,11 +70,33 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# ``python -c`` running the CLI with every journal commit followed by a pause: the pack's
+# output is unchanged, but each commit lasts long enough to be seen and killed after.
+# Unslowed, a small pack ended a few ms after the commit the test waited for, and a poll
+# delayed that long on a loaded machine missed it.
+_SLOW_COMMITS = """
+import time
+from wdstream.write.journal import Journal
+_commit = Journal.commit
+def _paused(self, *args, **kwargs):
+    out = _commit(self, *args, **kwargs)
+    time.sleep(0.05)
+    return out
+Journal.commit = _paused
+from wdstream.cli import main
+main()
+"""
+
+
 def _kill_after(cmd: list[str], out: Path, shards: int, timeout: float = 120) -> bool:
-    """Run ``cmd``; SIGKILL it once the journal holds >= ``shards`` shards. True if killed.
+    """Run ``cmd`` (``python -m wdstream.cli pack ...``) with each journal commit followed
+    by a 50 ms pause; SIGKILL it once the journal holds >= ``shards`` shards. True if
+    killed.
 
     Also checks that the killed pack leaves no tokenizer processes behind.
     """
+    assert cmd[1:3] == ["-m", "wdstream.cli"], cmd
+    cmd = [cmd[0], "-c", _SLOW_COMMITS, *cmd[3:]]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     try:
