@@ -46,7 +46,8 @@ def ray_driver(address: str) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
-        signal.signal(signal.SIGTERM, before)
+        if before is not None:  # None: not set from Python (cannot be put back)
+            signal.signal(signal.SIGTERM, before)
 
 
 def write_corpus(d: Path) -> Path:

@@ -297,6 +297,10 @@ class _ProxyHandler(_Handler):
     server: _ProxyServerImpl
 
     def _forward(self) -> None:
+        with self.server.forwarding:
+            self._forward_one()
+
+    def _forward_one(self) -> None:
         if self._gate():
             return
         body = self._drain()
@@ -325,8 +329,32 @@ class _ProxyHandler(_Handler):
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 
 
+class _InFlight:
+    """Requests a proxy is handling (a context manager per request): a delayed request
+    still reaches the upstream after its client was killed."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.count = 0
+
+    def __enter__(self) -> None:
+        with self._cond:
+            self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self.count -= 1
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is being handled; False if ``timeout`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.count == 0, timeout)
+
+
 class _ProxyServerImpl(_Server):
     upstream: tuple[str, int]
+    forwarding: _InFlight
 
 
 class _Running:
@@ -394,7 +422,9 @@ class FaultProxy(_Running):
         server = _ProxyServerImpl(("127.0.0.1", 0), _ProxyHandler)
         server.upstream = upstream
         server.faults = Faults()
+        server.forwarding = _InFlight()
         super().__init__(server)
+        self.forwarding = server.forwarding
 
 
 class SilentServer:

@@ -142,7 +142,9 @@ class RayEngine:
         and give the process back the SIGTERM handler it had."""
         if self.started:
             ray.shutdown()
-            if threading.current_thread() is threading.main_thread():
+            # None: a handler not set from Python, which cannot be put back from here.
+            main = threading.current_thread() is threading.main_thread()
+            if main and self._sigterm is not None:
                 signal.signal(signal.SIGTERM, self._sigterm)
 
 

@@ -24,7 +24,9 @@ __all__ = ["MixtureOwnRows", "MixtureRows", "row_at"]
 
 Steps = TypeVar("Steps", int, np.ndarray)  # one step, or many at once
 
-_KEPT = 64  # ranges' answers kept: a few windows of each source, asked again at every fill
+# Ranges' answers kept (the least recently asked go first): a few windows of each source,
+# asked again at every fill.
+_KEPT = 64
 
 
 class MixtureRows(Protocol):
@@ -67,7 +69,8 @@ class MixtureOwnRows:
         self._known: OrderedDict[tuple[int, int, int, int], list[tuple[int, int]]] = OrderedDict()
 
     def forget_before(self, step: int) -> None:
-        """Nothing to forget: the ranges are computed, not remembered."""
+        """Nothing to forget: the ranges follow from the schedule (the last few asked for
+        are kept, whatever the step)."""
 
     def spans(self, source: int, epoch: int, t0: int, t1: int) -> list[tuple[int, int]]:
         """The ranges of tokens ``[t0, t1)`` of ``source``'s epoch ``epoch`` this worker
@@ -80,6 +83,8 @@ class MixtureOwnRows:
         key = (source, epoch, t0, t1)
         with self._lock:  # the fill's thread and document windows' read-ahead ask
             known = self._known.get(key)
+            if known is not None:
+                self._known.move_to_end(key)
         if known is None:
             known = self._spans(source, epoch, t0, t1)
             with self._lock:
