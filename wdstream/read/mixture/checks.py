@@ -10,8 +10,7 @@ the rows a worker reads from a window follow from the schedule without walking t
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
+import functools
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -65,8 +64,8 @@ class MixtureOwnRows:
         self._first_chunk = position.step // reader.chunk_batches
         self._phase = 0 if position.worker == (worker, workers) else worker
         self._workers = workers
-        self._lock = threading.Lock()
-        self._known: OrderedDict[tuple[int, int, int, int], list[tuple[int, int]]] = OrderedDict()
+        # Thread-safe: the fill's thread and document windows' read-ahead both ask.
+        self._kept = functools.lru_cache(maxsize=_KEPT)(self._spans)
 
     def forget_before(self, step: int) -> None:
         """Nothing to forget: the ranges follow from the schedule (the last few asked for
@@ -80,18 +79,7 @@ class MixtureOwnRows:
         every fill that reads it (whether to read ahead), and ~0.5 ms a window to compute
         (a quarter of a worker's time at 3 sources, batch 8 x 2,048, when it was not kept).
         """
-        key = (source, epoch, t0, t1)
-        with self._lock:  # the fill's thread and document windows' read-ahead ask
-            known = self._known.get(key)
-            if known is not None:
-                self._known.move_to_end(key)
-        if known is None:
-            known = self._spans(source, epoch, t0, t1)
-            with self._lock:
-                self._known[key] = known
-                if len(self._known) > _KEPT:
-                    self._known.popitem(last=False)
-        return list(known)
+        return list(self._kept(source, epoch, t0, t1))  # a copy: the kept list stays intact
 
     def _spans(self, source: int, epoch: int, t0: int, t1: int) -> list[tuple[int, int]]:
         r, pos = self._reader, self._position

@@ -17,7 +17,7 @@ table lookups, and the inverse (where does source i's t-th row fall) is as cheap
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,12 +129,10 @@ class Schedule:
         """Source and index inside that source of every global row in ``rows`` (int64)."""
         if len(self.pieces) == 1:
             return self.parts[0].locate(rows)
-        which = np.searchsorted(self._starts, rows, side="right") - 1
         src = np.empty(len(rows), dtype=np.int64)
         idx = np.empty(len(rows), dtype=np.int64)
-        for j in np.unique(which).tolist():
-            sel = which == j
-            s, i = self.parts[j].locate(rows[sel] - self.starts[j])
+        for j, sel, local in self._by_piece(rows):
+            s, i = self.parts[j].locate(local)
             src[sel], idx[sel] = s, i + self.base[j][s]
         return src, idx
 
@@ -148,14 +146,18 @@ class Schedule:
         :meth:`counts` of one source at many rows at once."""
         if len(self.pieces) == 1:
             return self.parts[0].source_counts(source, rows)
-        which = np.searchsorted(self._starts, rows, side="right") - 1
         out = np.empty(len(rows), dtype=np.int64)
+        for j, sel, local in self._by_piece(rows):
+            out[sel] = self.base[j][source] + self.parts[j].source_counts(source, local)
+        return out
+
+    def _by_piece(self, rows: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """For each piece holding some of ``rows``: its index, which of ``rows`` it holds
+        (a mask), and those rows counted from the piece's start."""
+        which = np.searchsorted(self._starts, rows, side="right") - 1
         for j in np.unique(which).tolist():
             sel = which == j
-            out[sel] = self.base[j][source] + self.parts[j].source_counts(
-                source, rows[sel] - self.starts[j]
-            )
-        return out
+            yield j, sel, rows[sel] - self.starts[j]
 
     def row_of(self, source: int, index: int) -> int | None:
         """The global row of ``source``'s ``index``-th row; None if the schedule never
