@@ -25,6 +25,7 @@ import numpy as np
 from wdstream.format.checksum import CHECKSUM_NAME
 from wdstream.format.index import FORMAT_VERSION, DatasetIndex, ShardEntry
 from wdstream.storage import open_store
+from wdstream.write.commit import write_index as publish_index
 from wdstream.write.shards import ShardWriter
 
 __all__ = [
@@ -136,7 +137,9 @@ def write_synthetic_dataset(
         version=version,
     )
     if write_index:
-        store.write_bytes("index.json", index.to_json().encode())
+        index = publish_index(store, index) if version >= 2 else index
+        if version < 2:
+            store.write_bytes("index.json", index.to_json().encode())
     return index
 
 

@@ -55,6 +55,8 @@ def build(root: Path, sizes: tuple[int, ...]) -> dict[int, str]:
 
     import wdstream
     from wdstream.format.index import INDEX_NAME, DatasetIndex
+    from wdstream.storage.local import LocalStore
+    from wdstream.write.commit import write_index
 
     if root.exists():
         shutil.rmtree(root)
@@ -86,7 +88,7 @@ def build(root: Path, sizes: tuple[int, ...]) -> dict[int, str]:
             entries.append(dataclasses.replace(src, **names))
         stats = {**base.stats, "documents": sum(e.documents for e in entries)}
         index = dataclasses.replace(base, shards=tuple(entries), stats=stats)
-        (d / INDEX_NAME).write_text(index.to_json())
+        write_index(LocalStore(d), index)  # index.json and its shard table, as a pack
         out[n] = str(d)
     return out
 

@@ -10,8 +10,6 @@ workers is here, so planning needs no communication and no shard reads.
 from __future__ import annotations
 
 import json
-import math
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, overload
@@ -20,7 +18,9 @@ import numpy as np
 
 from wdstream.format.index_checks import validate_index
 from wdstream.format.index_columns import ShardColumns
-from wdstream.format.index_rules import index_error, join_path, show_value
+from wdstream.format.index_rules import index_error, show_value
+from wdstream.format.index_strict import StrictHooks, parse_strict
+from wdstream.format.shard_table import ShardRows
 
 __all__ = [
     "FORMAT_NAME",
@@ -39,7 +39,6 @@ READABLE_VERSIONS = (1, 2)
 INDEX_NAME = "index.json"
 # Present at a dataset root only while a pack runs there or after one was interrupted.
 JOURNAL_NAME = ".wdstream-pack.json"
-_MAX_NUMBER_CHARS = 40  # a count has at most 20 digits; json alone would take 4300
 
 
 @dataclass(frozen=True)
@@ -81,25 +80,29 @@ class DatasetIndex:
     pad_id: int | None = None  # bestfit: the id of the padding at rows' ends (the EOS id)
     # "bit31": ids carry a loss mask in bit 31 (:mod:`wdstream.format.loss`); None: all loss
     loss_mask: str | None = None
+    # The shard table beside index.json (:mod:`wdstream.format.shard_table`): its name,
+    # length and sha256; None in datasets packed before it (they read the same, from JSON).
+    shard_table: dict[str, Any] | None = None
 
     @property
     def total_samples(self) -> int:
         """Samples over all shards."""
-        return sum(self.column("samples"))
+        return _total(self.column("samples"))
 
     @property
     def total_tokens(self) -> int:
         """Tokens over all shards."""
-        return sum(self.column("tokens"))
+        return _total(self.column("tokens"))
 
     @property
     def total_documents(self) -> int:
         """Documents over all shards."""
-        return sum(self.column("documents"))
+        return _total(self.column("documents"))
 
-    def column(self, key: str) -> list[Any]:
+    def column(self, key: str) -> Sequence[Any]:
         """Every shard's value of :class:`ShardEntry` field ``key``, in shard order (from
-        ``index.json``'s :class:`ShardTable` without making entries)."""
+        ``index.json``'s :class:`ShardTable` without making entries; a count of a shard
+        table is a read-only uint64 view of the mapped table)."""
         if isinstance(self.shards, ShardTable):
             return self.shards.column(key)
         return [getattr(s, key) for s in self.shards]
@@ -110,19 +113,35 @@ class DatasetIndex:
         return doc_lens[:-1] if self.mode == "bestfit" else doc_lens
 
     def to_json(self) -> str:
-        """Serialise with sorted keys, so equal datasets give byte-identical indexes."""
-        obj = {f.name: getattr(self, f.name) for f in fields(self)}
+        """Serialise with sorted keys but ``shards`` last, so equal datasets give
+        byte-identical indexes and a reader of the shard table parses only the text before
+        the shard list (:func:`parse_head`)."""
+        obj = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "shards"}
+        if self.version < 2:
+            del obj["checksum"]  # v1 indexes have no such key
+        for key in ("pad_id", "loss_mask", "shard_table"):
+            if obj[key] is None:  # padding, a mask, a table: only datasets that have one
+                del obj[key]
+        obj = dict(sorted(obj.items()))
         obj["shards"] = [
             {k: v for k, v in asdict(s).items() if v is not None or k not in _OPTIONAL_SHARD_KEYS}
             for s in self.shards
         ]
-        if self.version < 2:
-            del obj["checksum"]  # v1 indexes have no such key
-        if self.pad_id is None:
-            del obj["pad_id"]  # only best-fit datasets have padding
-        if self.loss_mask is None:
-            del obj["loss_mask"]  # only datasets with unsupervised tokens name a mask
-        return json.dumps(obj, indent=1, sort_keys=True) + "\n"
+        return json.dumps(obj, indent=1) + "\n"
+
+    @classmethod
+    def from_table(cls, head: dict[str, Any], rows: ShardRows, where: str) -> DatasetIndex:
+        """The index of ``head`` (index.json's keys before its shard list) whose shards are
+        the rows of its shard table, validated by every rule of :meth:`from_json`.
+
+        Raises:
+            IndexValidationError: naming ``where`` and the key (``shards[i].KEY`` for a
+                row of the table).
+        """
+        _check_format_version(head, where)
+        validate_index(head, where, table=rows)
+        known = {k: head[k] for k in _INDEX_KEYS if k in head and k != "shards"}
+        return cls(**{**known, "shards": ShardTable(rows)})
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str = "index.json") -> DatasetIndex:
@@ -139,7 +158,7 @@ class DatasetIndex:
         """
         clean = _parse_clean(text, where)
         if clean is None:  # a problem, or an unusual index: every check as written
-            obj = _parse_strict(text, where)
+            obj = parse_strict(text, where)
             _check_format_version(obj, where)
             columns = validate_index(obj, where)
         else:
@@ -150,6 +169,17 @@ class DatasetIndex:
         else:  # new dicts of the known keys (a later version's keys dropped)
             table = ShardTable([{k: s.get(k) for k in _SHARD_KEYS} for s in obj["shards"]])
         return cls(**{**known, "shards": table})
+
+
+def _total(column: Sequence[Any]) -> int:
+    """The exact sum of a count column (a list, or a table's uint64 view: counts are
+    below 2**48, so their sum over up to 2**15 shards fits; Python's sum past that)."""
+    if isinstance(column, np.ndarray):
+        step = 1 << 15
+        return sum(
+            int(column[i : i + step].sum(dtype=np.uint64)) for i in range(0, len(column), step)
+        )
+    return sum(column)
 
 
 _SHARD_KEYS = tuple(f.name for f in fields(ShardEntry))
@@ -173,14 +203,22 @@ class ShardTable(Sequence[ShardEntry]):
     __slots__ = ("_rows", "_columns")
 
     def __init__(
-        self, rows: list[dict[str, Any]], columns: dict[str, list[Any]] | None = None
+        self,
+        rows: list[dict[str, Any]] | ShardRows,
+        columns: dict[str, list[Any]] | None = None,
     ) -> None:
         """``rows``: one dict per shard holding :class:`ShardEntry`'s fields and no other
         key; an optional field it lacks is None. (Adding the absent keys to the parsed dicts
         cost more than the rest of opening an index of no provenance: each dict grows.)
+        Or the dataset's shard table, whose rows are made as they are asked for.
         ``columns``: fields' columns already gathered (by validation), by key."""
         self._rows = rows
         self._columns = columns or {}
+
+    @property
+    def table(self) -> ShardRows | None:
+        """The shard table these entries are read from (None: index.json's list)."""
+        return self._rows if isinstance(self._rows, ShardRows) else None
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -197,8 +235,16 @@ class ShardTable(Sequence[ShardEntry]):
     def __iter__(self) -> Iterator[ShardEntry]:
         return map(_entry, self._rows)
 
-    def column(self, key: str) -> list[Any]:
-        """Every shard's value of field ``key``, in shard order (a new list)."""
+    def column(self, key: str) -> Sequence[Any]:
+        """Every shard's value of field ``key``, in shard order (a new list; a count of a
+        shard table: its read-only uint64 column)."""
+        rows = self._rows
+        if isinstance(rows, ShardRows):
+            if key in rows.counts:
+                return rows.counts[key]
+            if key.endswith("sha256"):
+                return rows.hex_column(key)
+            return rows.name_column(key)
         if key in self._columns:
             return self._columns[key].copy()
         if key in _OPTIONAL_SHARD_KEYS:
@@ -248,53 +294,6 @@ def _check_format_version(obj: Any, where: str) -> None:
 # -- strict JSON: what json.loads accepts but an index must not hold -------------------------
 
 
-@dataclass(frozen=True)
-class _BadNumber:
-    """A number JSON allows but an index must not hold: NaN, infinite, absurdly long."""
-
-    text: str
-
-
-class _DuplicateKeys(dict[str, Any]):
-    """An object in which ``key`` appears more than once (json.loads keeps the last)."""
-
-    def __init__(self, pairs: list[tuple[str, Any]], key: str) -> None:
-        super().__init__(pairs)
-        self.key = key
-
-
-class _StrictHooks:
-    """``json.loads`` hooks that put a marker where a value must be refused.
-
-    The hooks cannot know the key path, so they only mark; ``marked`` says whether a walk
-    to find (and name) the first marker is needed, which keeps a clean index at ``json``
-    speed.
-    """
-
-    def __init__(self) -> None:
-        self.marked = False
-
-    def number(self, text: str) -> _BadNumber:
-        self.marked = True
-        return _BadNumber(text)
-
-    def integer(self, text: str) -> int | _BadNumber:
-        return self.number(text) if len(text) > _MAX_NUMBER_CHARS else int(text)
-
-    def real(self, text: str) -> float | _BadNumber:
-        value = float(text)
-        ok = len(text) <= _MAX_NUMBER_CHARS and math.isfinite(value)
-        return value if ok else self.number(text)
-
-    def object(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        obj = dict(pairs)
-        if len(obj) == len(pairs):
-            return obj
-        self.marked = True
-        counts = Counter(key for key, _ in pairs)
-        return _DuplicateKeys(pairs, next(key for key, n in counts.items() if n > 1))
-
-
 def _parse_clean(text: str | bytes, where: str) -> tuple[dict[str, Any], ShardColumns] | None:
     """The index parsed with ``json``'s own integers and validated through the shard
     columns, when it is clean: nothing :func:`_parse_strict` refuses, and every shard of
@@ -305,7 +304,7 @@ def _parse_clean(text: str | bytes, where: str) -> tuple[dict[str, Any], ShardCo
     100,000) only to refuse those of more than 40 characters; the shards' integers are
     checked below 2**48 by the columns, and the few others are checked here.
     """
-    hooks = _StrictHooks()
+    hooks = StrictHooks()
     try:
         obj = json.loads(text, parse_float=hooks.real, parse_constant=hooks.number)
     except (RecursionError, ValueError):
@@ -372,48 +371,3 @@ def _short_integers(obj: dict[str, Any]) -> bool:
         elif isinstance(value, list):
             stack += value
     return True
-
-
-def _parse_strict(text: str | bytes, where: str) -> Any:
-    """``json.loads``, refusing NaN/Infinity, numbers of more than 40 characters and
-    duplicate keys, each with its key path."""
-    hooks = _StrictHooks()
-    try:
-        obj = json.loads(
-            text,
-            parse_int=hooks.integer,
-            parse_float=hooks.real,
-            parse_constant=hooks.number,
-            object_pairs_hook=hooks.object,
-        )
-    except RecursionError:
-        raise index_error(where, "", "not valid JSON (nested too deeply)") from None
-    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8/16/32
-        raise index_error(where, "", f"not valid JSON ({exc})") from exc
-    if hooks.marked:
-        _refuse_first_marker(obj, where)
-    return obj
-
-
-def _refuse_first_marker(obj: Any, where: str) -> None:
-    """Raise naming the key path of the first value the hooks marked (in document order)."""
-    stack: list[tuple[str, Any]] = [("", obj)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, _BadNumber):
-            raise index_error(
-                where,
-                path,
-                f"expected a finite number of at most {_MAX_NUMBER_CHARS} characters, "
-                f"got {show_value(value.text)}",
-            )
-        if isinstance(value, _DuplicateKeys):
-            raise index_error(where, join_path(path, value.key), "key appears more than once")
-        items = (
-            value.items()
-            if isinstance(value, dict)
-            else enumerate(value)
-            if isinstance(value, list)
-            else ()
-        )
-        stack += reversed([(join_path(path, key), item) for key, item in items])

@@ -40,7 +40,9 @@ from wdstream.format.index_rules import (
     index_error,
     show_value,
 )
+from wdstream.format.index_table import table_columns
 from wdstream.format.sample import DTYPES
+from wdstream.format.shard_table import ShardRows
 from wdstream.format.tar import BLOCK
 
 __all__ = ["validate_index"]
@@ -267,7 +269,9 @@ _ACROSS: tuple[tuple[Callable[[dict[str, Any]], _Problem], _Passes | None], ...]
 )
 
 
-def validate_index(obj: dict[str, Any], where: str) -> ShardColumns | None:
+def validate_index(
+    obj: dict[str, Any], where: str, table: ShardRows | None = None
+) -> ShardColumns | None:
     """Check a parsed index of a readable version against every rule (both layers).
 
     The shard list is checked a column at a time (:mod:`wdstream.format.index_columns`);
@@ -276,6 +280,8 @@ def validate_index(obj: dict[str, Any], where: str) -> ShardColumns | None:
     Args:
         obj: the parsed JSON object; ``format`` and ``version`` already checked.
         where: the file, for messages.
+        table: the dataset's shard table, whose rows stand for ``obj["shards"]`` (then
+            absent from ``obj``): checked by the same rules, a column at a time.
 
     Returns:
         The shard list's columns, or None when it was checked shard by shard.
@@ -284,10 +290,14 @@ def validate_index(obj: dict[str, Any], where: str) -> ShardColumns | None:
         IndexValidationError: ``WHERE: KEY.PATH: expected ..., got ...`` for the first
             rule broken.
     """
-    _check_keys(obj, _TOP, "", where)
+    if table is not None:
+        _check_keys(obj | {"shards": [{}]}, _TOP, "", where)
+        obj = obj | {"shards": table}
+    else:
+        _check_keys(obj, _TOP, "", where)
     _check_keys(obj["tokenizer"], _TOKENIZER, "tokenizer", where)
     _check_keys(obj.get("stats", {}), _STATS, "stats", where)
-    columns = shard_columns(obj["shards"])
+    columns = table_columns(table, where) if table is not None else shard_columns(obj["shards"])
     if columns is None:
         for i, shard in enumerate(obj["shards"]):
             _check_keys(shard, _SHARD, f"shards[{i}]", where)

@@ -9,16 +9,18 @@ and writes the same ``index.json`` again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from hashlib import sha256
 from typing import Any
 
 from wdstream.format.checksum import CHECKSUM_NAME
 from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex
+from wdstream.format.shard_table import TABLE_NAME, build_table
 from wdstream.storage import Store
 from wdstream.write.journal import Journal
 from wdstream.write.lock import OutputLock
 
-__all__ = ["DatasetMeta", "commit_dataset"]
+__all__ = ["DatasetMeta", "commit_dataset", "write_index"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,21 @@ def commit_dataset(
         loss_mask=meta.loss_mask,
     )
     lock.verify()  # publish nothing if another pack has taken the output meanwhile
-    store.write_bytes(INDEX_NAME, index.to_json().encode())
+    index = write_index(store, index)
     store.delete(JOURNAL_NAME)
+    return index
+
+
+def write_index(store: Store, index: DatasetIndex) -> DatasetIndex:
+    """Write ``index``'s shard table (``index.shards``), then ``index.json`` committing to
+    it by length and sha256; returns the index as written (with ``shard_table``).
+
+    The table goes first: ``index.json``'s presence still means the dataset is complete, and
+    a pack stopped between the two writes the same table again when it resumes.
+    """
+    table = build_table(index.shards)
+    store.write_bytes(TABLE_NAME, table)
+    commitment = {"bytes": len(table), "name": TABLE_NAME, "sha256": sha256(table).hexdigest()}
+    index = replace(index, shard_table=commitment)
+    store.write_bytes(INDEX_NAME, index.to_json().encode())
     return index

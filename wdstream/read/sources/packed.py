@@ -25,13 +25,14 @@ import numpy as np
 
 from wdstream.errors import CorruptShardError
 from wdstream.format.checksum import Corruption, find_corruption, spot_check
-from wdstream.format.index import DatasetIndex, ShardEntry
+from wdstream.format.index import DatasetIndex, ShardEntry, ShardTable
 from wdstream.format.sample import LocatedTokens, Sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.sources.damage import corruption_message, scanned_sidecar
 from wdstream.read.sources.exchange import SharedPieces
 from wdstream.read.sources.identity import DatasetIdentity, packed_identity
 from wdstream.read.sources.layouts import KeptLayouts
+from wdstream.read.sources.names import TableNames, TableUrls
 from wdstream.read.sources.reads import CopyChecks, PieceRead
 from wdstream.read.sources.shards import (
     decode_span,
@@ -95,8 +96,13 @@ class ShardSource:
             self.index = read_index(store)
             # Columns, not entries: an entry is made where a shard is read (ShardTable).
             self._entries = self.index.shards
-            self.urls = [(source, name) for name in self.index.column("name")]
-            self.sidecar_names = self.index.column("sidecar")
+            table = self.index.shards.table if isinstance(self._entries, ShardTable) else None
+            if table is not None:  # names made as asked for (read/sources/names.py)
+                self.urls: Sequence[tuple[str, str]] = TableUrls(source, table)
+                self.sidecar_names: Sequence[str] = TableNames(table, "sidecar")
+            else:
+                self.urls = [(source, name) for name in self.index.column("name")]
+                self.sidecar_names = list(self.index.column("sidecar"))
             self.samples = np.array(self.index.column("samples"), dtype=np.int64)
             self.tokens = np.array(self.index.column("tokens"), dtype=np.int64)
             self.mode = self.index.mode
@@ -123,7 +129,8 @@ class ShardSource:
             )
         drop_short_last_sample(self.samples, self.tokens, self.mode, self.sample_tokens)
         # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
-        roots = {root for root, _ in self.urls}  # one a dataset: not a Python call per shard
+        # One a dataset: not a Python call per shard.
+        roots = {self.urls.root} if isinstance(self.urls, TableUrls) else {r for r, _ in self.urls}
         self.remote = any("://" in root and not root.startswith("file://") for root in roots)
         # Torch workers split a window's fetches (read/sources/exchange.py); through a node
         # cache each reads its local blocks instead.

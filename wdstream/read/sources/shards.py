@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from wdstream.errors import CorruptShardError, IncompleteDatasetError, IndexValidationError
+from wdstream.errors import CorruptShardError, IndexValidationError
 from wdstream.format.checksum import sample_checksum
-from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex, ShardEntry
+from wdstream.format.index import INDEX_NAME, DatasetIndex, ShardEntry
 from wdstream.format.sample import SAMPLE_SUFFIXES, Sample, decode_sample
 from wdstream.format.sidecar import ShardSidecar, scan_tar
+from wdstream.read.sources.index_open import read_index
 from wdstream.storage import Store, open_store
 
 _SAMPLE_MEMBER_SUFFIXES = tuple(SAMPLE_SUFFIXES.values())
@@ -41,31 +42,6 @@ __all__ = [
     "sidecar_from_tar",
     "store_sha256",
 ]
-
-
-def read_index(store: Store) -> DatasetIndex:
-    """Parse the store's ``index.json``.
-
-    Raises:
-        IncompleteDatasetError: if there is none; says whether a pack was interrupted there
-            (its resume journal is present) and how to finish it.
-        IndexValidationError: if it is not a valid, consistent index (names file and key).
-    """
-    where = store.child_url(INDEX_NAME)
-    try:
-        text = store.read(INDEX_NAME)
-    except FileNotFoundError:
-        if store.exists(JOURNAL_NAME):
-            raise IncompleteDatasetError(
-                f"{where} does not exist: a pack into {store.child_url('')} was interrupted "
-                f"(its journal {JOURNAL_NAME} is there). Rerun the same `wdstream pack` "
-                "command to finish it; the dataset is readable once index.json is written."
-            ) from None
-        raise IncompleteDatasetError(
-            f"{where} does not exist: not a packed wdstream dataset (pack one with "
-            "`wdstream pack`, or pass shard URLs such as 'data-{000000..000009}.tar')"
-        ) from None
-    return DatasetIndex.from_json(text, where=where)
 
 
 def sibling_index(

@@ -1,0 +1,205 @@
+"""Opening a dataset's ``index.json`` and, where it has one, its shard table, once per node.
+
+``index.json`` of a dataset with a shard table lists its shards last; a reader reads its
+first :data:`HEAD_BYTES`, parses the summary before the list (:mod:`~wdstream.format.
+index_head`) and memory-maps the table the summary commits to (length and sha256):
+
+- from the dataset folder itself when it is local;
+- from the node cache (``cache_dir/tables/SHA256.shards``) for a remote dataset opened with
+  a ``cache_dir``: the first process of the node to open it takes a lock, fetches the table
+  once and renames it into place; every other rank and worker maps the same file;
+- from memory otherwise (one GET a rank).
+
+An ``index.json`` that fits in the first read is parsed whole, as by earlier versions, and
+when it has a table its list must equal the table row for row: a small dataset costs
+nothing more, and an edit of either is refused. ``wdstream verify`` compares the two at any
+size. Datasets without a table (packed before it) open as they always did.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import mmap
+import os
+import tempfile
+from typing import Any
+
+from wdstream.errors import IncompleteDatasetError, IndexValidationError
+from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex
+from wdstream.format.index_head import parse_head
+from wdstream.format.shard_table import TABLE_NAME, ShardRows
+from wdstream.storage import Store
+from wdstream.storage.cache import CachedStore
+from wdstream.storage.local import LocalStore
+
+__all__ = ["HEAD_BYTES", "MappedRows", "read_index"]
+
+HEAD_BYTES = 1 << 20  # index.json's summary is a few KB; the list follows it
+
+
+class MappedRows(ShardRows):
+    """A table memory-mapped from a local file: a process it is sent to maps the same file
+    (and re-checks its CRC32C) instead of receiving a copy of the bytes."""
+
+    def __init__(self, path: str, where: str, size: int, check_crc: bool = True) -> None:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size != size:
+                raise IndexValidationError(
+                    f"{where}: {os.fstat(f.fileno()).st_size} bytes, index.json says {size}"
+                )
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.path = path
+        super().__init__(data, where, check_crc)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MappedRows, (self.path, self.where, self.size))
+
+
+def read_index(store: Store) -> DatasetIndex:
+    """Parse the store's ``index.json`` and map its shard table if it has one.
+
+    Raises:
+        IncompleteDatasetError: if there is none; says whether a pack was interrupted there
+            (its resume journal is present) and how to finish it.
+        IndexValidationError: if it is not a valid, consistent index, or its table is not
+            the one it commits to (names file and key).
+    """
+    where = store.child_url(INDEX_NAME)
+    try:
+        head = bytes(store.read_source_range(INDEX_NAME, 0, HEAD_BYTES))
+    except FileNotFoundError:
+        raise _missing(store, where) from None
+    summary = parse_head(head) if len(head) == HEAD_BYTES else None
+    if summary is not None and summary.get("shard_table") is not None:
+        rows = _open_table(store, summary["shard_table"], where)
+        return DatasetIndex.from_table(summary, rows, where)
+    text = head if len(head) < HEAD_BYTES else store.read(INDEX_NAME)
+    index = DatasetIndex.from_json(text, where=where)
+    if index.shard_table is None:
+        return index
+    rows = _open_table(store, index.shard_table, where)
+    _same_shards(index, rows, where)
+    return DatasetIndex.from_table(_summary_of(text), rows, where)
+
+
+def _missing(store: Store, where: str) -> IncompleteDatasetError:
+    if store.exists(JOURNAL_NAME):
+        return IncompleteDatasetError(
+            f"{where} does not exist: a pack into {store.child_url('')} was interrupted "
+            f"(its journal {JOURNAL_NAME} is there). Rerun the same `wdstream pack` "
+            "command to finish it; the dataset is readable once index.json is written."
+        )
+    return IncompleteDatasetError(
+        f"{where} does not exist: not a packed wdstream dataset (pack one with "
+        "`wdstream pack`, or pass shard URLs such as 'data-{000000..000009}.tar')"
+    )
+
+
+def _summary_of(text: bytes) -> dict[str, Any]:
+    obj = json.loads(text)
+    obj.pop("shards")
+    return dict(obj)
+
+
+def _same_shards(index: DatasetIndex, rows: ShardRows, where: str) -> None:
+    """index.json's shard list equals its table, row for row."""
+    if len(index.shards) != len(rows):
+        raise IndexValidationError(
+            f"{where}: shards: {len(index.shards)} listed, {len(rows)} in the shard table "
+            f"{TABLE_NAME}"
+        )
+    for i, entry in enumerate(index.shards):
+        row = rows.row(i)
+        for key, value in row.items():
+            if getattr(entry, key) != value:
+                raise IndexValidationError(
+                    f"{where}: shards[{i}].{key}: {getattr(entry, key)!r} in index.json, "
+                    f"{value!r} in the shard table {TABLE_NAME}"
+                )
+        if entry.provenance is not None and "provenance" not in row:
+            raise IndexValidationError(
+                f"{where}: shards[{i}].provenance: in index.json, not in the shard table"
+            )
+
+
+def _commitment(commit: Any, where: str) -> tuple[int, str]:
+    """``shard_table``'s length and sha256, checked."""
+    ok = (
+        type(commit) is dict
+        and commit.get("name") == TABLE_NAME
+        and type(commit.get("bytes")) is int
+        and 64 <= commit["bytes"] < 1 << 48
+        and type(commit.get("sha256")) is str
+        and len(commit["sha256"]) == 64
+        and all(c in "0123456789abcdef" for c in commit["sha256"])
+    )
+    if not ok:
+        raise IndexValidationError(
+            f"{where}: shard_table: expected {{'name': {TABLE_NAME!r}, 'bytes': an integer "
+            f">= 64, 'sha256': 64 lowercase hex digits}}, got {str(commit)[:200]}"
+        )
+    return commit["bytes"], commit["sha256"]
+
+
+def _open_table(store: Store, commit: Any, where: str) -> ShardRows:
+    """The table ``commit`` names, checked against its length and sha256 and mapped."""
+    size, digest = _commitment(commit, where)
+    at = store.child_url(TABLE_NAME)
+    if isinstance(store, LocalStore):
+        try:
+            rows: ShardRows = MappedRows(str(store.root / TABLE_NAME), at, size, False)
+        except FileNotFoundError:
+            raise IndexValidationError(
+                f"{at} does not exist, but {where} names it (shard_table)"
+            ) from None
+    elif isinstance(store, CachedStore):
+        rows = _cached_table(store, at, size, digest)
+    else:
+        data = _fetch(store, at, size)
+        rows = ShardRows(data, at, check_crc=False)
+    _check_sha(rows, digest, where)
+    return rows
+
+
+def _check_sha(rows: ShardRows, digest: str, where: str) -> None:
+    if hashlib.sha256(memoryview(rows.data)).hexdigest() != digest:
+        raise IndexValidationError(
+            f"{rows.where}: its sha256 is not the one {where} commits to (shard_table.sha256)"
+        )
+    # The CRC32C too: a table whose bytes and sha256 were both replaced must still be whole.
+    ShardRows(rows.data, rows.where, check_crc=True)
+
+
+def _fetch(store: Store, at: str, size: int) -> bytes:
+    try:
+        data = bytes(store.read_source_range(TABLE_NAME, 0, size + 1))
+    except FileNotFoundError:
+        raise IndexValidationError(f"{at} does not exist, but index.json names it") from None
+    if len(data) != size:
+        raise IndexValidationError(f"{at}: {len(data)} bytes, index.json says {size}")
+    return data
+
+
+def _cached_table(store: CachedStore, at: str, size: int, digest: str) -> ShardRows:
+    """The table from the node cache: fetched by the first process of the node (under a
+    lock, so ranks starting together fetch it once), mapped by all."""
+    folder = os.path.join(store.cache_dir, "tables")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{digest}.shards")
+    with open(os.path.join(folder, f"{digest}.lock"), "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            rows = MappedRows(path, at, size, check_crc=False)
+            if hashlib.sha256(memoryview(rows.data)).hexdigest() == digest:
+                return rows
+            os.unlink(path)  # damaged in the cache: fetched again
+        except (FileNotFoundError, IndexValidationError):
+            pass
+        data = _fetch(store, at, size)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return MappedRows(path, at, size, check_crc=False)
