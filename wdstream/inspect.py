@@ -22,6 +22,7 @@ from wdstream.format.sample import SAMPLE_SUFFIXES, Sample
 from wdstream.format.sidecar import ShardSidecar
 from wdstream.format.tar import BLOCK, END_OF_ARCHIVE
 from wdstream.inspect_stats import dataset_stats
+from wdstream.read.sources.index_open import listed_problem
 from wdstream.read.sources.shards import (
     decode_span,
     iter_samples,
@@ -185,6 +186,9 @@ def verify_dataset(root: str | Store) -> VerifyReport:
         index = read_index(store)
     except (IncompleteDatasetError, IndexValidationError) as exc:  # each names index.json
         return VerifyReport(ok=False, problems=[str(exc)])
+    listed = listed_problem(store, index)
+    if listed is not None:
+        return VerifyReport(ok=False, problems=[listed])
     for shard in index.shards:
         where = store.child_url(shard.name)
         try:

@@ -16,6 +16,7 @@ alone, and ``token // sample_tokens`` is the sample key in concat mode::
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
@@ -24,6 +25,7 @@ import numpy as np
 
 from wdstream.format.checksum import CHECKSUM_NAME
 from wdstream.format.index import FORMAT_VERSION, DatasetIndex, ShardEntry
+from wdstream.format.shard_table import TABLE_NAME, build_table
 from wdstream.storage import open_store
 from wdstream.write.commit import write_index as publish_index
 from wdstream.write.shards import ShardWriter
@@ -31,6 +33,7 @@ from wdstream.write.shards import ShardWriter
 __all__ = [
     "assert_resumes_exactly",
     "restored_after",
+    "rewrite_index",
     "synthetic_doc_lengths",
     "write_synthetic_dataset",
 ]
@@ -152,6 +155,30 @@ class _Stateful(Protocol):
 
 
 _S = TypeVar("_S", bound=_Stateful)
+
+
+def rewrite_index(root: str, obj: dict[str, Any]) -> None:
+    """Write ``obj`` (a parsed index.json, edited) as ``root``'s index.json with its shard
+    table rebuilt from ``obj["shards"]`` and committed to: a dataset whose index vouches for
+    the edit, as a pack that wrote those entries would have (an edit of index.json alone is
+    refused where its table disagrees). Shard dicts are written as given (unknown keys too).
+    """
+    store = open_store(root)
+    table: bytes | None = None
+    if "shard_table" in obj:
+        try:
+            entries = [ShardEntry(**{k: s.get(k) for k in _ENTRY_KEYS}) for s in obj["shards"]]
+            table = build_table(entries)
+        except (TypeError, ValueError, OverflowError, AttributeError, KeyError):
+            table = None  # values no table holds (-1, NaN): index.json's rules refuse them
+    if "shard_table" in obj and table is not None:
+        store.write_bytes(TABLE_NAME, table)
+        digest = hashlib.sha256(table).hexdigest()
+        obj = {**obj, "shard_table": {"bytes": len(table), "name": TABLE_NAME, "sha256": digest}}
+    store.write_bytes("index.json", json.dumps(obj).encode())
+
+
+_ENTRY_KEYS = tuple(ShardEntry.__dataclass_fields__)
 
 
 def restored_after(make: Callable[[], _S], stop: int) -> _S:

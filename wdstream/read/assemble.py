@@ -43,6 +43,7 @@ __all__ = [
     "check_quarantine",
     "check_sizes",
     "resolve_order",
+    "mesh_coordinates",
     "resolve_rank",
 ]
 
@@ -152,6 +153,32 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     return rank, world_size
+
+
+def mesh_coordinates(
+    mesh: Any, rank: int | None, world_size: int | None
+) -> tuple[int | None, int | None]:
+    """The data-parallel rank and size: ``mesh``'s (a one-dimensional
+    ``torch.distributed.device_mesh.DeviceMesh``, the data-parallel dimension of a
+    tensor/pipeline-parallel run: ``device_mesh["dp"]``), else ``rank``/``world_size``.
+
+    Every rank of one tensor-parallel group has the same coordinates in ``mesh``, so all
+    of them get the same batches, and the data-parallel groups disjoint ones.
+
+    Raises:
+        ValueError: ``mesh`` given with ``rank``/``world_size``, or not one-dimensional.
+    """
+    if mesh is None:
+        return rank, world_size
+    if rank is not None or world_size is not None:
+        raise ValueError("give mesh= or rank=/world_size=, not both (the mesh holds both)")
+    ndim = getattr(mesh, "ndim", None)
+    if ndim != 1 or not hasattr(mesh, "get_local_rank"):
+        raise ValueError(
+            "mesh must be the data-parallel dimension of a DeviceMesh, one-dimensional "
+            f"(mesh=device_mesh['dp']), got {type(mesh).__name__} with ndim={ndim!r}"
+        )
+    return int(mesh.get_local_rank()), int(mesh.size())
 
 
 def check_sizes(**sizes: int) -> None:

@@ -125,7 +125,10 @@ class GlobalOrder:
         if self.steps_per_epoch == 0:
             raise ValueError(
                 f"dataset too small: {self.rows_per_epoch} rows of {self.row_tokens} tokens "
-                f"per epoch, less than one global batch of {cfg.global_batch} rows"
+                f"per epoch, less than one global batch of {cfg.global_batch} rows "
+                "(data-parallel ranks x batch_size); with tensor or pipeline "
+                "parallelism the ranks of a model replica share one batch: give the "
+                "data-parallel coordinates, Loader(..., mesh=device_mesh['dp'])"
             )
         lanes = cfg.shuffle_lanes if cfg.shuffle else 1
         self.geometry = WindowGeometry(0, self.n_samples, cfg.shuffle_window, lanes)

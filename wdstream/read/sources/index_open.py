@@ -27,14 +27,14 @@ import tempfile
 from typing import Any
 
 from wdstream.errors import IncompleteDatasetError, IndexValidationError
-from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex
+from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex, ShardTable
 from wdstream.format.index_head import parse_head
 from wdstream.format.shard_table import TABLE_NAME, ShardRows
 from wdstream.storage import Store
 from wdstream.storage.cache import CachedStore
 from wdstream.storage.local import LocalStore
 
-__all__ = ["HEAD_BYTES", "MappedRows", "read_index"]
+__all__ = ["HEAD_BYTES", "MappedRows", "listed_problem", "read_index"]
 
 HEAD_BYTES = 1 << 20  # index.json's summary is a few KB; the list follows it
 
@@ -82,6 +82,27 @@ def read_index(store: Store) -> DatasetIndex:
     rows = _open_table(store, index.shard_table, where)
     _same_shards(index, rows, where)
     return DatasetIndex.from_table(_summary_of(text), rows, where)
+
+
+def listed_problem(store: Store, index: DatasetIndex) -> str | None:
+    """What is wrong between ``index.json``'s shard list and the shard table ``index``
+    was read from (``wdstream verify``: readers of a large index read only the table), or
+    a table lying in the folder that index.json does not commit to; None when they agree."""
+    where = store.child_url(INDEX_NAME)
+    if index.shard_table is None:
+        if index.version >= 2 and store.exists(TABLE_NAME):
+            return (
+                f"{where}: commits to no shard table, but {store.child_url(TABLE_NAME)} "
+                "is there (a pack writes both: shard_table was removed from index.json?)"
+            )
+        return None
+    table = index.shards.table if isinstance(index.shards, ShardTable) else None
+    assert table is not None
+    try:
+        _same_shards(DatasetIndex.from_json(store.read(INDEX_NAME), where), table, where)
+    except IndexValidationError as exc:
+        return str(exc)
+    return None
 
 
 def _missing(store: Store, where: str) -> IncompleteDatasetError:

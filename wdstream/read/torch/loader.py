@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from wdstream.errors import StateMismatchError
+from wdstream.read.assemble import mesh_coordinates
 from wdstream.read.batches.buckets import BucketedBatches
 from wdstream.read.batches.quarantine import QuarantineEvent, QuarantineLog
 from wdstream.read.options import ReadOptions
@@ -69,8 +70,13 @@ class Loader:
         seed: the one seed of all randomness.
         num_workers: torch worker processes (0: everything in this process); default: the
             CPU cores this process may use less one (the training loop's), at most 4.
-        rank: default ``torch.distributed`` rank, else ``RANK``, else 0.
-        world_size: default ``torch.distributed`` world size, else ``WORLD_SIZE``, else 1.
+        rank: the data-parallel rank: default ``torch.distributed`` rank, else ``RANK``,
+            else 0. With tensor/pipeline parallelism give ``mesh`` (or the dp rank here).
+        world_size: the data-parallel size: default ``torch.distributed`` world size,
+            else ``WORLD_SIZE``, else 1.
+        mesh: the data-parallel dimension of a ``DeviceMesh`` (``device_mesh["dp"]``):
+            rank and world size from it, so every rank of a tensor-parallel group gets the
+            same batches (instead of ``rank``/``world_size``).
         epochs: epochs per ``iter()``; None (default) repeats forever with a fresh shuffle
             each epoch: pretraining counts steps, and a mixture is endless too. 1: one pass.
         streams: ``order="streams"``: independent streams per rank (default
@@ -164,6 +170,7 @@ class Loader:
         max_tokens: int | None = None,
         on_corrupt: str = "raise",
         max_quarantined: int | float | None = None,
+        mesh: Any = None,
         **store_options: Any,
     ) -> None:
         if num_workers is None:
@@ -181,6 +188,7 @@ class Loader:
             raise ValueError(f"streams={streams} must be a multiple of num_workers={num_workers}")
         if tokenizer is not None and tokenize_threads is None:
             tokenize_threads = max(1, (os.cpu_count() or 1) // max(1, num_workers))
+        rank, world_size = mesh_coordinates(mesh, rank, world_size)
         options = ReadOptions(
             shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, streams=streams,
             epochs=epochs, shuffle_window=shuffle_window, shuffle_lanes=shuffle_lanes,
