@@ -143,6 +143,32 @@ class CachedStore(ForwardingStore):
         self._seeds: dict[str, bytes] = {}  # name -> hash of its identity (see _seed)
         self.hits = self.misses = self.dropped = self.forgotten = 0
 
+    def read_by_digest(self, name: str, sha256: str) -> bytes:
+        """``name`` from ``cache_dir/objects/SHA256`` when a copy with that digest is there,
+        else fetched whole and kept there when it has that digest (written to a private
+        name and renamed into place: concurrent processes never see a partial copy). Kept
+        by content, so two datasets holding one sidecar share it; eviction leaves them
+        (~20 bytes a sample: the blocks of the shards they describe dominate)."""
+        path = os.path.join(self.cache_dir, "objects", sha256)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            if hashlib.sha256(data).hexdigest() == sha256:
+                self.hits += 1
+                return data
+            self.dropped += 1
+        except FileNotFoundError:
+            pass
+        data = self.inner.read(name)
+        self.misses += 1
+        if hashlib.sha256(data).hexdigest() == sha256:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        return data
+
     # -- the cached path ----------------------------------------------------------------
     def read_range(self, name: str, start: int, end: int) -> bytes:
         return bytes(self.read_range_view(name, start, end))

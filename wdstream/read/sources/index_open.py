@@ -36,7 +36,8 @@ from wdstream.storage.local import LocalStore
 
 __all__ = ["HEAD_BYTES", "MappedRows", "listed_problem", "read_index"]
 
-HEAD_BYTES = 1 << 20  # index.json's summary is a few KB; the list follows it
+HEAD_BYTES = 64 << 10  # index.json's summary is a few KB; the list follows it
+MAX_HEAD_BYTES = 16 << 20  # a summary longer than this: the file is parsed whole
 
 
 class MappedRows(ShardRows):
@@ -67,15 +68,23 @@ def read_index(store: Store) -> DatasetIndex:
             the one it commits to (names file and key).
     """
     where = store.child_url(INDEX_NAME)
-    try:
-        head = bytes(store.read_source_range(INDEX_NAME, 0, HEAD_BYTES))
-    except FileNotFoundError:
-        raise _missing(store, where) from None
-    summary = parse_head(head) if len(head) == HEAD_BYTES else None
-    if summary is not None and summary.get("shard_table") is not None:
+    size, summary = HEAD_BYTES, None
+    while True:
+        try:
+            head = bytes(store.read_source_range(INDEX_NAME, 0, size))
+        except FileNotFoundError:
+            raise _missing(store, where) from None
+        whole = len(head) < size
+        if whole or size >= MAX_HEAD_BYTES:
+            break  # the whole file (or a summary too long to be one): parsed whole
+        summary = parse_head(head)
+        if summary is not None:
+            break
+        size *= 8
+    if not whole and summary is not None and summary.get("shard_table") is not None:
         rows = _open_table(store, summary["shard_table"], where)
         return DatasetIndex.from_table(summary, rows, where)
-    text = head if len(head) < HEAD_BYTES else store.read(INDEX_NAME)
+    text = head if whole else store.read(INDEX_NAME)
     index = DatasetIndex.from_json(text, where=where)
     if index.shard_table is None:
         return index
@@ -219,7 +228,7 @@ def _cached_table(store: CachedStore, at: str, size: int, digest: str) -> ShardR
         except (FileNotFoundError, IndexValidationError):
             pass
         data = _fetch(store, at, size)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

@@ -145,7 +145,8 @@ def parse_sidecar(
             ``entry`` (names the sidecar and what disagrees).
     """
     where = store.child_url(name)
-    data = store.read(name)
+    known = entry.sidecar_sha256 if entry is not None else None
+    data = store.read_by_digest(name, known) if known else store.read(name)  # node cache
     got = hashlib.sha256(data).hexdigest()
     if entry is not None and entry.sidecar_sha256:
         if got != entry.sidecar_sha256:
