@@ -167,6 +167,16 @@ _OPTIONS = [
         help="--chat: the tokens that carry loss: every assistant turn, the last one, or all.",
     ),
     click.option(
+        "--special-tokens-in-content",
+        "special_tokens_in_content",
+        type=click.Choice(["text", "parse"]),
+        default="text",
+        show_default=True,
+        help="--chat: special-token text a message spells out (<|endoftext|> in scraped text) is "
+        "tokenised as text, or parsed as the special token as transformers does; counted "
+        "either way (stats.chat.problems.special_text).",
+    ),
+    click.option(
         "--chat-now",
         default=None,
         help="--chat: the time (ISO 8601) a template's strftime_now formats (default: now; a "

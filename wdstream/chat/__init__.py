@@ -4,8 +4,10 @@ One module a job: :mod:`~wdstream.chat.conversations` (a JSON record to messages
 :mod:`~wdstream.chat.jinja` and :mod:`~wdstream.chat.template` (rendering as
 ``transformers`` does, without it), :mod:`~wdstream.chat.spans` (the rules that find a
 turn's supervised characters), :mod:`~wdstream.chat.encoding` (characters to tokens, the
-result) and :mod:`~wdstream.chat.masks` (:class:`ChatEncoder`, which runs them). The method
-and its rules: ``docs/CHAT.md``.
+result), :mod:`~wdstream.chat.provenance` (whose text a turn holds; which special-token text
+is the template's), :mod:`~wdstream.chat.budget` (the bounds on a render) and
+:mod:`~wdstream.chat.masks` (:class:`ChatEncoder`, which runs them). The method and its rules:
+``docs/CHAT.md``.
 """
 
 from wdstream.chat.conversations import parse_conversation

@@ -9,9 +9,13 @@ and the globals ``raise_exception``, ``strftime_now``, ``dict`` and ``namespace`
 two restricted so a template cannot reach Python internals). This module builds the same
 environment with its own code, so rendering needs no ``transformers``.
 
-The ``{% generation %}`` tag renders its body and nothing else: wdstream decides which tokens
-carry loss from the template's output itself (:mod:`wdstream.chat.masks`), so a template with
-the tags and one without them give the same text and the same masks.
+The ``{% generation %}`` tag renders its body and records where it lies in the output, as
+``transformers``' ``AssistantTracker`` does (the start is the length of what the render has
+output before the block): a template with the tags is supervised exactly on those blocks
+(:mod:`wdstream.chat.masks`).
+
+The environment is :class:`~wdstream.chat.budget.BoundedEnvironment`: the same sandbox, with
+bounds on the steps and characters a render may take (:mod:`wdstream.chat.budget`).
 
 ``strftime_now`` formats a fixed time given when the environment is built (transformers
 reads the clock on every call): a template that writes today's date must write the same
@@ -28,24 +32,44 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.utils
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["chat_environment"]
+from wdstream.chat.budget import BoundedEnvironment
+
+__all__ = ["chat_environment", "has_generation"]
 
 
 class _GenerationTag(jinja2.ext.Extension):
-    """``{% generation %}...{% endgeneration %}``: its body, inlined.
+    """``{% generation %}...{% endgeneration %}``: its body, its place in the output recorded
+    in the render's budget (:attr:`~wdstream.chat.budget.Budget.blocks`).
 
-    ``transformers`` wraps the body in a call block that records where its output starts and
-    ends; the output is the body's either way. Inlining it (the parser takes the body's nodes
-    in place of the tag) saves a macro call per assistant turn on every render.
+    As ``transformers``' ``AssistantTracker``: a call block whose body is rendered to a string;
+    its start is what the render has output so far (a block inside a macro or a ``{% set %}``
+    is placed there too, as ``transformers`` places it).
     """
 
     tags = {"generation"}
 
-    def parse(self, parser: Any) -> list[jinja2.nodes.Node]:
-        next(parser.stream)
-        return list(parser.parse_statements(("name:endgeneration",), drop_needle=True))
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_generation_block")
+        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _generation_block(self, caller: Any) -> str:
+        text = str(caller())
+        budget = self.environment.budget  # type: ignore[attr-defined]
+        budget.blocks.append((budget.written, budget.written + len(text)))
+        return text
+
+
+def has_generation(env: jinja2.Environment, source: str) -> bool:
+    """Whether the template text has a ``{% generation %}`` block."""
+    return any(
+        isinstance(n.call, jinja2.nodes.Call)
+        and isinstance(n.call.node, jinja2.nodes.ExtensionAttribute)
+        and n.call.node.name == "_generation_block"
+        for n in env.parse(source).find_all(jinja2.nodes.CallBlock)
+    )
 
 
 def _raise_exception(message: str) -> None:
@@ -98,13 +122,13 @@ class _TemplateNamespace(jinja2.utils.Namespace):
             )
 
 
-def chat_environment(now: datetime) -> ImmutableSandboxedEnvironment:
-    """A new environment as ``transformers`` builds it (module docstring); ``strftime_now``
-    formats ``now``."""
-    env = ImmutableSandboxedEnvironment(
+def chat_environment(now: datetime) -> BoundedEnvironment:
+    """A new environment as ``transformers`` builds it (module docstring), bounded
+    (:mod:`wdstream.chat.budget`); ``strftime_now`` formats ``now``."""
+    env = BoundedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
-    env.filters["tojson"] = _tojson
+    env.filters["tojson"] = env.guarded("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = now.strftime
     env.globals["dict"] = _TemplateDict()

@@ -35,14 +35,25 @@ from typing import Any
 import numpy as np
 
 from wdstream.chat.encoding import STRADDLE, ChatEncoding, ChatProblem, token_mask
+from wdstream.chat.provenance import (
+    content_specials,
+    defused,
+    foreign_text,
+    special_pattern,
+    spelled,
+)
 from wdstream.chat.spans import TurnSpan, turn_span
 from wdstream.chat.template import ChatTemplate
 from wdstream.errors import ConversationError
 from wdstream.tokenizers.base import Tokenizer
 
-__all__ = ["TRAIN_ON", "ChatEncoder"]
+__all__ = ["SPECIAL_IN_CONTENT", "SPECIAL_TEXT", "TRAIN_ON", "ChatEncoder"]
 
 TRAIN_ON = ("assistant", "last", "all")
+SPECIAL_IN_CONTENT = ("text", "parse")
+SPECIAL_TEXT = "special_text"  # the problem kind: a message spells out a special token
+Spans = list[tuple[int, int, int]]
+_Turn = tuple[int, TurnSpan, str]  # (message, its span, the text Q_i adds after P_i)
 
 
 class ChatEncoder:
@@ -52,37 +63,55 @@ class ChatEncoder:
         template: the chat template.
         tokenizer: any wdstream tokenizer (it must implement ``encode_chat``).
         train_on: ``"assistant"``, ``"last"`` or ``"all"`` (module docstring).
+        special_in_content: ``"text"`` (default): special-token text the messages spell out
+            is tokenised as text, only the template's markup as special tokens; ``"parse"``:
+            as special tokens wherever it is, as ``transformers`` does. Either way the
+            conversation gets a ``special_text`` problem.
 
     Raises:
-        ValueError: an unknown ``train_on``.
+        ValueError: an unknown ``train_on`` or ``special_in_content``.
     """
 
-    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer, train_on: str = "assistant"):
+    def __init__(
+        self,
+        template: ChatTemplate,
+        tokenizer: Tokenizer,
+        train_on: str = "assistant",
+        special_in_content: str = "text",
+    ) -> None:
         if train_on not in TRAIN_ON:
             raise ValueError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
+        if special_in_content not in SPECIAL_IN_CONTENT:
+            raise ValueError(
+                f"special_in_content must be one of {', '.join(SPECIAL_IN_CONTENT)}, got "
+                f"{special_in_content!r}"
+            )
         self.template = template
         self.tokenizer = tokenizer
         self.train_on = train_on
+        self.special_in_content = special_in_content
+        self._specials = special_pattern(tokenizer.special_texts())
 
     def _turns(
         self, prepared: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> tuple[str, list[int], list[tuple[int, TurnSpan]]]:
-        """The whole text, each message's region end (-1: not found) and every assistant
-        turn's :class:`TurnSpan`, from the renders the module docstring lists."""
+    ) -> tuple[str, list[tuple[int, int]], list[int], list[_Turn]]:
+        """The whole text, its ``{% generation %}`` blocks, each message's region end (-1:
+        not found) and every assistant turn's span, from the renders the module docstring
+        lists."""
 
         def render(count: int, generation_prompt: bool = False) -> str:
             return self.template.render_prepared(prepared[:count], generation_prompt, tools)
 
         n = len(prepared)
-        whole = render(n)
+        whole, blocks = self.template.render_blocks(prepared, False, tools)
         ends = [-1] * (n - 1) + [len(whole)]
-        turns = []
+        turns: list[_Turn] = []
         for k in range(n):
             if prepared[k].get("role") == "assistant":
                 prompt = render(k, True)
                 through = whole if k == n - 1 else render(k + 1)
                 found = turn_span(whole, prompt, through, prepared[k].get("content"))
-                turns.append((k, found))
+                turns.append((k, found, through[len(prompt) :]))
                 if k > 0 and ends[k - 1] < 0 and found.end > found.start:
                     ends[k - 1] = found.start  # the assistant's header counts with message k-1
                 if k == n - 1:
@@ -94,7 +123,78 @@ class ChatEncoder:
             elif k < n - 1 and prepared[k + 1].get("role") != "assistant":
                 through = render(k + 1)
                 ends[k] = len(through) if whole.startswith(through) else -1
-        return whole, ends, turns
+        return whole, blocks, ends, turns
+
+    def _supervised(
+        self,
+        prepared: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        blocks: list[tuple[int, int]],
+        region_ends: np.ndarray,
+        turns: list[_Turn],
+    ) -> tuple[Spans, list[ChatProblem]]:
+        """The supervised character spans and the problems of the rules that found them:
+        every region (``train_on="all"``), the generation blocks of a template that has
+        them, else the turns' spans, each checked to hold only its own message's text."""
+        if self.train_on == "all":
+            starts = [0, *region_ends[:-1].tolist()]
+            return [
+                (k, s, int(e)) for k, (s, e) in enumerate(zip(starts, region_ends, strict=True))
+            ], []
+        if self.template.has_generation:  # transformers' semantics: exactly the blocks
+            owner = np.searchsorted(region_ends, [s for s, _ in blocks], side="right").tolist()
+            spans = [(min(k, len(prepared) - 1), s, e) for k, (s, e) in zip(owner, blocks, strict=True)
+                     if e > s]  # fmt: skip
+            if self.train_on == "last" and turns:
+                last = turns[-1][0]
+                spans = [span for span in spans if span[0] >= last]
+            return spans, []
+        trained = turns[-1:] if self.train_on == "last" else turns
+        problems = [ChatProblem(k, t.problem, t.detail) for k, t, _ in trained if t.problem]
+        spans = [(k, t.start, t.end) for k, t, _ in trained if t.end > t.start]
+
+        def render(messages: list[dict[str, Any]], alt_tools: Any) -> str:
+            return self.template.render_prepared(messages, False, alt_tools)
+
+        for k, t, added in trained:
+            if t.end > t.start and foreign_text(render, prepared, k, added, tools):
+                raise ConversationError(
+                    f"the chat template ({self.template.origin}) writes text of other messages "
+                    f"into assistant turn {k} (the turn's text changes when only the other "
+                    "messages do: a recap, a footer or a repeated message); it would be "
+                    "trained on as the assistant's, so the conversation is refused"
+                )
+        return spans, problems
+
+    def _content_specials(
+        self, prepared: list[dict[str, Any]], tools: list[dict[str, Any]] | None, whole: str
+    ) -> tuple[list[tuple[int, int]], list[ChatProblem]]:
+        """The spans of ``whole`` holding special-token text of the messages, to tokenise as
+        text (``special_in_content="text"``), and the ``special_text`` problem, if any."""
+        if self._specials is None:
+            return [], []
+        first, found = spelled(self._specials, prepared, tools)
+        if first < 0:
+            return [], []
+        message = min(first, len(prepared) - 1)
+        names = ", ".join(map(repr, found[:3])) + (" ..." if len(found) > 3 else "")
+        where = "the tools" if first == len(prepared) else "the message"
+        if self.special_in_content == "parse":
+            detail = f"{where} spells out {names}: parsed as special tokens (parse)"
+            return [], [ChatProblem(message, SPECIAL_TEXT, detail)]
+        plain = self.template.render_prepared(
+            defused(prepared, self._specials), False, defused(tools, self._specials)
+        )
+        spans = content_specials(whole, plain, self._specials)
+        if spans is None:
+            raise ConversationError(
+                f"message {message} spells out the special token text {names}, and the chat "
+                f"template ({self.template.origin}) renders it otherwise than other text: "
+                "which of it is the template's markup cannot be told, so the conversation is "
+                "refused (--special-tokens-in-content parse tokenises it as transformers does)"
+            )
+        detail = f"{where} spells out {names}: tokenised as text"
+        return spans, [ChatProblem(message, SPECIAL_TEXT, detail)]
 
     def encode(
         self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -107,29 +207,29 @@ class ChatEncoder:
             tools: tool schemas the template may render (``tools`` in the template).
 
         Raises:
-            ConversationError: the template refuses the conversation.
+            ConversationError: the template refuses the conversation (it raises, or passes
+                a bound of :mod:`wdstream.chat.budget`), writes other messages' text into
+                an assistant turn, or renders special-token text of the messages in a way
+                that cannot be told from its markup.
         """
         if not messages:
             raise ConversationError("a conversation needs at least one message")
         prepared = self.template.prepare(messages)
         roles = [str(m.get("role")) for m in prepared]
-        whole, ends, turns = self._turns(prepared, tools)
-        region_ends = np.maximum.accumulate(np.maximum(np.array(ends, dtype=np.int64), 0))
-        problems: list[ChatProblem] = []
-        if self.train_on == "all":
-            starts = [0, *region_ends[:-1].tolist()]
-            spans = [
-                (k, s, int(e)) for k, (s, e) in enumerate(zip(starts, region_ends, strict=True))
-            ]
-        else:
-            trained = turns[-1:] if self.train_on == "last" else turns
-            spans = [(k, t.start, t.end) for k, t in trained if t.end > t.start]
-            problems += [ChatProblem(k, t.problem, t.detail) for k, t in trained if t.problem]
-        ids, token_spans = self.tokenizer.encode_chat(whole)
+        with self.template.budget():
+            whole, blocks, ends, turns = self._turns(prepared, tools)
+            region_ends = np.maximum.accumulate(np.maximum(np.array(ends, dtype=np.int64), 0))
+            spans, problems = self._supervised(prepared, tools, blocks, region_ends, turns)
+            as_text, special = self._content_specials(prepared, tools, whole)
+        try:
+            ids, token_spans = self.tokenizer.encode_chat(whole, as_text)
+        except ValueError as exc:
+            raise ConversationError(str(exc)) from exc
         supervised, straddles = token_mask(spans, token_spans, len(whole))
         message_index = np.minimum(
             np.searchsorted(region_ends, token_spans[:, 0], side="right"), len(roles) - 1
         ).astype(np.int32)
+        problems += special
         for k in np.flatnonzero(straddles).tolist():
             start, end = token_spans[k].tolist()
             problems.append(

@@ -27,7 +27,7 @@ from typing import Any
 import jinja2.nodes
 
 from wdstream.chat.jinja import chat_environment
-from wdstream.chat.masks import TRAIN_ON, ChatEncoder
+from wdstream.chat.masks import SPECIAL_IN_CONTENT, TRAIN_ON, ChatEncoder
 from wdstream.chat.template import ChatTemplate, load_chat_template
 from wdstream.tokenizers.base import Tokenizer
 
@@ -63,6 +63,9 @@ class ChatSettings:
         now: the time ``strftime_now`` formats (ISO 8601), None if the template never calls it.
         train_on: ``assistant``, ``last`` or ``all``.
         messages_key: the key of the messages form of a record.
+        special_in_content: ``text`` or ``parse``: how special-token text a message spells
+            out is tokenised (:class:`~wdstream.chat.masks.ChatEncoder`). A record written
+            before the option existed has none and was packed as ``parse``.
     """
 
     source: str
@@ -71,6 +74,7 @@ class ChatSettings:
     now: str | None
     train_on: str = "assistant"
     messages_key: str = "messages"
+    special_in_content: str = "text"
 
     @classmethod
     def load(
@@ -80,6 +84,7 @@ class ChatSettings:
         train_on: str = "assistant",
         messages_key: str = "messages",
         now: datetime | str | None = None,
+        special_in_content: str = "text",
     ) -> ChatSettings:
         """The settings of a pack: the template of ``template_file``, else of the tokenizer's
         folder (:func:`~wdstream.chat.template.load_chat_template`); ``now`` (default: the
@@ -92,12 +97,18 @@ class ChatSettings:
         """
         if train_on not in TRAIN_ON:
             raise ValueError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
+        if special_in_content not in SPECIAL_IN_CONTENT:
+            raise ValueError(
+                "special_tokens_in_content must be one of "
+                f"{', '.join(SPECIAL_IN_CONTENT)}, got {special_in_content!r}"
+            )
         if not messages_key:
             raise ValueError("messages_key must not be empty")
         template = load_chat_template(tok, template_file)
         pinned = _pinned(now) if reads_clock(template.source) else None
         tokens = tuple(sorted(template.special_tokens.items()))
-        return cls(template.source, tokens, template.origin, pinned, train_on, messages_key)
+        return cls(template.source, tokens, template.origin, pinned, train_on, messages_key,
+                   special_in_content)  # fmt: skip
 
     @property
     def sha256(self) -> str:
@@ -112,7 +123,7 @@ class ChatSettings:
     def encoder(self, tok: Tokenizer) -> ChatEncoder:
         """A :class:`ChatEncoder` of these settings over ``tok`` (a full tokenizer: it needs
         :meth:`~wdstream.tokenizers.base.Tokenizer.encode_chat`)."""
-        return ChatEncoder(self.template(), tok, self.train_on)
+        return ChatEncoder(self.template(), tok, self.train_on, self.special_in_content)
 
     def fingerprint(self) -> dict[str, Any]:
         """What of these settings decides a pack's output (its resume fingerprint)."""
@@ -122,6 +133,7 @@ class ChatSettings:
             "now": self.now,
             "train_on": self.train_on,
             "messages_key": self.messages_key,
+            "special_tokens_in_content": self.special_in_content,
         }
 
     def record(self) -> dict[str, Any]:
@@ -150,8 +162,14 @@ class ChatSettings:
         if now is not None and not isinstance(now, str):
             raise ValueError(f"stats.chat.now: expected an ISO 8601 time or null, got {now!r}")
         tokens = tuple(sorted((str(k), str(v)) for k, v in obj["special_tokens"].items()))
+        special = obj.get("special_tokens_in_content", "parse")  # older packs parsed them
+        if special not in SPECIAL_IN_CONTENT:
+            raise ValueError(
+                "stats.chat.special_tokens_in_content: expected one of "
+                f"{', '.join(SPECIAL_IN_CONTENT)}, got {special!r}"
+            )
         settings = cls(obj["template"], tokens, obj["template_origin"], now, obj["train_on"],
-                       obj["messages_key"])  # fmt: skip
+                       obj["messages_key"], special)  # fmt: skip
         if settings.sha256 != obj["template_sha256"]:
             raise ValueError("stats.chat.template: its sha256 differs from template_sha256")
         return settings

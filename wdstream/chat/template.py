@@ -26,16 +26,24 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 import jinja2
 
-from wdstream.chat.jinja import chat_environment
+from wdstream.chat.budget import MAX_RENDER_CHARS, Budget
+from wdstream.chat.jinja import chat_environment, has_generation
 from wdstream.errors import ChatTemplateError, ConversationError
 from wdstream.tokenizers.base import Tokenizer
 
-__all__ = ["SPECIAL_TOKEN_KEYS", "ChatTemplate", "load_chat_template", "tokenizer_folder"]
+__all__ = [
+    "MAX_RENDER_CHARS",
+    "SPECIAL_TOKEN_KEYS",
+    "ChatTemplate",
+    "load_chat_template",
+    "tokenizer_folder",
+]
 
 SPECIAL_TOKEN_KEYS = (
     "bos_token",
@@ -48,7 +56,6 @@ SPECIAL_TOKEN_KEYS = (
 )
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 CONFIG_NAME = "tokenizer_config.json"
-MAX_RENDER_CHARS = 1 << 24  # characters one render may write (see _bounded_join)
 JINJA_NAME = "chat_template.jinja"
 
 
@@ -117,26 +124,6 @@ def _prepared(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _bounded_join(chunks: Iterator[str]) -> str:
-    """The rendered chunks joined, refused past :data:`MAX_RENDER_CHARS` characters.
-
-    The sandbox bounds ``range`` (100,000 items) and attribute access, not output: a
-    template looping 100,000 x 100,000 times, or writing ``'x' * 10**10``, would fill
-    memory. A conversation's text is its messages plus the template's markup; 16 Mi
-    characters is far past any real one (and any ``seq_len``)."""
-    out: list[str] = []
-    size = 0
-    for chunk in chunks:
-        size += len(chunk)
-        if size > MAX_RENDER_CHARS:
-            raise ValueError(
-                f"the rendered text passes {MAX_RENDER_CHARS:,} characters (the bound on one "
-                "render: a template whose output explodes)"
-            )
-        out.append(chunk)
-    return "".join(out)
-
-
 # (template source, special-token strings, origin for messages)
 _Found = tuple[str, dict[str, str], str]
 
@@ -192,8 +179,10 @@ class ChatTemplate:
         self.origin = origin
         self.special_tokens = dict(special_tokens or {})
         self.now = now if now is not None else datetime.now()
+        self._env = chat_environment(self.now)
         try:
-            self._template = chat_environment(self.now).from_string(source)
+            self._template = self._env.from_string(source)
+            self.has_generation = has_generation(self._env, source)
         except jinja2.TemplateSyntaxError as exc:
             raise ChatTemplateError(
                 f"{origin}: line {exc.lineno}: the chat template does not compile: {exc.message}"
@@ -221,6 +210,18 @@ class ChatTemplate:
         :meth:`render_prepared` renders any prefix of the result without preparing again."""
         return _prepared(messages)
 
+    @contextmanager
+    def budget(self) -> Iterator[Budget]:
+        """One budget (:mod:`wdstream.chat.budget`) for every render inside the block: a
+        conversation's renders share their steps and seconds. Outside such a block each render
+        has its own."""
+        budget = Budget()
+        self._env.using(budget)
+        try:
+            yield budget
+        finally:
+            self._env.using(None)
+
     def render_prepared(
         self,
         messages: list[dict[str, Any]],
@@ -231,8 +232,19 @@ class ChatTemplate:
 
         Raises:
             ConversationError: the template refuses the conversation (its
-                ``raise_exception``, or a failure on these messages' values).
+                ``raise_exception``, a failure on these messages' values, or a bound of
+                :mod:`wdstream.chat.budget` passed).
         """
+        return self.render_blocks(messages, add_generation_prompt, tools)[0]
+
+    def render_blocks(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """:meth:`render_prepared`'s text and its ``{% generation %}`` blocks, ``[start, end)``
+        character spans of the text (as ``transformers`` records them)."""
         variables = {
             **self._base_vars,
             "messages": messages,
@@ -240,17 +252,24 @@ class ChatTemplate:
             "documents": None,
             "add_generation_prompt": add_generation_prompt,
         }
+        own = self._env.current() is None
         try:
+            if own:
+                self._env.using(Budget())
             context = self._template.new_context(variables, shared=True)
-            return _bounded_join(self._template.root_render_func(context))
+            text = self._env.render_chunks(self._template.root_render_func(context))
+            return text, list(self._env.budget.blocks)
         except Exception as exc:  # noqa: BLE001 - the template is code: whatever it raises
             # (a TemplateError, a RecursionError of a macro calling itself, the sandbox's
-            # OverflowError for a range past 100,000, a ZeroDivisionError...) is its refusal
-            # of these messages, never a crash of the pack.
+            # OverflowError for a range past 100,000, a bound of the budget, a
+            # ZeroDivisionError...) is its refusal of these messages, never a crash of the pack.
             raise ConversationError(
                 f"the chat template ({self.origin}) refuses the conversation: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            if own:
+                self._env.using(None)
 
     def render(
         self,

@@ -72,8 +72,14 @@ class Tokenizer(ABC):
     def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
         """Token ids of every text, in order, using up to ``num_threads`` threads."""
 
+    def special_texts(self) -> frozenset[str]:
+        """The texts :meth:`encode_chat` turns into special tokens (e.g. ``<|endoftext|>``)."""
+        return frozenset()
+
     @abstractmethod
-    def encode_chat(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    def encode_chat(
+        self, text: str, as_text: Sequence[tuple[int, int]] = ()
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of a rendered chat ``text`` and each token's character span in it.
 
         Unlike :meth:`encode`, the text of the tokenizer's special tokens is recognised (a
@@ -81,11 +87,23 @@ class Tokenizer(ABC):
         the text (no BOS/EOS): the ids ``transformers``' ``apply_chat_template(tokenize=True)``
         gives, which encodes the rendered chat with ``add_special_tokens=False``.
 
+        Args:
+            text: the rendered chat.
+            as_text: ``[start, end)`` spans of ``text``, each exactly one special token's
+                text, that are *not* that token: a message spelled it out, so it is
+                tokenised as ordinary text together with the text around it (the text
+                between two of the template's special tokens is tokenised as one piece, as
+                the tokenizer would tokenise it with no special tokens at all).
+
         Returns:
             ``(ids, spans)``: ``int64`` ids, and an ``int64`` array of shape ``(n, 2)`` of
             each token's ``[start, end)`` character offsets in ``text``. Tokens that share a
             character (a multi-byte character split by byte-level BPE) both cover it; a token
             that stands for no text (SentencePiece's dummy prefix) has ``start == end``.
+
+        Raises:
+            ValueError: ``as_text`` is given and this tokenizer cannot keep those spans text
+                while tokenising the rest as it would (the message says why).
         """
 
     @abstractmethod

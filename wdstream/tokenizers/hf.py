@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,6 +32,8 @@ import numpy as np
 
 from wdstream.errors import TokenizerError
 from wdstream.tokenizers.base import Tokenizer, read_pinned
+
+_PLACEHOLDER = "\ue000"  # stands for a spelled-out special token in a check
 
 __all__ = ["HFTokenizer", "hf_tokenizer_file"]
 
@@ -230,14 +233,71 @@ class HFTokenizer(Tokenizer):
         with self._special.set_to(True) as tok:
             return np.array(tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
 
-    def encode_chat(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    def special_texts(self) -> frozenset[str]:
+        """The text of every added token marked special (``encode_special_tokens`` governs
+        those; other added tokens are matched in documents too)."""
+        added = self._tok.get_added_tokens_decoder().values()
+        return frozenset(t.content for t in added if t.special and t.content)
+
+    def encode_chat(
+        self, text: str, as_text: Sequence[tuple[int, int]] = ()
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Ids of a rendered chat with special tokens recognised and nothing added, and each
         token's character span: ``tokenizers``' own offsets, the ones ``transformers`` maps
-        its assistant masks with (:meth:`Tokenizer.encode_chat`)."""
+        its assistant masks with (:meth:`Tokenizer.encode_chat`).
+
+        With ``as_text``: the text cut at the special tokens kept, each piece encoded with
+        special-token text as text. ``tokenizers`` cuts at its added tokens itself, but a
+        piece it encodes is not always encoded as the same text alone (a pre-tokenizer that
+        marks only the start of the input, an added token that strips the spaces next to
+        it): the cut is checked on the same text with the spans replaced by U+E000 against
+        the tokenizer's own encoding, and refused (ValueError) where they differ."""
+        if not as_text:
+            return self._native(text)
+        got = self._pieces(text, {start for start, _ in as_text})
+        check = list(text)
+        for start, end in as_text:
+            check[start:end] = _PLACEHOLDER * (end - start)
+        plain = "".join(check)
+        if self._pieces(plain, set())[0].tolist() != self._native(plain)[0].tolist():
+            raise ValueError(
+                f"{self.path}: this tokenizer does not encode the text between special tokens "
+                "the same when it is cut there, so special-token text in a message cannot be "
+                "kept text (--special-tokens-in-content parse tokenises it as transformers does)"
+            )
+        return got
+
+    def _native(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         with self._special.set_to(False) as tok:
             enc = tok.encode(text, add_special_tokens=False)
         spans = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
         return np.array(enc.ids, dtype=np.int64), spans
+
+    def _pieces(self, text: str, literal: set[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The text cut at its special tokens (but those starting at ``literal``), each
+        piece encoded with special-token text as text."""
+        specials = sorted(self.special_texts(), key=len, reverse=True)
+        pattern = re.compile("|".join(map(re.escape, specials)) or "(?!)")
+        ids: list[int] = []
+        spans: list[tuple[int, int]] = []
+
+        def piece(at: int, end: int) -> None:
+            if end > at:
+                with self._special.set_to(True) as tok:
+                    enc = tok.encode(text[at:end], add_special_tokens=False)
+                ids.extend(enc.ids)
+                spans.extend((at + a, at + b) for a, b in enc.offsets)
+
+        at = 0
+        for match in pattern.finditer(text):
+            if match.start() in literal:
+                continue
+            piece(at, match.start())
+            ids.append(int(self._tok.token_to_id(match.group())))
+            spans.append(match.span())
+            at = match.end()
+        piece(at, len(text))
+        return np.array(ids, dtype=np.int64), np.array(spans, dtype=np.int64).reshape(-1, 2)
 
     def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
         """Sequential below 2 threads; else tokenizers' own (Rayon) pool, whose size is

@@ -66,6 +66,7 @@ class SentencePieceTokenizer(Tokenizer):
         self.bos_id = self._id_or_none(self._sp.bos_id())
         self.eos_id = self._id_or_none(self._sp.eos_id())
         self._controls: re.Pattern[str] | None = None  # made on first encode_chat
+        self._control_texts: frozenset[str] = frozenset()
 
     def _control_pattern(self) -> re.Pattern[str]:
         """A regex matching the text of every control and unknown piece, longest first."""
@@ -77,6 +78,7 @@ class SentencePieceTokenizer(Tokenizer):
                 if sp.is_control(i) or sp.is_unknown(i)
             }
             texts.discard("")
+            self._control_texts = frozenset(texts)
             alternatives = sorted(texts, key=len, reverse=True)
             self._controls = re.compile("|".join(map(re.escape, alternatives)) or "(?!)")
         return self._controls
@@ -96,15 +98,26 @@ class SentencePieceTokenizer(Tokenizer):
     def encode(self, text: str) -> np.ndarray:
         return np.array(self._sp.encode(text, out_type=int), dtype=np.uint32)
 
-    def encode_chat(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """Ids of a rendered chat with control-piece text turned into those ids, and each
-        token's character span (see the module docstring and :meth:`Tokenizer.encode_chat`)."""
+    def special_texts(self) -> frozenset[str]:
+        """The text of every control and unknown piece (``<s>``, ``</s>``, ``<unk>``)."""
+        self._control_pattern()
+        return self._control_texts
+
+    def encode_chat(
+        self, text: str, as_text: Sequence[tuple[int, int]] = ()
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of a rendered chat with control-piece text turned into those ids (but in
+        ``as_text``: there it is text, encoded with the piece around it), and each token's
+        character span (see the module docstring and :meth:`Tokenizer.encode_chat`)."""
+        literal = {start for start, _ in as_text}
         ids: list[int] = []
         starts: list[int] = []
         ends: list[int] = []
         at = 0  # byte offset in the UTF-8 text of the piece being encoded
         pos = 0
         for match in self._control_pattern().finditer(text):
+            if match.start() in literal:
+                continue
             at = self._encode_piece(text[pos : match.start()], at, ids, starts, ends)
             width = len(match.group().encode("utf-8"))
             ids.append(int(self._sp.piece_to_id(match.group())))

@@ -33,6 +33,7 @@ import difflib
 import functools
 import hashlib
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -312,15 +313,41 @@ class TiktokenTokenizer(Tokenizer):
         ids = self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
         return ids.astype(np.uint32, copy=False)
 
-    def encode_chat(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """Ids of a rendered chat with every special token's text recognised, and each
-        token's character span (:meth:`Tokenizer.encode_chat`); tiktoken for every backend
-        (see the module docstring). The spans come from each token's bytes, as tiktoken's
-        ``decode_with_offsets`` computes its start offsets, plus the end of each token."""
-        ids = self._enc.encode(text, allowed_special="all")
+    def special_texts(self) -> frozenset[str]:
+        """The encoding's special tokens (``<|endoftext|>``, ...)."""
+        return frozenset(self._enc.special_tokens_set)
+
+    def encode_chat(
+        self, text: str, as_text: Sequence[tuple[int, int]] = ()
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of a rendered chat with every special token's text recognised (but in
+        ``as_text``), and each token's character span (:meth:`Tokenizer.encode_chat`);
+        tiktoken for every backend (see the module docstring). The spans come from each
+        token's bytes, as tiktoken's ``decode_with_offsets`` computes its start offsets, plus
+        the end of each token. With ``as_text``, tiktoken's own method of
+        ``allowed_special="all"``: the text cut at the special tokens kept, each piece
+        encoded as ordinary text."""
+        if as_text:
+            ids = self._encode_pieces(text, {start for start, _ in as_text})
+        else:
+            ids = self._enc.encode(text, allowed_special="all")
         lengths = np.fromiter(map(len, self._enc.decode_tokens_bytes(ids)), np.int64, len(ids))
         ends = np.cumsum(lengths)
         return np.array(ids, dtype=np.int64), char_spans(text, ends - lengths, ends)
+
+    def _encode_pieces(self, text: str, literal: set[int]) -> list[int]:
+        """Ids of ``text``, special tokens recognised except those starting at ``literal``."""
+        specials = sorted(self._enc.special_tokens_set, key=len, reverse=True)
+        pattern = re.compile("|".join(map(re.escape, specials)) or "(?!)")
+        ids: list[int] = []
+        at = 0
+        for match in pattern.finditer(text):
+            if match.start() in literal:
+                continue
+            ids += self._enc.encode_ordinary(text[at : match.start()])
+            ids.append(self._enc.encode_single_token(match.group()))
+            at = match.end()
+        return ids + self._enc.encode_ordinary(text[at:])
 
     def encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
         """tiktoken's batch encoder on ``num_threads`` threads (its Rust core drops the GIL)."""

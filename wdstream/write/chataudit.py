@@ -12,6 +12,8 @@ under ``stats.chat``::
     "roles": {"assistant": {"tokens": 5120, "supervised": 4980}, "user": {...}, ...},
     "added_tokens": 40,                       the pack's BOS/EOS (never supervised)
     "problems": {"relocated": {"count": 3, "examples": ["in.jsonl:17: message 4: ..."]}, ...},
+                                              (special_text: conversations whose messages spell
+                                              out a special token, docs/CHAT.md)
     "template_refused": {"count": 0, "examples": []}
 
 Every supervised token is some role's, so the roles' ``supervised`` add up to
@@ -31,7 +33,7 @@ from wdstream.format.loss import carries_loss
 __all__ = ["ADDED_TAG", "PROBLEM_KINDS", "ChatAudit"]
 
 ADDED_TAG = len(ROLES)  # the tag of a token the pack adds (BOS, EOS); role k's tag is k
-PROBLEM_KINDS = ("straddle", "relocated", "unlocated")
+PROBLEM_KINDS = ("straddle", "relocated", "unlocated", "special_text")
 EXAMPLES = 3  # example locations kept per problem kind
 _TAGS = ADDED_TAG + 1
 _DETAIL_CHARS = 160

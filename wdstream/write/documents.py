@@ -59,6 +59,7 @@ class PackDocuments:
     messages_key: str = "messages"
     chat_template: str | None = None
     train_on: str = "assistant"
+    special_tokens_in_content: str = "text"
 
     @property
     def masked(self) -> bool:
@@ -73,14 +74,12 @@ class PackDocuments:
         """
         if self.chat:
             self._check_chat(mode)
-        elif (self.messages_key, self.chat_template, self.train_on) != (
-            "messages",
-            None,
-            "assistant",
-        ):
+        elif (self.messages_key, self.chat_template, self.train_on,
+              self.special_tokens_in_content) != ("messages", None, "assistant", "text"):
             raise ValueError(
-                "messages_key, chat_template and train_on (--messages-key, --chat-template, "
-                "--train-on) are options of chat packs: add --chat"
+                "messages_key, chat_template, train_on and special_tokens_in_content "
+                "(--messages-key, --chat-template, --train-on, --special-tokens-in-content) are "
+                "options of chat packs: add --chat"
             )  # fmt: skip
         if self.mask_key is not None and not self.pretokenized:
             raise ValueError(
@@ -145,7 +144,7 @@ class PackDocuments:
         chat = None
         if self.chat:
             chat = ChatSettings.load(tok, self.chat_template, self.train_on, self.messages_key,
-                                     chat_now)  # fmt: skip
+                                     chat_now, self.special_tokens_in_content)  # fmt: skip
             document = ConversationFields(self.messages_key)
             encoder = ChatDocumentEncoder(chat, bos_id, eos_id, chat_tokenizer(tok))
         elif self.pretokenized:

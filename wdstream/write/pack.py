@@ -181,6 +181,7 @@ def pack(
     chat_template: str | None = None,
     train_on: str = "assistant",
     chat_now: datetime | str | None = None,
+    special_tokens_in_content: str = "text",
 ) -> PackResult:
     """Tokenise text inputs and write a wdstream dataset (shards, sidecars, ``index.json``).
 
@@ -249,6 +250,10 @@ def pack(
         chat_now: ``chat``: the time a template's ``strftime_now`` formats (a datetime or
             ISO 8601 text); default: the clock when the pack starts, or the interrupted
             pack's when it resumes. Recorded only for templates that call it.
+        special_tokens_in_content: ``chat``: ``text`` (default): special-token text a message
+            spells out is tokenised as text, only the template's markup as special tokens;
+            ``parse``: as the special tokens, as ``transformers`` does. Conversations that
+            spell one out are counted either way (``docs/CHAT.md``).
 
     With ``workers > 0`` and the default pool, tokenisation runs in a forkserver process
     pool, so a script calling ``pack`` needs the usual ``if __name__ == "__main__":`` guard.
@@ -272,7 +277,8 @@ def pack(
         raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
     check_mode(mode, seq_len, eos)
     documents = PackDocuments(pretokenized, ids_key, mask_key, long_docs, allow_unsupervised,
-                              chat, messages_key, chat_template, train_on)  # fmt: skip
+                              chat, messages_key, chat_template, train_on,
+                              special_tokens_in_content)  # fmt: skip
     documents.check(mode, engine)
     sources = inputs if isinstance(inputs, PackInputs) else PackInputs.from_paths(inputs)
     sources.check(engine)
