@@ -11,7 +11,13 @@ are: ``data.parquet:7`` is the file's 7th row, and ``wdstream explain`` names it
 Memory is bounded by one row group's compressed column chunks plus one batch (Parquet), or
 one stored record batch (Arrow IPC, file or stream format: Hugging Face ``datasets`` caches
 are IPC streams). A text pack reads only the column holding the text; other document kinds
-read whole rows.
+read whole rows. A row is a record of its Arrow bytes (``RecordBatch.nbytes`` of the row:
+values, offsets, validity): one over ``max_record_bytes`` is a bad record (an InputError
+naming ``file:row``, or skipped and counted), never made into Python objects.
+
+Refused whole, naming the file (:mod:`wdstream.inputs.arrow_ipc`): an IPC stream without
+its end-of-stream marker or an IPC file without its footer (cut short: the message names
+the last complete record batch), and a table naming a column, or a struct's field, twice.
 
 Positions (:class:`~wdstream.inputs.files.InputPosition`): ``record`` and ``offset`` are both
 the 0-based row (a row has no byte offset). ``input_bytes`` counts each batch's Arrow bytes
@@ -31,6 +37,7 @@ from collections.abc import Iterator
 from typing import IO, Any, Protocol
 
 from wdstream.errors import InputError
+from wdstream.inputs.arrow_ipc import check_schema, ipc_batches
 from wdstream.inputs.files import InputPosition
 
 __all__ = ["ARROW_SUFFIXES", "BATCH_ROWS", "arrow_documents", "is_arrow", "require_pyarrow"]
@@ -71,8 +78,11 @@ class RowReader(Protocol):
     empty: int
     bad: int
     input_bytes: int
+    max_record_bytes: int
 
     def document_of(self, obj: Any, path: str, lineno: int) -> Any: ...
+
+    def long_record(self, where: str, line: int) -> None: ...
 
     def counted(self, doc: Any, pos: InputPosition) -> Iterator[tuple[Any, InputPosition]]: ...
 
@@ -93,12 +103,14 @@ def arrow_documents(
     kind = "Parquet" if name.endswith(".parquet") else "Arrow IPC"
     try:
         read = _parquet_batches if kind == "Parquet" else _ipc_batches
-        for row0, batch in read(pa, fh, reader, first):
+        for row0, batch in read(pa, fh, name, reader, first):
             before = reader.input_bytes
             reader.input_bytes += batch.nbytes
             for lo in range(max(first - row0, 0), batch.num_rows, BATCH_ROWS):
-                records = _records(batch.slice(lo, BATCH_ROWS), reader)
-                yield from _row_documents(reader, records, file, name, row0 + lo, before)
+                part = batch.slice(lo, BATCH_ROWS)
+                long = _long_rows(part, reader.max_record_bytes)
+                records = _records(part, reader, long)
+                yield from _row_documents(reader, records, file, name, row0 + lo, before, long)
     except (pa.ArrowException, UnicodeDecodeError) as exc:
         # A string column holding bytes that are not UTF-8 (a damaged Arrow IPC file has no
         # checksum) fails as its batch becomes Python strings: the file is damaged.
@@ -106,13 +118,22 @@ def arrow_documents(
 
 
 def _row_documents(
-    reader: RowReader, records: list[Any], file: int, name: str, row0: int, before: int
+    reader: RowReader,
+    records: list[Any],
+    file: int,
+    name: str,
+    row0: int,
+    before: int,
+    long: dict[int, int],
 ) -> Iterator[tuple[Any, InputPosition]]:
     """Documents of consecutive rows from ``row0`` on; ``before``: input bytes before their
-    batch."""
+    batch; ``long``: the rows over the record limit (their index: their Arrow bytes)."""
     for k, obj in enumerate(records):
         row = row0 + k
         pos = InputPosition(file, row, row, reader.empty, reader.bad, before)
+        if k in long:  # over max_record_bytes: a bad record, never made a Python object
+            reader.long_record(f"{name}:{row + 1}", long[k])
+            continue
         doc = reader.document_of(obj, name, row + 1)
         if doc is None:
             continue
@@ -127,8 +148,24 @@ def _columns(names: list[str], reader: RowReader) -> list[str] | None:
     return [top] if reader.document is None and top in names else None
 
 
-def _records(batch: Any, reader: RowReader) -> list[Any]:
-    """The rows of ``batch`` as dicts of their (selected) columns."""
+def _long_rows(batch: Any, limit: int) -> dict[int, int]:
+    """The rows of ``batch`` whose Arrow bytes (their values, offsets and validity, as
+    ``RecordBatch.nbytes`` counts a one-row slice) exceed ``limit``: ``{index: bytes}``.
+    A batch within the limit as a whole has none, so rows are measured one by one only in
+    a batch that holds more than ``limit`` bytes."""
+    if batch.nbytes <= limit:
+        return {}
+    sizes = ((k, batch.slice(k, 1).nbytes) for k in range(batch.num_rows))
+    return {k: n for k, n in sizes if n > limit}
+
+
+def _records(batch: Any, reader: RowReader, long: dict[int, int]) -> list[Any]:
+    """The rows of ``batch`` as dicts of their (selected) columns; a row of ``long`` (over
+    the record limit) as None, never turned into Python objects."""
+    if long:
+        keep = [k for k in range(batch.num_rows) if k not in long]
+        rows = iter(_records(batch.take(keep), reader, {}) if keep else [])
+        return [None if k in long else next(rows) for k in range(batch.num_rows)]
     if reader.document is None and batch.num_columns == 1:
         key = batch.schema.names[0]
         if key == reader.text_key.split(".")[0]:
@@ -137,12 +174,15 @@ def _records(batch: Any, reader: RowReader) -> list[Any]:
     return rows
 
 
-def _parquet_batches(pa: Any, fh: IO[bytes], reader: RowReader, first: int) -> Iterator[Any]:
+def _parquet_batches(
+    pa: Any, fh: IO[bytes], name: str, reader: RowReader, first: int
+) -> Iterator[Any]:
     """``(first row, batch)`` of a Parquet file, one row group at a time, from the batch
     holding row ``first`` on (row groups wholly before it are not read)."""
     # A page written with a CRC (write_page_checksum=True) is checked: a flipped bit in it is
     # an error naming the file, not other text packed (pyarrow checks none by default).
     pf = pa.parquet.ParquetFile(fh, page_checksum_verification=True)
+    check_schema(pa, pf.schema_arrow, name)
     columns = _columns(pf.schema_arrow.names, reader)
     meta, start = pf.metadata, 0
     for g in range(meta.num_row_groups):
@@ -160,17 +200,11 @@ def _parquet_batches(pa: Any, fh: IO[bytes], reader: RowReader, first: int) -> I
         start += rows
 
 
-def _ipc_batches(pa: Any, fh: IO[bytes], reader: RowReader, first: int) -> Iterator[Any]:
+def _ipc_batches(pa: Any, fh: IO[bytes], name: str, reader: RowReader, first: int) -> Iterator[Any]:
     """``(first row, batch)`` of an Arrow IPC file (random-access format) or stream, one
-    stored record batch at a time, from the batch holding row ``first`` on."""
-    try:
-        ipc = pa.ipc.open_file(fh)
-        stored = (ipc.get_batch(i) for i in range(ipc.num_record_batches))
-        schema = ipc.schema
-    except pa.ArrowInvalid:  # not the file format: the stream format (datasets' caches)
-        fh.seek(0)
-        ipc = pa.ipc.open_stream(fh)
-        stored, schema = iter(ipc), ipc.schema
+    stored record batch at a time, from the batch holding row ``first`` on; a stream cut
+    short or a file without its footer is refused (:mod:`wdstream.inputs.arrow_ipc`)."""
+    schema, stored = ipc_batches(pa, fh, name)
     columns = _columns(schema.names, reader)
     row = 0
     for batch in stored:
