@@ -5,6 +5,7 @@ field, or lands in the uninterrupted run (the oracle, recorded once)."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 
 import numpy as np
@@ -64,9 +65,21 @@ def test_edits_of_placing_fields_are_refused_naming_them(setup: tuple, path: tup
         assert _lands(loader, run), (path, delta)
 
 
-def test_a_state_without_check_still_loads(setup: tuple) -> None:
+def test_a_state_without_check_loads_only_in_the_old_form(setup: tuple) -> None:
+    """A state saved before issue 23 (no check; its dataset named by a 16-hex fingerprint
+    of the root) still loads; a newer state whose check was removed claims that older form
+    while naming its dataset by content, and is refused (issue 33 item 7)."""
     make, run, state = setup
-    old = {k: v for k, v in state.items() if k != "check"}
+    stripped = {k: v for k, v in state.items() if k != "check"}
+    with pytest.raises(StateMismatchError, match="check: missing: a state that carries"):
+        make().load_state_dict(stripped)
+    root = make().dataset.source.urls[0][0]
+    ident = [
+        [s["name"], s["sha256"]] for s in json.loads(open(f"{root}/index.json").read())["shards"]
+    ]
+    legacy = hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
+    old = {k: v for k, v in stripped.items() if k not in ("order_version", "next_rows")}
+    old["config"] = {**old["config"], "dataset": legacy}
     loader = make()
     loader.load_state_dict(old)
     assert _lands(loader, run)

@@ -79,7 +79,8 @@ def test_proportions_and_rows_are_the_same_for_any_geometry(
     sources: dict[str, str], weights: list[int], geometry: tuple[int, int], steps: int
 ) -> None:
     world, b = geometry
-    w = dict(zip(sources, weights, strict=True))
+    # One schedule piece from step 0: a weight of 0 is legal there (static weights refuse it).
+    w = [(0, dict(zip(sources, weights, strict=True)))]
     reference = _take(
         Loader(sources, batch_size=world * b, num_workers=0, weights=w, **OPTS), steps
     )
@@ -102,7 +103,7 @@ def test_proportions_and_rows_are_the_same_for_any_geometry(
     for s in range(steps):
         glued = {k: torch.cat([ranks[r][s][k] for r in range(world)]) for k in reference[s]}
         _same([glued], [reference[s]])
-    _within_one(torch.cat([x["source"] for x in reference]).numpy(), w)
+    _within_one(torch.cat([x["source"] for x in reference]).numpy(), w[0][1])
 
 
 def test_each_source_epoch_is_read_exactly_once(sources: dict[str, str]) -> None:
@@ -212,7 +213,7 @@ def test_anneal_on_resume_changes_only_the_future(sources: dict[str, str]) -> No
     with pytest.raises(StateMismatchError, match=r"^schedule: the weights before the saved step 5"):
         Loader(sources, weights=[(0, W), (4, anneal)], **opts).load_state_dict(state)
     with pytest.raises(StateMismatchError, match="^schedule"):
-        Loader(sources, weights=anneal, **opts).load_state_dict(state)
+        Loader(sources, weights=[(0, anneal)], **opts).load_state_dict(state)
 
 
 def test_elastic_resume_keeps_the_row_sequence(sources: dict[str, str]) -> None:

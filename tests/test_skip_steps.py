@@ -236,8 +236,9 @@ def test_any_shape_world_size_and_skips_match_the_uninterrupted_run(
 def test_skips_are_sealed(setup: tuple) -> None:
     """An edit of a state's well-formed ``skips`` would silently remap training steps to
     other data steps (the fault suite found 14 such states accepted): the state's check
-    covers them, a state with skips but no check is refused, and a check made before skips
-    were sealed (the six placing fields only) still loads."""
+    covers them, a state with skips but no check is refused, and so is one whose check was
+    cut back to the form before skips were sealed (the six placing fields only): under it an
+    edited ``skips`` would load and move ``data_step`` (issue 33 item 7)."""
     from wdstream.read.order.global_seal import SEALED, seal
 
     data, run = setup
@@ -253,8 +254,11 @@ def test_skips_are_sealed(setup: tuple) -> None:
     unsealed = {k: v for k, v in state.items() if k != "check"}
     with pytest.raises(StateMismatchError, match="check: .*missing"):
         _make(data).load_state_dict(unsealed)
-    earlier = {**state, "check": seal(state, SEALED)}  # a state of the previous version
+    for skips in ([[5, 2]], [[5, 3]], [[4, 2]]):  # the older form, the skips kept or edited
+        earlier = {**state, "skips": skips, "check": seal(state, SEALED)}
+        with pytest.raises(StateMismatchError, match="skips: is not covered by the state's check"):
+            _make(data).load_state_dict(earlier)
     again = _make(data)
-    again.load_state_dict(earlier)
+    again.load_state_dict(state)
     assert again.data_step(8) == 10
     assert np.array_equal(_ids(again, 1)[0], run[10])

@@ -37,12 +37,14 @@ from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.checks import MixtureOwnRows, row_at
 from wdstream.read.mixture.interleave import MIXTURE_ORDER_VERSION
 from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weights
+from wdstream.read.mixture.seal import mixture_seal
 from wdstream.read.mixture.sources import source_seed
 from wdstream.read.mixture.spec import MixtureSpec
 from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_state
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.identity import check_identity, rows_fingerprint
+from wdstream.read.order.state_fields import SEAL_KEY
 from wdstream.read.order.step_check import check_step
 from wdstream.read.order.steps import GlobalPosition, StepChunks, step_cursors
 from wdstream.read.order.window_data import Hit
@@ -375,6 +377,7 @@ class MixtureReader:
             self.row_at(position.step, o),
             tuple(p for p in position.pieces if p.step < position.step),
         )
+        state[SEAL_KEY] = mixture_seal(state)
         return state
 
     def next_rows(self, row: int, begun: tuple[SchedulePiece, ...]) -> str:

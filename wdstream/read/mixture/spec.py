@@ -24,13 +24,23 @@ source path is taken from the spec file's folder. TOML is read with ``tomllib`` 
 from __future__ import annotations
 
 import json
+import numbers
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_SPEC_BYTES", "STOP_RULES", "MixtureSpec", "is_mixture", "mixture_spec", "read_spec"]
+__all__ = [
+    "MAX_SPEC_BYTES",
+    "STOP_RULES",
+    "MixtureSpec",
+    "check_names",
+    "check_static_weights",
+    "is_mixture",
+    "mixture_spec",
+    "read_spec",
+]
 
 STOP_RULES = (None, "first_exhausted", "all_exhausted")
 _SPEC_KEYS = {"sources", "weights", "schedule", "stop"}
@@ -98,6 +108,45 @@ def _parse(path: Path) -> Any:
         raise ValueError(f"{path}: not valid JSON: {exc}") from None
 
 
+def check_names(names: list[str], where: str = "") -> None:
+    """Refuse a source name that names nothing: empty or only whitespace (a batch's
+    ``source``, a state's ``config.sources`` and every message would carry it unseen).
+
+    Raises:
+        ValueError: naming the source by its position.
+    """
+    for j, name in enumerate(names):
+        if not name.strip():
+            raise ValueError(
+                f"{where}source {j} is named {name!r}: a source needs a name that is not "
+                "empty or blank (batches, states and messages name it)"
+            )
+
+
+def check_static_weights(weights: Any, where: str = "") -> None:
+    """Refuse a weight of 0 (or -0.0) in a static mixture (``weights`` a mapping, one piece
+    from step 0): such a source is opened, counted in the state and named in every message
+    but never gives a row. Leave it out of the sources instead. A weight of 0 inside a
+    schedule piece stays legal: it leaves a source out of that piece only.
+
+    Raises:
+        ValueError: naming the source.
+    """
+    if not isinstance(weights, Mapping):
+        return  # a schedule, or malformed: parse_weights names what is wrong
+    zero = [isinstance(w, numbers.Real) and not isinstance(w, bool) and w == 0
+            for w in weights.values()]  # fmt: skip
+    if all(zero):
+        return  # no weight at all: parse_weights says they must sum to a positive total
+    for name, w in weights.items():
+        if isinstance(w, numbers.Real) and not isinstance(w, bool) and w == 0:
+            raise ValueError(
+                f"{where}weights: source {name!r} has weight {w!r}: a static mixture never "
+                "reads it; remove it from the sources (a weight of 0 is legal only inside a "
+                "schedule piece, where it leaves the source out of that piece)"
+            )
+
+
 def _resolve(base: Path, url: str) -> str:
     """A relative local path is taken from the spec file's folder."""
     if "://" in url or Path(url).is_absolute():
@@ -126,9 +175,12 @@ def read_spec(path: str | Path) -> MixtureSpec:
     if bad:
         raise ValueError(f"{path}: source {bad[0]!r} must be a URL or path, got "
                          f"{sources[bad[0]]!r}")  # fmt: skip
+    check_names(list(sources), f"{path}: ")
     if ("weights" in raw) == ("schedule" in raw):
         raise ValueError(f"{path}: give exactly one of 'weights' and 'schedule'")
     weights = raw["weights"] if "weights" in raw else raw["schedule"]
+    if "weights" in raw:
+        check_static_weights(weights, f"{path}: ")
     stop = raw.get("stop")
     if stop not in STOP_RULES:
         raise ValueError(f"{path}: stop must be one of {STOP_RULES[1:]} (or left out), got "
@@ -153,6 +205,8 @@ def mixture_spec(source: Any, weights: Any, stop: str | None) -> MixtureSpec:
         if bad:
             raise ValueError(f"sources map names to dataset URLs; got {bad[0]!r}: "
                              f"{source[bad[0]]!r}")  # fmt: skip
+        check_names(list(source))
+        check_static_weights(weights)
         return MixtureSpec(dict(source), weights, stop)
     spec = read_spec(source)
     if weights is not None:

@@ -8,7 +8,8 @@
                 "shuffle_lanes": 8, "global_batch": 64, "stop": null},
      "step": 41210, "origin": {"step": 0, "row": 0},
      "schedule": [[0, 0, [3, 2]], [30000, 1920000, [1, 4]]],
-     "iter_stop": null, "worker": null, "order_version": [1, 1], "next_rows": "<16 hex>"}
+     "iter_stop": null, "worker": null, "order_version": [1, 1], "next_rows": "<16 hex>",
+     "check": "<48 hex>"}
 
 ``schedule`` holds the pieces begun before ``step``: ``[step, first row, integer weights]``
 (weights are exact: ``[3, 2]`` is 3/5 and 2/5). Nothing depends on the rank, world size or
@@ -17,7 +18,9 @@ workers; ``global_batch`` may differ when loaded (the run continues from the sam
 to data steps (``Loader.skip_steps``); ``quarantined`` (only once rows were masked,
 ``on_corrupt="mask"``) counts the rows the saving rank masked. ``order_version`` (the interleave's and the sources' order versions) and ``next_rows`` (the
 pieces of each source's next row) are checked by the reader (:mod:`~wdstream.read.order.identity`);
-states saved before they existed lack them and load unchecked.
+states saved before they existed lack them and load unchecked. ``check`` (``seal.py``) tags
+every placing field, ``skips`` and ``quarantined``; a state without it (saved before issue
+33) loads only if it carries neither of those.
 Every refusal is a :class:`StateMismatchError` naming the key.
 """
 
@@ -30,9 +33,10 @@ from typing import Any
 from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.interleave import exact_weights
 from wdstream.read.mixture.schedule import SchedulePiece
+from wdstream.read.mixture.seal import check_mixture_seal, refuse_unsealed_mixture
 from wdstream.read.order.global_order import Origin
 from wdstream.read.order.identity import IDENTITY_KEYS
-from wdstream.read.order.state_fields import dict_field, int_field, mismatch, same_value
+from wdstream.read.order.state_fields import SEAL_KEY, dict_field, int_field, mismatch, same_value
 from wdstream.read.order.steps import parse_skips
 from wdstream.read.sources.base import Source
 
@@ -134,8 +138,9 @@ def parse_mixture_state(
     named = isinstance(state, dict) and any(k in state for k in IDENTITY_KEYS)
     skipped = isinstance(state, dict) and "skips" in state
     counted = isinstance(state, dict) and "quarantined" in state
+    sealed = isinstance(state, dict) and SEAL_KEY in state
     extra = (*(IDENTITY_KEYS if named else ()), *(("skips",) if skipped else ()),
-             *(("quarantined",) if counted else ()))  # fmt: skip
+             *(("quarantined",) if counted else ()), *((SEAL_KEY,) if sealed else ()))  # fmt: skip
     state = dict_field("", state, (*_KEYS, *extra))
     if not same_value(state["version"], MIXTURE_STATE_VERSION) or state["order"] != "mixture":
         raise mismatch("version", state["version"], "a mixture state (version 1) expected")
@@ -165,4 +170,8 @@ def parse_mixture_state(
         worker = (int_field("worker[0]", worker[0], hi=n), n)
     skips = parse_skips(state["skips"], step) if skipped else ()
     masked = int_field("quarantined", state["quarantined"], lo=1) if counted else 0
+    if sealed:
+        check_mixture_seal(state)
+    else:
+        refuse_unsealed_mixture(state)
     return SavedMixture(step, origin, pieces, stop, worker, g, skips, masked)

@@ -11,7 +11,7 @@ from typing import Any
 
 from wdstream.read.order.state_fields import SEAL_KEY, cursor_seal, mismatch
 
-__all__ = ["SEALED", "check_seal", "seal"]
+__all__ = ["SEALED", "check_seal", "refuse_unsealed", "seal"]
 
 # The fields of a global state that place its position (the rest of the config keys them);
 # a state that records skips or quarantined rows seals those too (after these, in this order).
@@ -52,10 +52,11 @@ def seal(state: dict[str, Any], keys: tuple[str, ...] | None = None) -> str:
 def check_seal(state: dict[str, Any]) -> None:
     """Refuse a sealed global state whose sealed fields differ from their check, naming
     the first such field. The check covers the placing fields, then the state's ``skips``
-    and ``quarantined`` in that order; a counted field the check does not cover was added
-    after it (refused), except ``skips`` under a check of the placing fields alone: a state
-    of the version before skips were sealed, its skips taken as they are (READER.md). A
-    state without ``check`` (saved before issue 23) is not checked here.
+    and ``quarantined`` in that order, and it must cover every one the state carries: a
+    counted field the check does not cover was added after it, or the check was cut back to
+    an older form (the placing fields alone) that never carried it; either is refused, since
+    an edited ``skips`` under such a check would remap training steps to other data steps
+    unseen. A state without ``check`` (saved before issue 23) is not checked here.
 
     Raises:
         StateMismatchError: naming the field, or ``check`` when malformed.
@@ -79,7 +80,28 @@ def check_seal(state: dict[str, Any]) -> None:
             bad[0], shown,
             f"differs from the value the state's check was made with: the field was edited{also}",
         )  # fmt: skip
-    added = [k for k in counted[covered:] if not (k == "skips" and covered == 0)]
+    added = counted[covered:]
     if added:
         raise mismatch(added[0], state[added[0]],
-                       "is not covered by the state's check: the field was added to it")  # fmt: skip
+                       f"is not covered by the state's check (a check of {len(keys)} fields): "
+                       "the field was added to the state, or its check cut back to an older "
+                       "form that never carried it")  # fmt: skip
+
+
+def refuse_unsealed(state: dict[str, Any], newer: bool) -> None:
+    """Refuse a global state without ``check`` that carries what only sealed states carry.
+
+    Only states saved before issue 23 lack ``check``, and those name their dataset by a
+    16-hex fingerprint and carry no ``skips`` or ``quarantined``. A state holding either
+    (``newer``) or a dataset named by content claims an older form than it is: its check was
+    removed, and it could carry any edit. (``order_version`` and ``next_rows`` are
+    recomputed and compared on every load, sealed or not.)
+
+    Raises:
+        StateMismatchError: naming ``check``.
+    """
+    dataset = state["config"].get("dataset") if isinstance(state["config"], dict) else None
+    if newer or isinstance(dataset, dict):
+        what = "skips, quarantined rows or a dataset named by content"
+        raise mismatch(SEAL_KEY, None, f"missing: a state that carries {what} carries its "
+                       "check (every version writing those seals its states); it was removed")  # fmt: skip

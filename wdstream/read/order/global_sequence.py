@@ -34,7 +34,7 @@ from wdstream.errors import StateMismatchError
 from wdstream.read.batches.rows import labelled_rows, row_labels
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
-from wdstream.read.order.global_seal import check_seal, seal
+from wdstream.read.order.global_seal import check_seal, refuse_unsealed, seal
 from wdstream.read.order.identity import IDENTITY_KEYS, check_identity, rows_fingerprint
 from wdstream.read.order.state_fields import (
     SEAL_KEY,
@@ -188,9 +188,8 @@ class GlobalReader:
             origin = self._rebase(step, origin, old)
         if named:
             check_identity(state, ORDER_VERSION, lambda: self.next_rows(step, saved_origin, old))
-        if not sealed and (skipped or counted):  # every version writing these seals its states
-            raise mismatch(SEAL_KEY, None, "missing: a state with skips or quarantined rows "
-                           "carries its check; it was removed")  # fmt: skip
+        if not sealed:
+            refuse_unsealed(state, skipped or counted)
         position = GlobalPosition(step, origin, stop, _worker(state["worker"]), skips, masked)
         if stop is not None and self.epoch_of(position) > stop:
             raise mismatch(

@@ -43,6 +43,7 @@ from wdstream.read.sources.shards import (
     sibling_index,
 )
 from wdstream.read.sources.stores import StoreCache, expand_urls
+from wdstream.read.sources.vouch import check_index_ids, id_limit, refuse_missing_sidecar
 from wdstream.storage import Store
 from wdstream.storage.urls import is_dataset_root, split_url
 
@@ -128,6 +129,8 @@ class ShardSource:
                 (ix.mode, ix.sample_tokens) if ix else infer_mode(counts)
             )
         drop_short_last_sample(self.samples, self.tokens, self.mode, self.sample_tokens)
+        check_index_ids(self.index, self._stores.url(self.urls[0][0], "index.json"))
+        self._ids = id_limit(self.index)  # every read's ids are checked against it (vouch.py)
         # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
         # One a dataset: not a Python call per shard.
         roots = {self.urls.root} if isinstance(self.urls, TableUrls) else {r for r, _ in self.urls}
@@ -212,6 +215,7 @@ class ShardSource:
             version = self.index.version if self.index is not None else None
             sidecar, sha = parse_sidecar(store, self.sidecar_names[shard], index_entry, version)
         except FileNotFoundError:
+            refuse_missing_sidecar(self.index, store.child_url(self.sidecar_names[shard]))
             sidecar, sha = scanned_sidecar(store.read(name), self.where(shard))
         if sidecar.crc32c is None and self.checksums and not self._unchecked_warned:
             self._unchecked_warned = True
@@ -337,6 +341,8 @@ class ShardSource:
             samples = list(decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False))
             tokens = LocatedTokens.of_arrays([s.tokens for s in samples])
             self._check_counts(shard, sidecar.tokens[a:b], tokens.count)
+            if self._ids is not None:
+                self._ids.check(tokens, self.where(shard), a, lambda k: self.read_sample(shard, k))
             return PieceRead(tokens, [s.doc_lens for s in samples], None)
         spans = (
             self._layouts.of_remote(shard, sidecar, a, b, buf, begin)
@@ -351,6 +357,8 @@ class ShardSource:
             odd = decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False)
             tokens = LocatedTokens.of_arrays([s.tokens for s in odd])
         self._check_counts(shard, sidecar.tokens[a:b], tokens.count)
+        if self._ids is not None:  # unverified bytes: a bad id's sample is verified first
+            self._ids.check(tokens, self.where(shard), a, lambda k: self.read_sample(shard, k))
         if verify or not self.checksums or sidecar.crc32c is None:
             return PieceRead(tokens, [], None)
         offsets = sidecar.offsets[a:b].astype(np.int64) - begin
@@ -372,6 +380,8 @@ class ShardSource:
         data = self._store(root).read_range_view(name, begin, end)
         where, verify = self.where(shard), self.checksums
         [sample] = decode_span(data, begin, sidecar, k, k + 1, where, verify=verify)
+        if self._ids is not None:
+            self._ids.check(LocatedTokens.of_arrays([sample.tokens]), where, k)
         return sample
 
     def _mapped(self, shard: int) -> Callable[[int], memoryview]:

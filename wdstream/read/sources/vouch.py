@@ -1,0 +1,173 @@
+"""What a packed dataset vouches for, held to on every read: its sidecars and its token ids.
+
+Two promises of ``index.json`` that the reader used to take on trust:
+
+* **Sidecars.** A dataset of format version 2 (``"checksum": "crc32c"``) has a sidecar with
+  per-sample checksums for every shard. A shard whose sidecar is missing used to be scanned
+  and read *unchecked* as if it were format v1, with one ``UserWarning``: a flipped token
+  byte in it was served. Now that is a :class:`CorruptShardError` naming the sidecar
+  (:func:`refuse_missing_sidecar`); with ``on_corrupt="mask"`` the shard's samples stand in
+  masked and are counted, as for any unreadable sidecar (``read/sources/quarantine.py``).
+  Shards opened by URL without an ``index.json`` and format-v1 datasets promise no sidecar:
+  those are still scanned, with the warning.
+* **Token ids.** Every id a reader yields must be a token of the dataset's vocabulary
+  (``tokenizer.n_vocab``) and, in a dataset without ``"loss_mask"``, carry no bit 31. An
+  ``index.json`` whose ``loss_mask`` was deleted or nulled turned every masked token into an
+  id of about -2**31 in the batches; now each read is checked (:meth:`IdLimit.check`: one
+  vectorised max over the samples' tokens, ~0.05 ns a token) and the first sample holding an
+  id outside the vocabulary is an :class:`IndexValidationError` naming the shard, the sample,
+  the id and what ``index.json`` says. The ids ``index.json`` itself names (``eos_id``,
+  ``bos_id``, ``pad_id``) are checked when the dataset is opened (:func:`check_index_ids`).
+  These are errors in every ``on_corrupt`` mode: the bytes are as packed (their CRC32C
+  holds), it is the dataset's meaning that is wrong, and masking would hide it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from wdstream.errors import CorruptShardError, IndexValidationError
+from wdstream.format.index import DatasetIndex
+from wdstream.format.loss import ID_BITS, NO_LOSS_BIT
+from wdstream.format.sample import LocatedTokens
+
+__all__ = ["IdLimit", "check_index_ids", "id_limit", "refuse_missing_sidecar"]
+
+
+def refuse_missing_sidecar(index: DatasetIndex | None, sidecar_url: str) -> None:
+    """Raise when ``index`` promises the sidecar at ``sidecar_url`` that is not there.
+
+    Raises:
+        CorruptShardError: the dataset is of format version >= 2 or declares checksums.
+    """
+    if index is None or (index.version < 2 and index.checksum is None):
+        return
+    raise CorruptShardError(
+        f"{sidecar_url}: missing: index.json says this dataset (format version "
+        f"{index.version}, checksum {index.checksum!r}) has a sidecar with per-sample checksums "
+        "for every shard; without it the shard's samples cannot be checked, and it is not read "
+        "unchecked. Restore the sidecar from the pack's output, or repack"
+    )
+
+
+@dataclass(frozen=True)
+class IdLimit:
+    """The ids a dataset's samples may hold.
+
+    Attributes:
+        n_vocab: ids (without the loss bit) must be below this.
+        masked: the ids carry the loss bit (``"loss_mask": "bit31"``), stripped before the
+            comparison; else a set bit 31 is itself out of range.
+        where: how to name the dataset's index in messages.
+    """
+
+    n_vocab: int
+    masked: bool
+    where: str
+
+    def check(
+        self,
+        tokens: LocatedTokens,
+        shard_url: str,
+        first: int,
+        confirm: Callable[[int], object] | None = None,
+    ) -> None:
+        """Refuse samples ``first, first + 1, ...`` of ``shard_url`` (``tokens``) holding an
+        id outside the vocabulary.
+
+        Args:
+            confirm: reads sample ``k`` of the shard alone and verifies its checksum, raising
+                if its bytes are damaged: ``tokens`` may not be verified yet (a torch worker
+                checks at copy time), and a flipped byte is corruption, not a wrong index.
+
+        Raises:
+            CorruptShardError: from ``confirm``: the sample's bytes fail their checksum.
+            IndexValidationError: naming the shard, the sample, its position, the id.
+        """
+        n = len(tokens)
+        if n == 0 or self.n_vocab >= 1 << 32:
+            return
+        tops = _sample_max(tokens, self.masked)
+        if int(tops.max(initial=0)) < self.n_vocab:
+            return
+        k = int(np.flatnonzero(tops >= self.n_vocab)[0])
+        if confirm is not None:
+            confirm(first + k)  # raises for damaged bytes (or for the id, once verified)
+        f, c = int(tokens.first[k]), int(tokens.count[k])
+        ids = tokens.base[f : f + c].astype(np.int64)
+        plain = ids & ID_BITS if self.masked else ids
+        at = int(np.flatnonzero(plain >= self.n_vocab)[0])
+        got = int(ids[at])
+        raise IndexValidationError(
+            f"{shard_url}: sample {first + k}, token {at}: " + self._why(got)
+        )
+
+    def _why(self, got: int) -> str:
+        if not self.masked and got >= NO_LOSS_BIT and (got & ID_BITS) < self.n_vocab:
+            return (
+                f"id {got} carries the loss bit (bit 31; id {got & ID_BITS} without it), but "
+                f'{self.where} has no "loss_mask": the dataset\'s ids carry a loss mask its '
+                'index.json no longer declares (restore "loss_mask": "bit31")'
+            )
+        plain = got & ID_BITS if self.masked else got
+        return (
+            f"id {plain} is not a token of the vocabulary {self.where} names "
+            f"(tokenizer.n_vocab = {self.n_vocab}): index.json and the shards disagree"
+        )
+
+
+def _sample_max(tokens: LocatedTokens, masked: bool) -> np.ndarray:
+    """The largest id (without the loss bit when ``masked``) of each sample, vectorised:
+    one ``maximum.reduceat`` over the spans of every sample and the gaps between them."""
+    first, count = tokens.first.astype(np.int64), tokens.count.astype(np.int64)
+    base = tokens.base
+    if masked:
+        lo, hi = int(first.min()), int((first + count).max())
+        base = base[lo:hi] & base.dtype.type(ID_BITS)
+        first = first - lo
+    nonempty = count > 0
+    bounds = np.empty(2 * len(first), dtype=np.int64)
+    bounds[0::2], bounds[1::2] = first, first + count
+    # reduceat takes [bounds[i], bounds[i + 1]): even slots are samples, odd slots the gaps.
+    # An empty sample (no writer makes one) gives its first element: masked out below.
+    size = len(base)
+    keep = bounds < size
+    if not keep.all():  # the last end is the buffer's end: its span runs there anyway
+        bounds = bounds[keep]
+    tops = np.maximum.reduceat(base, bounds) if size else np.zeros(len(bounds), base.dtype)
+    out = np.zeros(len(first), dtype=np.int64)
+    picked = tops[0::2][: len(first)].astype(np.int64)
+    out[: len(picked)] = picked
+    return np.where(nonempty, out, 0)
+
+
+def id_limit(index: DatasetIndex | None) -> IdLimit | None:
+    """The ids ``index``'s samples may hold (None: opened without an index, nothing known)."""
+    if index is None:
+        return None
+    n_vocab = index.tokenizer.get("n_vocab") if isinstance(index.tokenizer, dict) else None
+    if not isinstance(n_vocab, int) or isinstance(n_vocab, bool):
+        n_vocab = NO_LOSS_BIT  # no vocabulary named: still no id reaches bit 31
+    return IdLimit(min(n_vocab, NO_LOSS_BIT), index.loss_mask is not None, "index.json")
+
+
+def check_index_ids(index: DatasetIndex | None, where: str) -> None:
+    """Refuse an ``index.json`` naming an id (``eos_id``, ``bos_id``, ``pad_id``) that is not
+    a token of its vocabulary: every id a reader yields is one.
+
+    Raises:
+        IndexValidationError: naming ``where`` and the key.
+    """
+    limit = id_limit(index)
+    if index is None or limit is None:
+        return
+    for key in ("eos_id", "bos_id", "pad_id"):
+        value = getattr(index, key)
+        if value is not None and not 0 <= value < limit.n_vocab:
+            raise IndexValidationError(
+                f"{where}: {key}: {value} is not a token of the vocabulary (tokenizer.n_vocab "
+                f"= {limit.n_vocab}, ids below 2**31): every id a reader yields must be one"
+            )
