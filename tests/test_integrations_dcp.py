@@ -94,7 +94,7 @@ def test_per_rank_state_is_kept_per_rank(packed: Path) -> None:
 
 
 def test_bytes_that_are_not_json_are_refused(packed: Path) -> None:
-    with pytest.raises(ValueError, match="json is not a JSON loader state"):
+    with pytest.raises(ValueError, match="LoaderState json: not a JSON loader state"):
         LoaderState(tiny_loader(packed)).load_state_dict(
             {"json": torch.full((8,), 0xFF, dtype=torch.uint8)}
         )

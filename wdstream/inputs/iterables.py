@@ -10,6 +10,10 @@ iterable of the records below). Each record is one document::
     {"input_ids": [...], "loss_mask": ..} pre-tokenized (pretokenized=True), as a JSON line's
     [9906, 1917] / np.array([...])        token ids (pretokenized=True, no mask)
 
+A text (a str record, or the text a dict holds) longer than ``max_record_bytes`` in UTF-8 is
+a bad record, as a JSON line that long is: refused naming it, or skipped and counted, never
+tokenised (a 300 MB string would otherwise be tokenised for minutes).
+
 A record is named by its 1-based number in the iterable: ``<records>:12`` (or the source
 name given) in errors, skipped-record lists and provenance (``wdstream explain``), as
 ``file:line`` names a JSON line. Its :class:`~wdstream.inputs.files.InputPosition` has
@@ -34,12 +38,24 @@ import numpy as np
 
 from wdstream.errors import InputError
 from wdstream.inputs.files import InputFile, InputPosition
+from wdstream.inputs.lines import LongLine
 from wdstream.inputs.pretokenized import TokenFields
 from wdstream.inputs.records import DocumentReader
 
 __all__ = ["RECORDS_NAME", "RecordReader"]
 
 RECORDS_NAME = "<records>"
+
+
+def _utf8_bytes(text: str, limit: int) -> int | LongLine:
+    """The UTF-8 size of ``text``, or, for a text of more characters than ``limit`` bytes
+    that is not ASCII, a :class:`LongLine` of its characters (a lower bound; it is not
+    encoded only to be refused)."""
+    if text.isascii():
+        return len(text)
+    if len(text) > limit:
+        return LongLine(len(text), False)
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass
@@ -71,7 +87,11 @@ class RecordReader(DocumentReader):
             if doc is None:
                 continue
             if isinstance(doc, str):
-                self.input_bytes += len(doc) if doc.isascii() else len(doc.encode("utf-8"))
+                size = _utf8_bytes(doc, self.max_record_bytes)
+                self.input_bytes += size if isinstance(size, int) else size.size
+                if not isinstance(size, int) or size > self.max_record_bytes:
+                    self.long_record(f"{name}:{n + 1}", size)  # never tokenised
+                    continue
             yield from self.counted(doc, pos)
         if not self.documents and self.bad and self.start is None:
             raise InputError(self._nothing_left())

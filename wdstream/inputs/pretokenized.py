@@ -44,11 +44,21 @@ class TokenFields:
         ids_key: the field holding the ids.
         mask_key: the field holding the loss mask, or None: the pack stores no mask, and a
             record holding a ``loss_mask`` field is refused rather than its mask dropped.
+
+    Raises:
+        ValueError: ``mask_key`` equal to ``ids_key``.
     """
 
     n_vocab: int
     ids_key: str = "input_ids"
     mask_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mask_key is not None and self.mask_key == self.ids_key:
+            raise ValueError(
+                f"mask_key and ids_key are both {self.ids_key!r}: a record's ids cannot be "
+                "its own loss mask (--mask-key names another field than --ids-key)"
+            )
 
     def __call__(self, record: Any) -> TokenDocument:
         return token_document(record, self)

@@ -17,17 +17,80 @@ keeps the state after each drawn batch in a queue; the trainer's per-batch hook 
 from __future__ import annotations
 
 import importlib
+import json
 from collections import deque
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from wdstream.errors import StateMismatchError
+
 if TYPE_CHECKING:
     from wdstream.read.torch.loader import Loader
 
-__all__ = ["TrackedBatches", "per_rank_state", "require"]
+__all__ = ["MAX_STATE_DEPTH", "TrackedBatches", "parse_state", "per_rank_state", "require"]
 
 Batch = dict[str, Any]
+MAX_STATE_DEPTH = 32  # a loader state nests a few levels (config, streams, skips)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON value (a loader state holds finite numbers)")
+
+
+def parse_state(raw: bytes, where: str) -> dict[str, Any]:
+    """The loader state in ``raw``, a checkpoint's JSON bytes named ``where`` (a file, a
+    DCP key): a JSON object of finite values nested at most :data:`MAX_STATE_DEPTH` deep.
+    Whether it fits the loader is the loader's to check (``load_state_dict``).
+
+    Raises:
+        StateMismatchError: (a ValueError) not UTF-8, not JSON, NaN or Infinity, nested too
+            deep, or not an object; naming ``where``.
+    """
+
+    def refuse(why: str, line: int | None = None) -> StateMismatchError:
+        at = f"{where}:{line}" if line is not None else where
+        return StateMismatchError(f"{at}: not a JSON loader state: {why}")
+
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise refuse(f"not UTF-8 text (byte {e.start})") from None
+    if _depth(text) > MAX_STATE_DEPTH:  # before json, which would recurse into it
+        raise refuse(f"JSON nested more than {MAX_STATE_DEPTH} levels deep")
+    try:
+        state = json.loads(text, parse_constant=_no_constant)
+    except ValueError as e:  # JSONDecodeError, NaN / Infinity
+        if isinstance(e, json.JSONDecodeError):
+            raise refuse(e.msg, e.lineno) from None
+        raise refuse(str(e)) from None
+    if not isinstance(state, dict):
+        raise refuse(f"a JSON {type(state).__name__}, not an object")
+    return state
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of brackets in JSON ``text`` (strings skipped), counted without
+    recursion: a bound checked before ``json.loads``, whose recursion a 60 KB run of ``[``
+    exhausts."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def require(module: str, integration: str, install: str) -> ModuleType:

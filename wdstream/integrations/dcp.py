@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from wdstream.integrations.base import per_rank_state, require
+from wdstream.integrations.base import parse_state, per_rank_state, require
 
 if TYPE_CHECKING:
     from wdstream.read.torch.loader import Loader
@@ -83,7 +83,9 @@ class LoaderState(_stateful.Stateful):  # type: ignore[name-defined]
         """Continue after the batch at which the saved state was taken.
 
         Raises:
-            ValueError: no single state in ``state_dict``, or its bytes are not JSON.
+            ValueError: no single state in ``state_dict``.
+            wdstream.StateMismatchError: (a ValueError) its bytes are not a JSON object of
+                finite values nested at most 32 deep (``parse_state``), naming the key.
             wdstream.StateMismatchError: a state of another dataset or configuration.
         """
         if len(state_dict) != 1:
@@ -92,8 +94,4 @@ class LoaderState(_stateful.Stateful):  # type: ignore[name-defined]
             )
         ((key, tensor),) = state_dict.items()
         raw = tensor.to("cpu", torch.uint8).numpy().tobytes()
-        try:
-            state = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"LoaderState: {key} is not a JSON loader state: {e}") from None
-        self.loader.load_state_dict(state)
+        self.loader.load_state_dict(parse_state(raw, f"LoaderState {key}"))

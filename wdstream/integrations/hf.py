@@ -36,7 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from wdstream.integrations.base import Batch, TrackedBatches, per_rank_state, require
+from wdstream.integrations.base import (
+    Batch,
+    TrackedBatches,
+    parse_state,
+    per_rank_state,
+    require,
+)
 
 if TYPE_CHECKING:
     from wdstream.read.torch.loader import Loader
@@ -96,17 +102,13 @@ def load_loader_state(checkpoint: str, rank: int) -> dict[str, Any]:
         FileNotFoundError: neither file exists (the checkpoint was not saved by a
             ``WdstreamTrainer``, or the run stopped between the ``Trainer``'s save and ours:
             resume from the checkpoint before it).
-        ValueError: the file is not JSON (naming the file and line).
+        StateMismatchError: (a ValueError) the file is not a JSON object of finite values
+            (not UTF-8, not JSON, null, a number, NaN, nested too deep), naming it.
     """
     for path in (_state_file(checkpoint, rank), _state_file(checkpoint, None)):
         if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                try:
-                    return dict(json.load(f))
-                except json.JSONDecodeError as e:
-                    raise ValueError(
-                        f"{path}:{e.lineno}: not a JSON loader state: {e.msg}"
-                    ) from None
+            with open(path, "rb") as f:
+                return parse_state(f.read(), path)
     raise FileNotFoundError(
         f"{checkpoint}: no {LOADER_STATE_FILE} (nor one for rank {rank}): this checkpoint holds "
         "no wdstream loader state; resume from a checkpoint a WdstreamTrainer saved"

@@ -43,6 +43,8 @@ the dataset ends byte-identical to an uninterrupted one.
 
 from __future__ import annotations
 
+import numbers
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -55,6 +57,43 @@ from wdstream.write.sources import PackInputs
 __all__ = ["Writer", "pack_records"]
 
 _END, _ABORT = object(), object()
+# The longest training row a pack may be sized for: index.json holds seq_len and
+# sample_tokens = seq_len + 1 below 2**31 (docs/FORMAT.md), and a reader refuses any other.
+MAX_SEQ_LEN = 2**31 - 2
+_KEYS = ("text_key", "ids_key", "messages_key")
+
+
+def checked_options(output: Any, options: dict[str, Any]) -> str:
+    """``output`` as a str, once it and the options a pack would only fail on later (or
+    with a traceback) are checked: the output a path or URL, the record keys non-empty
+    str, ``seq_len`` a row length a reader accepts.
+
+    Raises:
+        TypeError: ``output`` or a key of the wrong type, naming it.
+        ValueError: an empty one, or ``seq_len`` out of range.
+    """
+    if isinstance(output, os.PathLike):
+        output = os.fspath(output)
+    if not isinstance(output, str) or not output:
+        raise TypeError(
+            "output must be a dataset root: a local path or a URL, as a non-empty str or "
+            f"os.PathLike, got {output!r:.80}"
+        )
+    for key in (*_KEYS, "mask_key"):
+        value = options.get(key, None if key == "mask_key" else "text")
+        if key == "mask_key" and value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"{key} must be a non-empty str (a record's field), got {value!r:.80}")
+    seq_len = options.get("seq_len", 2048)
+    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral):
+        raise TypeError(f"seq_len must be an int, got {seq_len!r:.80}")
+    if not 1 <= seq_len <= MAX_SEQ_LEN:
+        raise ValueError(
+            f"seq_len must be in [1, {MAX_SEQ_LEN}] (samples of seq_len + 1 tokens, below "
+            f"2**31 as index.json records them), got {seq_len}"
+        )
+    return output
 
 
 def pack_records(
@@ -74,10 +113,14 @@ def pack_records(
         The :class:`~wdstream.write.pack.PackResult`, as :func:`wdstream.pack` returns it.
 
     Raises:
-        TypeError: ``records`` is a str or not iterable.
+        TypeError: ``records`` is a str or not iterable; ``output`` or a record key is not
+            a str (:func:`checked_options`).
+        ValueError: ``seq_len`` out of range, and as :func:`wdstream.pack` raises it.
         InputError, WdstreamError, PackLockedError: as :func:`wdstream.pack` raises them,
-            a bad record named ``SOURCE:N`` (its 1-based number).
+            a bad record named ``SOURCE:N`` (its 1-based number), a record over
+            ``max_record_bytes`` (its text's UTF-8 bytes) among them.
     """
+    output = checked_options(output, options)
     return pack(PackInputs.from_records(records, source), output, **options)
 
 
@@ -159,9 +202,15 @@ class Writer:
     context manager, or call :meth:`close` (commits) or :meth:`abort` yourself. One thread
     writes. A record is read by the pack after ``write`` returns: do not change it after.
 
+    A text longer than ``max_record_bytes`` (UTF-8 bytes; default 256 MiB) is a bad record,
+    as a line that long is to ``wdstream pack``: raised naming ``<records>:N``, or skipped
+    and counted with ``on_error="skip"``, never tokenised.
+
     Raises:
         PackLockedError, WdstreamError, ValueError, TypeError: the pack could not start
-            (another pack writes there, the output holds a dataset, a bad option).
+            (another pack writes there, the output holds a dataset, a bad option: an
+            ``output`` that is no path, a record key that is no str, a ``seq_len`` no
+            reader accepts).
     """
 
     def __init__(
@@ -169,6 +218,7 @@ class Writer:
     ) -> None:
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+        output = checked_options(output, options)
         self._ready = threading.Event()
         self._feed = _Feed(queue_size, self._ready)
         self._result: PackResult | None = None
