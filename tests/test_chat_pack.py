@@ -225,9 +225,10 @@ def test_bad_records_refusals_and_train_on(hf_folder: Path, tmp_path: Path) -> N
     every = wdstream.pack([str(src)], str(tmp_path / "f"), on_error="skip", train_on="all",
                           **kw).index.stats  # fmt: skip
     assert last["supervised_tokens"] < stats["supervised_tokens"] < every["supervised_tokens"]
-    # train_on=all: every conversation token, only the pack's EOS and padding without loss
+    # train_on=all: every conversation token but its first (no target: nothing before it in
+    # the conversation predicts it), only those, the pack's EOS and padding without loss
     roles = every["chat"]["roles"].values()
-    assert every["supervised_tokens"] == sum(r["tokens"] for r in roles)
+    assert every["supervised_tokens"] == sum(r["tokens"] for r in roles) - every["documents"]
 
 
 @pytest.mark.parametrize("rule", ["drop", "truncate"])

@@ -38,15 +38,16 @@ MASKED = {"pretokenized": True, "mask_key": "loss_mask", "tokenizer": "cl100k_ba
 
 def make_records(n: int, seed: int, longest: int = 40) -> list[dict[str, Any]]:
     """Records with recognisable ids (the first id is 1000 + the record's number) and random
-    masks with at least one supervised token."""
+    masks with at least one supervised token after the first (a document's first token is
+    never a target: the pack stores it without loss whatever the mask says)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        size = rng.randint(1, longest)
+        size = rng.randint(2, longest)
         ids = [1000 + i] + [rng.randrange(1, 999) for _ in range(size - 1)]
         mask = [rng.randint(0, 1) for _ in range(size)]
-        if not any(mask):
-            mask[rng.randrange(size)] = 1
+        if not any(mask[1:]):
+            mask[rng.randrange(1, size)] = 1
         out.append({"input_ids": ids, "loss_mask": mask if seed % 2 else [bool(m) for m in mask]})
     return out
 
@@ -57,9 +58,11 @@ def write_records(path: Path, records: list[dict[str, Any]]) -> Path:
 
 
 def stored(record: dict[str, Any]) -> tuple[int, ...]:
-    """The oracle: the record's ids with bit 31 where its mask is 0, then EOS with the bit."""
+    """The oracle: the record's ids with bit 31 where its mask is 0 and on the first id (no
+    target: nothing in the document predicts it), then EOS with the bit."""
     ids = [
-        i if m else i | BIT for i, m in zip(record["input_ids"], record["loss_mask"], strict=True)
+        i if m and k else i | BIT
+        for k, (i, m) in enumerate(zip(record["input_ids"], record["loss_mask"], strict=True))
     ]
     return (*ids, EOT | BIT)
 
@@ -101,7 +104,7 @@ def test_every_stored_document_is_its_record_with_the_mask_in_bit_31(
     else:
         assert got == want
     stats = index.stats
-    supervised = sum(sum(map(bool, r["loss_mask"])) for r in kept)
+    supervised = sum(sum(map(bool, r["loss_mask"][1:])) for r in kept)  # the first: no target
     assert stats["supervised_tokens"] == supervised
     assert stats["supervised_tokens"] + stats["unsupervised_tokens"] == index.total_tokens
     assert stats["masked_documents"] == len(kept)
@@ -110,7 +113,8 @@ def test_every_stored_document_is_its_record_with_the_mask_in_bit_31(
     # The public paths give ids without the bit, and the mask beside them.
     docs = list(wdstream.documents(str(root), with_mask=True))
     assert sorted((tuple(i.tolist()), tuple(m.tolist())) for i, m in docs) == sorted(
-        (tuple(r["input_ids"] + [EOT]), tuple(map(bool, r["loss_mask"])) + (False,)) for r in kept
+        (tuple(r["input_ids"] + [EOT]), (False, *map(bool, r["loss_mask"][1:]), False))
+        for r in kept
     )
     audit = dataset_stats(str(root))["loss_mask"]
     assert (audit["supervised_tokens"], audit["index_agrees"]) == (supervised, True)
@@ -200,7 +204,8 @@ def test_wds_decoder_gives_the_records_masks(tmp_path: Path) -> None:
     for sample, record in zip(got, records, strict=True):
         assert sample is not None
         assert sample["input_ids"].tolist() == record["input_ids"] + [EOT]
-        assert sample["loss_mask"].tolist() == [bool(m) for m in record["loss_mask"]] + [False]
+        want = [False] + [bool(m) for m in record["loss_mask"][1:]] + [False]  # first: no target
+        assert sample["loss_mask"].tolist() == want
 
 
 def test_a_flipped_mask_bit_is_a_corrupt_shard(tmp_path: Path) -> None:
@@ -233,7 +238,7 @@ def test_cli_pack_stats_inspect(tmp_path: Path) -> None:
                                "--workers", "0", "-q"])  # fmt: skip
     assert res.exit_code == 0, res.output
     res = runner.invoke(main, ["stats", out])
-    supervised = sum(sum(r["loss_mask"]) for r in records if len(r["input_ids"]) < 21)
+    supervised = sum(sum(r["loss_mask"][1:]) for r in records if len(r["input_ids"]) < 21)
     assert f"loss mask: {supervised:,} supervised tokens" in res.output
     assert "documents longer than a row dropped" in res.output
     res = runner.invoke(main, ["inspect", out, "-n", "1"])
@@ -282,7 +287,7 @@ def test_packing_never_moves_a_mask(
         assert all(t == EOT | BIT for t in s.tokens[at:].tolist())  # padding: no loss
     want = []
     for d in docs:
-        one = [i if m else i | BIT for i, m in d] + [EOT | BIT]
+        one = [i if m and k else i | BIT for k, (i, m) in enumerate(d)] + [EOT | BIT]
         if mode == "bestfit" and len(one) > S and long_docs == "drop":
             continue
         if mode == "bestfit" and len(one) > S and long_docs == "truncate":

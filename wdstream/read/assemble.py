@@ -304,7 +304,7 @@ def _mixture_labels(
     loss_mask = any(rule is not None and rule.loss_mask for rule in rules)
     plain = [
         None if r is None or (r.pad_id is None and not r.mask_doc_ends)
-        else replace(r, loss_mask=False)
+        else replace(r, loss_mask=False, stored=())
         for r in rules
     ]  # fmt: skip
     for name, rule in zip(names, plain, strict=True):
@@ -316,4 +316,6 @@ def _mixture_labels(
     if not loss_mask:
         return plain[0]
     first = plain[0] or RowLabels(None, None, None, False)
-    return replace(first, loss_mask=True)
+    # Rows of a source with a stored mask follow it alone; the rule fills in for the rest.
+    stored = tuple(s.index is not None and s.index.loss_mask is not None for s in sources)
+    return replace(first, loss_mask=True, stored=stored)

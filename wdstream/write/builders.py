@@ -18,7 +18,14 @@ from wdstream.tokenizers import Tokenizer
 from wdstream.write.bestfit import BestFitSampleBuilder
 from wdstream.write.samples import ConcatSampleBuilder, DocsSampleBuilder, PackedSample
 
-__all__ = ["MODES", "SampleBuilder", "check_mode", "sample_builder", "special_ids"]
+__all__ = [
+    "MODES",
+    "SampleBuilder",
+    "check_mode",
+    "check_token_id",
+    "sample_builder",
+    "special_ids",
+]
 
 MODES = ("concat", "docs", "bestfit")
 
@@ -106,4 +113,22 @@ def special_ids(
         bos_id = tok.bos_id if tok.bos_id is not None else tok.eos_id
     if bos_id is None:
         raise ValueError(f"tokenizer {tok.name!r} has no BOS or EOS token; give bos_id")
+    check_token_id("bos_id (--bos-id)", bos_id, tok)
+    if eos_id is not None:
+        check_token_id("eos_id (the tokenizer's EOS)", eos_id, tok)
     return eos_id, bos_id
+
+
+def check_token_id(key: str, value: object, tok: Tokenizer) -> None:
+    """Refuse an id the pack would add (BOS, EOS, and so best-fit padding) that is not a
+    token of ``tok``: an id past the vocabulary would be stored, and one of 2**31 or more
+    read back as the loss bit (negative in the reader's rows).
+
+    Raises:
+        ValueError: naming ``key``, the value and the vocabulary.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < tok.n_vocab:
+        raise ValueError(
+            f"{key}: {value!r} is not a token of tokenizer {tok.name!r} (ids 0 .. "
+            f"{tok.n_vocab - 1}): every id a pack writes is one"
+        )

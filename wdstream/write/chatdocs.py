@@ -39,7 +39,7 @@ from wdstream.format.loss import mark_no_loss
 from wdstream.tokenizers.base import Tokenizer
 from wdstream.tokenizers.tiktoken import BpeEncoder, TiktokenTokenizer
 from wdstream.write.chataudit import ADDED_TAG
-from wdstream.write.encoders import EncodedBatch, stored_id
+from wdstream.write.encoders import EncodedBatch, start_not_target, stored_id
 
 __all__ = ["ChatDocumentEncoder", "chat_tokenizer"]
 
@@ -103,6 +103,8 @@ class ChatDocumentEncoder:
             if encoded is None:
                 continue
             stored, roles = encoded
+            if not head:  # the conversation's first token: no target (encoders.start_not_target)
+                stored = start_not_target(stored)
             tokens += [np.array(head, np.uint32), stored, np.array(tail, np.uint32)]
             tags += [added[: len(head)], roles, added[: len(tail)]]
             lens[i] = len(head) + len(stored) + len(tail)

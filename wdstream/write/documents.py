@@ -21,13 +21,13 @@ from wdstream.chat.recorded import ChatSettings
 from wdstream.chat.records import ConversationFields
 from wdstream.format.index import JOURNAL_NAME, ShardEntry
 from wdstream.format.loss import LOSS_MASK_KIND
-from wdstream.inputs.pretokenized import TokenFields
 from wdstream.inputs.records import RecordDocument
 from wdstream.storage import Store
 from wdstream.tokenizers import Tokenizer
 from wdstream.write.chatdocs import ChatDocumentEncoder, chat_tokenizer
 from wdstream.write.docrules import LONG_DOCS, DocumentRules
 from wdstream.write.encoders import DocumentEncoder, TextEncoder, TokenIdsEncoder, stored_id
+from wdstream.write.token_records import CheckedTokenFields
 
 __all__ = ["DocumentParts", "PackDocuments", "interrupted_chat_now", "mask_stats"]
 
@@ -148,7 +148,7 @@ class PackDocuments:
             document = ConversationFields(self.messages_key)
             encoder = ChatDocumentEncoder(chat, bos_id, eos_id, chat_tokenizer(tok))
         elif self.pretokenized:
-            document = TokenFields(tok.n_vocab, self.ids_key, self.mask_key)
+            document = CheckedTokenFields(tok.n_vocab, self.ids_key, self.mask_key)
             encoder = TokenIdsEncoder(bos_id, eos_id, dtype, masked)
         else:
             encoder = TextEncoder(bos_id, eos_id, dtype)

@@ -21,7 +21,8 @@ to the pack's audit (:mod:`wdstream.write.docrules`).
 
 Rules of a masked document (``docs/CHAT.md``): BOS and the EOS the pack appends carry no
 loss (the document's own end-of-turn token, inside its ids, is what is supervised), and so
-does best-fit padding (the pack's ``pad_id`` is stored with the bit).
+does best-fit padding (the pack's ``pad_id`` is stored with the bit). Without a BOS, the
+document's first token carries no loss whatever its mask says (:func:`start_not_target`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "TokenIdsEncoder",
     "encode_flat",
     "join_documents",
+    "start_not_target",
     "stored_id",
 ]
 
@@ -170,4 +172,17 @@ class TokenIdsEncoder:
         if not self.masked:
             return doc.ids.astype(self.dtype)
         assert doc.supervised is not None, "a masked pack reads a mask with every record"
-        return mark_no_loss(doc.ids, doc.supervised)
+        stored = mark_no_loss(doc.ids, doc.supervised)
+        return stored if self.bos_id is not None else start_not_target(stored)
+
+
+def start_not_target(stored: np.ndarray) -> np.ndarray:
+    """``stored`` (a masked document's uint32 ids, no BOS before them) with the no-loss bit
+    on its first token: nothing in the document predicts it (in a row it would be predicted
+    from the previous document's end), as in transformers, where ``labels[0]`` is never a
+    target. So the stored mask alone says which targets carry loss, document starts
+    included, and the reader applies no document-end rule of its own to masked data
+    (``docs/FORMAT.md``: "loss_mask: bit31")."""
+    if len(stored):
+        stored[0] |= np.uint32(NO_LOSS_BIT)
+    return stored

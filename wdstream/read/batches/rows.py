@@ -16,6 +16,15 @@ over-masked, never under-masked). ``seq_len = 7``, ``E`` = EOS = pad::
 document's first token, which nothing in the row predicts; set it to -100 for
 document-causal training. When BOS and EOS are the same id, an EOS is a document end only
 when the next token is that id too (the next document's BOS, or padding).
+
+**One truth per target.** A dataset with a stored loss mask (``"loss_mask": "bit31"``)
+decides every target itself: the pack sets the no-loss bit on its padding, on the BOS/EOS
+it adds and on each document's first token (``write/encoders.py: start_not_target``), so
+the padding and document-end rules above apply only to rows of data without a stored mask.
+They used to apply to masked rows too, and where a masked document holds the EOS id inside
+its own ids, the rule masked a target the stored mask supervises. In a mixture each row
+follows its own source: ``RowLabels.stored`` says, per source, whether its rows carry a
+stored mask, and the batch's ``source`` picks the rule per row.
 """
 
 from __future__ import annotations
@@ -90,6 +99,9 @@ class RowLabels:
         mask_doc_ends: set the target after every document's last token to -100.
         loss_mask: the ids may carry bit 31, "no loss" (:mod:`wdstream.format.loss`): strip
             it from the ids and set those targets to -100.
+        stored: per source (one for a single dataset), whether its rows carry the pack's
+            stored mask, which then decides their targets alone: the padding and
+            document-end rules apply only to rows of the others. Empty: no source does.
     """
 
     pad_id: int | None
@@ -97,6 +109,7 @@ class RowLabels:
     bos_id: int | None
     mask_doc_ends: bool
     loss_mask: bool = False
+    stored: tuple[bool, ...] = ()
 
     def split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(ids, no_loss)``: ``rows`` without the loss bit and where it was set (None:
@@ -125,16 +138,43 @@ class RowLabels:
         rows: torch.Tensor,
         padding: torch.Tensor | None,
         no_loss: torch.Tensor | None = None,
+        sources: np.ndarray | torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """bool ``[B, S-1]``: the targets to set to -100 (None: none): padding, document
-        ends if chosen, and tokens ``no_loss`` marks (:meth:`split`, ``[B, S]``)."""
-        mask = padding[:, 1:] if padding is not None else None
-        if self.mask_doc_ends and self.eos_id is not None:
-            ends = doc_end_mask(rows, self.eos_id, self.bos_id)
-            mask = ends if mask is None else mask | ends
+        ends if chosen (both only in rows without a stored mask), and tokens ``no_loss``
+        marks (:meth:`split`, ``[B, S]``). ``sources``: each row's source index (a
+        mixture's batch; needed when only some sources store a mask)."""
+        mask = None
+        ruled = self.ruled_rows(rows.shape[0], sources, rows.device)
+        if ruled is not False:
+            mask = padding[:, 1:] if padding is not None else None
+            if self.mask_doc_ends and self.eos_id is not None:
+                ends = doc_end_mask(rows, self.eos_id, self.bos_id)
+                mask = ends if mask is None else mask | ends
+            if mask is not None and isinstance(ruled, torch.Tensor):
+                mask = mask & ruled[:, None]
         if no_loss is not None:
             mask = no_loss[:, 1:] if mask is None else mask | no_loss[:, 1:]
         return mask
+
+    def ruled_rows(
+        self, n: int, sources: np.ndarray | torch.Tensor | None, device: torch.device
+    ) -> torch.Tensor | bool:
+        """Which of ``n`` rows the padding and document-end rules apply to: True (all),
+        False (none: every row carries a stored mask) or a bool tensor ``[n]``.
+
+        Raises:
+            ValueError: some sources store a mask and ``sources`` is not given.
+        """
+        if not any(self.stored):
+            return True
+        if all(self.stored):
+            return False
+        if sources is None:
+            raise ValueError("rows of a mixture whose sources differ in storing a loss mask "
+                             "need each row's source to be labelled")  # fmt: skip
+        src = torch.as_tensor(sources, dtype=torch.int64).to(device)
+        return ~torch.tensor(self.stored, dtype=torch.bool, device=device)[src]
 
 
 def row_labels(
@@ -146,7 +186,8 @@ def row_labels(
         index: the dataset's index (None: shard URLs or raw text, read as concat rows).
         seq_len: the reader's row length.
         mask_doc_ends: -100 after each document's last token; None: on for best-fit
-            datasets, off otherwise.
+            datasets, off otherwise. Neither it nor the padding rule applies to a dataset
+            with a stored loss mask: its stored bits decide every target.
 
     Raises:
         ValueError: a best-fit dataset read with another ``seq_len`` than it was packed
@@ -174,7 +215,9 @@ def row_labels(
     loss_mask = index.loss_mask is not None
     if not bestfit and not mask and not loss_mask:
         return None
-    return RowLabels(index.pad_id if bestfit else None, eos_id, index.bos_id, mask, loss_mask)
+    pad_id = index.pad_id if bestfit else None
+    # A stored mask decides its rows' targets: the rules above fill in only elsewhere.
+    return RowLabels(pad_id, eos_id, index.bos_id, mask, loss_mask, (True,) if loss_mask else ())
 
 
 def labelled_rows(rows: torch.Tensor, labels: RowLabels | None) -> dict[str, torch.Tensor]:

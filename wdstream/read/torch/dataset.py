@@ -145,7 +145,8 @@ class TokenDataset(IterableDataset):
         doc = np.empty(tuple(tokens.shape), dtype=bool) if c.doc_boundaries else None
         source = self.sequence.fill_step(step, position, tokens.numpy(), doc)
         positions = torch.from_numpy(position_ids(doc)) if doc is not None else None
-        batch = next(chunk_to_batches(tokens, positions, c.batch_size, labels=self.labels))
+        batch = next(chunk_to_batches(tokens, positions, c.batch_size, labels=self.labels,
+                                      sources=None if source is None else [source]))  # fmt: skip
         if source is not None:
             batch["source"] = torch.from_numpy(source)
         return batch
@@ -228,7 +229,8 @@ class TokenDataset(IterableDataset):
             yield from self.iter_chunks()
             return
         for _, tokens, positions, cursors in self.iter_chunks():
-            batches = chunk_to_batches(tokens, positions, self.cfg.batch_size, labels=self.labels)
+            batches = chunk_to_batches(tokens, positions, self.cfg.batch_size, labels=self.labels,
+                                       sources=[c.get("source") for c in cursors])  # fmt: skip
             # The position counted the chunk's masked rows as it was filled.
             before = self.position.quarantined - sum(masked_rows(c) for c in cursors)
             for cursor, batch in zip(cursors, batches, strict=False):
@@ -265,6 +267,7 @@ def chunk_to_batches(
     pin: bool = False,
     labels: RowLabels | None = None,
     buffers: HostBuffers | None = None,
+    sources: Sequence[np.ndarray | None] | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Slice a chunk into batches: int64 contiguous ``input_ids``/``labels`` [B, T].
 
@@ -274,6 +277,7 @@ def chunk_to_batches(
     (:mod:`wdstream.read.batches.rows`: -100 on best-fit padding and, if chosen, document ends).
     ``buffers``: reused arrays for the int64 copies (the ``Loader``'s training process; the
     batches are then ``from_numpy`` tensors, which torch workers could not send).
+    ``sources``: per batch, a mixture's row source indices (which rows carry a stored mask).
     """
     n = tokens.shape[0] // batch_size * batch_size
     # Ids carrying a loss mask lose it here, once per chunk (wdstream.format.loss).
@@ -291,7 +295,8 @@ def chunk_to_batches(
         padding = labels.padding(rows) if labels is not None else None
         masked = None
         if labels is not None:
-            masked = labels.masked(rows, padding, None if no_loss is None else no_loss[part])
+            src = sources[j] if sources is not None and j < len(sources) else None
+            masked = labels.masked(rows, padding, None if no_loss is None else no_loss[part], src)
         if masked is not None:
             batch["labels"].masked_fill_(masked, IGNORE_INDEX)
         if positions is not None:

@@ -432,7 +432,9 @@ class Loader:
             if not cursors:  # a raw-text stream that finished its epochs passes its turn
                 handed.pass_turn(s)
                 continue
-            for j, batch in enumerate(chunk_to_batches(tokens, pos, B, pin, labels, self._host)):
+            sources = [c.get("source") for c in cursors]  # a mixture's rows' sources
+            batches = chunk_to_batches(tokens, pos, B, pin, labels, self._host, sources)
+            for j, batch in enumerate(batches):
                 # Record the position only now, as the batch is handed over (past
                 # max_quarantined it is not).
                 self._quarantine.admit(cursors[j], handed.quarantined, B)
