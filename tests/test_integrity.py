@@ -24,7 +24,7 @@ from wdstream.format.sidecar import ShardSidecar
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.shards import read_index
 from wdstream.storage import open_store
-from wdstream.testing import write_synthetic_dataset
+from wdstream.testing import rewrite_index, write_synthetic_dataset
 from wdstream.write.shards import ShardWriter
 
 OPTS = dict(seq_len=32, batch_size=2, num_workers=0, shuffle=True, seed=3, epochs=1)
@@ -229,6 +229,6 @@ def test_v1_sidecar_in_a_v2_dataset_is_refused(
     (copy / shard.sidecar).write_bytes(old)
     index = json.loads((copy / "index.json").read_text())
     index["shards"][0]["sidecar_sha256"] = hashlib.sha256(old).hexdigest()
-    (copy / "index.json").write_text(json.dumps(index))
+    rewrite_index(str(copy), index)  # index.json and its shard table
     with pytest.raises(CorruptShardError, match="version-1 sidecar .* in a version-2 dataset"):
         read_epoch(str(copy))

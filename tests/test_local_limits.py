@@ -13,7 +13,7 @@ from wdstream import CorruptShardError, Loader
 from wdstream.format.index import DatasetIndex
 from wdstream.format.sidecar import ShardSidecar
 from wdstream.storage import LocalStore
-from wdstream.testing import write_synthetic_dataset
+from wdstream.testing import rewrite_index, write_synthetic_dataset
 
 
 def _open_fds() -> int:
@@ -55,7 +55,7 @@ def test_sidecar_shorter_than_the_index_names_the_file(tmp_path: Path) -> None:
     # Even with index.json edited to carry the short sidecar's hash, the counts disagree.
     index = json.loads((tmp_path / "index.json").read_text())
     index["shards"][0]["sidecar_sha256"] = hashlib.sha256(short.to_bytes()).hexdigest()
-    (tmp_path / "index.json").write_text(json.dumps(index))
+    rewrite_index(str(tmp_path), index)  # index.json and its shard table
     loader = Loader(str(tmp_path), seq_len=16, batch_size=2, shuffle=False, num_workers=0)
     with pytest.raises(CorruptShardError, match=r"data-000000\.idx: 3 samples, index.json says 7"):
         next(iter(loader))

@@ -390,6 +390,7 @@ def test_refuses_complete_dataset_without_overwrite(
         "data-000000.prov",
         "data-000000.tar",
         "index.json",
+        "index.shards",
     ]
 
 

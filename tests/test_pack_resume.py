@@ -17,6 +17,7 @@ import pytest
 
 import wdstream
 from tests.conftest import make_corpus
+from wdstream.format.shard_table import ShardRows
 from wdstream.storage import LocalStore
 from wdstream.write.pack import JOURNAL_NAME
 
@@ -130,7 +131,13 @@ def _without_provenance(files: dict[str, bytes]) -> dict[str, object]:
         for shard in index["shards"]:
             shard.pop("provenance", None)
             shard.pop("provenance_sha256", None)
+        index.pop("shard_table", None)  # its hash covers the provenance hashes
         out["index.json"] = index
+    if "index.shards" in files:
+        rows = ShardRows(files["index.shards"], "index.shards")
+        out["index.shards"] = [
+            {k: v for k, v in r.items() if not k.startswith("provenance")} for r in rows
+        ]
     return out
 
 

@@ -25,7 +25,7 @@ from wdstream.format.tar import BLOCK
 from wdstream.inspect import verify_dataset
 from wdstream.read.sources.shards import read_index
 from wdstream.storage import open_store
-from wdstream.testing import write_synthetic_dataset
+from wdstream.testing import rewrite_index, write_synthetic_dataset
 
 OPTS = dict(seq_len=32, batch_size=2, shuffle=True, seed=5, epochs=1)
 
@@ -150,7 +150,7 @@ def strip_running_values(root: Path) -> None:
         old = ShardSidecar(sc.offsets, sc.sizes, sc.tokens, sc.crc32c).to_bytes()
         (root / entry["sidecar"]).write_bytes(old)
         entry["sidecar_sha256"] = hashlib.sha256(old).hexdigest()
-    (root / "index.json").write_text(json.dumps(index))
+    rewrite_index(str(root), index)  # index.json and its shard table
 
 
 @pytest.mark.parametrize("workers", [0, 2])
