@@ -195,7 +195,10 @@ def _marked(decode: Callable[[Any], str], ids: Any, supervised: Any) -> str:
 @click.argument("root")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
-              help="Also draw the numbers into a PNG (needs pip install 'wdstream[plot]').")  # fmt: skip
+              help="Also draw the numbers into a PNG (needs pip install 'wdstream[plot]'); "
+              "never over a dataset's files, never through a symlink.")  # fmt: skip
+@click.option("--overwrite-plot", is_flag=True,
+              help="--plot may replace an existing file that is not a PNG (outside datasets).")  # fmt: skip
 @click.option("--steps", type=click.IntRange(min=1), default=None, metavar="N",
               help="A mixture: follow its first N steps (each source's share and epochs).")  # fmt: skip
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
@@ -209,6 +212,7 @@ def stats(
     root: str,
     as_json: bool,
     plot: str | None,
+    overwrite_plot: bool,
     steps: int | None,
     batch_size: int | None,
     world_size: int,
@@ -228,8 +232,8 @@ def stats(
     store = (
         _mixture_store_options(root, remote) if is_mixture(root) else _store_options(root, **remote)
     )
-    lines = stats_output(root, as_json, plot, steps, store, batch_size=batch_size,
-                         world_size=world_size, seq_len=seq_len)  # fmt: skip
+    lines = stats_output(root, as_json, plot, steps, store, overwrite_plot,
+                         batch_size=batch_size, world_size=world_size, seq_len=seq_len)  # fmt: skip
     for line, warning in lines:
         click.echo(line, err=warning)
 

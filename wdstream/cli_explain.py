@@ -70,9 +70,17 @@ def explain_output(
     or with ``fmt == "jsonl"`` one JSON record per row. ``query`` holds the
     :class:`~wdstream.read.step_query.StepQuery` options.
 
-    Every step is checked before the first line is made (see ``explain_steps``).
+    Every step is checked before the first line is made (see ``explain_steps``), and the
+    reader options first, as the Loader checks them.
+
+    Raises:
+        ValueError: an option out of range
+            (:func:`~wdstream.read.option_checks.check_read_options`), a bad step.
     """
     from wdstream.read.mixture.spec import is_mixture
+    from wdstream.read.option_checks import check_read_options
+
+    check_read_options(**query)
 
     if is_mixture(dataset):
         from wdstream.read.mixture import inspect as mix

@@ -25,6 +25,7 @@ def stats_output(
     plot: str | None,
     steps: int | None,
     store_options: dict[str, Any],
+    overwrite_plot: bool = False,
     **query: Any,
 ) -> Iterator[tuple[str, bool]]:
     """The lines ``wdstream stats`` prints, each with whether it is a warning (stderr);
@@ -37,22 +38,40 @@ def stats_output(
         steps: a mixture: follow its first ``steps`` steps (``query`` holds
             ``batch_size``, ``world_size``, ``seq_len``).
         store_options: passed to the stores.
+        overwrite_plot: ``plot`` may replace an existing file that is not a PNG (never a
+            dataset's file, never through a symlink: :mod:`wdstream.plot_target`).
 
     Raises:
-        ValueError: ``steps`` for a single dataset, or without ``batch_size``.
+        ValueError: ``steps`` for a single dataset, or without ``batch_size``; reader
+            options out of range (:func:`~wdstream.read.option_checks.check_read_options`);
+            a ``plot`` path that would overwrite data or follow a symlink.
         ImportError: ``plot`` without matplotlib.
     """
     from wdstream.read.mixture.spec import is_mixture
+    from wdstream.read.option_checks import check_read_options
 
+    check_read_options(**query)
+    mixture = is_mixture(root)
     if plot is not None:
+        from wdstream.plot_target import check_plot_target
         from wdstream.plots import require_matplotlib
 
         require_matplotlib()
-    if is_mixture(root):
+        check_plot_target(plot, _local_data(root, mixture), overwrite_plot)
+    if mixture:
         return _mixture(root, as_json, plot, steps, store_options, query)
     if steps is not None:
         raise ValueError("--steps is for a mixture spec (.json / .toml), not one dataset")
     return _dataset(root, as_json, plot, store_options)
+
+
+def _local_data(root: str, mixture: bool) -> list[str]:
+    """The dataset roots (and mixture spec) a picture must not be written over."""
+    if not mixture:
+        return [root]
+    from wdstream.read.mixture.spec import read_spec
+
+    return [root, *read_spec(root).sources.values()]
 
 
 def _dataset(

@@ -14,7 +14,10 @@ draws them, and returns what it drew so a test can hold it against the shards::
 
 matplotlib is an optional dependency (``pip install 'wdstream[plot]'``). Figures are drawn
 with the object API on the Agg canvas (no pyplot, no display, no global backend switched),
-so plotting works on a headless node and leaves a notebook's backend alone.
+so plotting works on a headless node and leaves a notebook's backend alone. The file is
+written by :func:`wdstream.plot_target.save_png` (a new file renamed over the path: no
+symlink followed); ``wdstream stats`` first checks the path is no file of a dataset
+(:func:`wdstream.plot_target.check_plot_target`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.inspect_stats import DatasetScan
+from wdstream.plot_target import save_png
 
 __all__ = ["BINS_PER_OCTAVE", "plot_dataset", "plot_mixture", "require_matplotlib"]
 
@@ -136,7 +140,7 @@ def plot_dataset(scan: DatasetScan, path: str | Path, title: str) -> dict[str, A
     for ax in flat[at:]:
         ax.set_axis_off()
     fig.suptitle(f"{title}: mode {s['mode']}, seq_len {s['seq_len']}, {s['tokenizer']['name']}")
-    fig.savefig(path, format="png", dpi=100)
+    save_png(fig, path)
     return drawn
 
 
@@ -212,5 +216,5 @@ def plot_mixture(stats: dict[str, Any], path: str | Path, title: str) -> dict[st
                ylabel="source epochs")  # fmt: skip
     fig.suptitle(f"{title}: {steps[-1]:,} steps of {run['global_batch']:,} rows, "
                  f"seq_len {run['seq_len']}")  # fmt: skip
-    fig.savefig(path, format="png", dpi=100)
+    save_png(fig, path)
     return drawn
