@@ -51,6 +51,9 @@ class MappedRows(ShardRows):
                     f"{where}: {os.fstat(f.fileno()).st_size} bytes, index.json says {size}"
                 )
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        # A worker reads a few rows: without this, each row's page fault maps its
+        # neighbours too (fault-around), and a worker's RSS soon counts the whole table.
+        data.madvise(mmap.MADV_RANDOM)
         self.path = path
         super().__init__(data, where, check_crc)
 
