@@ -141,11 +141,14 @@ class ShardRows(Sequence[dict[str, Any]]):
         if check_crc and crc32c(view[_HEADER.size :]) != crc:
             raise self._error("its CRC32C does not match its bytes (damaged)")
         self.counts: dict[str, np.ndarray] = {}
+        self._starts: dict[str, int] = {}  # where each fixed-width column begins
         for key in COUNTS:
+            self._starts[key] = at
             self.counts[key] = np.frombuffer(data, dtype="<u8", count=n, offset=at)
             at += 8 * n
         self.hashes: dict[str, np.ndarray] = {}
         for key in _HASHES[:hashes]:
+            self._starts[key] = at
             self.hashes[key] = np.frombuffer(data, dtype=np.uint8, count=32 * n, offset=at)
             at += 32 * n
         self._names: dict[str, tuple[np.ndarray, memoryview]] = {}
@@ -181,11 +184,6 @@ class ShardRows(Sequence[dict[str, Any]]):
         except UnicodeDecodeError:
             raise self._error(f"shards[{i}].{key} is not UTF-8") from None
 
-    def hex(self, key: str, i: int) -> str | None:
-        """Shard ``i``'s hash ``key`` as 64 hex digits (None: no provenance)."""
-        column = self.hashes.get(key)
-        return None if column is None else column[32 * i : 32 * i + 32].tobytes().hex()
-
     def hex_column(self, key: str) -> list[str | None]:
         """Every shard's hash ``key`` as hex, in one pass over the column."""
         column = self.hashes.get(key)
@@ -198,15 +196,20 @@ class ShardRows(Sequence[dict[str, Any]]):
         """Every shard's value of name key ``key``."""
         return [self.name(key, i) for i in range(self.n)]
 
+    def cell(self, start: int, size: int) -> bytes:
+        """``size`` bytes of the table from byte ``start`` (a subclass reading a file may
+        read them without touching the map: see ``MappedRows``)."""
+        return bytes(memoryview(self.data)[start : start + size])
+
     def row(self, i: int) -> dict[str, Any]:
-        """Shard ``i`` as the dict ``index.json`` lists (without absent provenance keys)."""
+        """Shard ``i`` as the dict ``index.json`` lists (without absent provenance keys):
+        7 small reads of fixed-width cells, through :meth:`cell`."""
         row: dict[str, Any] = {"name": self.name("name", i), "sidecar": self.name("sidecar", i)}
         for key in COUNTS:
-            row[key] = int(self.counts[key][i])
+            row[key] = int.from_bytes(self.cell(self._starts[key] + 8 * i, 8), "little")
         for key in _HASHES:
-            value = self.hex(key, i)
-            if value is not None:
-                row[key] = value
+            if key in self.hashes:
+                row[key] = self.cell(self._starts[key] + 32 * i, 32).hex()
         if self.provenance:
             row["provenance"] = self.name("provenance", i)
         return row
