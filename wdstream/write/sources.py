@@ -31,6 +31,8 @@ __all__ = ["PACK_SUFFIXES", "PackInputs", "open_reader"]
 
 PACK_SUFFIXES = INPUT_SUFFIXES + ARROW_SUFFIXES  # what a folder given to pack contributes
 _CHECK_BYTES = 256 << 10  # input text bpe-openai must reproduce before it is trusted
+_PEEK_BLOCK_BYTES = 256 << 10
+_PEEK_INPUT_BYTES = 4 << 20  # input read at most for that text
 
 
 @dataclass(frozen=True)
@@ -102,19 +104,32 @@ class PackInputs:
 
     def peek(self, text_key: str, lines: bool, limit: int) -> list[str]:
         """A few hundred KB of the first input's text, to check a second tokenizer backend
-        against (none from records: an iterator cannot be read twice)."""
+        against (none from records: an iterator cannot be read twice). A line file is read
+        for at most :data:`_PEEK_INPUT_BYTES` (a file of blank lines holds no text to find:
+        reading it all was most of a 1 GiB newline bomb's 1,299 s)."""
         if self.records is not None or not self.files or self.files[0].path == "-":
             return []
-        texts, size = [], 0
+        texts: list[str] = []
+        size = read = 0
         reader = DocumentReader(
             self.files[:1], text_key, lines, on_error="skip", errors="replace",
             max_record_bytes=limit,
         )  # fmt: skip
+        parser = reader.block_parser()
         try:
-            for text, _ in reader:
-                texts.append(text[:_CHECK_BYTES])
-                size += len(text)
-                if size >= _CHECK_BYTES:
+            if parser is None:  # Parquet/Arrow rows, a whole .txt: documents one by one
+                for text, _ in reader:
+                    texts.append(text[:_CHECK_BYTES])
+                    size += len(text)
+                    if size >= _CHECK_BYTES:
+                        break
+                return texts
+            for block in reader.blocks(_PEEK_BLOCK_BYTES):
+                for text in parser.parse(block).docs:
+                    texts.append(text[:_CHECK_BYTES])
+                    size += len(text)
+                read += block.size
+                if size >= _CHECK_BYTES or read >= _PEEK_INPUT_BYTES:
                     break
         except InputError:
             pass  # the real read reports it, at its place in the input
