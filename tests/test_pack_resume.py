@@ -16,6 +16,7 @@ from typing import BinaryIO
 import pytest
 
 import wdstream
+import wdstream.write.journal as journal_module
 from tests.conftest import make_corpus
 from wdstream.format.shard_table import ShardRows
 from wdstream.storage import LocalStore
@@ -41,7 +42,8 @@ def _cmd(src: Path, out: Path, workers: int) -> list[str]:
 
 def _committed(out: Path) -> int:
     try:
-        return len(json.loads((out / JOURNAL_NAME).read_bytes())["shards"])
+        live = json.loads((out / JOURNAL_NAME).read_bytes())
+        return live.get("sealed", 0) * journal_module.SEGMENT + len(live["shards"])
     except (FileNotFoundError, ValueError):
         return 0
 
@@ -263,3 +265,28 @@ def test_different_command_is_refused(tmp_path: Path, big_input: Path) -> None:
     )
     assert res.resumed_shards == 0
     assert len(list(wdstream.documents(str(out)))) == res.index.total_documents
+
+
+def test_journal_in_segments_resumes_exactly(
+    tmp_path: Path, big_input: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal keeps every SEGMENT committed shards in a segment written once (so a
+    pack of n shards writes O(n) journal bytes, not O(n^2)): with SEGMENT = 3, a pack
+    interrupted at its 8th shard leaves 2 segments and a live journal of 1 shard, and the
+    rerun is byte-identical to an uninterrupted pack; the commit removes every part."""
+    kw = dict(seq_len=31, shard_size="8KB", workers=0)
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    wdstream.pack([str(big_input)], str(ref), **kw)  # type: ignore[arg-type]
+    monkeypatch.setattr(journal_module, "SEGMENT", 3)
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalStore, "writer", _interrupted_writer("data-000007.tar"))
+        with pytest.raises(KeyboardInterrupt):
+            wdstream.pack([str(big_input)], str(out), **kw)  # type: ignore[arg-type]
+    live = json.loads((out / ".wdstream-pack.json").read_text())
+    assert live["sealed"] == 2 and len(live["shards"]) == 1
+    segment = json.loads((out / ".wdstream-pack-000001.json").read_text())
+    assert [s["name"] for s in segment["shards"]] == [f"data-00000{i}.tar" for i in (3, 4, 5)]
+    res = wdstream.pack([str(big_input)], str(out), **kw)  # type: ignore[arg-type]
+    assert res.resumed_shards == 7
+    assert _files(out) == _files(ref)
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".wdstream-pack-0")]

@@ -14,7 +14,7 @@ from hashlib import sha256
 from typing import Any
 
 from wdstream.format.checksum import CHECKSUM_NAME
-from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex
+from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.shard_table import TABLE_NAME, build_table
 from wdstream.storage import Store
 from wdstream.write.journal import Journal
@@ -61,7 +61,7 @@ def commit_dataset(
     )
     lock.verify()  # publish nothing if another pack has taken the output meanwhile
     index = write_index(store, index)
-    store.delete(JOURNAL_NAME)
+    journal.remove()
     return index
 
 

@@ -5,6 +5,14 @@ sidecar and tar), deleted once ``index.json`` is written. It holds the command's
 the committed shards' index entries and the input position after the last committed sample
 (see :mod:`wdstream.write.samples` and :class:`~wdstream.inputs.InputPosition`); see ``docs/FORMAT.md``.
 The leading dot keeps it out of ``LocalStore.list()``.
+
+Entries are kept in segments: every :data:`SEGMENT` committed shards are written once to
+``.wdstream-pack-NNNNNN.json`` (segment ``N``) and leave the live journal, which then holds
+at most ``SEGMENT`` entries. Rewriting every entry at every commit made a pack of n shards
+write O(n^2) bytes (43 MB a commit at 100,000 shards: ~2 TB in all); now each commit writes
+at most ~450 KB, and a segment once. A segment is written before the live journal that
+counts it, so a pack stopped in between resumes from the live journal as it was (the
+segment is written again, the same bytes).
 """
 
 from __future__ import annotations
@@ -20,7 +28,13 @@ from wdstream.write.shards import shard_names
 
 __all__ = ["JOURNAL_NAME", "JOURNAL_VERSION", "Journal"]
 
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2  # 2: entries in segments (1: all in the live journal, still read)
+SEGMENT = 1024  # committed shards a journal segment holds
+
+
+def segment_name(k: int) -> str:
+    """The object holding the journal's ``k``-th segment of entries."""
+    return f".wdstream-pack-{k:06d}.json"
 
 
 class Journal:
@@ -40,6 +54,8 @@ class Journal:
         self.store, self.fingerprint, self.name = store, fingerprint, name
         self.entries: list[ShardEntry] = []
         self.position: dict[str, Any] | None = None
+        self.sealed = 0  # segments written (their entries: the first sealed * SEGMENT)
+        self._samples = 0  # samples in the committed shards
 
     def load(self) -> bool:
         """Read an existing journal; True if it belongs to this command.
@@ -54,11 +70,15 @@ class Journal:
         where = self.store.child_url(JOURNAL_NAME)
         try:
             obj = json.loads(raw)
-            if obj.get("version") != JOURNAL_VERSION:
+            if obj.get("version") not in (1, JOURNAL_VERSION):
                 raise ValueError(f"journal version {obj.get('version')!r}")
-            entries = [ShardEntry(**e) for e in obj["shards"]]
+            sealed = obj.get("sealed", 0)
+            if type(sealed) is not int or sealed < 0:
+                raise ValueError(f"sealed: {sealed!r}")
+            entries = [e for k in range(sealed) for e in self._segment(k)]
+            entries += [ShardEntry(**e) for e in obj["shards"]]
             position = obj["position"]
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, FileNotFoundError) as exc:
             raise WdstreamError(
                 f"{where}: unreadable pack journal ({exc}); use --overwrite"
             ) from exc
@@ -84,7 +104,21 @@ class Journal:
                     f"{self.store.child_url(e.name)}: committed shard missing or wrong size; use --overwrite"
                 )
         self.entries, self.position = entries, position
+        self.sealed, self._samples = sealed, sum(e.samples for e in entries)
         return True
+
+    def _segment(self, k: int) -> list[ShardEntry]:
+        """Segment ``k``'s entries (its shards ``k * SEGMENT`` on)."""
+        obj = json.loads(self.store.read(segment_name(k)))
+        if obj.get("segment") != k or len(obj["shards"]) != SEGMENT:
+            raise ValueError(f"{segment_name(k)}: not segment {k} of {SEGMENT} shards")
+        return [ShardEntry(**e) for e in obj["shards"]]
+
+    def remove(self) -> None:
+        """Delete the live journal, then its segments (the pack is committed)."""
+        self.store.delete(JOURNAL_NAME)
+        for k in range(self.sealed):
+            self.store.delete(segment_name(k))
 
     def commit(
         self, entry: ShardEntry, end: tuple[InputPosition, int], bad_locations: list[str]
@@ -111,18 +145,25 @@ class Journal:
                 f"shard to commit is {expected[0]}"
             )
         pos, emitted = end
-        entries = [*self.entries, entry]
         position = {
             "position": list(pos),
             "emitted": emitted,
             "bad_locations": bad_locations[: min(pos.bad, len(bad_locations))],
-            "next_sample": sum(e.samples for e in entries),
+            "next_sample": self._samples + entry.samples,
         }
+        sealed = self.sealed
+        live = [*self.entries[sealed * SEGMENT :], entry]  # at most SEGMENT entries
+        if len(live) == SEGMENT:  # a full segment: written once, then out of the live part
+            segment = {"segment": sealed, "shards": [e.__dict__ for e in live]}
+            self.store.write_bytes(segment_name(sealed), json.dumps(segment).encode())
+            sealed, live = sealed + 1, []
         body = {
             "version": JOURNAL_VERSION,
             "fingerprint": self.fingerprint,
-            "shards": [e.__dict__ for e in entries],
+            "sealed": sealed,
+            "shards": [e.__dict__ for e in live],
             "position": position,
         }
         self.store.write_bytes(JOURNAL_NAME, json.dumps(body, sort_keys=True).encode())
-        self.entries, self.position = entries, position
+        self.entries.append(entry)
+        self.position, self.sealed, self._samples = position, sealed, position["next_sample"]

@@ -37,6 +37,7 @@ from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.provenance import PROVENANCE_VERSION, provenance_name
 from wdstream.format.sample import token_dtype_for_vocab
+from wdstream.format.shard_table import TABLE_NAME
 from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES, check_limit
 from wdstream.storage import Store, open_store
 from wdstream.storage.base import ForwardingStore
@@ -47,7 +48,7 @@ from wdstream.write.builders import MODES, check_mode, sample_builder, special_i
 from wdstream.write.commit import DatasetMeta, commit_dataset
 from wdstream.write.documents import PackDocuments, interrupted_chat_now, mask_stats
 from wdstream.write.engine import PackEngine, PackJob
-from wdstream.write.journal import JOURNAL_NAME, Journal
+from wdstream.write.journal import JOURNAL_NAME, Journal, segment_name
 from wdstream.write.local import LocalEngine
 from wdstream.write.lock import LOCK_NAME, acquire
 from wdstream.write.progress import wanted
@@ -100,7 +101,12 @@ def _delete_shards_from(store: Store, name: str, first: int) -> None:
 
 def _clear_output(store: Store, name: str) -> None:
     store.delete(INDEX_NAME)
+    store.delete(TABLE_NAME)
     store.delete(JOURNAL_NAME)
+    k = 0
+    while store.exists(segment_name(k)):  # an interrupted pack's journal segments
+        store.delete(segment_name(k))
+        k += 1
     _delete_shards_from(store, name, 0)
 
 
