@@ -67,7 +67,8 @@ def test_with_mask_the_shard_stands_in_masked_and_counted(
     read = _read_samples(oracle)
     shard = read[len(read) // 2] // PER_SHARD
     _no_sidecar(damage, shard)
-    loader = Loader(str(damage.root), num_workers=workers, on_corrupt="mask", **OPTS)
+    loader = Loader(str(damage.root), num_workers=workers, on_corrupt="mask",
+                    max_quarantined=10**6, **OPTS)  # fmt: skip
     got = list(loader)
     masked = check_run(got, loader.quarantined, oracle, damage)
     assert masked > 0 and loader.state_dict()["quarantined"] == masked

@@ -16,6 +16,13 @@ from faultlib.rows import bucketed_tokens, shard_url_openings, shuffled_short_sa
 from faultlib.servers import cache_files, hostile_servers, lying_servers
 from faultlib.states import hostile_states
 from faultlib.storage import fifo_shard, interrupted_pack
+from faultlib.trust import (
+    missing_sidecars,
+    spec_names_and_weights,
+    state_downgrades,
+    stored_mask_targets,
+    token_ids,
+)
 from faultlib.writer import python_writer
 
 ATTACKS = [
@@ -55,4 +62,9 @@ ATTACKS = [
     Attack("chat templates writing other messages into answers", "`pack --chat` of marked conversations (every message holds a marker of its role and place) through templates that recap the user (whole, cut, upper-cased) or an earlier answer inside an answer, write the system prompt as a footer or inside each answer, repeat the last user message at the end, or recap outside `{% generation %}`; honest ChatML, generation tags and reasoning-dropping templates beside them; strict and --on-error skip; oracle: each supervised run decoded with tiktoken holds at most one marker, an assistant's, lone answers are kept, the rest stored or counted", foreign_answers),
     Attack("special-token text in chat messages", "conversations whose messages (system, user, answers, tool calls, tool results) spell out special tokens: cl100k, a ChatML tokenizer (`<|im_end|>` spelled among the markup's own), and `--special-tokens-in-content parse`; oracle: tiktoken's encode_ordinary of the layout's text, tokenizers' text encoding of the pieces between the markup's tokens, transformers' ids; `special_text` counts the conversations", spelled_specials),
     Attack("chat template bombs: time and memory", "21 templates that loop 10**10 times (nested, filtered, recursive loops, a macro calling itself twice), or build 10**8-10**9 characters (`*`, `**`, `~`, `+`, `%`, format, center, ljust, replace, join, indent, lipsum, to_bytes, a namespace grown in a loop, a block body, a 16 M-word split); oracle: refused naming file:line and the template within the time limit, the pack's peak RSS under 1 GiB", template_bombs),
+    Attack("stored loss mask against document ends", "masked pre-tokenized best-fit and concat packs whose documents hold the EOS id with the next token supervised, read at 0 and 2 workers with `mask_doc_ends` None / True / False; oracle: every row's labels from the stored bit 31 (tarfile + msgpack), FORMAT.md's rule", stored_mask_targets),
+    Attack("ids that are not tokens", "index.json of a masked pack with `loss_mask` deleted or null, `bos_id` >= n_vocab or 2**31, `n_vocab` cut below the ids, alone and as a mixture source; `pack --bos-id` 2**31, 2**32, 2**64, -1, n_vocab; pre-tokenized ids null, 2**64-1, 2**63, -5, 1.0, true, \"7\", [1], n_vocab, strict and --on-error skip; oracle: no delivered id outside [0, n_vocab), the records' own ids decoded with tarfile + msgpack", token_ids),
+    Attack("missing sidecars", "a format-v2 dataset with one shard's `.idx` deleted (and half the time a token byte of that shard flipped), 0 and 2 workers, token and document windows, default and `on_corrupt='mask'`; oracle: the clean run (masked rows whole and recorded), never an unchecked read", missing_sidecars),
+    Attack("state downgrades", "global and mixture states after 4 batches, 2 skipped steps and 2 batches: `skips` kept or edited (6 ways), `quarantined` added, each with `check` kept, removed or cut back to the older form (the placing fields only); oracle: the uninterrupted run's next batches and training-to-data step mapping", state_downgrades),
+    Attack("mixture specs naming or reading nothing", "a source named '' or ' ', a static weight of 0, 0.0 or -0.0, in code and as a spec file read by `wdstream explain`; a 0 inside a schedule piece (legal: that source left out of the piece)", spec_names_and_weights),
 ]  # fmt: skip
