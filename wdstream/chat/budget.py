@@ -74,7 +74,6 @@ __all__ = [
 MAX_STEPS = 4_000_000  # loop items, calls and filters of one conversation's renders
 MAX_SECONDS = 60.0  # wall time of one conversation's renders (a backstop)
 MAX_MADE = 4 * MAX_RENDER_CHARS  # characters and items one render's operations make
-_CHARS_PER_STEP = 4096
 _CLOCK_EVERY = 4096  # steps between looks at the clock
 _SEQUENCES = (str, bytes, list, tuple)
 
@@ -102,8 +101,16 @@ class Budget:
     def spend(self, steps: int = 1) -> None:
         """Take ``steps``; raise :class:`RenderBudgetError` past the steps or the seconds."""
         self.steps -= steps
-        if self.steps > self.next_clock:
-            return
+        if self.steps <= self.next_clock:
+            self._look()
+
+    def _look(self) -> None:
+        """Past a clock mark: refuse past the steps, the made characters or the seconds."""
+        if self.made > MAX_MADE:
+            raise RenderBudgetError(
+                f"the template makes more than {MAX_MADE:,} characters (or items) in one "
+                "render: values that grow without end"
+            )
         if self.steps < 0:
             raise RenderBudgetError(
                 f"the template takes more than {MAX_STEPS:,} steps (loop items, calls, "
@@ -118,19 +125,17 @@ class Budget:
     def make(self, value: Any) -> Any:
         """Count what ``value`` (just made by the template) holds against :data:`MAX_MADE`
         and the steps; return it."""
-        if isinstance(value, (str, bytes, list, tuple, dict)):
+        if type(value) is str or isinstance(value, (bytes, list, tuple, dict)):
             self.charge(len(value))
         return value
 
     def charge(self, n: int) -> None:
-        """Count ``n`` characters (or items) made against :data:`MAX_MADE` and the steps."""
+        """Count ``n`` characters (or items) made against :data:`MAX_MADE` and the steps
+        (a step, and one per 4,096)."""
         self.made += n
-        if self.made > MAX_MADE:
-            raise RenderBudgetError(
-                f"the template makes more than {MAX_MADE:,} characters (or items) in one "
-                "render: values that grow without end"
-            )
-        self.spend(1 + n // _CHARS_PER_STEP)
+        self.steps -= 1 + (n >> 12)
+        if self.steps <= self.next_clock or self.made > MAX_MADE:
+            self._look()
 
     def start_render(self) -> None:
         """A new render begins: nothing written or made, no generation block yet."""
@@ -139,20 +144,24 @@ class Budget:
         self.blocks = []
 
 
+_LOOP = "__bounded_loop__"  # the filters the tree is rewritten with (called directly, not
+_CONCAT = "__bounded_concat__"  # through the sandbox's call: one Python call each)
+
+
 class _Bounds(NodeTransformer):
-    """Every ``{% for %}`` iterable wrapped in ``environment.bounded_loop`` (a step per
-    item), every ``~`` a call of ``environment.bounded_concat`` (its size checked first)."""
+    """Every ``{% for %}`` iterable through :meth:`BoundedEnvironment.bounded_loop` (a step
+    per item), every ``~`` through :meth:`BoundedEnvironment.bounded_concat` (its size
+    checked first)."""
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
         node = self.generic_visit(node)
-        node.iter = nodes.Call(nodes.EnvironmentAttribute("bounded_loop"), [node.iter], [],
-                               None, None, lineno=node.lineno)  # fmt: skip
+        node.iter = nodes.Filter(node.iter, _LOOP, [], [], None, None, lineno=node.lineno)
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
         node = self.generic_visit(node)
-        return nodes.Call(nodes.EnvironmentAttribute("bounded_concat"), list(node.nodes), [],
-                          None, None, lineno=node.lineno)  # fmt: skip
+        parts = nodes.Tuple(list(node.nodes), "load", lineno=node.lineno)
+        return nodes.Filter(parts, _CONCAT, [], [], None, None, lineno=node.lineno)
 
 
 class BoundedEnvironment(ImmutableSandboxedEnvironment):
@@ -166,6 +175,8 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         self._local = threading.local()
         self.finalize = self._finalize
         self.filters = {name: self.guarded(name, f) for name, f in self.filters.items()}
+        self.filters[_LOOP] = self.bounded_loop
+        self.filters[_CONCAT] = self.bounded_concat
 
     @property
     def budget(self) -> Budget:
@@ -198,13 +209,19 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             if len(args) > at:
                 value = filter_checks(name, args[at], args[at + 1 :], kwargs)
                 args = (*args[:at], value, *args[at + 1 :])
-            self.budget.spend(1)
-            return self.budget.make(checked(func(*args, **kwargs), f"the {name} filter"))
+            budget = self._local.budget
+            budget.spend(1)
+            return budget.make(checked(func(*args, **kwargs), f"the {name} filter"))
 
         return guarded
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         """``*``, ``**``, ``+`` and ``%`` with their result's size checked first."""
+        if operator == "+" and type(left) is str and type(right) is str:  # most of them
+            if len(left) + len(right) > MAX_RENDER_CHARS:
+                raise too_big("'+'", len(left) + len(right))
+            self._local.budget.charge(len(left) + len(right))
+            return left + right
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, _SEQUENCES) and isinstance(n, int) and n > 0:
@@ -256,11 +273,12 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     def bounded_loop(self, iterable: Any) -> Iterator[Any]:
         """The items of a ``{% for %}`` loop, a step each."""
         budget = self.budget
+        spend = budget.spend
         for item in iterable:
-            budget.spend(1)
+            spend(1)
             yield item
 
-    def bounded_concat(self, *parts: Any) -> str:
+    def bounded_concat(self, parts: tuple[Any, ...]) -> str:
         """``a ~ b ~ ...``, its size checked first."""
         size = size_of(list(parts))
         if size > MAX_RENDER_CHARS:
@@ -277,7 +295,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     def _finalize(self, value: Any) -> Any:
         """What ``{{ ... }}`` writes, refused when its text would pass the bound."""
-        if not isinstance(value, str):
+        if type(value) is not str:
             size = size_of(value)
             if size > MAX_RENDER_CHARS:
                 raise too_big("an expression's text", size)

@@ -1,10 +1,15 @@
 """Token ids and a loss mask for one conversation, from any chat template: :class:`ChatEncoder`.
 
-The mask comes from the template's own output, not from ``{% generation %}`` tags: the
-conversation is rendered whole (T), and before and after each supervised assistant turn
-(:mod:`wdstream.chat.spans` gives the rules that turn those renders into characters); T is
-tokenised once, with its special tokens recognised and each token's character span, and the
-characters are mapped to tokens (:mod:`wdstream.chat.encoding`)::
+The mask comes from the template's own output: the conversation is rendered whole (T), and
+before and after each supervised assistant turn (:mod:`wdstream.chat.spans` gives the rules
+that turn those renders into characters). A template with ``{% generation %}`` blocks is
+supervised exactly on those blocks (``transformers``' semantics); without them, each turn's
+text is checked to be its own (:func:`~wdstream.chat.provenance.foreign_text`: a turn holding
+another message's text refuses the conversation). T is tokenised once, with the template's
+special tokens recognised (special-token text the messages spell out stays text unless
+``special_in_content="parse"``, :mod:`wdstream.chat.provenance`) and each token's character
+span, and the characters are mapped to tokens (:mod:`wdstream.chat.encoding`). All renders of
+one conversation share one budget (:mod:`wdstream.chat.budget`)::
 
     encoder = ChatEncoder(load_chat_template(tok), tok, train_on="assistant")
     enc = encoder.encode(parse_conversation(record))
@@ -24,7 +29,9 @@ region of the message after it.
 Renders per conversation: T, then P_i and Q_i for every assistant turn (Q_i of a final turn
 is T), and one more for each other message followed by a message that is not an assistant
 turn (e.g. a system message before the first user message): for ``system, (user,
-assistant) x 4`` that is 9 renders. The template is compiled once (:class:`ChatTemplate`).
+assistant) x 4`` that is 9 renders; plus one per supervised turn for the check of its text
+(templates without generation blocks), and one for a conversation that spells out a special
+token. The template is compiled once (:class:`ChatTemplate`).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from wdstream.chat.provenance import (
     content_specials,
     defused,
     foreign_text,
+    rotated,
     special_pattern,
     spelled,
 )
@@ -156,8 +164,11 @@ class ChatEncoder:
         def render(messages: list[dict[str, Any]], alt_tools: Any) -> str:
             return self.template.render_prepared(messages, False, alt_tools)
 
-        for k, t, added in trained:
-            if t.end > t.start and foreign_text(render, prepared, k, added, tools):
+        checked = [(k, added) for k, t, added in trained if t.end > t.start]
+        changed = [rotated(m) for m in prepared[: max((k for k, _ in checked), default=0)]]
+        changed_tools = rotated(tools) if checked else None
+        for k, added in checked:
+            if foreign_text(render, prepared, changed, k, added, changed_tools):
                 raise ConversationError(
                     f"the chat template ({self.template.origin}) writes text of other messages "
                     f"into assistant turn {k} (the turn's text changes when only the other "

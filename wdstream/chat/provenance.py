@@ -81,15 +81,17 @@ def rotated(value: Any) -> Any:
 def foreign_text(
     render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str],
     prepared: list[dict[str, Any]],
+    changed: list[dict[str, Any]],
     k: int,
     added: str,
-    tools: list[dict[str, Any]] | None,
+    changed_tools: list[dict[str, Any]] | None,
 ) -> bool:
     """Whether assistant turn ``k``'s added text (what ``render(prepared[:k + 1])`` adds after
-    the generation prompt) changes when every other message and the tools change: then it
+    the generation prompt) changes when every other message and the tools change (``changed``
+    and ``changed_tools``: their :func:`rotated` copies, made once per conversation): then it
     holds their text. ``render(messages, tools)`` renders without a generation prompt."""
-    others = [m if j == k else rotated(m) for j, m in enumerate(prepared[: k + 1])]
-    return not render(others, rotated(tools)).endswith(added)
+    others = [*changed[:k], prepared[k]]
+    return not render(others, changed_tools).endswith(added)
 
 
 def special_pattern(texts: frozenset[str]) -> re.Pattern[str] | None:
