@@ -256,3 +256,26 @@ def test_markup_and_spelled_special_tokens_apart(tmp_path: Path, hf_folder: Path
     # The answer spelled <|im_end|> as text: supervised are its text tokens and the end token.
     answer = raw.encode("<|im_end|>", add_special_tokens=False).ids
     assert [i for i, k in zip(ids, mask, strict=True) if k] == [*answer, end]
+
+
+def test_train_on_last_keeps_the_last_generation_block(hf_folder: Path) -> None:
+    from wdstream.chat import ChatEncoder, ChatTemplate
+    from wdstream.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(str(hf_folder))
+    got = ChatEncoder(ChatTemplate(GENERATION_RECAP), tok, train_on="last").encode(MARKED)
+    raw = tokenizers.Tokenizer.from_file(str(hf_folder / "tokenizer.json"))
+    text = _supervised_text(lambda r: raw.decode(r, skip_special_tokens=False),
+                            got.ids.tolist(), got.supervised.astype(int).tolist())  # fmt: skip
+    assert text == "ANSWERMARKERTWO six<|im_end|>"
+
+
+def test_a_record_from_before_the_option_parsed_special_tokens() -> None:
+    from wdstream.chat.recorded import ChatSettings
+
+    record = ChatSettings(CHATML, (), "x.jinja", None).record()
+    assert record["special_tokens_in_content"] == "text"
+    del record["special_tokens_in_content"]
+    assert ChatSettings.from_record(record).special_in_content == "parse"
+    with pytest.raises(ValueError, match="special_tokens_in_content"):
+        ChatSettings.from_record({**record, "special_tokens_in_content": "maybe"})
