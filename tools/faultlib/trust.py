@@ -171,7 +171,7 @@ def token_ids(work: Path, scale: float) -> Iterator[Attempt]:
 
         def pack_bos(bos: int = bos) -> str:
             out = work / f"trust-bos-{bos}"
-            return run_checked([str(text), "-o", str(out), "--bos-id", str(bos), "--workers", "0"],
+            return run_checked(["pack", str(text), "-o", str(out), "--bos-id", str(bos), "--workers", "0"],
                                120, lambda: f"--bos-id {bos} packed", names="bos_id")  # fmt: skip
 
         yield pack_bos
@@ -185,7 +185,7 @@ def token_ids(work: Path, scale: float) -> Iterator[Attempt]:
                 lines = [json.dumps(r) for r in good[:2]] + [f'{{"input_ids": [5, {value}, 7]}}']
                 src.write_text("\n".join(lines + [json.dumps(r) for r in good[2:]]) + "\n")
                 out = work / f"trust-ids-out-{k}-{int(skip)}"
-                args = [str(src), "-o", str(out), "--pretokenized", "--seq-len", "8", "--mode",
+                args = ["pack", str(src), "-o", str(out), "--pretokenized", "--seq-len", "8", "--mode",
                         "docs", "--workers", "0", *(["--on-error", "skip"] if skip else [])]  # fmt: skip
 
                 def wrong() -> str | None:
