@@ -40,6 +40,7 @@ pytest_plugins = ["tests.fixtures_remote"]
 pytestmark = pytest.mark.timeout(120)
 
 SAMPLE, PER_SHARD = 17, 7
+NO_LIMIT = 10**12  # max_quarantined: these runs mask more rows than the default allows
 OPTS: dict[str, Any] = dict(seq_len=11, batch_size=4, seed=3, epochs=1, shuffle_window=10,
                             shuffle_lanes=3, chunk_batches=2)  # fmt: skip
 
@@ -295,7 +296,8 @@ def test_max_quarantined_turns_a_failing_store_into_an_error(
     damage = Damage(clean, tmp_path / "bad")
     for shard in (5, 6, 7, 8):
         damage.remove(shard)
-    full = Loader(str(damage.root), num_workers=0, on_corrupt="mask", **OPTS)
+    full = Loader(str(damage.root), num_workers=0, on_corrupt="mask", max_quarantined=NO_LIMIT,
+                  **OPTS)  # fmt: skip
     counts = [len({e.row for e in full.quarantined if e.step == s}) for s in range(len(list(full)))]
     crossing = int(np.searchsorted(np.cumsum(counts), 4, side="right"))  # the step past 4 rows
     loader = Loader(str(damage.root), num_workers=2, on_corrupt="mask", max_quarantined=4, **OPTS)
@@ -336,7 +338,7 @@ def test_a_remote_shard_failing_past_the_retries_is_masked(
     url = f"{http_server.base_url}/ds"
     for workers in (0, 2):
         loader = Loader(url, num_workers=workers, on_corrupt="mask", retries=1, backoff=0.001,
-                        **OPTS)  # fmt: skip
+                        max_quarantined=NO_LIMIT, **OPTS)  # fmt: skip
         got = list(itertools.islice(loader, n))
         assert check_run(got, loader.quarantined, oracle[:n], damage) > 0
         assert all("HTTP 500" in e.reason for e in loader.quarantined)
@@ -357,7 +359,7 @@ def test_a_mixture_masks_only_the_damaged_sources_rows(clean: str, tmp_path: Pat
     damage.remove(50)
     for workers in (0, 2):
         loader = Loader({"web": str(damage.root), "code": other}, num_workers=workers,
-                        on_corrupt="mask", **opts)  # fmt: skip
+                        on_corrupt="mask", max_quarantined=NO_LIMIT, **opts)  # fmt: skip
         expected, masked = set(), 0
         for (step, a), b in zip(want, loader, strict=False):
             assert torch.equal(a["source"], b["source"])

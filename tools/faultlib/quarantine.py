@@ -71,7 +71,9 @@ def quarantined_rows(work: Path, scale: float) -> Iterator[Attempt]:
                 (dst / name).write_bytes((dst / name).read_bytes()[: at // 8])
             else:
                 flipped(root, dst, name, at)
-            loader = Loader(str(dst), **{**opts, "num_workers": workers}, on_corrupt="mask")
+            # no practical limit: this attack checks the masking (the default limit has its own)
+            loader = Loader(str(dst), **{**opts, "num_workers": workers}, on_corrupt="mask",
+                            max_quarantined=10**12)  # fmt: skip
             try:
                 got = list(loader)
             except WdstreamError as exc:

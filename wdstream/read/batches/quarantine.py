@@ -9,7 +9,7 @@ each event becomes a :class:`QuarantineEvent` in :attr:`QuarantineLog.events` an
 decides whether the run may go on::
 
     loader = Loader("data/", on_corrupt="mask", max_quarantined=100)
-    for batch in loader: ...
+    for batch in loader: ...       # default (None): 0.1 % of the rows handed out, >= 16 rows
     loader.quarantined   # [QuarantineEvent(step=41210, rank=0, row=3, shard='.../data-000017.tar',
                          #   sample=912, byte=7480832, reason='checksum mismatch (corrupt bytes)')]
 """
@@ -23,11 +23,16 @@ from typing import Any
 from wdstream.errors import QuarantineLimitError
 from wdstream.read.order.steps import masked_rows
 
-__all__ = ["QuarantineEvent", "QuarantineLog"]
+__all__ = ["DEFAULT_ALLOWANCE", "DEFAULT_FRACTION", "QuarantineEvent", "QuarantineLog"]
 
 log = logging.getLogger("wdstream.read")
 
 _SHOWN = 5  # events a limit error names
+# The limit when none is given (max_quarantined=None): masked rows may be 0.1 % of the rows
+# handed out, and 16 rows whatever the count, so a corrupt sample early in a run does not
+# stop it while a dataset or store that fails throughout stops within a few batches.
+DEFAULT_FRACTION = 0.001
+DEFAULT_ALLOWANCE = 16
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,10 @@ class QuarantineLog:
     Args:
         limit: ``max_quarantined``: an int, the most masked rows of the run (as counted in
             its state); a float in (0, 1), the largest fraction masked of the rows handed
-            out through this log (this process, since the reader was made); None: none.
+            out through this log (this process, since the reader was made); None: the
+            default, :data:`DEFAULT_FRACTION` (0.1 %) of the rows handed out through this
+            log and at least :data:`DEFAULT_ALLOWANCE` (16) rows. A large int (``10**12``)
+            sets no practical limit.
     """
 
     def __init__(self, limit: int | float | None) -> None:
@@ -102,6 +110,13 @@ class QuarantineLog:
         """What exceeds the limit with ``total`` masked rows in the run and ``masked`` of
         this log's rows, or None."""
         limit = self.limit
+        if limit is None:
+            allowed = max(DEFAULT_ALLOWANCE, int(DEFAULT_FRACTION * self.rows))
+            if masked <= allowed:
+                return None
+            return (f"{masked} of the {self.rows} rows handed out were masked, more than the "
+                    f"default limit ({DEFAULT_FRACTION:.1%} of them, at least "
+                    f"{DEFAULT_ALLOWANCE}; max_quarantined sets another)")  # fmt: skip
         if isinstance(limit, float) and masked > limit * self.rows:
             return (f"{masked} of the {self.rows} rows handed out were masked, more than "
                     f"max_quarantined={limit} of them")  # fmt: skip
