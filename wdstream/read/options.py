@@ -72,7 +72,8 @@ class ReadOptions:
             its state, this rank's) may have; a float in (0, 1), the largest fraction of the
             rows this reader handed out in this process that may be masked. Past it the
             batch is not handed out and ``QuarantineLimitError`` names the count and the
-            last events. None (default): no limit.
+            last events. None (default): 0.1 % of the rows handed out in this process, and
+            at least 16 rows (``wdstream.read.batches.quarantine``); ``10**12``: no limit.
         store_options: passed to the storage backend.
     """
 
