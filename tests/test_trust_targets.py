@@ -129,7 +129,10 @@ def test_a_mixture_gives_stored_rows_their_mask_and_the_others_the_rules(
     seen = {0: 0, 1: 0}
     loader = Loader({"chat": str(root), "text": str(other)}, weights={"chat": 1, "text": 1},
                     seq_len=SEQ, batch_size=4, num_workers=0, seed=2)  # fmt: skip
-    for _, b in zip(range(25), loader, strict=False):
+    for step, b in zip(range(25), loader, strict=False):
+        if step % 6 == 0:  # random access labels each row by its source too
+            again = loader.batch_at(step)
+            assert all((again[k] == b[k]).all() for k in ("input_ids", "labels", "source"))
         for ids, labels, src in zip(b["input_ids"].tolist(), b["labels"].tolist(),
                                     b["source"].tolist(), strict=True):  # fmt: skip
             seen[src] += 1
