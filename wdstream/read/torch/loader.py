@@ -31,6 +31,7 @@ from wdstream.errors import StateMismatchError
 from wdstream.read.assemble import mesh_coordinates
 from wdstream.read.batches.buckets import BucketedBatches
 from wdstream.read.batches.quarantine import QuarantineEvent, QuarantineLog
+from wdstream.read.option_checks import check_read_options
 from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
@@ -173,6 +174,10 @@ class Loader:
         mesh: Any = None,
         **store_options: Any,
     ) -> None:
+        check_read_options(seq_len=seq_len, batch_size=batch_size, seed=seed, epochs=epochs,
+                           num_workers=num_workers, streams=streams, chunk_batches=chunk_batches,
+                           shuffle_window=shuffle_window, shuffle_lanes=shuffle_lanes,
+                           max_tokens=max_tokens)  # fmt: skip
         if num_workers is None:
             num_workers = min(4, max(0, _usable_cores() - 1))
         order = resolve_order(order, tokenizer is not None, streams)
