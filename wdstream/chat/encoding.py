@@ -31,8 +31,9 @@ class ChatProblem:
         message: index of the message (turn) concerned.
         kind: ``relocated`` (the template rewrites the turn in the whole conversation; its
             span was found by the second rule), ``unlocated`` (the turn could not be found;
-            it is not supervised) or ``straddle`` (a supervised token also covers
-            unsupervised characters).
+            it is not supervised), ``straddle`` (a supervised token also covers
+            unsupervised characters) or ``special_text`` (the messages spell out a special
+            token; the detail says whether it was kept text or parsed).
         detail: one line for a person.
     """
 
