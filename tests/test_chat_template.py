@@ -90,7 +90,7 @@ def test_the_template_refusing_a_conversation_is_a_conversation_error() -> None:
         ("{{ 1 / 0 }}", "ZeroDivisionError"),
         ("{{ 'x' * 2**25 }}", "passes 16,777,216 characters"),
         ("{% for i in range(10000) %}{% for j in range(10000) %}x{% endfor %}{% endfor %}",
-         "more than 4,000,000 steps"),
+         "the template takes more than"),  # its steps (or, on a crawling host, seconds)
         ("{% for i in range(3000) %}{% for j in range(1000) %}xxxxxxxxxx{% endfor %}{% endfor %}",
          "passes 16,777,216 characters"),
     ],
