@@ -6,5 +6,6 @@ Shared: ``common`` (outcomes, the clean dataset, the CLI run, the input corpus),
 (bit flips, index.json edits), ``cursors`` (hostile saved states), ``inputs`` (hostile pack
 inputs), ``storage``, ``packs`` (the pack process killed or failing), ``servers`` (hostile
 and lying HTTP servers, the node cache), ``rows`` (rows as served), ``mixture``,
-``quarantine``.
+``quarantine``, ``edges`` (Arrow inputs cut short, the writer's arguments and bounds,
+checkpoint states, reader options and ``--plot`` paths, blank-line bombs, all-corrupt data).
 """
