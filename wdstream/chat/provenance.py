@@ -8,10 +8,13 @@ other messages' text there: a recap of the user's question inside the assistant'
 system prompt as a footer after the last turn, the last user message repeated at the end.
 :func:`foreign_text` renders the conversation through the turn again with every *other*
 message's strings (and the tools') changed, letter by letter and digit by digit
-(:func:`rotated`: ``a`` to ``b``, ``9`` to ``0``; whitespace, punctuation and ``<tags>`` kept,
-so a template's tests on the text, such as ``startswith('<tool_response>')``, answer alike).
-Text the turn owns, or the template writes of its own, does not change; a turn whose text
-changes holds text of another message, and the conversation is refused.
+(:func:`rotated`: ``a`` to ``b``, ``9`` to ``0``, any other non-ASCII character to its printable
+neighbour, ``日`` to ``旦``, an emoji to the next; whitespace, ASCII punctuation and ``<tags>``
+kept, so a template's tests on the text, such as ``startswith('<tool_response>')``, answer
+alike). Text the turn owns, or the template writes of its own, does not change; a turn whose
+text changes holds text of another message, and the conversation is refused. Not seen: a copy
+of text made only of ASCII punctuation and whitespace (``"?!"``), and values computed from the
+text that the change keeps (its length).
 
 **Which special-token text is the template's markup?** Message content may spell out a
 special token (``<|endoftext|>`` in a scraped web page). Only the template's own markup may
@@ -39,15 +42,22 @@ _ROTATE = str.maketrans(
 PLACEHOLDER = "\ue000"
 
 
+def _neighbour(c: str) -> str:
+    """A non-ASCII character's neighbouring code point, when it is as printable (letters,
+    ideographs, emoji); the character itself otherwise."""
+    if ord(c) < 128 or c.isspace():
+        return c
+    other = chr(ord(c) ^ 1)
+    return (
+        other
+        if other.isprintable() and not other.isspace() and c.isalnum() == other.isalnum()
+        else c
+    )
+
+
 def _rotate_text(text: str) -> str:
     out = text.translate(_ROTATE)
-    if not out.isascii():  # other letters: the neighbouring code point, when it is one too
-        out = "".join(
-            (chr(ord(c) ^ 1) if chr(ord(c) ^ 1).isalnum() else c) if ord(c) > 127 and c.isalnum()
-            else c
-            for c in out
-        )  # fmt: skip
-    return out
+    return out if out.isascii() else "".join(map(_neighbour, out))
 
 
 def _rotate_str(text: str) -> str:
