@@ -164,8 +164,8 @@ def _records(batch: Any, reader: RowReader, long: dict[int, int]) -> list[Any]:
     the record limit) as None, never turned into Python objects."""
     if long:
         keep = [k for k in range(batch.num_rows) if k not in long]
-        rows = iter(_records(batch.take(keep), reader, {}) if keep else [])
-        return [None if k in long else next(rows) for k in range(batch.num_rows)]
+        kept = iter(_records(batch.take(keep), reader, {}) if keep else [])
+        return [None if k in long else next(kept) for k in range(batch.num_rows)]
     if reader.document is None and batch.num_columns == 1:
         key = batch.schema.names[0]
         if key == reader.text_key.split(".")[0]:

@@ -161,6 +161,7 @@ class BlockParser:
         starts = np.concatenate(([0], ends[:-1])).astype(np.int64)
         pieces: list[str] | None = None
         skipped = None
+        lines: np.ndarray | range
         if len(ends) and len(data) < _SPARSE_LINE_BYTES * len(ends):
             lines, skipped = self._busy_lines(arr, starts, ends, block.as_text)
         else:

@@ -88,7 +88,7 @@ def checked_options(output: Any, options: dict[str, Any]) -> str:
     seq_len = options.get("seq_len", 2048)
     if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral):
         raise TypeError(f"seq_len must be an int, got {seq_len!r:.80}")
-    if not 1 <= seq_len <= MAX_SEQ_LEN:
+    if not 1 <= int(seq_len) <= MAX_SEQ_LEN:
         raise ValueError(
             f"seq_len must be in [1, {MAX_SEQ_LEN}] (samples of seq_len + 1 tokens, below "
             f"2**31 as index.json records them), got {seq_len}"
