@@ -53,6 +53,10 @@ BOMBS = {
     "2 ** 10**8": "{{ 2 ** 100000000 }}",
     "split of 16 M characters": "{{ ('a ' * 8000000).split() | length }}",
     "indent by 10**6 per line": "{{ ('a\\n' * 1000) | indent(1000000) }}",
+    "a sort of 100,000 items per loop item": "{% set l = range(100000) | list %}"
+    "{% for i in range(100000) %}{% set x = l | sort %}{% endfor %}",
+    "'in' over 16 M characters per loop item": "{% set s = 'x' * 16000000 %}"
+    "{% for i in range(100000) %}{% if 'y' in s %}{% endif %}{% endfor %}",
 }
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
 RSS_LIMIT_MB = 1024  # the child measured ~115 MB on a refused bomb; 'x' * 10**9 was 5 GB

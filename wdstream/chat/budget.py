@@ -9,9 +9,11 @@ or to loop bounded *before* the work is done:
 
 * **steps**: every item a ``{% for %}`` loop takes (its iterable is wrapped, filtered loops
   included), every call (macros, ``caller()``, methods, ``loop(...)`` of a recursive loop) and
-  every filter is a step, plus one per 4,096 characters made (below); a conversation's
-  renders together may take :data:`MAX_STEPS`, and (a backstop for work the steps price low)
-  :data:`MAX_SECONDS` of wall time, checked every 4,096 steps;
+  every filter is a step, plus one per item of the container and per 4,096 characters of the
+  string a filter or method works on, and one per 4,096 characters made (below); a
+  conversation's renders together may take :data:`MAX_STEPS`, and (a backstop for work the
+  steps price low, such as ``in`` over long strings) :data:`MAX_SECONDS` of wall time,
+  checked every 1,024 steps;
 * **characters**: no value a template makes may pass :data:`MAX_RENDER_CHARS` characters,
   nor a container :data:`MAX_ITEMS` items. ``*``, ``**``, ``+`` and ``%`` (intercepted
   operators), ``~``, ``str.format``, the string methods and filters that can grow their
@@ -74,7 +76,7 @@ __all__ = [
 MAX_STEPS = 4_000_000  # loop items, calls and filters of one conversation's renders
 MAX_SECONDS = 60.0  # wall time of one conversation's renders (a backstop)
 MAX_MADE = 4 * MAX_RENDER_CHARS  # characters and items one render's operations make
-_CLOCK_EVERY = 4096  # steps between looks at the clock
+_CLOCK_EVERY = 1024  # steps between looks at the clock
 _SEQUENCES = (str, bytes, list, tuple)
 
 
@@ -146,17 +148,37 @@ class Budget:
 
 _LOOP = "__bounded_loop__"  # the filters the tree is rewritten with (called directly, not
 _CONCAT = "__bounded_concat__"  # through the sandbox's call: one Python call each)
+_IN = "__bounded_in__"
+
+
+def _work(value: Any) -> int:
+    """The steps a filter or method costs on ``value``: one, plus one per item of a container
+    (a sort, a copy, a lookup through it) and one per 4,096 characters of a string."""
+    if type(value) is str:
+        return 1 + (len(value) >> 12)
+    if isinstance(value, (list, tuple, dict, set)):
+        return 1 + len(value)
+    return 1
 
 
 class _Bounds(NodeTransformer):
     """Every ``{% for %}`` iterable through :meth:`BoundedEnvironment.bounded_loop` (a step
     per item), every ``~`` through :meth:`BoundedEnvironment.bounded_concat` (its size
-    checked first)."""
+    checked first), every ``in`` through :meth:`BoundedEnvironment.bounded_in` (steps by
+    the size of what it looks through)."""
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
         node = self.generic_visit(node)
         node.iter = nodes.Filter(node.iter, _LOOP, [], [], None, None, lineno=node.lineno)
         return node
+
+    def visit_Compare(self, node: nodes.Compare) -> nodes.Node:
+        node = self.generic_visit(node)
+        if len(node.ops) != 1 or node.ops[0].op not in ("in", "notin"):
+            return node
+        pair = nodes.Tuple([node.expr, node.ops[0].expr], "load", lineno=node.lineno)
+        op = nodes.Const(node.ops[0].op, lineno=node.lineno)
+        return nodes.Filter(pair, _IN, [op], [], None, None, lineno=node.lineno)
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
         node = self.generic_visit(node)
@@ -177,6 +199,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         self.filters = {name: self.guarded(name, f) for name, f in self.filters.items()}
         self.filters[_LOOP] = self.bounded_loop
         self.filters[_CONCAT] = self.bounded_concat
+        self.filters[_IN] = self.bounded_in
 
     @property
     def budget(self) -> Budget:
@@ -210,7 +233,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
                 value = filter_checks(name, args[at], args[at + 1 :], kwargs)
                 args = (*args[:at], value, *args[at + 1 :])
             budget = self._local.budget
-            budget.spend(1)
+            budget.spend(_work(args[at]) if len(args) > at else 1)
             return budget.make(checked(func(*args, **kwargs), f"the {name} filter"))
 
         return guarded
@@ -247,7 +270,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         """A call from the template: a step, its size checks, the sandbox's own checks."""
-        __self.budget.spend(1)
+        __self.budget.spend(_work(getattr(__obj, "__self__", None)))
         if isinstance(__obj, LoopContext) and args:  # loop(children) of a recursive loop
             args = (__self.bounded_loop(args[0]), *args[1:])
         else:
@@ -277,6 +300,13 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         for item in iterable:
             spend(1)
             yield item
+
+    def bounded_in(self, pair: tuple[Any, Any], op: str) -> bool:
+        """``a in b`` (``op`` ``in``) or ``a not in b`` (``notin``), a step per item of ``b``
+        or per 4,096 of its characters."""
+        self.budget.spend(_work(pair[1]))
+        found = pair[0] in pair[1]
+        return found if op == "in" else not found
 
     def bounded_concat(self, parts: tuple[Any, ...]) -> str:
         """``a ~ b ~ ...``, its size checked first."""
