@@ -51,6 +51,18 @@ def test_a_record_key_that_is_no_str_is_refused(tmp_path: Path, key: str, value:
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(("key", "value", "error"), [("source", 5, TypeError),
+                                                     ("source", None, TypeError),
+                                                     ("queue_size", "x", ValueError),
+                                                     ("queue_size", True, ValueError)])  # fmt: skip
+def test_a_source_or_queue_size_of_the_wrong_type_is_refused(
+    tmp_path: Path, key: str, value: object, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match=f"{key} must be"):
+        wdstream.Writer(str(tmp_path / "o"), **OPTS, **{key: value})
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("seq_len", [2**31 - 1, 2**40, 0, -1])
 def test_a_row_length_no_reader_accepts_is_refused_at_construction(
     tmp_path: Path, seq_len: int

@@ -193,6 +193,7 @@ def writer_edges(work: Path, scale: float) -> Iterator[Attempt]:
     cases: list[tuple[str, dict[str, Any], str]] = [
         *((f"output={o!r}", {"output": o}, "output") for o in (None, 5, "", b"x")),
         *((f"text_key={k!r}", {"text_key": k}, "text_key") for k in (5, None, "")),
+        *((f"source={v!r}", {"source": v}, "source") for v in (5, None)),
         *((f"seq_len={n!r}", {"seq_len": n}, "seq_len") for n in (2**40, 2**31 - 1, 0, -1, True, 2.5)),
         ("mask_key == ids_key", {"pretokenized": True, "mask_key": "input_ids", "mode": "docs"},
          "mask_key and ids_key"),

@@ -63,10 +63,10 @@ MAX_SEQ_LEN = 2**31 - 2
 _KEYS = ("text_key", "ids_key", "messages_key")
 
 
-def checked_options(output: Any, options: dict[str, Any]) -> str:
+def checked_options(output: Any, options: dict[str, Any], source: Any = RECORDS_NAME) -> str:
     """``output`` as a str, once it and the options a pack would only fail on later (or
-    with a traceback) are checked: the output a path or URL, the record keys non-empty
-    str, ``seq_len`` a row length a reader accepts.
+    with a traceback) are checked: the output a path or URL, the records' ``source`` name
+    and the record keys non-empty str, ``seq_len`` a row length a reader accepts.
 
     Raises:
         TypeError: ``output`` or a key of the wrong type, naming it.
@@ -79,6 +79,8 @@ def checked_options(output: Any, options: dict[str, Any]) -> str:
             "output must be a dataset root: a local path or a URL, as a non-empty str or "
             f"os.PathLike, got {output!r:.80}"
         )
+    if not isinstance(source, str) or not source:
+        raise TypeError(f"source must be a non-empty str (the records' name), got {source!r:.80}")
     for key in (*_KEYS, "mask_key"):
         value = options.get(key, None if key == "mask_key" else "text")
         if key == "mask_key" and value is None:
@@ -120,7 +122,7 @@ def pack_records(
             a bad record named ``SOURCE:N`` (its 1-based number), a record over
             ``max_record_bytes`` (its text's UTF-8 bytes) among them.
     """
-    output = checked_options(output, options)
+    output = checked_options(output, options, source)
     return pack(PackInputs.from_records(records, source), output, **options)
 
 
@@ -216,9 +218,9 @@ class Writer:
     def __init__(
         self, output: str, *, source: str = RECORDS_NAME, queue_size: int = 1024, **options: Any
     ) -> None:
-        if queue_size < 1:
-            raise ValueError(f"queue_size must be >= 1, got {queue_size}")
-        output = checked_options(output, options)
+        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+            raise ValueError(f"queue_size must be an int >= 1, got {queue_size!r:.80}")
+        output = checked_options(output, options, source)
         self._ready = threading.Event()
         self._feed = _Feed(queue_size, self._ready)
         self._result: PackResult | None = None
