@@ -79,6 +79,14 @@ def test_plot_over_a_file_that_is_no_picture_needs_asking(dataset: Path, tmp_pat
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_plot_into_a_missing_folder_is_refused_before_reading(
+    dataset: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    said = one_error(run_cli("stats", str(dataset), "--plot", str(tmp_path / "no" / "p.png")))
+    assert f"the folder {tmp_path / 'no'} does not exist" in said
+
+
 def test_plot_over_the_mixture_spec_is_refused(dataset: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     spec = tmp_path / "mix.json"

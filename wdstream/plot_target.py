@@ -74,10 +74,12 @@ def check_plot_target(plot: str, protected: list[str], overwrite: bool = False) 
         ValueError: naming the path and why (the CLI prints it as one ``Error:`` line).
     """
     target = Path(os.path.abspath(plot))
+    if not target.parent.is_dir():
+        raise ValueError(f"--plot {plot}: the folder {target.parent} does not exist")
     try:
         st = os.lstat(target)
     except FileNotFoundError:
-        return  # a new file (a missing folder fails at the write, naming it)
+        return  # a new file
     if stat.S_ISLNK(st.st_mode):
         raise ValueError(f"--plot {plot}: a symlink; the picture follows no link: give the path "
                          "it should be written to")  # fmt: skip
