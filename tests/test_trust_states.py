@@ -97,9 +97,24 @@ def test_a_global_state_cut_back_to_an_older_check_is_refused(
         assert got["error"].startswith(
             "StateMismatchError: skips: is not covered by the state's check"
         )
+    removed = {k: v for k, v in state.items() if k != "skips"}  # skips and their tag gone
+    removed["check"] = state["check"][: 8 * len(SEALED)]
+    got = _resume(tmp_path, data["a"], None, removed)
+    assert got["error"].startswith("StateMismatchError: skips: missing: the state's check was made")
+    legacy = {**state, "check": _legacy_check(state)}  # saved before the form was in the key
+    assert _resume(tmp_path, data["a"], None, legacy) == {"ids": after, "steps": steps}
     bare = {k: v for k, v in state.items() if k not in ("check", "skips")}
     got = _resume(tmp_path, data["a"], None, bare)  # "saved before issue 23", but named by content
     assert got["error"].startswith("StateMismatchError: check: missing")
+
+
+def _legacy_check(state: dict[str, Any]) -> str:
+    """The check a global state with skips got before its form was part of the key."""
+    from wdstream.read.order.global_seal import sealed_fields
+    from wdstream.read.order.state_fields import cursor_seal
+
+    config, fields = sealed_fields(state)
+    return cursor_seal(config, 0, fields, tuple(fields))
 
 
 def test_a_mixture_state_vouches_for_every_field(data: dict[str, str], tmp_path: Path) -> None:
@@ -119,6 +134,10 @@ def test_a_mixture_state_vouches_for_every_field(data: dict[str, str], tmp_path:
         got = _resume(tmp_path, data, W, {**state, **edit})
         assert got["error"] == f"StateMismatchError: {got['error'].split(': ', 1)[1]}"
         assert message in got["error"], (edit, got)
+    removed = {k: v for k, v in state.items() if k != "skips"}
+    removed["check"] = state["check"][:48]
+    got = _resume(tmp_path, data, W, removed)
+    assert got["error"].startswith("StateMismatchError: skips: missing: the state's check was made")
     unsealed = {k: v for k, v in state.items() if k != "check"}
     got = _resume(tmp_path, data, W, unsealed)
     assert got["error"].startswith(
@@ -126,13 +145,19 @@ def test_a_mixture_state_vouches_for_every_field(data: dict[str, str], tmp_path:
     )
 
 
-def test_a_mixture_state_of_the_unsealed_form_without_skips_still_loads(
+def test_a_mixture_state_without_check_is_refused_unless_sealed_by_hand(
     data: dict[str, str], tmp_path: Path
 ) -> None:
+    """Without ``check`` a state saved before sealing cannot be told from one whose skips and
+    check were removed: refused; sealing it explicitly (the opt-in) resumes it exactly."""
+    from wdstream.read.mixture.seal import mixture_seal
+
     loader = Loader(data, batch_size=4, num_workers=0, weights=W, **OPTS)
     _ids(loader, 3)
     state = {k: v for k, v in loader.state_dict().items() if k != "check"}
     got = _resume(tmp_path, data, W, state)
+    assert got["error"].startswith("StateMismatchError: check: missing: a mixture state carries")
+    got = _resume(tmp_path, data, W, {**state, "check": mixture_seal(state)})
     assert got["ids"] == _ids(loader, 3)
 
 

@@ -264,10 +264,9 @@ def _state_after(make: Callable[[], Loader]) -> tuple[dict, list, list]:
 
 def state_downgrades(work: Path, scale: float) -> Iterator[Attempt]:
     """Global and mixture states (4 batches, 2 steps skipped, 2 batches) whose ``skips``
-    were edited or kept while their ``check`` was cut back to an older form, removed, or
-    kept; ``quarantined`` added. A StateMismatchError, or exactly the uninterrupted run."""
-    from wdstream.read.order.global_seal import SEALED, seal
-
+    were kept, edited or removed while their ``check`` was cut back to the placing fields'
+    tags, removed, or kept; ``quarantined`` added. A StateMismatchError, or exactly the
+    uninterrupted run (a recomputed check is forgery, which tags do not claim to stop)."""
     root, _ = clean_dataset(work)
     other = work / "trust-mix-b"
     if not other.exists():
@@ -285,8 +284,9 @@ def state_downgrades(work: Path, scale: float) -> Iterator[Attempt]:
         edits: list[tuple[str, Callable[[dict], None]]] = []
         for skips in ([[4, 2]], [[4, 3]], [[3, 2]], [[4, 1]], [[4, 2], [5, 1]], []):
             edits.append((f"skips {skips}", lambda s, v=skips: s.__setitem__("skips", v)))
+        edits.append(("skips removed", lambda s: s.pop("skips")))
         cuts = {
-            "global": {"older check": lambda s: s.__setitem__("check", seal(s, SEALED))},
+            "global": {"older check": lambda s: s.__setitem__("check", s["check"][:48])},
             "mixture": {"older check": lambda s: s.__setitem__("check", s["check"][:48])},
         }
         forms = {"kept check": lambda s: None, "no check": lambda s: s.pop("check"), **cuts[kind]}

@@ -9,10 +9,13 @@ budget). Mixture states saved before issue 33 carried no check: an edited but we
 tag (:func:`~wdstream.read.order.state_fields.cursor_seal`, keyed by the rest of the saved
 config); lists (``schedule``, ``skips``) are tagged by a hash of their JSON.
 
-Forms: a state with ``check`` must cover exactly the fields it carries (a check cut back to
-fewer fields is refused, naming the first field left uncovered); a state without ``check``
-is one saved before, which never vouched for ``skips`` or ``quarantined``: it loads only
-without them. The tags detect edits and mix-ups, not forgery (the config is in the state).
+Forms: a state must carry ``check``, covering exactly the fields it carries (a check cut back to
+fewer fields is refused, naming the first field left uncovered, and the list of the sealed
+fields is part of the key, so a field removed with its tag is named too:
+:mod:`~wdstream.read.order.seal_forms`). A state without ``check`` is refused: one saved
+before cannot be told from a sealed one whose ``skips`` and check were both removed
+(:func:`refuse_unsealed_mixture` names the opt-in for a trusted old state). The tags
+detect edits and mix-ups, not forgery (the config is in the state).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import hashlib
 import json
 from typing import Any
 
-from wdstream.read.order.state_fields import SEAL_KEY, TAG_HEX, cursor_seal, mismatch
+from wdstream.read.order.seal_forms import check_form_tags, form_tags
+from wdstream.read.order.state_fields import SEAL_KEY, mismatch
 
 __all__ = ["MIXTURE_SEALED", "check_mixture_seal", "mixture_seal", "refuse_unsealed_mixture"]
 
@@ -58,59 +62,46 @@ def _fields(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
 
 
 def mixture_seal(state: dict[str, Any]) -> str:
-    """The ``check`` of a mixture state: 8 hex per field it carries (module docstring)."""
+    """The ``check`` of a mixture state: 8 hex per field it carries, the list of those
+    fields in the key (module docstring)."""
     config, fields = _fields(state)
-    return cursor_seal(config, 0, fields, tuple(fields))
+    return form_tags(config, fields, tuple(fields), tuple(fields))
 
 
 def check_mixture_seal(state: dict[str, Any]) -> None:
     """Refuse a sealed mixture state whose fields differ from its check, or whose check
-    does not cover every field it carries, naming the first such field.
+    does not cover exactly the fields it carries, naming the first such field.
 
     Raises:
         StateMismatchError: naming the field, or ``check`` when malformed.
     """
-    tags = state[SEAL_KEY]
-    _, fields = _fields(state)
-    keys = tuple(fields)
-    if not isinstance(tags, str) or len(tags) % TAG_HEX:
-        raise mismatch(SEAL_KEY, tags, f"a string of {TAG_HEX * len(keys)} hex digits expected")
-    covered = len(tags) // TAG_HEX
-    if covered < len(keys) and covered >= len(MIXTURE_SEALED):
-        left = keys[covered]
-        raise mismatch(left, state[left],
-                       f"is not covered by the state's check (a check of {covered} fields): "
-                       "the field was added to the state, or its check cut back to an older "
-                       "form that never carried it")  # fmt: skip
-    if covered != len(keys):
-        raise mismatch(SEAL_KEY, tags, f"a string of {TAG_HEX * len(keys)} hex digits expected")
-    want = mixture_seal(state)
-    n = TAG_HEX
-    bad = [k for i, k in enumerate(keys) if tags[i * n : (i + 1) * n] != want[i * n : (i + 1) * n]]
-    if len(bad) == len(keys):
-        raise mismatch(SEAL_KEY, tags, "no field matches the check: another run's state")
-    if bad:
-        also = f" (also {', '.join(bad[1:])})" if len(bad) > 1 else ""
-        path = bad[0]
-        shown: Any = state.get(path, fields[path])
-        raise mismatch(path, shown,
-                       f"differs from the value the state's check was made with: the field "
-                       f"was edited{also}")  # fmt: skip
+    config, fields = _fields(state)
+
+    def shown(key: str) -> Any:
+        return state.get(key, fields[key])
+
+    check_form_tags(state[SEAL_KEY], config, fields, MIXTURE_SEALED, _COUNTED, shown,
+                    legacy=False)  # fmt: skip
 
 
 def refuse_unsealed_mixture(state: dict[str, Any]) -> None:
-    """Refuse a mixture state without ``check`` that carries ``skips`` or ``quarantined``:
-    it claims the form saved before mixture states were sealed, which cannot vouch for them.
+    """Refuse a mixture state without ``check``. Such a state is either one saved before
+    mixture states were sealed or a sealed one whose check was removed, and the two cannot
+    be told apart: removing ``skips`` with the check leaves exactly the older form, and it
+    would load with every later ``data_step`` moved. A state you saved yourself before
+    (issue 33) can be sealed as it stands with :func:`mixture_seal` (the state then vouches
+    for what it says now): that is the explicit opt-in the message names.
 
     Raises:
         StateMismatchError: naming ``check``.
     """
     held = [k for k in _COUNTED if k in state]
-    if held:
-        raise mismatch(
-            SEAL_KEY, None,
-            f"missing: a mixture state carrying {' and '.join(held)} carries its check (an "
-            "edit there would remap training steps to data steps or move the quarantine "
-            "budget unseen); it was removed, or the state was saved before mixture states "
-            "were sealed: resume from a state saved by this version",
-        )  # fmt: skip
+    what = f"a mixture state carrying {' and '.join(held)}" if held else "a mixture state"
+    raise mismatch(
+        SEAL_KEY, None,
+        f"missing: {what} carries its check (without it an edit or removal of skips would "
+        "remap training steps to data steps unseen); it was removed, or the state was saved "
+        "before mixture states were sealed: resume from a state saved by this version, or, "
+        "for a state you trust as it stands, add state['check'] = "
+        "wdstream.read.mixture.seal.mixture_seal(state)",
+    )  # fmt: skip

@@ -20,7 +20,7 @@ to data steps (``Loader.skip_steps``); ``quarantined`` (only once rows were mask
 pieces of each source's next row) are checked by the reader (:mod:`~wdstream.read.order.identity`);
 states saved before they existed lack them and load unchecked. ``check`` (``seal.py``) tags
 every placing field, ``skips`` and ``quarantined``; a state without it (saved before issue
-33) loads only if it carries neither of those.
+33, or with its check removed) is refused.
 Every refusal is a :class:`StateMismatchError` naming the key.
 """
 

@@ -9,7 +9,8 @@ import hashlib
 import json
 from typing import Any
 
-from wdstream.read.order.state_fields import SEAL_KEY, cursor_seal, mismatch
+from wdstream.read.order.seal_forms import check_form_tags, form_tags
+from wdstream.read.order.state_fields import SEAL_KEY, mismatch
 
 __all__ = ["SEALED", "check_seal", "refuse_unsealed", "seal"]
 
@@ -44,48 +45,34 @@ def seal(state: dict[str, Any], keys: tuple[str, ...] | None = None) -> str:
     """The ``check`` of a global state: 8 hex per placing field (``cursor_seal``), so an
     edit of ``origin``, ``step``, ``iter_stop``, the saved global batch, ``skips`` or
     ``quarantined`` is named on load. ``keys``: the fields to seal (default: every one the
-    state holds)."""
+    state holds); the list of them is part of the key (``seal_forms.py``), so a check cut
+    back to fewer fields matches no tag of the form it then claims."""
     config, fields = sealed_fields(state)
-    return cursor_seal(config, 0, fields, keys or tuple(fields))
+    keys = keys or tuple(fields)
+    return form_tags(config, fields, keys, keys)
 
 
 def check_seal(state: dict[str, Any]) -> None:
     """Refuse a sealed global state whose sealed fields differ from their check, naming
     the first such field. The check covers the placing fields, then the state's ``skips``
-    and ``quarantined`` in that order, and it must cover every one the state carries: a
-    counted field the check does not cover was added after it, or the check was cut back to
-    an older form (the placing fields alone) that never carried it; either is refused, since
-    an edited ``skips`` under such a check would remap training steps to other data steps
-    unseen. A state without ``check`` (saved before issue 23) is not checked here.
+    and ``quarantined`` in that order, and it must cover every one the state carries, and
+    no more: a counted field the check does not cover was added after it, or the check was
+    cut back to an older form (the placing fields alone) that never carried it; a field the
+    check was made over but the state no longer carries was removed (its tag cut with it).
+    Each is refused, since an edited or removed ``skips`` would remap training steps to
+    other data steps unseen. Checks made before the form was part of the key still load
+    (``seal_forms.py``); a state without ``check`` (saved before issue 23) is not checked
+    here.
 
     Raises:
         StateMismatchError: naming the field, or ``check`` when malformed.
     """
-    tags = state[SEAL_KEY]
-    _, fields = sealed_fields(state)
-    counted = [k for k in _COUNTED if k in fields]
-    n = len(seal(state, SEALED[:1]))
-    covered = len(tags) // n - len(SEALED) if isinstance(tags, str) else -1
-    if not isinstance(tags, str) or len(tags) % n or not 0 <= covered <= len(counted):
-        raise mismatch(SEAL_KEY, tags, f"a string of {n * len(fields)} hex digits expected")
-    keys = SEALED + tuple(counted[:covered])
-    want = seal(state, keys)
-    bad = [k for i, k in enumerate(keys) if tags[i * n : (i + 1) * n] != want[i * n : (i + 1) * n]]
-    if len(bad) == len(keys):
-        raise mismatch(SEAL_KEY, tags, "no field matches the check: another run's state")
-    if bad:
-        also = f" (also {', '.join(bad[1:])})" if len(bad) > 1 else ""
-        shown = state[bad[0]] if bad[0] in _COUNTED else fields[bad[0]]
-        raise mismatch(
-            bad[0], shown,
-            f"differs from the value the state's check was made with: the field was edited{also}",
-        )  # fmt: skip
-    added = counted[covered:]
-    if added:
-        raise mismatch(added[0], state[added[0]],
-                       f"is not covered by the state's check (a check of {len(keys)} fields): "
-                       "the field was added to the state, or its check cut back to an older "
-                       "form that never carried it")  # fmt: skip
+    config, fields = sealed_fields(state)
+
+    def shown(key: str) -> Any:
+        return state[key] if key in _COUNTED else fields[key]
+
+    check_form_tags(state[SEAL_KEY], config, fields, SEALED, _COUNTED, shown, legacy=True)
 
 
 def refuse_unsealed(state: dict[str, Any], newer: bool) -> None:
