@@ -92,14 +92,21 @@ def _checked(pa: Any, reader: Any, fh: IO[bytes], name: str, kind: str) -> Itera
         yield batch
     fh.seek(end)
     tail = fh.read(9)
-    if tail not in _EOS:
-        why = "without its end-of-stream marker" if len(tail) < 4 else "with damaged bytes"
-        if len(tail) > 8 and tail[:8] == _EOS[0]:
-            why = "and more bytes follow its end-of-stream marker (two streams concatenated?)"
+    if tail in _EOS:
+        return
+    where = _rows(batches, rows, last)
+    if any(eos.startswith(tail) for eos in _EOS):  # nothing, or part of the marker
         raise InputError(
-            f"{name}: Arrow IPC {kind} cut short: it ends {_rows(batches, rows, last)} {why} "
-            "(an interrupted download or copy?)"
+            f"{name}: Arrow IPC {kind} cut short: it ends {where} without its end-of-stream "
+            "marker (an interrupted download or copy?)"
         )
+    if tail.startswith(_EOS[0]):
+        raise InputError(
+            f"{name}: Arrow IPC {kind}: more bytes follow its end-of-stream marker, {where} "
+            "(two streams concatenated? only the first would be read)"
+        )
+    raise InputError(f"{name}: Arrow IPC {kind} damaged: what follows {where} is no Arrow "
+                     "message and no end-of-stream marker")  # fmt: skip
 
 
 def ipc_batches(pa: Any, fh: IO[bytes], name: str) -> tuple[Any, Iterator[Any]]:
