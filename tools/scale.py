@@ -99,7 +99,9 @@ class _Counting(SimpleHTTPRequestHandler):
         super().do_HEAD()
 
 
-def _serve(folder: str) -> tuple[ThreadingHTTPServer, str]:
+def serve_counting(folder: str) -> tuple[ThreadingHTTPServer, str]:
+    """``folder`` over HTTP on 127.0.0.1 (a free port) from a thread; ``server.handler.
+    counts`` counts GETs, HEADs and bytes per kind of object. Returns the server and URL."""
     handler = type("H", (_Counting,), {"counts": Counter()})
 
     def make(*args: Any) -> SimpleHTTPRequestHandler:
@@ -156,7 +158,7 @@ def _tool(cmd: list[str]) -> dict[str, Any]:
 
 def _http(folder: str, ranks: int, workers: int, nodes: int, work: Path) -> dict[str, Any]:
     """R ranks x W workers per node over a counting server; then started again."""
-    server, url = _serve(folder)
+    server, url = serve_counting(folder)
     caches = [str(work / f"node-{n}") for n in range(nodes)]
     result: dict[str, Any] = {}
     try:
