@@ -128,3 +128,14 @@ def test_good_options_still_explain(dataset: Path) -> None:
                    "--shuffle-window", "1", "--shuffle-lanes", "1")  # fmt: skip
     # this synthetic dataset has no provenance: explain refuses it, but not for the options
     assert "must be an integer" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_pack_refuses_a_row_length_no_reader_takes_before_writing(tmp_path: Path) -> None:
+    src = tmp_path / "one.jsonl"
+    src.write_text('{"text": "a b"}\n')
+    for seq_len in ("1099511627776", "2147483647", "0"):
+        out = tmp_path / f"o{seq_len}"
+        said = one_error(run_cli("pack", str(src), "-o", str(out), "--seq-len", seq_len, "-q"))
+        assert "seq_len must be in [1, 2147483646]" in said and not out.exists()
+    said = one_error(run_cli("pack", str(src), "-o", str(tmp_path / "t"), "--text-key", ""))
+    assert "text_key must be a non-empty str" in said

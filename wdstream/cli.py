@@ -116,7 +116,13 @@ def pack(
     into shards.
 
     With --pretokenized, INPUT... hold records of token ids (docs/PACK.md)."""
+    from wdstream.write.writer import checked_options
+
     store_options = _store_options(output, endpoint_url, retries, timeout)
+    try:  # what the Python writer refuses up front (a row length no reader takes, ...)
+        checked_options(output, options)
+    except TypeError as exc:  # an empty --text-key: a bad option, not a bug
+        _fail(ValueError(str(exc)))
     try:
         lines = run_pack(list(inputs), output, show_progress, quiet, store_options, options)
     except (WdstreamError, ValueError, OSError) as exc:
