@@ -128,7 +128,7 @@ def test_nested_text_key_and_pretokenized_rows(tmp_path: Path) -> None:
     # 2 tokens at least: a document's first token is never a target, and a masked document
     # without a supervised target is refused (docs/FORMAT.md, "loss_mask")
     ids = [[(i * 7 + k) % 1000 for k in range(2 + i % 40)] for i in range(50)]
-    masks = [[k % 2 == 0 or k == 0 for k in range(len(x))] for x in ids]
+    masks = [[k % 2 == 1 or k == 0 for k in range(len(x))] for x in ids]
     ipc = pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32())), "loss_mask": masks})
     _write_ipc(tmp_path / "ids.arrow", ipc, stream=False)
     _jsonl(
