@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import CorruptShardError, WdstreamError
+from wdstream.format.index import DatasetIndex, ShardTable
 from wdstream.format.loss import split_ids
 from wdstream.format.provenance import ShardProvenance
 from wdstream.read.chat_turns import ChatTurns, Turns
@@ -102,13 +103,13 @@ class Provenance:
         if self.source.index is None:
             raise ValueError("provenance needs a dataset root with index.json, not shard URLs")
         self.index = self.source.index
-        if any(s.provenance is None for s in self.index.shards):
+        if not _has_provenance(self.index):
             raise WdstreamError(
                 f"{self.source.urls[0][0]}: packed without provenance tables (by a wdstream "
                 "older than provenance); repack it to look up where documents came from"
             )
         self.pack_cwd: str | None = self.index.stats.get("pack_cwd")  # checked by the index
-        docs = [s.documents for s in self.index.shards]
+        docs = np.asarray(self.index.column("documents"), dtype=np.int64)
         self.doc_starts = np.concatenate([[0], np.cumsum(docs)]).astype(np.int64)
         self._options = store_options
         self._stores: dict[str, Store] = {}
@@ -443,3 +444,12 @@ def explanation_records(exp: Explanation) -> list[dict[str, Any]]:
          "pieces": [piece_record(p) for p in row.pieces]}
         for row in exp.rows
     ]  # fmt: skip
+
+
+def _has_provenance(index: DatasetIndex) -> bool:
+    """Every shard has a provenance table (a shard table says so in its flags: no pass over
+    a million entries; the rules allow every shard or none)."""
+    shards = index.shards
+    if isinstance(shards, ShardTable) and shards.table is not None:
+        return shards.table.provenance
+    return all(s.provenance is not None for s in shards)
