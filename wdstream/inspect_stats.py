@@ -91,7 +91,7 @@ def scan_dataset(root: str | Store) -> DatasetScan:
         "samples": index.total_samples,
         "documents": index.total_documents,
         "tokens": index.total_tokens,
-        "bytes": sum(s.bytes for s in index.shards),
+        "bytes": int(np.asarray(index.column("bytes"), dtype=np.int64).sum()),
         "mode": index.mode,
         "seq_len": index.seq_len,
         "tokenizer": index.tokenizer,
@@ -111,7 +111,7 @@ def scan_dataset(root: str | Store) -> DatasetScan:
         stats=stats,
         doc_lengths=doc_lengths,
         row_padding=np.asarray(pads, dtype=np.int64) if bestfit else None,
-        shard_tokens=np.asarray([s.tokens for s in index.shards], dtype=np.int64),
+        shard_tokens=np.asarray(index.column("tokens"), dtype=np.int64),
     )
 
 
