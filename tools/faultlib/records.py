@@ -66,8 +66,10 @@ def _stored_wrong(
     out: Path, want: list[tuple[list[int], list[int]] | None], left: int
 ) -> str | None:
     """What differs between the pack at ``out`` and ``want`` (ids then EOS with bit 31, the
-    mask; None: left out), and ``left`` records counted as skipped, refused or empty."""
-    kept = [(ids + [EOS], mask + [0]) for ids, mask in filter(None, want)]
+    mask; None: left out), and ``left`` records counted as skipped, refused or empty. A
+    document's first token is stored without loss whatever its mask says (no BOS before it:
+    nothing predicts it; docs/FORMAT.md, "loss_mask")."""
+    kept = [(ids + [EOS], [0, *mask[1:], 0]) for ids, mask in filter(None, want)]
     got = [split_mask(s) for s in stored_samples(str(out))]
     if got != kept:
         return f"{len(got)} documents stored, {len(kept)} expected"
