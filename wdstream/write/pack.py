@@ -35,11 +35,10 @@ from typing import Any, BinaryIO
 
 from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import INDEX_NAME, DatasetIndex
-from wdstream.format.provenance import PROVENANCE_VERSION, provenance_name
+from wdstream.format.provenance import PROVENANCE_VERSION
 from wdstream.format.sample import token_dtype_for_vocab
-from wdstream.format.shard_table import TABLE_NAME
 from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES, check_limit
-from wdstream.storage import Store, open_store
+from wdstream.storage import open_store
 from wdstream.storage.base import ForwardingStore
 from wdstream.tokenizers import load_tokenizer
 from wdstream.words import count
@@ -48,12 +47,13 @@ from wdstream.write.builders import MODES, check_mode, sample_builder, special_i
 from wdstream.write.commit import DatasetMeta, commit_dataset
 from wdstream.write.documents import PackDocuments, interrupted_chat_now, mask_stats
 from wdstream.write.engine import PackEngine, PackJob
-from wdstream.write.journal import JOURNAL_NAME, Journal, segment_name
+from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.local import LocalEngine
 from wdstream.write.lock import LOCK_NAME, acquire
+from wdstream.write.output import clear_output, delete_shards_from
 from wdstream.write.progress import wanted
 from wdstream.write.resume import resume_point
-from wdstream.write.shards import parse_size, shard_names
+from wdstream.write.shards import parse_size
 from wdstream.write.sources import PackInputs
 from wdstream.write.tokenpool import prestart
 
@@ -81,33 +81,6 @@ def _pack_cwd(inputs: list[str]) -> dict[str, str]:
     path: ``<stdin>``, records), so such a pack's index does not depend on where it ran."""
     relative = any(not (n.startswith("<") or "://" in n or os.path.isabs(n)) for n in inputs)
     return {"pack_cwd": os.getcwd()} if relative else {}
-
-
-def _delete_shards_from(store: Store, name: str, first: int) -> None:
-    """Delete shards ``first, first+1, ...`` until one is missing.
-
-    Shards are numbered without gaps, so this finds every leftover without listing the
-    store (plain HTTP cannot list).
-    """
-    i = first
-    while True:
-        names = (*shard_names(name, i), provenance_name(shard_names(name, i)[0]))
-        if not any(store.exists(n) for n in names):
-            return
-        for n in names:
-            store.delete(n)
-        i += 1
-
-
-def _clear_output(store: Store, name: str) -> None:
-    store.delete(INDEX_NAME)
-    store.delete(TABLE_NAME)
-    store.delete(JOURNAL_NAME)
-    k = 0
-    while store.exists(segment_name(k)):  # an interrupted pack's journal segments
-        store.delete(segment_name(k))
-        k += 1
-    _delete_shards_from(store, name, 0)
 
 
 _FULL_DISK = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
@@ -353,7 +326,7 @@ def pack(
         }
         journal = Journal(store, fingerprint, name)
         if overwrite:
-            _clear_output(store, name)
+            clear_output(store, name)
         resume = resume_point(journal)
         resumed_shards = len(journal.entries)
 
@@ -387,7 +360,7 @@ def pack(
         index = commit_dataset(store, lock, journal, meta, stats)
         # A crashed run may have written shards past what this run produced (only if its
         # output was longer, e.g. after --overwrite with other options): remove them.
-        _delete_shards_from(store, name, len(entries))
+        delete_shards_from(store, name, len(entries))
         seconds = time.perf_counter() - t0
         return PackResult(index, seconds, resumed_shards, totals.workers, totals.pool)
     finally:

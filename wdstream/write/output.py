@@ -1,0 +1,45 @@
+"""Clearing a pack's output: leftover shards of an earlier pack, or everything (--overwrite).
+
+Shards are numbered without gaps, and so are journal segments, so both are found without
+listing the store (plain HTTP cannot list).
+"""
+
+from __future__ import annotations
+
+from wdstream.format.index import INDEX_NAME
+from wdstream.format.provenance import provenance_name
+from wdstream.format.shard_table import TABLE_NAME
+from wdstream.storage import Store
+from wdstream.write.journal import JOURNAL_NAME, segment_name
+from wdstream.write.shards import shard_names
+
+__all__ = ["clear_output", "delete_shards_from"]
+
+
+def delete_shards_from(store: Store, name: str, first: int) -> None:
+    """Delete shards ``first, first+1, ...`` until one is missing.
+
+    Shards are numbered without gaps, so this finds every leftover without listing the
+    store (plain HTTP cannot list).
+    """
+    i = first
+    while True:
+        names = (*shard_names(name, i), provenance_name(shard_names(name, i)[0]))
+        if not any(store.exists(n) for n in names):
+            return
+        for n in names:
+            store.delete(n)
+        i += 1
+
+
+def clear_output(store: Store, name: str) -> None:
+    """Delete a dataset's every part at ``store`` (``--overwrite``): index.json, its shard
+    table, an interrupted pack's journal and segments, then the shards."""
+    store.delete(INDEX_NAME)
+    store.delete(TABLE_NAME)
+    store.delete(JOURNAL_NAME)
+    k = 0
+    while store.exists(segment_name(k)):  # an interrupted pack's journal segments
+        store.delete(segment_name(k))
+        k += 1
+    delete_shards_from(store, name, 0)
