@@ -57,6 +57,8 @@ BOMBS = {
     "{% for i in range(100000) %}{% set x = l | sort %}{% endfor %}",
     "'in' over 16 M characters per loop item": "{% set s = 'x' * 16000000 %}"
     "{% for i in range(100000) %}{% if 'y' in s %}{% endif %}{% endfor %}",
+    "a slice of 16 M characters per loop item": "{% set s = 'x' * 16000000 %}"
+    "{% for i in range(100000) %}{% set y = s[1:] %}{% endfor %}",
 }
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
 RSS_LIMIT_MB = 1024  # the child measured ~115 MB on a refused bomb; 'x' * 10**9 was 5 GB
@@ -110,7 +112,8 @@ def test_skip_counts_the_conversations_a_bomb_goes_off_on(tmp_path: Path) -> Non
 
 def test_long_honest_conversations_stay_within_the_budget() -> None:
     """A 600-message conversation (300 answers, ~1,000 renders) through a template looping
-    over every message twice per render is encoded whole (1.2 M of its 4 M steps)."""
+    over every message twice per render is encoded whole (1.2 M steps of its 1 M and 20,000
+    a render)."""
     source = (
         "{%- set ns = namespace(last=-1) -%}{%- for m in messages -%}"
         "{%- if m.role == 'user' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}"
@@ -127,9 +130,9 @@ def test_long_honest_conversations_stay_within_the_budget() -> None:
 def test_each_render_outside_a_conversation_has_its_own_budget() -> None:
     """ChatTemplate.render alone: a render near the bound does not eat the next one's."""
     template = ChatTemplate(
-        "{% for i in range(100000) %}{% endfor %}" * 30 + "{{ messages | length }}"
+        "{% for i in range(100000) %}{% endfor %}" * 9 + "{{ messages | length }}"
     )
     for _ in range(3):
         assert template.render(MESSAGES) == "2"
     with pytest.raises(ConversationError, match="the template takes more than"):
-        ChatTemplate("{% for i in range(100000) %}{% endfor %}" * 41).render(MESSAGES)
+        ChatTemplate("{% for i in range(100000) %}{% endfor %}" * 11).render(MESSAGES)

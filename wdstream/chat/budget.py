@@ -10,10 +10,12 @@ or to loop bounded *before* the work is done:
 * **steps**: every item a ``{% for %}`` loop takes (its iterable is wrapped, filtered loops
   included), every call (macros, ``caller()``, methods, ``loop(...)`` of a recursive loop) and
   every filter is a step, plus one per item of the container and per 4,096 characters of the
-  string a filter or method works on, and one per 4,096 characters made (below); a
-  conversation's renders together may take :data:`MAX_STEPS`, and (a backstop for work the
-  steps price low, such as ``in`` over long strings) :data:`MAX_SECONDS` of wall time,
-  checked every 1,024 steps;
+  string a method, ``in`` or a filter whose work grows with its value (``sort``, ``join``,
+  ``tojson``, ...) works on, and one per 4,096 characters made (below); a conversation's
+  renders together may take :data:`MAX_STEPS` plus :data:`STEPS_PER_RENDER` per render (a
+  conversation of n messages takes 2n-3n renders, each looping over up to n messages:
+  honest work grows as n**2), and (a backstop for work the steps price low, such as ``in``
+  over long strings) :data:`MAX_SECONDS` of wall time, checked every 1,024 steps;
 * **characters**: no value a template makes may pass :data:`MAX_RENDER_CHARS` characters,
   nor a container :data:`MAX_ITEMS` items. ``*``, ``**``, ``+`` and ``%`` (intercepted
   operators), ``~``, ``str.format``, the string methods and filters that can grow their
@@ -68,13 +70,15 @@ __all__ = [
     "MAX_RENDER_CHARS",
     "MAX_SECONDS",
     "MAX_STEPS",
+    "STEPS_PER_RENDER",
     "BoundedEnvironment",
     "Budget",
     "RenderBudgetError",
 ]
 
-MAX_STEPS = 4_000_000  # loop items, calls and filters of one conversation's renders
-MAX_SECONDS = 60.0  # wall time of one conversation's renders (a backstop)
+MAX_STEPS = 1_000_000  # loop items, calls and filters of one conversation's renders, plus
+STEPS_PER_RENDER = 20_000  # this for each render it takes (it takes 2-3 per message)
+MAX_SECONDS = 300.0  # wall time of one conversation's renders (a backstop)
 MAX_MADE = 4 * MAX_RENDER_CHARS  # characters and items one render's operations make
 _CLOCK_EVERY = 1024  # steps between looks at the clock
 _SEQUENCES = (str, bytes, list, tuple)
@@ -140,7 +144,10 @@ class Budget:
             self._look()
 
     def start_render(self) -> None:
-        """A new render begins: nothing written or made, no generation block yet."""
+        """A new render begins: :data:`STEPS_PER_RENDER` more steps, nothing written or made,
+        no generation block yet."""
+        self.steps += STEPS_PER_RENDER
+        self.next_clock += STEPS_PER_RENDER
         self.written = 0
         self.made = 0
         self.blocks = []
@@ -149,6 +156,14 @@ class Budget:
 _LOOP = "__bounded_loop__"  # the filters the tree is rewritten with (called directly, not
 _CONCAT = "__bounded_concat__"  # through the sandbox's call: one Python call each)
 _IN = "__bounded_in__"
+_SLICE = "__bounded_slice__"
+
+
+_LINEAR = frozenset({"sort", "unique", "groupby", "dictsort", "list", "join", "sum", "min", "max",
+                     "tojson", "string", "pprint", "batch", "slice", "wordcount", "e", "escape",
+                     "forceescape", "striptags", "upper", "lower", "title", "capitalize",
+                     "replace", "trim", "indent", "wordwrap", "truncate", "center", "format",
+                     "urlize", "urlencode", "xmlattr", "reverse"})  # fmt: skip
 
 
 def _work(value: Any) -> int:
@@ -165,7 +180,8 @@ class _Bounds(NodeTransformer):
     """Every ``{% for %}`` iterable through :meth:`BoundedEnvironment.bounded_loop` (a step
     per item), every ``~`` through :meth:`BoundedEnvironment.bounded_concat` (its size
     checked first), every ``in`` through :meth:`BoundedEnvironment.bounded_in` (steps by
-    the size of what it looks through)."""
+    the size of what it looks through), every slice through
+    :meth:`BoundedEnvironment.bounded_slice` (what it copies counted)."""
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
         node = self.generic_visit(node)
@@ -179,6 +195,13 @@ class _Bounds(NodeTransformer):
         pair = nodes.Tuple([node.expr, node.ops[0].expr], "load", lineno=node.lineno)
         op = nodes.Const(node.ops[0].op, lineno=node.lineno)
         return nodes.Filter(pair, _IN, [op], [], None, None, lineno=node.lineno)
+
+    def visit_Getitem(self, node: nodes.Getitem) -> nodes.Node:
+        node = self.generic_visit(node)
+        if not isinstance(node.arg, nodes.Slice):
+            return node
+        ends = [x or nodes.Const(None) for x in (node.arg.start, node.arg.stop, node.arg.step)]
+        return nodes.Filter(node.node, _SLICE, ends, [], None, None, lineno=node.lineno)
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
         node = self.generic_visit(node)
@@ -200,6 +223,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         self.filters[_LOOP] = self.bounded_loop
         self.filters[_CONCAT] = self.bounded_concat
         self.filters[_IN] = self.bounded_in
+        self.filters[_SLICE] = self.bounded_slice
 
     @property
     def budget(self) -> Budget:
@@ -226,6 +250,8 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         """Filter ``func`` (named ``name``) with its size checks and a step (module
         docstring); every filter of the environment is one."""
 
+        linear = name in _LINEAR  # its work grows with its value's size
+
         @functools.wraps(func)
         def guarded(*args: Any, **kwargs: Any) -> Any:
             at = value_arg(func, args)
@@ -233,7 +259,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
                 value = filter_checks(name, args[at], args[at + 1 :], kwargs)
                 args = (*args[:at], value, *args[at + 1 :])
             budget = self._local.budget
-            budget.spend(_work(args[at]) if len(args) > at else 1)
+            budget.spend(_work(args[at]) if linear and len(args) > at else 1)
             return budget.make(checked(func(*args, **kwargs), f"the {name} filter"))
 
         return guarded
@@ -307,6 +333,13 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         self.budget.spend(_work(pair[1]))
         found = pair[0] in pair[1]
         return found if op == "in" else not found
+
+    def bounded_slice(self, value: Any, start: Any, stop: Any, step: Any) -> Any:
+        """``value[start:stop:step]``, what it copies counted as made."""
+        out = value[start:stop:step]
+        if isinstance(out, _SEQUENCES):
+            self.budget.charge(len(out))
+        return out
 
     def bounded_concat(self, parts: tuple[Any, ...]) -> str:
         """``a ~ b ~ ...``, its size checked first."""
