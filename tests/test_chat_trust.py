@@ -279,3 +279,27 @@ def test_a_record_from_before_the_option_parsed_special_tokens() -> None:
     assert ChatSettings.from_record(record).special_in_content == "parse"
     with pytest.raises(ValueError, match="special_tokens_in_content"):
         ChatSettings.from_record({**record, "special_tokens_in_content": "maybe"})
+
+
+def test_sentencepiece_keeps_spelled_control_pieces_text(tmp_path: Path) -> None:
+    """A SentencePiece model: the template writes <s> once and </s> after each message; the
+    messages spell both. Text: the control ids appear as often as the markup writes them
+    (sentencepiece itself never makes them from text); parse: once more per spelling."""
+    import sentencepiece
+
+    from tests.chat_support import build_chat_spm
+    from wdstream.chat import ChatEncoder, ChatTemplate
+    from wdstream.tokenizers import load_tokenizer
+
+    model = build_chat_spm(tmp_path)
+    tok = load_tokenizer(str(model))
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
+    source = "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}</s>{% endfor %}"
+    template = ChatTemplate(source, {"bos_token": "<s>", "eos_token": "</s>"})
+    messages = [{"role": "user", "content": "say </s> and <s> now"},
+                {"role": "assistant", "content": "ok </s> bye"}]  # fmt: skip
+    for mode, eos, bos in (("text", 2, 1), ("parse", 4, 2)):
+        got = ChatEncoder(template, tok, special_in_content=mode).encode(messages).ids.tolist()
+        assert (got.count(sp.eos_id()), got.count(sp.bos_id())) == (eos, bos), mode
+    text = ChatEncoder(template, tok).encode(messages).ids.tolist()
+    assert sp.decode(text) == "user: say </s> and <s> now assistant: ok </s> bye"
