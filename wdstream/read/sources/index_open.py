@@ -23,7 +23,9 @@ import hashlib
 import json
 import mmap
 import os
+import stat
 import tempfile
+from dataclasses import fields
 from typing import Any
 
 from wdstream.errors import IncompleteDatasetError, IndexValidationError
@@ -38,6 +40,12 @@ __all__ = ["HEAD_BYTES", "MappedRows", "listed_problem", "read_index"]
 
 HEAD_BYTES = 64 << 10  # index.json's summary is a few KB; the list follows it
 MAX_HEAD_BYTES = 16 << 20  # a summary longer than this: the file is parsed whole
+_HEADER_BYTES = 64  # a table's header: sizes and the CRC32C of the rest
+# Keys a summary cannot do without: a head lacking one (keys sorted, say, ``shards`` no longer
+# last) is no summary, and the whole file is parsed, as every reader of it would.
+_REQUIRED = ("format", "version", "tokenizer", "eos_id", "bos_id", "dtype", "mode", "seq_len",
+             "sample_tokens")  # fmt: skip
+_KNOWN = frozenset(f.name for f in fields(DatasetIndex)) - {"shards"}
 
 
 class MappedRows(ShardRows):
@@ -50,25 +58,83 @@ class MappedRows(ShardRows):
     a worker reading 85 rows came to hold 11 MB of the table's pages in its RSS.
     """
 
-    def __init__(self, path: str, where: str, size: int, check_crc: bool = True) -> None:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size != size:
-                raise IndexValidationError(
-                    f"{where}: {os.fstat(f.fileno()).st_size} bytes, index.json says {size}"
-                )
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    _fd = -1  # until opened: __del__ of a table refused before it was opened closes nothing
+
+    def __init__(
+        self,
+        path: str,
+        where: str,
+        size: int,
+        check_crc: bool = True,
+        header: bytes | None = None,
+    ) -> None:
+        """``header``: the first bytes of the table as the process that sent this one
+        checked it (its sha256); a table replaced since, CRC32C valid or not, is refused."""
         self.path = path
-        self._fd = os.open(path, os.O_RDONLY)
+        self._fd = _open_regular(path, where)  # one descriptor: the map and pread agree
+        found = os.fstat(self._fd).st_size
+        if found != size:
+            raise IndexValidationError(f"{where}: {found} bytes, index.json says {size}")
+        data = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
         super().__init__(data, where, check_crc)
+        if header is not None and bytes(data[: len(header)]) != header:
+            raise IndexValidationError(
+                f"{where}: replaced since the dataset was opened (its header, CRC32C included, "
+                "is not the one checked against index.json's sha256)"
+            )
 
     def cell(self, start: int, size: int) -> bytes:
         return os.pread(self._fd, size, start)
 
     def __del__(self) -> None:
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (MappedRows, (self.path, self.where, self.size))
+        header = bytes(self.data[:_HEADER_BYTES])
+        return (_remap, (self.path, self.where, self.size, header))
+
+
+def _remap(path: str, where: str, size: int, header: bytes) -> ShardRows | _Refused:
+    """The table sent to another process, mapped there; a refusal is raised where the table
+    is first used: raised while unpickling, it kills a spawned torch worker before torch can
+    hand the error back ("DataLoader worker exited unexpectedly")."""
+    try:
+        return MappedRows(path, where, size, True, header)
+    except (IndexValidationError, OSError) as exc:
+        return _Refused(exc)
+
+
+class _Refused:
+    """A table that was refused in this process: every use raises that refusal."""
+
+    def __init__(self, exc: Exception) -> None:
+        self._exc = exc
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._exc
+
+    def __len__(self) -> int:
+        raise self._exc
+
+    def __getitem__(self, i: Any) -> Any:
+        raise self._exc
+
+    def __iter__(self) -> Any:
+        raise self._exc
+
+
+def _open_regular(path: str, where: str) -> int:
+    """A read-only descriptor of the table at ``path``, refusing anything but a regular file:
+    opening a FIFO blocks until something writes to it (``stat`` first, so a device is never
+    opened; ``O_NONBLOCK`` and ``fstat`` for a FIFO swapped in between)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise IndexValidationError(f"{where}: not a regular file (a FIFO, device or folder)")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IndexValidationError(f"{where}: not a regular file (a FIFO, device or folder)")
+    return fd
 
 
 def read_index(store: Store) -> DatasetIndex:
@@ -94,7 +160,8 @@ def read_index(store: Store) -> DatasetIndex:
         if summary is not None:
             break
         size *= 8
-    if not whole and summary is not None and summary.get("shard_table") is not None:
+    if not whole and _is_summary(summary):
+        assert summary is not None
         rows = _open_table(store, summary["shard_table"], where)
         return DatasetIndex.from_table(summary, rows, where)
     text = head if whole else store.read(INDEX_NAME)
@@ -104,6 +171,16 @@ def read_index(store: Store) -> DatasetIndex:
     rows = _open_table(store, index.shard_table, where)
     _same_shards(index, rows, where)
     return DatasetIndex.from_table(_summary_of(text), rows, where)
+
+
+def _is_summary(head: dict[str, Any] | None) -> bool:
+    """Whether ``head`` (the keys before the list) commits to a table and holds every
+    required key: an index to open from its head and table."""
+    return (
+        head is not None
+        and head.get("shard_table") is not None
+        and all(key in head for key in _REQUIRED)
+    )
 
 
 def listed_problem(store: Store, index: DatasetIndex) -> str | None:
@@ -120,10 +197,20 @@ def listed_problem(store: Store, index: DatasetIndex) -> str | None:
         return None
     table = index.shards.table if isinstance(index.shards, ShardTable) else None
     assert table is not None
+    text = store.read(INDEX_NAME)
     try:
-        _same_shards(DatasetIndex.from_json(store.read(INDEX_NAME), where), table, where)
+        _same_shards(DatasetIndex.from_json(text, where), table, where)
     except IndexValidationError as exc:
         return str(exc)
+    head = parse_head(text)
+    if _is_summary(head):  # a reader of a large index.json reads only these keys
+        assert head is not None
+        late = [key for key in json.loads(text) if key in _KNOWN and key not in head]
+        if late:
+            return (
+                f"{where}: {late[0]}: after the shard list, where a reader of an index.json "
+                f"over {HEAD_BYTES >> 10} KiB does not look (a pack writes shards last)"
+            )
     return None
 
 
