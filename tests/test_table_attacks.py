@@ -24,6 +24,7 @@ import pytest
 from crc32c import crc32c
 
 from wdstream.errors import IndexValidationError
+from wdstream.format.shard_table import ShardRows
 from wdstream.inspect import verify_dataset
 from wdstream.read.sources.index_open import MappedRows, read_index
 from wdstream.storage import open_store
@@ -172,3 +173,32 @@ def test_verify_refuses_a_known_key_after_the_list(
     report = verify_dataset(str(root))
     assert not report.ok
     assert "loss_mask: after the shard list" in report.problems[0]
+
+
+def _one_listed_shard(name_offsets: tuple[int, int]) -> bytes:
+    """A table of one shard named ``a.tar`` / ``a.idx`` (names listed), its name offsets
+    replaced, laid out by docs/FORMAT.md with struct, CRC32C by the crc32c package."""
+    body = struct.pack("<4Q", 1, 33, 1, 1024) + bytes(64)
+    names = struct.pack("<2Q", *name_offsets) + b"a.tar" + bytes(3)
+    names += struct.pack("<2Q", 0, 5) + b"a.idx" + bytes(3)
+    body += names
+    head = struct.pack("<8sIIQIIQ24x", b"WDSHARDS", 1, 2, 1, 0, crc32c(body), len(names))
+    return head + body
+
+
+def test_name_offsets_wrapping_past_2_63_are_refused() -> None:
+    """Offsets were compared as int64: [2**64 - 1, 5] passed as non-decreasing, and shard 0
+    was named '' (refused later by the name rule, not as the offsets it is)."""
+    ShardRows(_one_listed_shard((0, 5)), "t")  # the honest table
+    with pytest.raises(IndexValidationError, match="t: its name offsets run past the names"):
+        ShardRows(_one_listed_shard(((1 << 64) - 1, 5)), "t")
+
+
+def test_table_cut_while_open_is_refused_not_read_as_zeros(clean: Path, tmp_path: Path) -> None:
+    """Rows are read with pread: a table cut under a reader read as zero counts."""
+    root = _copy(clean, tmp_path / "ds", large=True)
+    rows = read_index(open_store(str(root))).shards.table
+    assert isinstance(rows, MappedRows)
+    os.truncate(root / TABLE, 64)
+    with pytest.raises(IndexValidationError, match="index.shards: cut to 64 bytes while open"):
+        rows.row(rows.n - 1)

@@ -159,7 +159,7 @@ class ShardRows(Sequence[dict[str, Any]]):
                 offsets = np.frombuffer(data, dtype="<u8", count=n + 1, offset=at)
                 at += 8 * (n + 1)
                 end = int(offsets[-1])
-                if end > self.size - at or (np.diff(offsets.astype(np.int64)) < 0).any():
+                if end > self.size - at or (offsets[1:] < offsets[:-1]).any():  # as uint64
                     raise self._error(f"its {key} offsets run past the names")
                 self._names[key] = (offsets, view[at : at + end])
                 at += end + _pad8(end)

@@ -84,7 +84,12 @@ class MappedRows(ShardRows):
             )
 
     def cell(self, start: int, size: int) -> bytes:
-        return os.pread(self._fd, size, start)
+        data = os.pread(self._fd, size, start)
+        if len(data) != size:  # cut while open: a short read would read as zeros
+            raise IndexValidationError(
+                f"{self.where}: cut to {os.fstat(self._fd).st_size} bytes while open"
+            )
+        return data
 
     def __del__(self) -> None:
         if self._fd >= 0:
