@@ -461,3 +461,11 @@ def test_numeric_braces_and_bom(tmp_path: Path) -> None:
     ).index
     assert idx.stats["input_files"] == 12
     assert_same_docs(out, texts)  # the BOM is not part of the first text
+
+
+@pytest.mark.parametrize("output", [None, 5, ""])
+def test_an_output_that_is_no_path_is_refused_up_front(tmp_path: Path, output: object) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "hello"}\n')
+    with pytest.raises(TypeError, match="output must be a dataset root"):
+        wdstream.pack([str(src)], output, workers=0)  # type: ignore[arg-type]

@@ -259,6 +259,12 @@ def pack(
                               chat, messages_key, chat_template, train_on,
                               special_tokens_in_content)  # fmt: skip
     documents.check(mode, engine)
+    if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
+        raise TypeError(  # as the Python writer's check (write/writer.py checked_options)
+            "output must be a dataset root: a local path or a URL, as a non-empty str or "
+            f"os.PathLike, got {output!r:.80}"
+        )
+    output = os.fspath(output)
     sources = inputs if isinstance(inputs, PackInputs) else PackInputs.from_paths(inputs)
     sources.check(engine)
     shard_bytes = parse_size(shard_size)
