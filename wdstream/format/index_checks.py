@@ -110,9 +110,9 @@ def _ids_fit_dtype(obj: dict[str, Any]) -> _Problem:
     eos_id, bos_id = obj["eos_id"], obj["bos_id"]
     if eos_id is not None and eos_id >= n_vocab:
         return "eos_id", f"expected an id below tokenizer.n_vocab = {n_vocab}, got {eos_id}"
-    # bos_id may be chosen outside the vocabulary (pack --bos-id); it must still fit.
-    if bos_id is not None and bos_id >= ids:
-        return "bos_id", f"expected an id below {ids} (dtype {dtype!r}), got {bos_id}"
+    # An id outside the vocabulary is no token (pack --bos-id refuses one since issue 33).
+    if bos_id is not None and bos_id >= n_vocab:
+        return "bos_id", f"expected an id below tokenizer.n_vocab = {n_vocab}, got {bos_id}"
     return None
 
 
