@@ -17,6 +17,14 @@ from faultlib.rows import bucketed_tokens, shard_url_openings, shuffled_short_sa
 from faultlib.servers import cache_files, hostile_servers, lying_servers
 from faultlib.states import hostile_states
 from faultlib.storage import fifo_shard, interrupted_pack
+from faultlib.tables import (
+    cache_tables,
+    commitments,
+    head_edits,
+    table_flips,
+    table_lies,
+    worker_remap,
+)
 from faultlib.trust import (
     missing_sidecars,
     spec_names_and_weights,
@@ -68,6 +76,12 @@ ATTACKS = [
     Attack("missing sidecars", "a format-v2 dataset with one shard's `.idx` deleted (and half the time a token byte of that shard flipped), 0 and 2 workers, token and document windows, default and `on_corrupt='mask'`; oracle: the clean run (masked rows whole and recorded), never an unchecked read", missing_sidecars),
     Attack("state downgrades", "global and mixture states after 4 batches, 2 skipped steps and 2 batches: `skips` kept, edited (6 ways) or removed, `quarantined` added, each with `check` kept, removed or cut back to the placing fields' tags; oracle: the uninterrupted run's next batches and training-to-data step mapping", state_downgrades),
     Attack("mixture specs naming or reading nothing", "a source named '' or ' ', a static weight of 0, 0.0 or -0.0, in code and as a spec file read by `wdstream explain`; a 0 inside a schedule piece (legal: that source left out of the piece)", spec_names_and_weights),
+    Attack("shard table: bit flips", "1 random bit of `index.shards` (half within the header, prefix and counts), left alone, with index.json's commitment updated, and with its CRC32C recomputed too; small and large (> 64 KiB) index.json, names by rule and listed; Loader and `verify`; oracle: the clean rows, and for verify a struct decode of the table against the JSON list", table_flips),
+    Attack("shard table: forged headers, names and rows", "tables with a valid CRC32C, committed to by index.json, whose n, prefix length, names length, flags, version or magic lie, whose prefix or listed names leave the root or hold NUL/non-UTF-8/duplicates, whose name offsets run backwards or past the end, whose rows break index.json's rules, cut or extended; small and large; Loader and `verify`", table_lies),
+    Attack("shard table: the commitment", "index.json's `shard_table` missing, null, retyped (bool, float, string bytes), resized, upper-case or changed sha256, renamed, or another dataset's table and commitment put in; small and large; Loader and `verify`", commitments),
+    Attack("large index.json: head and list", "index.json edited as text: keys repeated or moved after the list, NaN/Infinity/41 digits/100,000-deep nesting in the head, `shards` inside strings, 100 KB heads, a BOM, non-UTF-8, sorted keys; the list made to disagree with the table; a FIFO, a directory or /dev/zero as index.shards, a table not committed to; small and large; Loader and `verify` (oracle: json + struct)", head_edits),
+    Attack("node cache: tables and sidecars", "a remote (HTTP) dataset read with cache_dir after its cached `tables/SHA.shards` or `objects/SHA256` was replaced by garbage, cut, emptied, another dataset's, a FIFO or a directory; 4 processes opening one cold cache at once; without a cache_dir, a table cut, removed or another dataset's; oracle: the clean rows", cache_tables),
+    Attack("shard table: spawned workers re-map", "a Loader with 2 spawned workers, index.shards replaced (same size, valid CRC32C: two listed names swapped) after the parent opened it; oracle: the clean rows", worker_remap),
     Attack("Arrow inputs cut short or ambiguous", "an IPC stream cut at each message boundary, inside a message, or two streams concatenated; an IPC file cut in its footer; a column (or struct field) named twice, Parquet and IPC; a 3 MB row under --max-record-bytes 1MiB, strict and skip; oracle: pyarrow's own read (a cut stream reads as fewer rows than written: packing them is loss), the JSON Lines of its read less the long row", arrow_edges),
     Attack("Python writer: arguments and bounds", "`Writer` and `pack_records` with an output of None, 5, '' or bytes, a text_key of 5/None/'', a source of 5/None, a seq_len of 2**40, 2**31-1, 0, -1, True, 2.5, mask_key equal to ids_key: a TypeError/ValueError naming the argument before anything is written; a 3 MB text (ASCII, 2 MB of é, in a dict) under max_record_bytes 1MiB: refused naming `<records>:11`, or skipped and the rest equal to `pack_records` of the good texts", writer_edges),
     Attack("checkpoint states that are no state", "a Hugging Face checkpoint's `wdstream_loader_state.json` and a DCP `LoaderState` tensor holding null, 5, NaN, [1], NaN/-Infinity inside, non-UTF-8, not JSON, 60 KB of nesting (closed or not), 40 levels in an object: a StateMismatchError naming the file / key, never a traceback", state_edges),
