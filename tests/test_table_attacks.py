@@ -204,11 +204,6 @@ def test_table_cut_while_open_is_refused_not_read_as_zeros(clean: Path, tmp_path
         rows.row(rows.n - 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="storage/cache.py read_by_digest opens cache_dir/objects/SHA256 with open(): a FIFO "
-    "there blocks every process of the node reading that sidecar (not fixed here: cache.py)",
-)
 def test_node_cache_object_that_is_a_fifo_is_a_miss(clean: Path, tmp_path: Path) -> None:
     """The faults attack's 'node cache: tables and sidecars', objects/ replaced by a FIFO:
     the copy kept by digest must be fetched again (or refused), never waited on."""

@@ -48,6 +48,7 @@ import fcntl
 import hashlib
 import mmap
 import os
+import stat
 import struct
 import threading
 import time
@@ -150,15 +151,18 @@ class CachedStore(ForwardingStore):
         by content, so two datasets holding one sidecar share it; eviction leaves them
         (~20 bytes a sample: the blocks of the shards they describe dominate)."""
         path = os.path.join(self.cache_dir, "objects", sha256)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-            if hashlib.sha256(data).hexdigest() == sha256:
+        try:  # O_NONBLOCK and fstat: a FIFO or device put there is a miss, never waited on
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            fd = -1
+        if fd >= 0:
+            with open(fd, "rb") as f:
+                regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                data = f.read() if regular else b""
+            if regular and hashlib.sha256(data).hexdigest() == sha256:
                 self.hits += 1
                 return data
-            self.dropped += 1
-        except FileNotFoundError:
-            pass
+            self.dropped += 1  # replaced below by the fetched copy
         data = self.inner.read(name)
         self.misses += 1
         if hashlib.sha256(data).hexdigest() == sha256:
