@@ -180,7 +180,9 @@ def test_a_mixture_source_with_a_bos_id_past_the_vocabulary_is_refused(
 ) -> None:
     root, _ = masked
     bad = _edited(root, tmp_path / "bad", bos_id=bos)
-    with pytest.raises(IndexValidationError, match=rf"index.json: bos_id: {bos} is not a token"):
+    # index.json's rules refuse it on open (bos_id below tokenizer.n_vocab)
+    refused = rf"index.json: bos_id: expected an id below tokenizer.n_vocab = {N_VOCAB}, got {bos}"
+    with pytest.raises(IndexValidationError, match=refused):
         Loader({"a": str(root), "b": str(bad)}, weights={"a": 1, "b": 1}, seq_len=SEQ,
                batch_size=4)  # fmt: skip
 
