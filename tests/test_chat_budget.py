@@ -106,7 +106,8 @@ def test_skip_counts_the_conversations_a_bomb_goes_off_on(tmp_path: Path) -> Non
     stats = json.loads((tmp_path / "out" / "index.json").read_text())["stats"]
     refused = stats["chat"]["template_refused"]
     assert refused["count"] == 2 and f"{got['src']}:2: " in refused["examples"][0]
-    assert "RenderBudgetError: the template takes" in refused["examples"][0]
+    # an example is cut to a fixed length, and the paths before the reason vary by host
+    assert "RenderBudgetError" in refused["examples"][0]
     assert stats["documents"] == 3
 
 
