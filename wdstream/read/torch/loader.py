@@ -396,6 +396,10 @@ class Loader:
         position = self._handed.copy()
         if self.num_workers == 0:
             return self.dataset.iter_chunks(position)
+        # A state names the dataset by content (its identity digests every shard): made
+        # here once, so the forked workers share it instead of each digesting every shard
+        # for its first cursor (1M shards: ~3 s and ~30 MB of each worker's memory).
+        self.state_dict()
         dl = self._torch_loader()
         assert self._handoff is not None
         self._handoff.publish(position)
