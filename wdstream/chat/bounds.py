@@ -12,7 +12,7 @@ import re
 import string
 from collections.abc import Callable, Iterable
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 from jinja2.utils import generate_lorem_ipsum
 
@@ -86,7 +86,7 @@ def checked(value: Any, what: str) -> Any:
     return value
 
 
-def _int_arg(args: tuple[Any, ...], kwargs: dict[str, Any], at: int, key: str, default: int) -> Any:
+def _int_arg(args: tuple[Any, ...], kwargs: dict[str, Any], at: int, key: str, default: Any) -> Any:
     return args[at] if len(args) > at else kwargs.get(key, default)
 
 
@@ -161,8 +161,8 @@ def method_checks(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
             _check_width(_int_arg(args, kwargs, 0, "width", 0), f"str.{name}")
         elif name == "expandtabs":
             tab = _int_arg(args, kwargs, 0, "tabsize", 8)
-            if isinstance(tab, int) and len(owner) + owner.count("\t" if isinstance(owner, str)
-                                                                  else b"\t") * tab > MAX_RENDER_CHARS:  # fmt: skip
+            tabs = owner.count("\t") if isinstance(owner, str) else owner.count(b"\t")
+            if isinstance(tab, int) and len(owner) + tabs * tab > MAX_RENDER_CHARS:
                 raise too_big("expandtabs", tab)
         elif name == "replace" and len(args) >= 2:
             _check_replace(owner, args[0], args[1], args[2] if len(args) > 2 else -1)
@@ -172,9 +172,9 @@ def method_checks(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
             return (items, *args[1:])
         elif name in ("split", "rsplit", "splitlines"):
             sep = _int_arg(args, kwargs, 0, "sep", None) if name != "splitlines" else "\n"
-            items = owner.count(sep) + 1 if sep else len(owner) // 2 + 1
-            if items > MAX_ITEMS:
-                raise too_big(f"str.{name}", items, MAX_ITEMS)
+            pieces = cast(Any, owner).count(sep) + 1 if sep else len(owner) // 2 + 1
+            if pieces > MAX_ITEMS:
+                raise too_big(f"str.{name}", pieces, MAX_ITEMS)
         elif name == "translate" and args and isinstance(args[0], dict):
             longest = max((size_of(v) for v in args[0].values()), default=1)
             if len(owner) * longest > MAX_RENDER_CHARS:
@@ -216,9 +216,9 @@ def filter_checks(name: str, value: Any, rest: tuple[Any, ...], kwargs: dict[str
                       _int_arg(rest, kwargs, 0, "d", ""), "join")  # fmt: skip
         return items
     elif name in _ITEMWISE and isinstance(value, (str, list, tuple, dict)):
-        items = len(value) // 2 if name == "wordcount" else len(value)
-        if items > MAX_ITEMS:
-            raise too_big(f"the {name} filter", items, MAX_ITEMS)
+        count = len(value) // 2 if name == "wordcount" else len(value)
+        if count > MAX_ITEMS:
+            raise too_big(f"the {name} filter", count, MAX_ITEMS)
     elif name == "list":
         return _listed(value, "list")
     elif name in ("string", "tojson", "pprint", "e", "escape", "forceescape", "urlize", "urlencode",

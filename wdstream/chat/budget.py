@@ -42,7 +42,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from jinja2 import nodes
 from jinja2.runtime import LoopContext
@@ -184,12 +184,12 @@ class _Bounds(NodeTransformer):
     :meth:`BoundedEnvironment.bounded_slice` (what it copies counted)."""
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
-        node = self.generic_visit(node)
+        node = cast(nodes.For, self.generic_visit(node))
         node.iter = nodes.Filter(node.iter, _LOOP, [], [], None, None, lineno=node.lineno)
         return node
 
     def visit_Compare(self, node: nodes.Compare) -> nodes.Node:
-        node = self.generic_visit(node)
+        node = cast(nodes.Compare, self.generic_visit(node))
         if len(node.ops) != 1 or node.ops[0].op not in ("in", "notin"):
             return node
         pair = nodes.Tuple([node.expr, node.ops[0].expr], "load", lineno=node.lineno)
@@ -197,14 +197,14 @@ class _Bounds(NodeTransformer):
         return nodes.Filter(pair, _IN, [op], [], None, None, lineno=node.lineno)
 
     def visit_Getitem(self, node: nodes.Getitem) -> nodes.Node:
-        node = self.generic_visit(node)
+        node = cast(nodes.Getitem, self.generic_visit(node))
         if not isinstance(node.arg, nodes.Slice):
             return node
         ends = [x or nodes.Const(None) for x in (node.arg.start, node.arg.stop, node.arg.step)]
         return nodes.Filter(node.node, _SLICE, ends, [], None, None, lineno=node.lineno)
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
-        node = self.generic_visit(node)
+        node = cast(nodes.Concat, self.generic_visit(node))
         parts = nodes.Tuple(list(node.nodes), "load", lineno=node.lineno)
         return nodes.Filter(parts, _CONCAT, [], [], None, None, lineno=node.lineno)
 
@@ -244,7 +244,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
         tree = _Bounds().visit(super()._parse(source, name, filename))
         tree.set_environment(self)
-        return tree  # type: ignore[no-any-return]
+        return tree
 
     def guarded(self, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         """Filter ``func`` (named ``name``) with its size checks and a step (module
@@ -346,15 +346,15 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         size = size_of(list(parts))
         if size > MAX_RENDER_CHARS:
             raise too_big("'~'", size)
-        return self.budget.make("".join(map(str, parts)))  # type: ignore[no-any-return]
+        return self.budget.make("".join(map(str, parts)))
 
-    def concat(self, parts: Iterable[str]) -> str:  # type: ignore[override]
+    def concat(self, parts: Iterable[str]) -> str:
         """A macro's, block's or ``{% set %}`` body's buffered output, joined within bounds."""
         parts = list(parts)
         size = sum(map(len, parts))
         if size > MAX_RENDER_CHARS:
             raise too_big("a block's output", size)
-        return self.budget.make("".join(parts))  # type: ignore[no-any-return]
+        return self.budget.make("".join(parts))
 
     def _finalize(self, value: Any) -> Any:
         """What ``{{ ... }}`` writes, refused when its text would pass the bound."""

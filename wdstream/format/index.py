@@ -99,7 +99,7 @@ class DatasetIndex:
         """Documents over all shards."""
         return _total(self.column("documents"))
 
-    def column(self, key: str) -> Sequence[Any]:
+    def column(self, key: str) -> Sequence[Any] | np.ndarray:
         """Every shard's value of :class:`ShardEntry` field ``key``, in shard order (from
         ``index.json``'s :class:`ShardTable` without making entries; a count of a shard
         table is a read-only uint64 view of the mapped table)."""
@@ -171,7 +171,7 @@ class DatasetIndex:
         return cls(**{**known, "shards": table})
 
 
-def _total(column: Sequence[Any]) -> int:
+def _total(column: Sequence[Any] | np.ndarray) -> int:
     """The exact sum of a count column (a list, or a table's uint64 view: counts are
     below 2**48, so their sum over up to 2**15 shards fits; Python's sum past that)."""
     if isinstance(column, np.ndarray):
@@ -235,7 +235,7 @@ class ShardTable(Sequence[ShardEntry]):
     def __iter__(self) -> Iterator[ShardEntry]:
         return map(_entry, self._rows)
 
-    def column(self, key: str) -> Sequence[Any]:
+    def column(self, key: str) -> Sequence[Any] | np.ndarray:
         """Every shard's value of field ``key``, in shard order (a new list; a count of a
         shard table: its read-only uint64 column)."""
         rows = self._rows

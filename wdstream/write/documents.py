@@ -74,8 +74,12 @@ class PackDocuments:
         """
         if self.chat:
             self._check_chat(mode)
-        elif (self.messages_key, self.chat_template, self.train_on,
-              self.special_tokens_in_content) != ("messages", None, "assistant", "text"):
+        elif (
+            self.messages_key,
+            self.chat_template,
+            self.train_on,
+            self.special_tokens_in_content,
+        ) != ("messages", None, "assistant", "text"):
             raise ValueError(
                 "messages_key, chat_template, train_on and special_tokens_in_content "
                 "(--messages-key, --chat-template, --train-on, --special-tokens-in-content) are "

@@ -166,4 +166,5 @@ class Journal:
         }
         self.store.write_bytes(JOURNAL_NAME, json.dumps(body, sort_keys=True).encode())
         self.entries.append(entry)
-        self.position, self.sealed, self._samples = position, sealed, position["next_sample"]
+        self.position, self.sealed = position, sealed
+        self._samples += entry.samples

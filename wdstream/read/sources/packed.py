@@ -97,7 +97,7 @@ class ShardSource:
             self.index = read_index(store)
             # Columns, not entries: an entry is made where a shard is read (ShardTable).
             self._entries = self.index.shards
-            table = self.index.shards.table if isinstance(self._entries, ShardTable) else None
+            table = self._entries.table if isinstance(self._entries, ShardTable) else None
             if table is not None:  # names made as asked for (read/sources/names.py)
                 self.urls: Sequence[tuple[str, str]] = TableUrls(source, table)
                 self.sidecar_names: Sequence[str] = TableNames(table, "sidecar")
