@@ -107,6 +107,14 @@ class DatasetIndex:
             return self.shards.column(key)
         return [getattr(s, key) for s in self.shards]
 
+    def has_provenance(self) -> bool:
+        """Every shard has a provenance table (a shard table says so in its flags: no pass
+        over a million entries; the rules allow every shard or none)."""
+        shards = self.shards
+        if isinstance(shards, ShardTable) and shards.table is not None:
+            return shards.table.provenance
+        return all(s.provenance is not None for s in shards)
+
     def document_pieces(self, doc_lens: tuple[int, ...]) -> tuple[int, ...]:
         """A sample's document piece lengths: ``doc_lens`` less a best-fit row's last entry,
         which is its padding (``--mode bestfit``), not a document."""

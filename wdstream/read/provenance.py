@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import CorruptShardError, WdstreamError
-from wdstream.format.index import DatasetIndex, ShardTable
 from wdstream.format.loss import split_ids
 from wdstream.format.provenance import ShardProvenance
 from wdstream.read.chat_turns import ChatTurns, Turns
@@ -103,7 +102,7 @@ class Provenance:
         if self.source.index is None:
             raise ValueError("provenance needs a dataset root with index.json, not shard URLs")
         self.index = self.source.index
-        if not _has_provenance(self.index):
+        if not self.index.has_provenance():
             raise WdstreamError(
                 f"{self.source.urls[0][0]}: packed without provenance tables (by a wdstream "
                 "older than provenance); repack it to look up where documents came from"
@@ -444,12 +443,3 @@ def explanation_records(exp: Explanation) -> list[dict[str, Any]]:
          "pieces": [piece_record(p) for p in row.pieces]}
         for row in exp.rows
     ]  # fmt: skip
-
-
-def _has_provenance(index: DatasetIndex) -> bool:
-    """Every shard has a provenance table (a shard table says so in its flags: no pass over
-    a million entries; the rules allow every shard or none)."""
-    shards = index.shards
-    if isinstance(shards, ShardTable) and shards.table is not None:
-        return shards.table.provenance
-    return all(s.provenance is not None for s in shards)
