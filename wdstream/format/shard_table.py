@@ -138,8 +138,9 @@ class ShardRows(Sequence[dict[str, Any]]):
         expected = at + n * (8 * len(COUNTS) + 32 * hashes) + names_bytes
         if self.size != expected:
             raise self._error(f"{self.size} bytes, its header says {expected}")
-        if check_crc and crc32c(view[_HEADER.size :]) != crc:
-            raise self._error("its CRC32C does not match its bytes (damaged)")
+        self._crc = crc
+        if check_crc:
+            self.verify_crc()
         self.counts: dict[str, np.ndarray] = {}
         self._starts: dict[str, int] = {}  # where each fixed-width column begins
         for key in COUNTS:
@@ -165,6 +166,12 @@ class ShardRows(Sequence[dict[str, Any]]):
                 at += end + _pad8(end)
             if at != self.size:
                 raise self._error(f"its names end at byte {at} of {self.size}")
+
+    def verify_crc(self) -> None:
+        """Raise unless everything after the header has the header's CRC32C (a table
+        parsed without the check, then vouched for by its sha256, is checked here)."""
+        if crc32c(memoryview(self.data)[_HEADER.size :]) != self._crc:
+            raise self._error("its CRC32C does not match its bytes (damaged)")
 
     def _error(self, problem: str) -> IndexValidationError:
         return IndexValidationError(f"{self.where}: {problem}")

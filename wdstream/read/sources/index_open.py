@@ -290,10 +290,9 @@ def _open_table(store: Store, commit: Any, where: str) -> ShardRows:
                 f"{at} does not exist, but {where} names it (shard_table)"
             ) from None
     elif isinstance(store, CachedStore):
-        rows = _cached_table(store, at, size, digest)
+        return _cached_table(store, at, size, digest, where)  # checked there
     else:
-        data = _fetch(store, at, size)
-        rows = ShardRows(data, at, check_crc=False)
+        rows = ShardRows(_fetch(store, at, size), at, check_crc=False)
     _check_sha(rows, digest, where)
     return rows
 
@@ -304,7 +303,7 @@ def _check_sha(rows: ShardRows, digest: str, where: str) -> None:
             f"{rows.where}: its sha256 is not the one {where} commits to (shard_table.sha256)"
         )
     # The CRC32C too: a table whose bytes and sha256 were both replaced must still be whole.
-    ShardRows(rows.data, rows.where, check_crc=True)
+    rows.verify_crc()
 
 
 def _fetch(store: Store, at: str, size: int) -> bytes:
@@ -317,24 +316,29 @@ def _fetch(store: Store, at: str, size: int) -> bytes:
     return data
 
 
-def _cached_table(store: CachedStore, at: str, size: int, digest: str) -> ShardRows:
-    """The table from the node cache: fetched by the first process of the node (under a
-    lock, so ranks starting together fetch it once), mapped by all."""
+def _cached_table(store: CachedStore, at: str, size: int, digest: str, where: str) -> ShardRows:
+    """The table from the node cache, its sha256 and CRC32C checked once: fetched by the
+    first process of the node (under a lock, so ranks starting together fetch it once),
+    refused before the cache keeps it if it is not the committed one, and mapped by all;
+    a cached copy whose sha256 differs is fetched again."""
     folder = os.path.join(store.cache_dir, "tables")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{digest}.shards")
     with open(os.path.join(folder, f"{digest}.lock"), "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         try:
-            rows = MappedRows(path, at, size, check_crc=False)
-            if hashlib.sha256(memoryview(rows.data)).hexdigest() == digest:
-                return rows
-            os.unlink(path)  # damaged in the cache: fetched again
+            cached: ShardRows | None = MappedRows(path, at, size, check_crc=False)
         except (FileNotFoundError, IndexValidationError):
-            pass
-        data = _fetch(store, at, size)
+            cached = None  # not there, or not a file of its size: fetched and replaced
+        if cached is not None:
+            if hashlib.sha256(memoryview(cached.data)).hexdigest() == digest:
+                cached.verify_crc()
+                return cached
+            os.unlink(path)  # damaged in the cache: fetched again
+        fetched = ShardRows(_fetch(store, at, size), at, check_crc=False)
+        _check_sha(fetched, digest, where)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(fetched.data)
         os.replace(tmp, path)
         return MappedRows(path, at, size, check_crc=False)
