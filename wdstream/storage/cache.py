@@ -167,10 +167,7 @@ class CachedStore(ForwardingStore):
         self.misses += 1
         if hashlib.sha256(data).hexdigest() == sha256:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            self._write(path, (data,), "copy of " + name)
         return data
 
     # -- the cached path ----------------------------------------------------------------
@@ -330,22 +327,9 @@ class CachedStore(ForwardingStore):
         return blocks
 
     def _store(self, name: str, k: int, data: bytes) -> None:
-        path = self._path(name, k)
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.write(_TRAILER.pack(_MAGIC, crc32c(data, self._seed(name, k)), len(data)))
-            os.replace(tmp, path)
-        except OSError as exc:
-            _unlink_quietly(tmp)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                # A full disk costs the cache, never the read: the bytes are in hand.
-                warnings.warn(f"cache folder {self._dir} is full; block not cached", stacklevel=4)
-                return
-            raise OSError(
-                exc.errno, f"cannot write the node cache's block ({exc.strerror})", path
-            ) from exc
+        trailer = _TRAILER.pack(_MAGIC, crc32c(data, self._seed(name, k)), len(data))
+        if not self._write(self._path(name, k), (data, trailer), "block"):
+            return
         with self._lock:
             self._written += len(data) + _TRAILER.size
             sweep = self._written >= self._sweep_every
@@ -353,6 +337,30 @@ class CachedStore(ForwardingStore):
                 self._written = 0
         if sweep:
             self.evict()
+
+    def _write(self, path: str, parts: tuple[bytes, ...], what: str) -> bool:
+        """Write ``parts`` to ``path`` through a private name renamed into place (readers
+        never see a partial file); False when the disk is full: that costs the cache, never
+        the read, the bytes are in hand.
+
+        Raises:
+            OSError: naming ``path``, for any other failure.
+        """
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                for part in parts:
+                    f.write(part)
+            os.replace(tmp, path)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                warnings.warn(f"cache folder {self._dir} is full; {what} not cached", stacklevel=5)
+                return False
+            raise OSError(
+                exc.errno, f"cannot write the node cache's {what} ({exc.strerror})", path
+            ) from exc
+        return True
 
     # -- eviction -------------------------------------------------------------------------
     def evict(self) -> int:

@@ -108,6 +108,7 @@ class ShardSource:
             self.tokens = np.array(self.index.column("tokens"), dtype=np.int64)
             self.mode = self.index.mode
             self.sample_tokens = self.index.sample_tokens
+            roots = {source}  # every shard under the root: not a Python call per shard
         else:
             self.urls = [split_url(u) for u in expand_urls(source, **store_options)]
             if not self.urls:
@@ -128,12 +129,11 @@ class ShardSource:
             self.mode, self.sample_tokens = (
                 (ix.mode, ix.sample_tokens) if ix else infer_mode(counts)
             )
+            roots = {r for r, _ in self.urls}
         drop_short_last_sample(self.samples, self.tokens, self.mode, self.sample_tokens)
         check_index_ids(self.index, self._stores.url(self.urls[0][0], "index.json"))
         self._ids = id_limit(self.index)  # every read's ids are checked against it (vouch.py)
         # Remote reads are latency-bound: the reader issues a window's ranged reads in parallel.
-        # One a dataset: not a Python call per shard.
-        roots = {self.urls.root} if isinstance(self.urls, TableUrls) else {r for r, _ in self.urls}
         self.remote = any("://" in root and not root.startswith("file://") for root in roots)
         # Torch workers split a window's fetches (read/sources/exchange.py); through a node
         # cache each reads its local blocks instead.
