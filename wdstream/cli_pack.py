@@ -4,6 +4,7 @@ calls :func:`wdstream.pack` and says what to print."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -177,6 +178,14 @@ _OPTIONS = [
         "either way (stats.chat.problems.special_text).",
     ),
     click.option(
+        "--chat-template-kwargs",
+        default=None,
+        metavar="JSON",
+        help="--chat: template variables as a JSON object, e.g. '{\"enable_thinking\": false}', "
+        "given to every render as transformers' apply_chat_template(**kwargs); recorded in "
+        "index.json (docs/CHAT.md).",
+    ),
+    click.option(
         "--chat-now",
         default=None,
         help="--chat: the time (ISO 8601) a template's strftime_now formats (default: now; a "
@@ -208,6 +217,7 @@ def run_pack(
     from wdstream.write.pack import describe, one_shard_warning
     from wdstream.write.pack import pack as do_pack
 
+    options = {**options, "chat_template_kwargs": _template_kwargs(options["chat_template_kwargs"])}
     result = do_pack(
         inputs,
         output,
@@ -229,6 +239,24 @@ def run_pack(
     if "chat" in stats:
         lines += _chat_summary(stats["chat"])
     return lines
+
+
+def _template_kwargs(text: str | None) -> Any:
+    """``--chat-template-kwargs``' JSON object of template variables.
+
+    Raises:
+        ValueError: naming the option: not JSON, or not template variables
+            (:func:`~wdstream.chat.template.template_variables`).
+    """
+    from wdstream.chat.template import template_variables
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--chat-template-kwargs: not JSON ({exc}), got {text!r:.80}") from exc
+    return template_variables(value, "--chat-template-kwargs")
 
 
 def _chat_summary(chat: dict[str, Any]) -> list[tuple[str, bool]]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jinja2
 import numpy as np
 
 from wdstream.chat.encoding import STRADDLE, ChatEncoding, ChatProblem, token_mask
@@ -129,9 +130,21 @@ class ChatEncoder:
                 elif found.end > found.start:  # with the whitespace after it, as under rule 1
                     ends[k] = len(whole) - len(whole[found.end :].lstrip())
             elif k < n - 1 and prepared[k + 1].get("role") != "assistant":
-                through = render(k + 1)
-                ends[k] = len(through) if whole.startswith(through) else -1
+                region = self._region_render(prepared[: k + 1], tools)
+                ends[k] = len(region) if region is not None and whole.startswith(region) else -1
         return whole, blocks, ends, turns
+
+    def _region_render(self, messages: list[dict[str, Any]], tools: Any) -> str | None:
+        """The render through a message followed by another non-assistant one (its region's
+        end only); None when the template's ``raise_exception`` refuses that prefix (Llama
+        3.1 with ``custom_tools`` wants a user message after the system one): the message
+        then shares the next one's region. Any other failure refuses the conversation."""
+        try:
+            return self.template.render_prepared(messages, False, tools)
+        except ConversationError as exc:
+            if type(exc.__cause__) is not jinja2.exceptions.TemplateError:
+                raise
+            return None
 
     def _supervised(
         self,

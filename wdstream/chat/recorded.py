@@ -2,11 +2,13 @@
 
 ``pack --chat`` writes :meth:`ChatSettings.record` under ``stats.chat``: the template's text
 and sha256, where it came from, the special-token strings it was rendered with, the time
-``strftime_now`` formats, ``train_on`` and the messages key. The same record rebuilds the
+``strftime_now`` formats, ``train_on``, the messages key and the template variables
+(``template_kwargs``, recorded only when a pack has some). The same record rebuilds the
 same :class:`~wdstream.chat.masks.ChatEncoder` later (``explain`` re-encodes a conversation
 to find the turns a row piece covers; a resumed pack renders exactly as the interrupted one)::
 
-    settings = ChatSettings.load(tok, "chat.jinja", "assistant", "messages")
+    settings = ChatSettings.load(tok, "chat.jinja", "assistant", "messages",
+                                 template_kwargs={"enable_thinking": False})
     index_stats["chat"] = settings.record()
     ChatSettings.from_record(index_stats["chat"]).encoder(tok).encode(messages)
 
@@ -20,7 +22,8 @@ them is identical whenever it runs.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -28,7 +31,7 @@ import jinja2.nodes
 
 from wdstream.chat.jinja import chat_environment
 from wdstream.chat.masks import SPECIAL_IN_CONTENT, TRAIN_ON, ChatEncoder
-from wdstream.chat.template import ChatTemplate, load_chat_template
+from wdstream.chat.template import ChatTemplate, load_chat_template, template_variables
 from wdstream.tokenizers.base import Tokenizer
 
 __all__ = ["ChatSettings", "reads_clock"]
@@ -66,6 +69,9 @@ class ChatSettings:
         special_in_content: ``text`` or ``parse``: how special-token text a message spells
             out is tokenised (:class:`~wdstream.chat.masks.ChatEncoder`). A record written
             before the option existed has none and was packed as ``parse``.
+        template_kwargs: the template variables every render gets, as ``transformers``'
+            ``apply_chat_template(**kwargs)`` (:func:`~wdstream.chat.template.template_variables`);
+            a record without them had none.
     """
 
     source: str
@@ -75,6 +81,7 @@ class ChatSettings:
     train_on: str = "assistant"
     messages_key: str = "messages"
     special_in_content: str = "text"
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(
@@ -85,6 +92,7 @@ class ChatSettings:
         messages_key: str = "messages",
         now: datetime | str | None = None,
         special_in_content: str = "text",
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> ChatSettings:
         """The settings of a pack: the template of ``template_file``, else of the tokenizer's
         folder (:func:`~wdstream.chat.template.load_chat_template`); ``now`` (default: the
@@ -92,8 +100,8 @@ class ChatSettings:
 
         Raises:
             ChatTemplateError: no template, or one that cannot be read or compiled.
-            ValueError: an unknown ``train_on``, an empty ``messages_key`` or a ``now`` that
-                is not ISO 8601.
+            ValueError: an unknown ``train_on``, an empty ``messages_key``, a ``now`` that
+                is not ISO 8601 or ``template_kwargs`` that are not template variables.
         """
         if train_on not in TRAIN_ON:
             raise ValueError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
@@ -104,11 +112,11 @@ class ChatSettings:
             )
         if not messages_key:
             raise ValueError("messages_key must not be empty")
-        template = load_chat_template(tok, template_file)
+        template = load_chat_template(tok, template_file, variables=template_kwargs)
         pinned = _pinned(now) if reads_clock(template.source) else None
         tokens = tuple(sorted(template.special_tokens.items()))
         return cls(template.source, tokens, template.origin, pinned, train_on, messages_key,
-                   special_in_content)  # fmt: skip
+                   special_in_content, template.variables)  # fmt: skip
 
     @property
     def sha256(self) -> str:
@@ -118,7 +126,9 @@ class ChatSettings:
     def template(self) -> ChatTemplate:
         """The compiled template, rendering as the pack did."""
         now = _NO_CLOCK if self.now is None else datetime.fromisoformat(self.now)
-        return ChatTemplate(self.source, dict(self.special_tokens), self.origin, now)
+        return ChatTemplate(
+            self.source, dict(self.special_tokens), self.origin, now, self.template_kwargs
+        )
 
     def encoder(self, tok: Tokenizer) -> ChatEncoder:
         """A :class:`ChatEncoder` of these settings over ``tok`` (a full tokenizer: it needs
@@ -126,7 +136,10 @@ class ChatSettings:
         return ChatEncoder(self.template(), tok, self.train_on, self.special_in_content)
 
     def fingerprint(self) -> dict[str, Any]:
-        """What of these settings decides a pack's output (its resume fingerprint)."""
+        """What of these settings decides a pack's output (its resume fingerprint); the
+        template variables only when there are some, so a pack without them keeps the
+        fingerprint and record it had before they existed."""
+        variables = {"template_kwargs": dict(self.template_kwargs)} if self.template_kwargs else {}
         return {
             "template_sha256": self.sha256,
             "special_tokens": dict(self.special_tokens),
@@ -134,6 +147,7 @@ class ChatSettings:
             "train_on": self.train_on,
             "messages_key": self.messages_key,
             "special_tokens_in_content": self.special_in_content,
+            **variables,
         }
 
     def record(self) -> dict[str, Any]:
@@ -168,8 +182,9 @@ class ChatSettings:
                 "stats.chat.special_tokens_in_content: expected one of "
                 f"{', '.join(SPECIAL_IN_CONTENT)}, got {special!r}"
             )
+        variables = template_variables(obj.get("template_kwargs", {}), "stats.chat.template_kwargs")
         settings = cls(obj["template"], tokens, obj["template_origin"], now, obj["train_on"],
-                       obj["messages_key"], special)  # fmt: skip
+                       obj["messages_key"], special, variables)  # fmt: skip
         if settings.sha256 != obj["template_sha256"]:
             raise ValueError("stats.chat.template: its sha256 differs from template_sha256")
         return settings

@@ -17,8 +17,18 @@ Rendering (:meth:`ChatTemplate.render`) follows ``transformers``' ``render_jinja
 keys whose value is ``null`` are dropped from every message, a message's reasoning given as
 ``reasoning_content``, ``thinking`` or ``reasoning`` is offered under ``reasoning_content``
 and ``thinking`` both, and the template sees ``messages``, ``tools``, ``documents``,
-``add_generation_prompt`` and the special-token strings, in the environment of
-:mod:`wdstream.chat.jinja`. The template is compiled once per :class:`ChatTemplate`.
+``add_generation_prompt``, the special-token strings and the template variables (below), in
+the environment of :mod:`wdstream.chat.jinja`. The template is compiled once per
+:class:`ChatTemplate`.
+
+Template variables (``pack --chat-template-kwargs '{"enable_thinking": false}'``) are what
+``transformers``' ``apply_chat_template(messages, **kwargs)`` hands the template: extra names
+it reads (Qwen3's ``enable_thinking``, Llama 3.1's ``date_string`` and ``custom_tools``),
+over the special-token strings when a name is both (``{**special_tokens_map, **kwargs}``).
+They are one JSON object per pack, chosen by whoever packs, so their text is the template's
+own (markup, never a message's). A name ``apply_chat_template`` or the render binds to its own
+argument (``messages``, ``tools``, ``add_generation_prompt``...) never reaches the template
+there, so :func:`template_variables` refuses it.
 """
 
 from __future__ import annotations
@@ -41,7 +51,9 @@ __all__ = [
     "MAX_RENDER_CHARS",
     "SPECIAL_TOKEN_KEYS",
     "ChatTemplate",
+    "RENDER_ARGUMENTS",
     "load_chat_template",
+    "template_variables",
     "tokenizer_folder",
 ]
 
@@ -55,6 +67,14 @@ SPECIAL_TOKEN_KEYS = (
     "mask_token",
 )
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# Names transformers binds to apply_chat_template's or the render's own parameters (or that
+# collide with them, a TypeError): given as keyword arguments, they are never template variables.
+RENDER_ARGUMENTS = frozenset({
+    "conversation", "conversations", "messages", "tools", "documents", "chat_template",
+    "add_generation_prompt", "continue_final_message", "tokenize", "sanitize_control_tokens",
+    "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs",
+})  # fmt: skip
 CONFIG_NAME = "tokenizer_config.json"
 JINJA_NAME = "chat_template.jinja"
 
@@ -124,6 +144,35 @@ def _prepared(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def template_variables(value: Any, option: str = "chat_template_kwargs") -> dict[str, Any]:
+    """``value`` checked as a pack's template variables (module docstring): a JSON object
+    whose names are not :data:`RENDER_ARGUMENTS`, returned as JSON gives it back (tuples as
+    lists), so the pack, its record and every later render see the same values.
+
+    Raises:
+        ValueError: naming ``option``: not an object, a name the render keeps for itself, or
+            a value JSON cannot hold (a set, a NaN...).
+    """
+    if not isinstance(value, dict):
+        raise ValueError(f"{option}: expected a JSON object of template variables, got "
+                         f"{type(value).__name__} {value!r:.80}")  # fmt: skip
+    for name in value:
+        if not isinstance(name, str):
+            raise ValueError(f"{option}: names must be strings, got {name!r:.80}")
+        if name in RENDER_ARGUMENTS:
+            raise ValueError(
+                f"{option}: {name!r} is an argument of the render, not a template variable "
+                "(transformers' apply_chat_template binds it to its own parameter; a pack "
+                "renders each record's messages and tools itself)"
+            )
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{option}: not JSON-representable ({exc})") from exc
+    out: dict[str, Any] = json.loads(text)
+    return out
+
+
 # (template source, special-token strings, origin for messages)
 _Found = tuple[str, dict[str, str], str]
 
@@ -163,6 +212,7 @@ class ChatTemplate:
         origin: where the template came from, for messages.
         now: the time ``strftime_now`` formats (default: when this object is made); pin it
             so that every render of a pack (and of its resume) writes the same date.
+        variables: the template variables (:func:`template_variables`, module docstring).
 
     Raises:
         ChatTemplateError: the template does not compile (names ``origin`` and the line).
@@ -174,10 +224,12 @@ class ChatTemplate:
         special_tokens: Mapping[str, str] | None = None,
         origin: str = "<string>",
         now: datetime | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> None:
         self.source = source
         self.origin = origin
         self.special_tokens = dict(special_tokens or {})
+        self.variables = template_variables(dict(variables or {}))
         self.now = now if now is not None else datetime.now()
         self._env = chat_environment(self.now)
         try:
@@ -189,9 +241,10 @@ class ChatTemplate:
             ) from exc
         # Every render's variables start from the globals and special tokens, merged once:
         # Jinja would otherwise copy its chained globals into a new dict on every render
-        # (a third of a short render's time). Same precedence: variables over globals.
+        # (a third of a short render's time). Same precedence: variables over globals, and
+        # the template variables over the special tokens, as transformers merges them.
         self._template.globals = dict(self._template.globals)
-        self._base_vars = {**self._template.globals, **self.special_tokens}
+        self._base_vars = {**self._template.globals, **self.special_tokens, **self.variables}
 
     @classmethod
     def from_file(cls, path: str, name: str = "default") -> ChatTemplate:
@@ -292,9 +345,13 @@ def tokenizer_folder(spec: str) -> str | None:
 
 
 def load_chat_template(
-    tokenizer: Tokenizer, template_file: str | None = None, now: datetime | None = None
+    tokenizer: Tokenizer,
+    template_file: str | None = None,
+    now: datetime | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> ChatTemplate:
-    """The chat template of a pack: ``template_file`` if given, else the tokenizer folder's.
+    """The chat template of a pack: ``template_file`` if given, else the tokenizer folder's,
+    rendered with the template ``variables``.
 
     Special-token strings come from the template's JSON file, else from the tokenizer
     folder's ``tokenizer_config.json``; a ``bos_token``/``eos_token`` still missing is the
@@ -302,6 +359,7 @@ def load_chat_template(
 
     Raises:
         ChatTemplateError: no template is found, or it cannot be read or compiled.
+        ValueError: ``variables`` are not template variables (:func:`template_variables`).
     """
     folder = tokenizer_folder(tokenizer.spec)
     if template_file is not None:
@@ -319,4 +377,4 @@ def load_chat_template(
     for key, token_id in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id)):
         if key not in tokens and token_id is not None:
             tokens[key] = tokenizer.id_to_text(token_id)
-    return ChatTemplate(source, tokens, origin, now)
+    return ChatTemplate(source, tokens, origin, now, variables)

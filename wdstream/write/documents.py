@@ -19,6 +19,7 @@ from typing import Any
 
 from wdstream.chat.recorded import ChatSettings
 from wdstream.chat.records import ConversationFields
+from wdstream.chat.template import template_variables
 from wdstream.format.index import JOURNAL_NAME, ShardEntry
 from wdstream.format.loss import LOSS_MASK_KIND
 from wdstream.inputs.records import RecordDocument
@@ -60,6 +61,7 @@ class PackDocuments:
     chat_template: str | None = None
     train_on: str = "assistant"
     special_tokens_in_content: str = "text"
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @property
     def masked(self) -> bool:
@@ -79,11 +81,13 @@ class PackDocuments:
             self.chat_template,
             self.train_on,
             self.special_tokens_in_content,
-        ) != ("messages", None, "assistant", "text"):
+            self.chat_template_kwargs or None,
+        ) != ("messages", None, "assistant", "text", None):
             raise ValueError(
-                "messages_key, chat_template, train_on and special_tokens_in_content "
-                "(--messages-key, --chat-template, --train-on, --special-tokens-in-content) are "
-                "options of chat packs: add --chat"
+                "messages_key, chat_template, train_on, special_tokens_in_content and "
+                "chat_template_kwargs (--messages-key, --chat-template, --train-on, "
+                "--special-tokens-in-content, --chat-template-kwargs) are options of chat "
+                "packs: add --chat"
             )  # fmt: skip
         if self.mask_key is not None and not self.pretokenized:
             raise ValueError(
@@ -106,6 +110,8 @@ class PackDocuments:
             )
 
     def _check_chat(self, mode: str) -> None:
+        if self.chat_template_kwargs is not None:
+            template_variables(self.chat_template_kwargs)
         if self.pretokenized:
             raise ValueError("chat (--chat) reads conversations, pretokenized records of ids")
         if mode == "concat":
@@ -148,7 +154,8 @@ class PackDocuments:
         chat = None
         if self.chat:
             chat = ChatSettings.load(tok, self.chat_template, self.train_on, self.messages_key,
-                                     chat_now, self.special_tokens_in_content)  # fmt: skip
+                                     chat_now, self.special_tokens_in_content,
+                                     self.chat_template_kwargs)  # fmt: skip
             document = ConversationFields(self.messages_key)
             encoder = ChatDocumentEncoder(chat, bos_id, eos_id, chat_tokenizer(tok))
         elif self.pretokenized:
