@@ -139,24 +139,22 @@ def _preview(text: str, width: int = 160) -> str:
 @main.command()
 @click.argument("target")
 @click.option("--samples", "-n", type=int, default=3, show_default=True)
-@click.option("--tokenizer", default=None, help="For decoding (default: the index's).")
+@click.option("--tokenizer", default=None, help="For decoding (default: the index's, found from "
+              "its pack_cwd; refused unless its sha256 is the recorded one).")  # fmt: skip
 @_storage_options
 def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> None:
     """Show the first samples of a dataset ROOT or a single .tar shard."""
-    from wdstream.inspect import preview_samples
-    from wdstream.tokenizers import index_tokenizer, load_tokenizer
+    from wdstream.inspect import preview_decoder, preview_samples
 
     try:
         index, previews = preview_samples(target, samples, _store_options(target, **remote))
     except (WdstreamError, ValueError, OSError) as exc:
         _fail(exc)
     try:
-        decode: Callable[[Any], str] = (
-            load_tokenizer(tokenizer or "cl100k_base", "tiktoken").decode
-            if tokenizer or index is None
-            else index_tokenizer(index.tokenizer).decode
-        )
+        decode: Callable[[Any], str] = preview_decoder(index, tokenizer)
     except (WdstreamError, ValueError) as exc:
+        if tokenizer is not None:  # asked for by name: refused, never ids instead
+            _fail(exc)
         click.echo(f"(showing ids: {exc}; pass --tokenizer to decode)", err=True)
         decode = str
     if index is not None:
@@ -286,6 +284,8 @@ def verify(root: str, **remote: Any) -> None:
     "origin and skipped steps are taken from it.",
 )
 @click.option("--text", is_flag=True, help="Show each piece's decoded text (cut to 200 chars).")
+@click.option("--tokenizer", default=None, help="The dataset's tokenizer, where index.json's is "
+              "not found from here (refused unless its sha256 is the recorded one).")  # fmt: skip
 @_storage_options
 def explain(
     dataset: str,
@@ -301,6 +301,7 @@ def explain(
     no_shuffle: bool,
     state: str | None,
     text: bool,
+    tokenizer: str | None,
     **remote: Any,
 ) -> None:
     """Where every row of global step STEP (or steps A:B) came from: rank, shard, sample,
@@ -318,7 +319,7 @@ def explain(
         dataset, parse_steps(step, steps), fmt, store, batch_size=batch_size,
         world_size=world_size, seq_len=seq_len, seed=seed, shuffle=not no_shuffle,
         shuffle_window=shuffle_window, shuffle_lanes=shuffle_lanes, state=load_state(state),
-        text=text,
+        text=text, tokenizer=tokenizer,
     )  # fmt: skip
     for line in lines:
         click.echo(line)

@@ -7,7 +7,7 @@ return). All reads go through a :class:`~wdstream.storage.Store`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,14 @@ from wdstream.storage import Store, open_store
 from wdstream.storage.urls import is_shard_url, split_url
 from wdstream.write.shards import doc_tokens_after
 
-__all__ = ["SamplePreview", "dataset_stats", "documents", "preview_samples", "verify_dataset"]
+__all__ = [
+    "SamplePreview",
+    "dataset_stats",
+    "documents",
+    "preview_decoder",
+    "preview_samples",
+    "verify_dataset",
+]
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,22 @@ def preview_samples(
         if len(out) >= count:
             break
     return index, out
+
+
+def preview_decoder(index: DatasetIndex | None, tokenizer: str | None) -> Callable[[Any], str]:
+    """What turns a preview's ids into text: a dataset's own tokenizer (found from its
+    ``stats.pack_cwd``, or ``tokenizer`` when given; refused unless its sha256 is the
+    recorded one, :func:`~wdstream.tokenizers.load.index_tokenizer`); for a shard without
+    an index, ``tokenizer`` (default ``cl100k_base``) as it is.
+
+    Raises:
+        TokenizerError: the tokenizer cannot be loaded, or is not the dataset's.
+    """
+    from wdstream.tokenizers import index_tokenizer, load_tokenizer
+
+    if index is None:
+        return load_tokenizer(tokenizer or "cl100k_base", "tiktoken").decode
+    return index_tokenizer(index.tokenizer, index.stats.get("pack_cwd"), tokenizer).decode
 
 
 @dataclass

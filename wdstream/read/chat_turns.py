@@ -113,13 +113,15 @@ class ChatTurns:
         self._cache: OrderedDict[tuple[str, int], _Encoded] = OrderedDict()
 
     @classmethod
-    def of(cls, index: DatasetIndex) -> ChatTurns | None:
-        """The finder for a chat dataset (loading its tokenizer), None for any other."""
+    def of(cls, index: DatasetIndex, given: str | None = None) -> ChatTurns | None:
+        """The finder for a chat dataset (loading its tokenizer: the recorded one, found
+        from ``stats.pack_cwd``, or ``given``; either checked against its recorded sha256),
+        None for any other."""
         if "chat" not in index.stats:
             return None
         from wdstream.tokenizers import index_tokenizer
 
-        return cls(index, index_tokenizer(index.tokenizer))
+        return cls(index, index_tokenizer(index.tokenizer, index.stats.get("pack_cwd"), given))
 
     def turns(self, pieces: Sequence[_Piece]) -> list[Turns]:
         """The turns of every piece, reading each input file once (at ``path`` when the

@@ -257,6 +257,7 @@ def explain(
     shuffle_lanes: int = 8,
     state: dict[str, Any] | None = None,
     text: bool = False,
+    tokenizer: str | None = None,
     **store_options: Any,
 ) -> Explanation:
     """Every row of global step ``step`` of ``Loader(dataset, order="global", ...)``: its rank
@@ -274,6 +275,10 @@ def explain(
             shuffle options, global batch, origin and skips are taken from it (``seq_len``
             and ``seed``, if also given, must match it; the shuffle arguments are ignored).
         text: decode each piece's tokens (with the index's tokenizer).
+        tokenizer: the dataset's tokenizer (a name or path), when the one ``index.json``
+            records is not found from here (it is refused unless its sha256 is the recorded
+            one, :func:`~wdstream.tokenizers.load.index_tokenizer`); a chat dataset's turns
+            and ``text`` need it.
         store_options: passed to :func:`wdstream.storage.open_store`.
 
     Returns:
@@ -287,7 +292,7 @@ def explain(
         WdstreamError: a dataset packed without provenance.
     """
     query = StepQuery(batch_size, world_size, seq_len, seed, shuffle, shuffle_window,
-                      shuffle_lanes, state, text)  # fmt: skip
+                      shuffle_lanes, state, text, tokenizer)  # fmt: skip
     return next(_explained(dataset, [step], query, store_options))
 
 
@@ -318,8 +323,8 @@ def _explained(
     if query.text:
         from wdstream.tokenizers import index_tokenizer
 
-        tok = index_tokenizer(prov.index.tokenizer)
-    chat = ChatTurns.of(prov.index)
+        tok = index_tokenizer(prov.index.tokenizer, prov.pack_cwd, query.tokenizer)
+    chat = ChatTurns.of(prov.index, query.tokenizer)
 
     def explanations() -> Iterator[Explanation]:
         for step, data in pairs:

@@ -55,6 +55,7 @@ class StepQuery:
     shuffle_lanes: int = 8
     state: dict[str, Any] | None = None
     text: bool = False
+    tokenizer: str | None = None  # the dataset's tokenizer, where index.json's is not found
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> tuple[StepQuery, dict[str, Any]]:

@@ -7,6 +7,19 @@ holding ``tokenizer.model``) with SentencePiece (:mod:`wdstream.tokenizers.spm`)
 the ``hf`` extra. Their ``ranks_sha256`` is the sha256 of the file, checked again whenever
 the tokenizer is loaded in another process. Anything else is a tiktoken encoding
 (:mod:`wdstream.tokenizers.tiktoken`).
+
+What pins a tokenizer (``index.json``'s ``tokenizer``, checked by :func:`index_tokenizer`):
+the bytes of every file the loader reads, each hashed whole:
+
+* Hugging Face: ``ranks_sha256``, the sha256 of ``tokenizer.json``; ``config_sha256``, of the
+  ``tokenizer_config.json`` beside it when there is one (BOS/EOS come from it). A folder's
+  other files are not read (its chat template's text is recorded whole in ``stats.chat``).
+* SentencePiece: ``ranks_sha256``, the sha256 of the ``.model`` file.
+* tiktoken, by name (``cl100k_base``, no path) or a ``.tiktoken`` file: ``ranks_sha256``, the
+  sha256 of the ranks in canonical ``.tiktoken`` form, whatever file or package held them.
+
+The path is recorded as given (``name``); a relative one is found again from the pack's
+working directory (``stats.pack_cwd``, recorded when an input or the tokenizer is relative).
 """
 
 from __future__ import annotations
@@ -104,21 +117,58 @@ def load_tokenizer(spec: str, backend: str = "auto", check_texts: Sequence[str] 
     return fast
 
 
-def index_tokenizer(recorded: dict[str, Any]) -> Tokenizer:
+def index_tokenizer(
+    recorded: dict[str, Any], pack_cwd: str | None = None, given: str | None = None
+) -> Tokenizer:
     """The tokenizer a dataset was packed with (``index.json``'s ``tokenizer``), to decode it.
 
-    Loaded by its recorded name or path and refused when its ranks' hash is not the recorded
-    one: a tokenizer file changed since the pack would decode other text, silently.
+    Found as the inputs are: its recorded name (the path as given to pack) joined to the
+    pack's working directory (``stats.pack_cwd``) when it is a relative path that lies
+    there, else as recorded (a tiktoken encoding's name, an absolute path, or a relative one
+    from the current directory: datasets packed before ``pack_cwd`` covered the tokenizer);
+    ``given`` (``--tokenizer``) instead, when the dataset moved away from it. Either way it
+    is refused unless its hashes are the recorded ones (``ranks_sha256``, and
+    ``config_sha256`` where recorded, see the module docstring): another tokenizer, or a
+    file changed since the pack, would decode other text, silently.
 
     Raises:
-        TokenizerError: it cannot be loaded, or its hash differs (naming both hashes).
+        TokenizerError: it cannot be loaded (naming where it was looked for) or its hashes
+            differ (naming both).
     """
-    tok = load_tokenizer(recorded["name"], "tiktoken")
-    want = recorded.get("ranks_sha256")
-    if want and tok.ranks_sha256 != want:
+    name = str(recorded["name"])
+    where = given if given is not None else _recorded_path(name, pack_cwd)
+    try:
+        tok = load_tokenizer(where, "tiktoken")
+    except TokenizerError as exc:
+        packed = f", packed in {pack_cwd}" if pack_cwd else ""
         raise TokenizerError(
-            f"{recorded['name']}: ranks sha256 {tok.ranks_sha256[:16]}... is not the "
-            f"{want[:16]}... recorded in index.json (the tokenizer changed since the pack); "
-            "decoding with it would show other text"
-        )
+            f"cannot load the dataset's tokenizer {name!r} (index.json{packed}) from {where!r}: "
+            f"{exc}; give it with --tokenizer PATH (Python: tokenizer=)"
+        ) from exc
+    for key, mine in (("ranks_sha256", tok.ranks_sha256), ("config_sha256", _config_sha(tok))):
+        want = recorded.get(key)
+        if want and mine != want:
+            raise TokenizerError(
+                f"{where}: {key} {_short(mine)} is not the {_short(want)} index.json "
+                f"records for its tokenizer {name!r} (another tokenizer, or one changed since the "
+                "pack); decoding with it would show other text"
+            )
     return tok
+
+
+def _recorded_path(name: str, pack_cwd: str | None) -> str:
+    """``name`` joined to ``pack_cwd`` when it is a relative path lying there, else ``name``."""
+    if pack_cwd and not os.path.isabs(name) and "://" not in name:
+        joined = os.path.join(pack_cwd, name)
+        if os.path.exists(joined):
+            return joined
+    return name
+
+
+def _short(digest: str) -> str:
+    return f"{digest[:16]}..." if digest else "none"
+
+
+def _config_sha(tok: Tokenizer) -> str:
+    """sha256 of the ``tokenizer_config.json`` a Hugging Face tokenizer read ("": none)."""
+    return str(getattr(tok, "config_sha256", ""))

@@ -76,9 +76,10 @@ class PackResult:
 
 
 def _pack_cwd(inputs: list[str]) -> dict[str, str]:
-    """``{"pack_cwd": ...}``, the working directory the relative ``inputs`` are relative to,
-    so ``explain`` finds them from anywhere; empty when every input is absolute (or not a
-    path: ``<stdin>``, records), so such a pack's index does not depend on where it ran."""
+    """``{"pack_cwd": ...}``, the working directory the relative ``inputs`` (and a relative
+    tokenizer path) are relative to, so ``explain`` and ``inspect`` find them from anywhere;
+    empty when every one is absolute (or not a path: ``<stdin>``, records, a tiktoken
+    encoding's name), so such a pack's index does not depend on where it ran."""
     relative = any(not (n.startswith("<") or "://" in n or os.path.isabs(n)) for n in inputs)
     return {"pack_cwd": os.getcwd()} if relative else {}
 
@@ -161,6 +162,7 @@ def pack(
     train_on: str = "assistant",
     chat_now: datetime | str | None = None,
     special_tokens_in_content: str = "text",
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> PackResult:
     """Tokenise text inputs and write a wdstream dataset (shards, sidecars, ``index.json``).
 
@@ -233,6 +235,10 @@ def pack(
             spells out is tokenised as text, only the template's markup as special tokens;
             ``parse``: as the special tokens, as ``transformers`` does. Conversations that
             spell one out are counted either way (``docs/CHAT.md``).
+        chat_template_kwargs: ``chat``: template variables every render gets, as
+            ``transformers``' ``apply_chat_template(**kwargs)`` (``{"enable_thinking":
+            False}``); a JSON object, recorded in ``stats.chat.template_kwargs`` and part of
+            the resume fingerprint.
 
     With ``workers > 0`` and the default pool, tokenisation runs in a forkserver process
     pool, so a script calling ``pack`` needs the usual ``if __name__ == "__main__":`` guard.
@@ -257,7 +263,7 @@ def pack(
     check_mode(mode, seq_len, eos)
     documents = PackDocuments(pretokenized, ids_key, mask_key, long_docs, allow_unsupervised,
                               chat, messages_key, chat_template, train_on,
-                              special_tokens_in_content)  # fmt: skip
+                              special_tokens_in_content, chat_template_kwargs)  # fmt: skip
     documents.check(mode, engine)
     if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
         raise TypeError(  # as the Python writer's check (write/writer.py checked_options)
@@ -359,7 +365,7 @@ def pack(
             "skipped_locations": list(totals.bad_locations),
             "input_bytes": totals.input_bytes,
             "input_files": len(sources.files),
-            **_pack_cwd(sources.names),
+            **_pack_cwd([*sources.names, *([tokenizer] if os.path.exists(tokenizer) else [])]),
             **mask_stats(totals.rule_counts, entries, parts),
         }
         meta = DatasetMeta(tok.info(), eos_id, bos_id, dtype, mode, seq_len, parts.loss_mask)

@@ -123,7 +123,7 @@ def explain_mixture_steps(
         from wdstream.tokenizers import index_tokenizer
 
         index = next(s.index for s in sources if s.index is not None)
-        tok = index_tokenizer(index.tokenizer)
+        tok = index_tokenizer(index.tokenizer, index.stats.get("pack_cwd"), query.tokenizer)
     provs: dict[int, Provenance | None] = {}
     chats: dict[int, ChatTurns | None] = {}  # chat sources: the turns of their pieces
 
@@ -144,7 +144,7 @@ def explain_mixture_steps(
                 pieces = row_pieces(prov, order, epoch, row) if prov is not None else None
                 if pieces is not None and prov is not None:
                     if i not in chats:
-                        chats[i] = ChatTurns.of(prov.index)
+                        chats[i] = ChatTurns.of(prov.index, query.tokenizer)
                     chat = chats[i]
                     if chat is not None:
                         pieces = [replace(p, turns=t)
