@@ -159,6 +159,8 @@ def test_explain_finds_the_turns_with_the_recorded_kwargs(
     pieces = [p for line in res.output.splitlines() for p in json.loads(line)["pieces"]]
     assert pieces and all("error" not in p["turns"] for p in pieces), res.output[:2000]
     assert all(p["turns"]["roles"] for p in pieces)
+    stats = CliRunner().invoke(main, ["stats", str(root)])
+    assert stats.exit_code == 0 and 'template kwargs {"date_string": "02 Dec 2026"' in stats.output
 
 
 def test_resume_with_other_kwargs_is_refused(

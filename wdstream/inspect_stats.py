@@ -10,6 +10,7 @@ shard's tokens), which ``stats --plot`` draws (:mod:`wdstream.plots`).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -162,6 +163,7 @@ def _chat_report(
         "template_sha256": chat["template_sha256"],
         "train_on": chat["train_on"],
         "now": chat["now"],
+        "template_kwargs": chat.get("template_kwargs"),
         "roles": roles,
         "added_tokens": chat["added_tokens"],
         "roles_agree": (
@@ -198,10 +200,18 @@ def mask_lines(mask: dict[str, Any]) -> list[tuple[str, bool]]:
     return lines
 
 
+def _kwargs_text(kwargs: dict[str, Any] | None) -> str:
+    """``, template kwargs {...}`` (cut to 120 characters), or nothing when none were given."""
+    if not kwargs:
+        return ""
+    text = json.dumps(kwargs, ensure_ascii=False)
+    return f", template kwargs {text if len(text) <= 120 else text[:117] + '...'}"
+
+
 def _chat_lines(chat: dict[str, Any]) -> list[tuple[str, bool]]:
     lines = [(f"chat: template {chat['template_origin']} (sha256 {chat['template_sha256'][:12]}"
               f"{', now ' + chat['now'] if chat['now'] else ''}), train_on "
-              f"{chat['train_on']}", False)]  # fmt: skip
+              f"{chat['train_on']}{_kwargs_text(chat['template_kwargs'])}", False)]  # fmt: skip
     for role, c in chat["roles"].items():
         lines.append((f"  {role:<9} {c['tokens']:>12,} tokens ({c['tokens_pct']:5.2f} %), "
                       f"{c['supervised']:>12,} supervised ({c['supervised_pct']:6.2f} % of "
