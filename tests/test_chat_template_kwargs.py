@@ -163,6 +163,22 @@ def test_explain_finds_the_turns_with_the_recorded_kwargs(
     assert stats.exit_code == 0 and 'template kwargs {"date_string": "02 Dec 2026"' in stats.output
 
 
+def test_the_writer_takes_the_same_kwargs(
+    llama: tuple[Path, Path, list[Any]], tmp_path: Path
+) -> None:
+    folder, root, convs = llama
+    with wdstream.Writer(str(tmp_path / "w"), tokenizer=str(folder), chat=True, seq_len=SEQ,
+                         workers=0, chat_template_kwargs=LLAMA_KW) as writer:  # fmt: skip
+        for messages in convs:
+            writer.write({"messages": messages})
+    got = json.loads((tmp_path / "w" / "index.json").read_text())
+    assert got["stats"]["chat"]["template_kwargs"] == LLAMA_KW
+    shards = sorted(p.name for p in root.glob("*.tar"))
+    assert shards and shards == sorted(p.name for p in (tmp_path / "w").glob("*.tar"))
+    for shard in shards:  # the same tokens and masks as pack's (the input name is elsewhere)
+        assert (root / shard).read_bytes() == (tmp_path / "w" / shard).read_bytes(), shard
+
+
 def test_resume_with_other_kwargs_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -139,7 +139,7 @@ def test_a_tokenizer_with_another_sha256_is_refused(
     for cmd in (["explain", str(root), *EXPLAIN], ["inspect", str(root), "-n", "1"]):
         lines = _run(*cmd, "--tokenizer", str(other), ok=False).strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error: "), lines
-        assert key in lines[0] and "index.json records" in lines[0], lines
+        assert key in lines[0] and "recorded in index.json" in lines[0], lines
     # The folder the pack recorded, changed in place, is refused as well.
     shutil.rmtree(here / "models" / "chat")
     shutil.copytree(other, here / "models" / "chat")

@@ -149,9 +149,9 @@ def index_tokenizer(
         want = recorded.get(key)
         if want and mine != want:
             raise TokenizerError(
-                f"{where}: {key} {_short(mine)} is not the {_short(want)} index.json "
-                f"records for its tokenizer {name!r} (another tokenizer, or one changed since the "
-                "pack); decoding with it would show other text"
+                f"{where}: {key} {_short(mine)} is not the {_short(want)} recorded in "
+                f"index.json for its tokenizer {name!r} (another tokenizer, or one changed since "
+                "the pack); decoding with it would show other text"
             )
     return tok
 
