@@ -19,8 +19,9 @@ line (:mod:`wdstream.write.docrules`).
 Tokenizer: chat text is tokenised with special tokens recognised
 (:meth:`~wdstream.tokenizers.base.Tokenizer.encode_chat`). The bpe-openai backend does not
 recognise them, so a bpe-openai pack encodes chat with tiktoken's encoder of the same
-encoding (:attr:`ChatDocumentEncoder.tokenizer`): the workers of such a pack hold only the
-bpe-openai binding.
+encoding (:attr:`ChatDocumentEncoder.tokenizer`): the workers of such a pack load only that
+one (:class:`~wdstream.write.tokenpool.TokenPool` hands it to them as their tokenizer, the
+object the encoder holds, so it is unpickled once), never the unused bpe-openai binding.
 """
 
 from __future__ import annotations

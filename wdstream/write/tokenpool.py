@@ -23,7 +23,9 @@ number of workers.
 Start-up: ``pack`` calls :func:`prestart` first thing, so the fork server (a fresh
 interpreter importing numpy and this package, ~1 s) boots while the packing process loads
 the tokenizer; a bpe-openai worker then needs only the binding (~0.1 s), never tiktoken's
-ranks. Until a worker is up the packing thread encodes batches itself.
+ranks, and a worker of an encoder that brings its own tokenizer (a bpe-openai chat pack's
+tiktoken one) loads only that (:func:`_worker_tokenizer`). Until a worker is up the packing
+thread encodes batches itself.
 """
 
 from __future__ import annotations
@@ -109,6 +111,18 @@ def _init_worker(
     global _worker
     _exit_with_parent()
     _worker = (BpeEncoder(tok) if isinstance(tok, str) else tok, encoder, parser)
+
+
+def _worker_tokenizer(tok: Tokenizer, encoder: DocumentEncoder) -> Tokenizer | str:
+    """What a process worker loads to encode with: the tokenizer an encoder brings of its own
+    (a bpe-openai chat pack's tiktoken one, :func:`~wdstream.write.chatdocs.chat_tokenizer`),
+    the very object the pickled encoder holds, so the worker loads it once and nothing else
+    (it loaded the unused bpe-openai binding too); else the pool's, for bpe-openai just the
+    encoding's name (the binding, not tiktoken's ranks: ~0.3 s a worker)."""
+    own = getattr(encoder, "tokenizer", None)
+    if isinstance(own, Tokenizer):
+        return own
+    return tok.name if tok.backend == "bpe-openai" else tok
 
 
 def _run_task(
@@ -240,9 +254,7 @@ class TokenPool:
         self._starter: _Starter | None = None
         if self.kind == "processes":
             ctx = _process_context()
-            # bpe-openai workers need only the binding, not tiktoken's ranks (~0.3 s each).
-            recipe = tok.name if tok.backend == "bpe-openai" else tok
-            initargs = (recipe, encoder, parser)
+            initargs = (_worker_tokenizer(tok, encoder), encoder, parser)
             self._executor = ProcessPoolExecutor(
                 workers, mp_context=ctx, initializer=_init_worker, initargs=initargs
             )
