@@ -242,3 +242,11 @@ def test_the_cli_refuses_bad_kwargs_in_one_line(tmp_path: Path, args: list[str],
     assert res.exit_code == 1
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and says in lines[0], res.output
+
+
+def test_the_writer_refuses_bad_kwargs_when_opened(tmp_path: Path) -> None:
+    folder = build_chat_hf(tmp_path / "tok", QWEN3).parent
+    with pytest.raises(ValueError, match="^chat_template_kwargs: 'messages' is an argument"):
+        wdstream.Writer(str(tmp_path / "w"), tokenizer=str(folder), chat=True, workers=0,
+                        chat_template_kwargs={"messages": []})  # fmt: skip
+    assert not (tmp_path / "w" / "index.json").exists()

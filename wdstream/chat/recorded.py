@@ -81,7 +81,7 @@ class ChatSettings:
     train_on: str = "assistant"
     messages_key: str = "messages"
     special_in_content: str = "text"
-    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)  # not hashed
 
     @classmethod
     def load(
