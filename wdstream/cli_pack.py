@@ -143,6 +143,13 @@ _OPTIONS = [
         help="Masked packs: keep documents whose mask is all 0 (default: a bad record).",
     ),
     click.option(
+        "--allow-unlocated",
+        is_flag=True,
+        help="--chat: pack even if some assistant turn gets no loss (its text not found in the "
+        "rendered conversation); counted in stats.chat.assistant_turns (default: the pack "
+        "fails naming the count and the first file:line).",
+    ),
+    click.option(
         "--chat",
         is_flag=True,
         help="Inputs are JSON Lines conversations (messages, ShareGPT or prompt/completion), "
@@ -271,6 +278,11 @@ def _chat_summary(chat: dict[str, Any]) -> list[tuple[str, bool]]:
     for kind, p in problems.items():
         lines += [(f"  {kind} at {where}", True) for where in p["examples"]]
     lines += [(f"  refused at {where}", True) for where in refused["examples"]]
+    turns = chat.get("assistant_turns")
+    if turns and turns["unsupervised"]:
+        lines.append((f"chat: {turns['unsupervised']:,} of {turns['count']:,} assistant turns "
+                      "without loss (--allow-unlocated)", True))  # fmt: skip
+        lines += [(f"  no loss at {where}", True) for where in turns["examples"]]
     return lines
 
 

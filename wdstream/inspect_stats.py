@@ -148,7 +148,8 @@ def _chat_report(
 ) -> dict[str, Any]:
     """A chat dataset's audit from ``stats.chat`` (``wdstream.write.chataudit``): per role its
     tokens, supervised tokens, their share of the role's tokens and of all tokens; the
-    template's problems by kind (with example locations) and refusals; and whether the
+    template's problems by kind (with example locations) and refusals; the assistant turns
+    trained and those without loss (``assistant_turns``); and whether the
     roles add up to what the shards hold (``roles_agree``: the roles' supervised tokens to
     the shards' supervised tokens, the roles' tokens and the pack's BOS/EOS to all tokens
     less best-fit padding)."""
@@ -172,6 +173,7 @@ def _chat_report(
         ),
         "problems": chat["problems"],
         "template_refused": chat["template_refused"],
+        "assistant_turns": chat.get("assistant_turns"),  # None: packed before it was counted
     }
 
 
@@ -225,6 +227,12 @@ def _chat_lines(chat: dict[str, Any]) -> list[tuple[str, bool]]:
     for kind, p in problems.items():
         lines += [(f"    {kind} at {where}", False) for where in p["examples"]]
     lines += [(f"    refused at {where}", False) for where in refused["examples"]]
+    turns = chat["assistant_turns"]
+    if turns is not None:
+        lost = turns["unsupervised"]
+        lines.append((f"{'Warning: ' if lost else '  '}assistant turns without loss: {lost:,} of "
+                      f"{turns['count']:,} trained (train_on {chat['train_on']})", bool(lost)))  # fmt: skip
+        lines += [(f"    no loss at {where}", bool(lost)) for where in turns["examples"]]
     if not chat["roles_agree"]:
         lines.append(("Warning: the per-role counts of index.json do not add up to the "
                       "shards' tokens and supervised tokens", True))  # fmt: skip

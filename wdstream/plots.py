@@ -88,7 +88,9 @@ def plot_dataset(scan: DatasetScan, path: str | Path, title: str) -> dict[str, A
     Returns:
         What was drawn: ``doc_lengths`` (``edges``, ``counts``), ``shard_tokens``,
         ``row_padding`` (``edges``, ``counts``; None outside bestfit) and ``roles``
-        (``{role: {"tokens", "supervised"}}``; None outside chat datasets).
+        (``{role: {"tokens", "supervised"}}``; None outside chat datasets) and
+        ``assistant_turns`` (``count``, ``unsupervised``: the line under the roles; None
+        outside chat datasets and in packs made before it was counted).
     """
     s = scan.stats
     chat = (s["loss_mask"] or {}).get("chat")
@@ -96,7 +98,7 @@ def plot_dataset(scan: DatasetScan, path: str | Path, title: str) -> dict[str, A
     rows, cols = (2, 2) if panels == 4 else (1, panels)
     fig, axes = _figure(rows, cols, (6 * cols, 4.5 * rows))
     flat = list(axes.flat)
-    drawn: dict[str, Any] = {"row_padding": None, "roles": None}
+    drawn: dict[str, Any] = {"row_padding": None, "roles": None, "assistant_turns": None}
 
     edges = _length_edges(scan.doc_lengths)
     counts, _ = np.histogram(scan.doc_lengths, bins=edges)
@@ -136,6 +138,7 @@ def plot_dataset(scan: DatasetScan, path: str | Path, title: str) -> dict[str, A
         at += 1
     if chat is not None:
         drawn["roles"] = _roles(flat[at], chat["roles"])
+        drawn["assistant_turns"] = _lost_turns(flat[at], chat.get("assistant_turns"))
         at += 1
     for ax in flat[at:]:
         ax.set_axis_off()
@@ -156,6 +159,16 @@ def _padding(ax: Any, padding: np.ndarray, s: dict[str, Any]) -> dict[str, Any]:
                  f"{padding.mean() if len(padding) else 0:.1f} per row)",
            xlabel="padding tokens in the row", ylabel="rows (log scale)")  # fmt: skip
     return {"edges": edges.tolist(), "counts": counts.tolist()}
+
+
+def _lost_turns(ax: Any, turns: dict[str, Any] | None) -> dict[str, int] | None:
+    """The assistant turns without loss, as their own line under the roles (red if any)."""
+    if turns is None:
+        return None
+    lost, count = turns["unsupervised"], turns["count"]
+    ax.text(0.0, -0.32, f"assistant turns without loss: {lost:,} of {count:,}",
+            transform=ax.transAxes, color="red" if lost else "black", fontsize=9)  # fmt: skip
+    return {"count": count, "unsupervised": lost}
 
 
 def _roles(ax: Any, roles: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:

@@ -59,6 +59,11 @@ class ChatEncoding:
         text: the rendered conversation.
         spans: ``(message, start, end)`` character spans of ``text`` that are supervised.
         problems: what the rules had to decide for this record (see :class:`ChatProblem`).
+        trained_turns: the assistant turns ``train_on`` trains (every one; the last; none
+            for ``all``, which trains every token), by message index.
+        unsupervised_turns: those of them on which no token carries loss (a turn not
+            located, or one the template renders as no text): lost turns, which a pack
+            refuses to leave without ``--allow-unlocated``.
     """
 
     ids: np.ndarray
@@ -68,6 +73,8 @@ class ChatEncoding:
     text: str
     spans: list[tuple[int, int, int]]
     problems: list[ChatProblem] = field(default_factory=list)
+    trained_turns: list[int] = field(default_factory=list)
+    unsupervised_turns: list[int] = field(default_factory=list)
 
     @property
     def n_tokens(self) -> int:

@@ -36,7 +36,7 @@ token. The template is compiled once (:class:`ChatTemplate`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jinja2
@@ -62,7 +62,7 @@ TRAIN_ON = ("assistant", "last", "all")
 SPECIAL_IN_CONTENT = ("text", "parse")
 SPECIAL_TEXT = "special_text"  # the problem kind: a message spells out a special token
 Spans = list[tuple[int, int, int]]
-_Turn = tuple[int, TurnSpan, str]  # (message, its span, the text Q_i adds after P_i)
+_Turn = tuple[int, TurnSpan, str]  # (message, its span, the text Q_i adds for the turn)
 
 
 class ChatEncoder:
@@ -111,6 +111,9 @@ class ChatEncoder:
         def render(count: int, generation_prompt: bool = False) -> str:
             return self.template.render_prepared(prepared[:count], generation_prompt, tools)
 
+        def optional(messages: list[dict[str, Any]]) -> Callable[[], str | None]:
+            return lambda: self._region_render(messages, tools)
+
         n = len(prepared)
         whole, blocks = self.template.render_blocks(prepared, False, tools)
         ends = [-1] * (n - 1) + [len(whole)]
@@ -119,26 +122,35 @@ class ChatEncoder:
             if prepared[k].get("role") == "assistant":
                 prompt = render(k, True)
                 through = whole if k == n - 1 else render(k + 1)
-                found = turn_span(whole, prompt, through, prepared[k].get("content"))
-                turns.append((k, found, through[len(prompt) :]))
-                if k > 0 and ends[k - 1] < 0 and found.end > found.start:
-                    ends[k - 1] = found.start  # the assistant's header counts with message k-1
+                own = [*prepared[:k], rotated(prepared[k]), *prepared[k + 1 :]]
+                found = turn_span(whole, prompt, through, optional(prepared[:k]), optional(own))
+                turns.append((k, found, found.added))
+                lo, hi = (
+                    (found.start, found.end) if found.end > found.start else found.owned or (-1, -1)
+                )
+                if k > 0 and ends[k - 1] < 0 and lo >= 0:
+                    ends[k - 1] = lo  # the assistant's header counts with message k-1
                 if k == n - 1:
                     continue
                 if whole.startswith(through):
                     ends[k] = len(through)
                 elif found.end > found.start:  # with the whitespace after it, as under rule 1
                     ends[k] = len(whole) - len(whole[found.end :].lstrip())
+                elif hi > lo:
+                    ends[k] = hi
             elif k < n - 1 and prepared[k + 1].get("role") != "assistant":
                 region = self._region_render(prepared[: k + 1], tools)
                 ends[k] = len(region) if region is not None and whole.startswith(region) else -1
         return whole, blocks, ends, turns
 
     def _region_render(self, messages: list[dict[str, Any]], tools: Any) -> str | None:
-        """The render through a message followed by another non-assistant one (its region's
-        end only); None when the template's ``raise_exception`` refuses that prefix (Llama
-        3.1 with ``custom_tools`` wants a user message after the system one): the message
-        then shares the next one's region. Any other failure refuses the conversation."""
+        """A render only a rule needs: the render through a message followed by another
+        non-assistant one (its region's end only), the conversation before a turn whose
+        render does not start with the generation prompt, or the conversation with a turn's
+        strings changed (:mod:`wdstream.chat.spans`). None when the template's
+        ``raise_exception`` refuses it (Llama 3.1 with ``custom_tools`` wants a user message
+        after the system one): the message then shares the next one's region, the rule does
+        not place the turn. Any other failure refuses the conversation."""
         try:
             return self.template.render_prepared(messages, False, tools)
         except ConversationError as exc:
@@ -264,4 +276,8 @@ class ChatEncoder:
                     "characters; supervised",
                 )
             )
-        return ChatEncoding(ids, supervised, message_index, roles, whole, spans, problems)
+        trained = [k for k, _, _ in turns] if self.train_on != "all" else []
+        trained = trained[-1:] if self.train_on == "last" else trained
+        kept = {k for k, start, end in spans if end > start}
+        return ChatEncoding(ids, supervised, message_index, roles, whole, spans, problems,
+                            trained, [k for k in trained if k not in kept])  # fmt: skip

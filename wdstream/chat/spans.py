@@ -15,44 +15,65 @@ Rule 1 (the prefix property holds: T starts with Q_i, Q_i starts with P_i): the 
 characters are ``[len(P_i), len(Q_i))`` less the trailing whitespace, i.e. the turn's content
 and its end-of-turn token, nothing of the header or the separator after it.
 
-Rule 2 (the template rewrites the conversation when later messages follow, e.g. drops an
-assistant turn's reasoning once a later user message exists, so T does not start with Q_i):
+The turn's start when Q_i does not start with P_i (a generation prompt that opens what the
+rendered turn leaves out: DeepSeek-R1's ``<｜Assistant｜><think>\\n`` before an answer
+rendered without its reasoning): with B_i = ``render(messages[:i])``, when P_i and Q_i both
+start with B_i, the turn starts where P_i and Q_i part after B_i (after ``<｜Assistant｜>``);
+the characters Q_i adds from there are the turn, and rule 1 or 2 goes on with them.
 
-* the turn's start in T: ``len(P_i)`` when T starts with P_i; otherwise the end of the one
-  place in T, after the first character where P_i and T differ, holding the longest tail of
-  P_i found there (what follows the last rewritten text: later messages and the header).
-  No such tail, or a tail found at two places, and the turn is not located;
+Rule 2 (the template rewrites the turn when later messages follow, e.g. drops an assistant
+turn's reasoning once a later user message exists, so T does not start with Q_i):
+
+* the turn's start in T: its start in Q_i when T starts with Q_i up to there; otherwise the
+  end of the one place in T, after the first character where that prefix and T differ,
+  holding the longest tail of it found there (what follows the last rewritten text: later
+  messages and the header). No such tail, or a tail found at two places, and the turn is
+  not located;
 * the turn's text in T: from that start, the longest suffix of Q_i's added text (less
-  trailing whitespace) that T continues with, used only when it holds the message's whole
-  (stripped) string content.
+  trailing whitespace) that T continues with: what the template renders for the turn in T
+  (its answer and end-of-turn token without the dropped reasoning);
+* checked to hold the turn's own text as T renders it: T is rendered once more with the
+  turn's strings (content, reasoning, tool calls) changed letter by letter
+  (:func:`~wdstream.chat.provenance.rotated`), and every character that changes must lie in
+  that text. Reasoning inline in ``content`` (``<think>...</think>answer``) is located like
+  reasoning given apart.
 
 The record gets a ``relocated`` problem naming how much of the turn was found.
 
-Otherwise (Q_i does not start with P_i, or rule 2 finds no start or no text holding the
-content) the turn is not supervised and the record gets an ``unlocated`` problem: a turn is
-never supervised at a place that was guessed.
+Otherwise (no start, no text, or some of the turn's own text outside it) the turn is not
+supervised and the record gets an ``unlocated`` problem: a turn is never supervised at a
+place that was guessed. Its own characters in T, where they are known, still count as the
+turn's (:attr:`TurnSpan.owned`), so its tokens are counted under its role.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["RELOCATED", "UNLOCATED", "TurnSpan", "turn_span"]
 
 RELOCATED = "relocated"
 UNLOCATED = "unlocated"
+Render = Callable[[], "str | None"]  # a render made only when a rule needs it (None: refused)
 
 
 @dataclass(frozen=True)
 class TurnSpan:
     """A turn's supervised characters ``[start, end)`` in T (empty when ``problem`` is
-    ``unlocated``), and the rule-2 or failure problem kind, None under rule 1."""
+    ``unlocated``), and the rule-2 or failure problem kind, None under rule 1.
+
+    ``added`` is the text Q_i adds for the turn (from its start in Q_i: what is checked to
+    be the turn's own, :func:`~wdstream.chat.provenance.foreign_text`); ``owned``, for a turn
+    not located, the characters ``[start, end)`` of T that are its own where they are known
+    (its tokens count under its role), else None."""
 
     start: int
     end: int
     problem: str | None = None
     detail: str = ""
+    added: str = ""
+    owned: tuple[int, int] | None = None
 
 
 def _end_before_space(text: str, lo: int, hi: int) -> int:
@@ -74,6 +95,17 @@ def _common_prefix(a: str, b: str) -> int:
     return lo
 
 
+def _turn_start(prompt: str, turn: str, before: Render) -> int | None:
+    """Where the turn starts in Q_i: after P_i when Q_i starts with it, else where P_i and
+    Q_i part after B_i (module docstring), None when they do not both start with B_i."""
+    if turn.startswith(prompt):
+        return len(prompt)
+    head = before()
+    if head is None or not (prompt.startswith(head) and turn.startswith(head)):
+        return None
+    return _common_prefix(prompt, turn)
+
+
 def _anchor(whole: str, prompt: str) -> int | None:
     """Where the turn after ``prompt`` starts in ``whole`` (module docstring, rule 2)."""
     if whole.startswith(prompt):
@@ -93,53 +125,69 @@ def _anchor(whole: str, prompt: str) -> int | None:
     return None if whole.find(tail, at + 1) >= 0 else at + lo
 
 
-def _located(whole: str, at: int, added: str, content: Any) -> int | None:
-    """Length of the longest suffix of ``added`` that ``whole`` continues with at ``at``, if
-    that suffix holds the content (module docstring, rule 2); else None."""
+def _located(whole: str, at: int, added: str) -> int:
+    """Length of the longest suffix of ``added`` that ``whole`` continues with at ``at``
+    (module docstring, rule 2); 0 when none."""
     for cut in range(len(added)):
         if whole.startswith(added[cut:], at):
-            found = added[cut:]
-            wanted = content.strip() if isinstance(content, str) else ""
-            return len(found) if wanted in found else None
-    return None
+            return len(added) - cut
+    return 0
 
 
-def turn_span(whole: str, prompt: str, turn: str, content: Any) -> TurnSpan:
+def _own_text(whole: str, changed: str | None) -> tuple[int, int] | None:
+    """``[first, last)``: where ``whole`` and ``changed`` (the same render, the turn's
+    strings changed) differ; ``(0, 0)`` when they do not; None when they cannot be compared
+    (the template refused the change or it moved the text)."""
+    if changed is None or len(changed) != len(whole):
+        return None
+    if changed == whole:
+        return 0, 0
+    first = _common_prefix(whole, changed)
+    last = len(whole) - _common_prefix(whole[::-1], changed[::-1])
+    return first, last
+
+
+def _unlocated(start: int, why: str, added: str, owned: tuple[int, int] | None) -> TurnSpan:
+    return TurnSpan(start, start, UNLOCATED, f"{why}; turn not supervised", added, owned)
+
+
+def turn_span(whole: str, prompt: str, turn: str, before: Render, changed: Render) -> TurnSpan:
     """The supervised characters of one assistant turn in ``whole`` (module docstring).
 
     Args:
         whole: the rendered conversation T.
         prompt: P_i, the conversation before the turn rendered with the generation prompt.
         turn: Q_i, the conversation through the turn.
-        content: the turn's ``content`` (checked to lie in a rule-2 span).
+        before: renders B_i, the conversation before the turn without the generation
+            prompt (called only when Q_i does not start with P_i).
+        changed: renders T with the turn's strings changed (called only under rule 2).
     """
-    start = len(prompt)
-    if not turn.startswith(prompt):
-        return TurnSpan(
-            start,
-            start,
-            UNLOCATED,
-            "the turn rendered alone does not start with the generation prompt; turn not "
-            "supervised",
-        )
+    start = _turn_start(prompt, turn, before)
+    if start is None:
+        why = "the turn rendered alone does not start with the generation prompt"
+        return _unlocated(len(prompt), why, "", None)
     end = _end_before_space(turn, start, len(turn))
+    added = turn[start:]
     if whole.startswith(turn):
-        return TurnSpan(start, end)
-    at = _anchor(whole, prompt)
-    length = None if at is None else _located(whole, at, turn[start:end], content)
-    if at is None or not length:
-        why = "no single place for its start" if at is None else "its content is not there"
-        return TurnSpan(
-            start,
-            start,
-            UNLOCATED,
-            "the template rewrites the conversation when later messages follow and this "
-            f"turn was not found ({why}); turn not supervised",
-        )
+        return TurnSpan(start, end, added=added)
+    rewrites = "the template rewrites the conversation when later messages follow and this turn"
+    at = _anchor(whole, turn[:start])
+    if at is None:
+        return _unlocated(start, f"{rewrites} has no single place for its start", added, None)
+    length = _located(whole, at, turn[start:end])
+    own = _own_text(whole, changed())
+    if own is None:
+        return _unlocated(at, f"{rewrites}'s own text cannot be told apart", added, None)
+    shown = own != (0, 0)  # T renders some of the turn's own strings
+    owned = (at, own[1]) if shown and own[0] >= at else (at, at) if not shown else None
+    if not length or (shown and not at <= own[0] <= own[1] <= at + length):
+        why = " was not found" if not length else "'s own text lies outside the text found"
+        return _unlocated(at, f"{rewrites}{why}", added, owned)
     return TurnSpan(
         at,
         at + length,
         RELOCATED,
         "the template rewrites the conversation when later messages follow; supervised the "
         f"{length} of the turn's {end - start} characters found in the whole conversation",
+        added,
     )

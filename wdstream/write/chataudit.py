@@ -14,9 +14,14 @@ under ``stats.chat``::
     "problems": {"relocated": {"count": 3, "examples": ["in.jsonl:17: message 4: ..."]}, ...},
                                               (special_text: conversations whose messages spell
                                               out a special token, docs/CHAT.md)
-    "template_refused": {"count": 0, "examples": []}
+    "template_refused": {"count": 0, "examples": []},
+    "assistant_turns": {"count": 812, "unsupervised": 0, "examples": []}
+                                              assistant turns train_on trains, and those of
+                                              them no token of which carries loss (lost
+                                              turns: "in.jsonl:9: message 4")
 
-Every supervised token is some role's, so the roles' ``supervised`` add up to
+A pack with a lost turn fails unless it allows them (``--allow-unlocated``,
+:func:`~wdstream.write.pack.pack`); the count and the first locations say where. Every supervised token is some role's, so the roles' ``supervised`` add up to
 ``stats.supervised_tokens``; roles and ``added_tokens`` add up to the dataset's tokens less
 best-fit padding (``wdstream stats`` checks both against the shards).
 """
@@ -57,6 +62,8 @@ class ChatAudit:
         self._examples = [tuple(e) for e in start.get("examples", [[]] * len(PROBLEM_KINDS))]
         self._refused = int(start.get("refused", 0))
         self._refused_at = tuple(start.get("refused_at", []))
+        self._turns = list(start.get("turns", [0, 0]))  # [trained, lost]
+        self._lost_at = tuple(start.get("lost_at", []))
 
     def snapshot(self) -> dict[str, Any]:
         """The counts, JSON-able (what a journal records in an input position)."""
@@ -66,16 +73,25 @@ class ChatAudit:
             "examples": [list(e) for e in self._examples],
             "refused": self._refused,
             "refused_at": list(self._refused_at),
+            "turns": list(self._turns),
+            "lost_at": list(self._lost_at),
         }
 
     def add(self, stored: np.ndarray, tags: np.ndarray, note: Any, where: str) -> None:
         """Count one packed conversation: its stored tokens, their tags (role, or
-        :data:`ADDED_TAG`) and its note (``{"problems": [[kind, message, detail], ...]}``
-        or None), found at ``where`` (``file:line``)."""
+        :data:`ADDED_TAG`) and its note (``{"problems": [[kind, message, detail], ...],
+        "turns": trained, "unsupervised_turns": [message, ...]}`` or None), found at
+        ``where`` (``file:line``)."""
         supervised = carries_loss(stored)
         self._counts[:, 0] += np.bincount(tags, minlength=_TAGS)
         self._counts[:, 1] += np.bincount(tags[supervised], minlength=_TAGS)
-        for kind, message, detail in (note or {}).get("problems", ()):
+        note = note or {}
+        lost = note.get("unsupervised_turns", ())
+        self._turns[0] += note.get("turns", 0)
+        self._turns[1] += len(lost)
+        for k in lost[: max(0, EXAMPLES - len(self._lost_at))]:
+            self._lost_at = (*self._lost_at, f"{where}: message {k}")
+        for kind, message, detail in note.get("problems", ()):
             k = PROBLEM_KINDS.index(kind)
             self._problems[k] += 1
             if len(self._examples[k]) < EXAMPLES:
@@ -102,4 +118,9 @@ class ChatAudit:
                 for kind, n, e in zip(PROBLEM_KINDS, self._problems, self._examples, strict=True)
             },
             "template_refused": {"count": self._refused, "examples": list(self._refused_at)},
+            "assistant_turns": {
+                "count": self._turns[0],
+                "unsupervised": self._turns[1],
+                "examples": list(self._lost_at),
+            },  # fmt: skip
         }

@@ -4,7 +4,9 @@ mask in bit 31 out, run in the token pool's worker processes.
 Each conversation (a :class:`~wdstream.chat.records.ChatRecord`, parsed in the packing thread)
 goes through :class:`~wdstream.chat.masks.ChatEncoder` with the pack's
 :class:`~wdstream.chat.recorded.ChatSettings`; its ids are stored with bit 31 on every token
-that carries no loss, the pack's BOS/EOS around them (with the bit, ``docs/CHAT.md``)::
+that carries no loss, the pack's BOS/EOS around them (with the bit, ``docs/CHAT.md``; no EOS
+after a conversation whose rendered text already ends with that token, e.g. Mistral's or
+DeepSeek's ``</s>``-style end of turn, so it is not doubled)::
 
     [{user: Hi}, {assistant: Yo}]  ->  <|im_start|>|B user|B \\n|B Hi|B ... Yo <|im_end|> \\n|B EOS|B
     tags                               user       user   ...          assistant      added
@@ -12,7 +14,7 @@ that carries no loss, the pack's BOS/EOS around them (with the bit, ``docs/CHAT.
 Beside the tokens it returns, for the pack's audit (:mod:`wdstream.write.chataudit`), each
 token's role (a tag: the index in :data:`~wdstream.chat.conversations.ROLES`, or
 :data:`~wdstream.write.chataudit.ADDED_TAG` for BOS/EOS) and each conversation's template
-problems. A conversation the template refuses (its ``raise_exception``) comes back with
+problems, assistant turns trained and those left without a supervised token. A conversation the template refuses (its ``raise_exception``) comes back with
 length 0 and a note saying why; the document rules make it a bad record naming file and
 line (:mod:`wdstream.write.docrules`).
 
@@ -36,7 +38,7 @@ from wdstream.chat.masks import ChatEncoder
 from wdstream.chat.recorded import ChatSettings
 from wdstream.chat.records import ChatRecord
 from wdstream.errors import ConversationError
-from wdstream.format.loss import mark_no_loss
+from wdstream.format.loss import ID_BITS, mark_no_loss
 from wdstream.tokenizers.base import Tokenizer
 from wdstream.tokenizers.tiktoken import BpeEncoder, TiktokenTokenizer
 from wdstream.write.chataudit import ADDED_TAG
@@ -106,9 +108,11 @@ class ChatDocumentEncoder:
             stored, roles = encoded
             if not head:  # the conversation's first token: no target (encoders.start_not_target)
                 stored = start_not_target(stored)
-            tokens += [np.array(head, np.uint32), stored, np.array(tail, np.uint32)]
-            tags += [added[: len(head)], roles, added[: len(tail)]]
-            lens[i] = len(head) + len(stored) + len(tail)
+            # A template that ends the conversation with the EOS itself gets no second one.
+            end = [] if int(stored[-1]) & ID_BITS == self.eos_id else tail
+            tokens += [np.array(head, np.uint32), stored, np.array(end, np.uint32)]
+            tags += [added[: len(head)], roles, added[: len(end)]]
+            lens[i] = len(head) + len(stored) + len(end)
         flat = np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.uint32)
         tag = np.concatenate(tags) if tags else np.zeros(0, dtype=np.uint8)
         return EncodedBatch(flat, lens, tag, notes)
@@ -126,5 +130,6 @@ class ChatDocumentEncoder:
             return {"refused": "the chat template renders the conversation as no text"}, None
         role_tags = np.array([_ROLE_TAG[r] for r in enc.roles], dtype=np.uint8)
         problems = [[p.kind, p.message, p.detail] for p in enc.problems]
-        note = {"problems": problems} if problems else None
+        note = {"problems": problems, "turns": len(enc.trained_turns),
+                "unsupervised_turns": enc.unsupervised_turns}  # fmt: skip
         return note, (mark_no_loss(enc.ids, enc.supervised), role_tags[enc.message_index])

@@ -62,6 +62,7 @@ class PackDocuments:
     train_on: str = "assistant"
     special_tokens_in_content: str = "text"
     chat_template_kwargs: dict[str, Any] | None = None
+    allow_unlocated: bool = False
 
     @property
     def masked(self) -> bool:
@@ -101,6 +102,8 @@ class PackDocuments:
                     f"long_docs (--long-docs) is a rule of --mode bestfit (got mode {mode!r}): "
                     "concat and docs samples hold documents of any length"
                 )
+        if self.allow_unlocated and not self.chat:
+            raise ValueError("allow_unlocated (--allow-unlocated) is for chat packs (--chat)")
         if self.allow_unsupervised and not self.masked:
             raise ValueError("allow_unsupervised (--allow-unsupervised) is for masked packs only")
         if engine != "local" and (self.pretokenized or self.chat or self.long_docs is not None):

@@ -163,6 +163,7 @@ def pack(
     chat_now: datetime | str | None = None,
     special_tokens_in_content: str = "text",
     chat_template_kwargs: dict[str, Any] | None = None,
+    allow_unlocated: bool = False,
 ) -> PackResult:
     """Tokenise text inputs and write a wdstream dataset (shards, sidecars, ``index.json``).
 
@@ -239,6 +240,10 @@ def pack(
             ``transformers``' ``apply_chat_template(**kwargs)`` (``{"enable_thinking":
             False}``); a JSON object, recorded in ``stats.chat.template_kwargs`` and part of
             the resume fingerprint.
+        allow_unlocated: ``chat``: write the dataset even if some assistant turn got no loss
+            (its text not found in the rendered conversation; ``stats.chat.assistant_turns``
+            counts them). By default such a pack fails before ``index.json`` with the count
+            and the first ``file:line``; the same pack run again with it resumes and commits.
 
     With ``workers > 0`` and the default pool, tokenisation runs in a forkserver process
     pool, so a script calling ``pack`` needs the usual ``if __name__ == "__main__":`` guard.
@@ -263,7 +268,8 @@ def pack(
     check_mode(mode, seq_len, eos)
     documents = PackDocuments(pretokenized, ids_key, mask_key, long_docs, allow_unsupervised,
                               chat, messages_key, chat_template, train_on,
-                              special_tokens_in_content, chat_template_kwargs)  # fmt: skip
+                              special_tokens_in_content, chat_template_kwargs,
+                              allow_unlocated)  # fmt: skip
     documents.check(mode, engine)
     if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
         raise TypeError(  # as the Python writer's check (write/writer.py checked_options)
@@ -353,6 +359,8 @@ def pack(
             document=parts.document, encoder=parts.encoder, new_rules=parts.rules,
         )  # fmt: skip
         totals = runner.run(job, store, journal, resume)
+        if not allow_unlocated:
+            _refuse_lost_turns(totals.rule_counts)
 
         entries = journal.entries
         if not entries:
@@ -379,6 +387,18 @@ def pack(
         if runner is not None:
             runner.close()
         lock.release()
+
+
+def _refuse_lost_turns(counts: dict[str, Any]) -> None:
+    """Fail a chat pack that left assistant turns without loss (``allow_unlocated``)."""
+    turns = counts.get("chat", {}).get("assistant_turns", {})
+    if turns.get("unsupervised"):
+        raise InputError(
+            f"{turns['unsupervised']:,} of {turns['count']:,} assistant turns got no loss (first: "
+            f"{turns['examples'][0]}): the chat template's text for them was not found in the "
+            "conversation (stats.chat.problems.unlocated, docs/CHAT.md); no index.json written. "
+            "Run the same pack with --allow-unlocated to keep them unsupervised (it resumes)"
+        )
 
 
 def _left_out(counts: dict[str, Any], seq_len: int) -> str:
