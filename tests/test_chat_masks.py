@@ -283,14 +283,40 @@ def test_a_turn_after_a_rewritten_one_is_found_after_the_rewrite(
     )
 
 
+def test_a_count_written_first_relocates_every_turn(
+    tokenizers_by_name: dict[str, Tokenizer],
+) -> None:
+    """The message count written first: no render of a prefix is a prefix of the whole text,
+    yet each turn has one place after the rewritten count (issue 34: it was unlocated)."""
+    tok = tokenizers_by_name["hf"]
+    source = "{{ messages | length }}" + CHATML
+    got = ChatEncoder(ChatTemplate(source, SPECIAL), tok).encode(MESSAGES)
+    assert _runs(tok, got) == ["Hello<|im_end|>", "Bye<|im_end|>"]
+    assert [(p.message, p.kind) for p in got.problems] == [(2, "relocated")]  # 4 ends T
+    assert got.unsupervised_turns == []
+
+
+# ChatML writing every assistant turn but the last in capitals: the earlier turn's text is
+# not what the turn rendered alone ends with, so it cannot be located.
+LOUD = CHATML.replace(
+    "{{- message['content'] -}}",
+    "{{- message['content'] if loop.last else message['content'] | upper -}}",
+)
+
+
 def test_a_turn_that_cannot_be_found_is_not_supervised_and_reported(
     tokenizers_by_name: dict[str, Tokenizer],
 ) -> None:
-    # Writes the message count first: no render of a prefix is a prefix of the whole text.
-    source = "{{ messages | length }}" + CHATML
-    got = ChatEncoder(ChatTemplate(source, SPECIAL), tokenizers_by_name["hf"]).encode(MESSAGES)
-    assert not got.has_supervised
-    assert [(p.message, p.kind) for p in got.problems] == [(2, "unlocated"), (4, "unlocated")]
+    tok = tokenizers_by_name["hf"]
+    got = ChatEncoder(ChatTemplate(LOUD, SPECIAL), tok).encode(MESSAGES)
+    assert "HELLO" in got.text
+    assert _runs(tok, got) == ["Bye<|im_end|>"]
+    assert [(p.message, p.kind) for p in got.problems] == [(2, "unlocated")]
+    assert got.trained_turns == [2, 4] and got.unsupervised_turns == [2]
+    # Its tokens still count as the assistant's (issue 34), not the next user message's.
+    assert "HELLO" in tok.decode(got.ids[got.message_index == 2].tolist())
+    assert "HELLO" not in tok.decode(got.ids[got.message_index == 3].tolist())
+    assert got.role_tokens["assistant"] > got.role_supervised["assistant"]
 
 
 def test_hf_tokenizer_object_unchanged_for_documents(hf_path: Path) -> None:

@@ -123,7 +123,8 @@ class ChatEncoder:
                 prompt = render(k, True)
                 through = whole if k == n - 1 else render(k + 1)
                 own = [*prepared[:k], rotated(prepared[k]), *prepared[k + 1 :]]
-                found = turn_span(whole, prompt, through, optional(prepared[:k]), optional(own))
+                found = turn_span(whole, prompt, through, optional(prepared[:k]), optional(own),
+                                  self._specials)  # fmt: skip
                 turns.append((k, found, found.added))
                 lo, hi = (
                     (found.start, found.end) if found.end > found.start else found.owned or (-1, -1)

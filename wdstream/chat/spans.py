@@ -25,8 +25,8 @@ Rule 2 (the template rewrites the turn when later messages follow, e.g. drops an
 turn's reasoning once a later user message exists, so T does not start with Q_i):
 
 * the turn's start in T: its start in Q_i when T starts with Q_i up to there; otherwise the
-  end of the one place in T, after the first character where that prefix and T differ,
-  holding the longest tail of it found there (what follows the last rewritten text: later
+  end of the one place in T, ending past the first character where that prefix and T
+  differ, holding the longest tail of it found there (what follows the last rewritten text: later
   messages and the header). No such tail, or a tail found at two places, and the turn is
   not located;
 * the turn's text in T: from that start, the longest suffix of Q_i's added text (less
@@ -48,6 +48,7 @@ turn's (:attr:`TurnSpan.owned`), so its tokens are counted under its role.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -95,34 +96,59 @@ def _common_prefix(a: str, b: str) -> int:
     return lo
 
 
-def _turn_start(prompt: str, turn: str, before: Render) -> int | None:
-    """Where the turn starts in Q_i: after P_i when Q_i starts with it, else where P_i and
-    Q_i part after B_i (module docstring), None when they do not both start with B_i."""
+def _turn_start(
+    prompt: str, turn: str, before: Render, markup: re.Pattern[str] | None
+) -> int | None:
+    """Where the turn starts in Q_i: after P_i when Q_i starts with it; else, with B_i a
+    prefix of both, where P_i and Q_i part after B_i, or (a turn that rewrites the message
+    before it) after the one place in Q_i holding P_i's longest tail past the first
+    difference, the whole generation prompt included (module docstring); None otherwise.
+    A part point inside a special token of ``markup`` moves to its start (``<think>`` and
+    ``</s>`` share their ``<``)."""
     if turn.startswith(prompt):
         return len(prompt)
     head = before()
-    if head is None or not (prompt.startswith(head) and turn.startswith(head)):
+    if head is None or not prompt.startswith(head):
         return None
-    return _common_prefix(prompt, turn)
+    if turn.startswith(head):
+        part = _common_prefix(prompt, turn)
+        for token in markup.finditer(turn, max(0, part - 256), part + 256) if markup else ():
+            if token.start() < part < token.end():  # never inside a special token
+                return token.start()
+        return part
+    at = _anchor(turn, prompt)
+    return at if at is not None and _matched(turn, prompt, at) > len(prompt) - len(head) else None
 
 
 def _anchor(whole: str, prompt: str) -> int | None:
-    """Where the turn after ``prompt`` starts in ``whole`` (module docstring, rule 2)."""
+    """Where the turn after ``prompt`` starts in ``whole`` (module docstring, rule 2): after
+    the one place holding the longest tail of ``prompt`` that ends past the first character
+    where the two differ (the tail may begin inside the common prefix: the rewritten text
+    can share its first characters with what it replaces)."""
     if whole.startswith(prompt):
         return len(prompt)
     differ = _common_prefix(whole, prompt)
-    lo, hi = 0, len(prompt) - differ  # the longest tail of prompt found in whole[differ:]
+
+    def find(tail: str, start: int = 0) -> int:
+        return whole.find(tail, max(start, differ + 1 - len(tail)))
+
+    lo, hi = 0, len(prompt) - 1  # the longest tail of prompt found ending past differ
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if whole.find(prompt[-mid:], differ) >= 0:
+        if find(prompt[-mid:]) >= 0:
             lo = mid
         else:
             hi = mid - 1
     if lo == 0:
         return None
     tail = prompt[-lo:]
-    at = whole.find(tail, differ)
-    return None if whole.find(tail, at + 1) >= 0 else at + lo
+    at = find(tail)
+    return None if find(tail, at + 1) >= 0 else at + lo
+
+
+def _matched(text: str, prompt: str, at: int) -> int:
+    """How many of ``prompt``'s last characters ``text`` holds just before ``at``."""
+    return _common_prefix(text[:at][::-1], prompt[::-1])
 
 
 def _located(whole: str, at: int, added: str) -> int:
@@ -151,7 +177,14 @@ def _unlocated(start: int, why: str, added: str, owned: tuple[int, int] | None) 
     return TurnSpan(start, start, UNLOCATED, f"{why}; turn not supervised", added, owned)
 
 
-def turn_span(whole: str, prompt: str, turn: str, before: Render, changed: Render) -> TurnSpan:
+def turn_span(
+    whole: str,
+    prompt: str,
+    turn: str,
+    before: Render,
+    changed: Render,
+    markup: re.Pattern[str] | None = None,
+) -> TurnSpan:
     """The supervised characters of one assistant turn in ``whole`` (module docstring).
 
     Args:
@@ -161,8 +194,9 @@ def turn_span(whole: str, prompt: str, turn: str, before: Render, changed: Rende
         before: renders B_i, the conversation before the turn without the generation
             prompt (called only when Q_i does not start with P_i).
         changed: renders T with the turn's strings changed (called only under rule 2).
+        markup: the tokenizer's special tokens (a turn never starts inside one), or None.
     """
-    start = _turn_start(prompt, turn, before)
+    start = _turn_start(prompt, turn, before, markup)
     if start is None:
         why = "the turn rendered alone does not start with the generation prompt"
         return _unlocated(len(prompt), why, "", None)
