@@ -89,7 +89,7 @@ def plot_dataset(scan: DatasetScan, path: str | Path, title: str) -> dict[str, A
         What was drawn: ``doc_lengths`` (``edges``, ``counts``), ``shard_tokens``,
         ``row_padding`` (``edges``, ``counts``; None outside bestfit) and ``roles``
         (``{role: {"tokens", "supervised"}}``; None outside chat datasets) and
-        ``assistant_turns`` (``count``, ``unsupervised``: the line under the roles; None
+        ``assistant_turns`` (``count``, ``unsupervised``: the line in the roles panel; None
         outside chat datasets and in packs made before it was counted).
     """
     s = scan.stats
@@ -162,11 +162,11 @@ def _padding(ax: Any, padding: np.ndarray, s: dict[str, Any]) -> dict[str, Any]:
 
 
 def _lost_turns(ax: Any, turns: dict[str, Any] | None) -> dict[str, int] | None:
-    """The assistant turns without loss, as their own line under the roles (red if any)."""
+    """The assistant turns without loss, as their own line in the roles panel (red if any)."""
     if turns is None:
         return None
     lost, count = turns["unsupervised"], turns["count"]
-    ax.text(0.0, -0.32, f"assistant turns without loss: {lost:,} of {count:,}",
+    ax.text(0.98, 0.03, f"assistant turns without loss: {lost:,} of {count:,}", ha="right",
             transform=ax.transAxes, color="red" if lost else "black", fontsize=9)  # fmt: skip
     return {"count": count, "unsupervised": lost}
 

@@ -30,8 +30,10 @@ Renders per conversation: T, then P_i and Q_i for every assistant turn (Q_i of a
 is T), and one more for each other message followed by a message that is not an assistant
 turn (e.g. a system message before the first user message): for ``system, (user,
 assistant) x 4`` that is 9 renders; plus one per supervised turn for the check of its text
-(templates without generation blocks), and one for a conversation that spells out a special
-token. The template is compiled once (:class:`ChatTemplate`).
+(templates without generation blocks), one for a conversation that spells out a special
+token, and for a turn rule 1 of :mod:`wdstream.chat.spans` does not place, the conversation
+before it and the whole one with the turn's strings changed. The template is compiled once
+(:class:`ChatTemplate`).
 """
 
 from __future__ import annotations
