@@ -261,3 +261,17 @@ def test_an_end_of_sequence_the_template_writes_is_not_doubled(tmp_path: Path) -
     assert ids1 == [*enc.encode(texts[1], allowed_special="all"), eot] and mask1[-1] == 0
     chat = json.loads((tmp_path / "out" / "index.json").read_text())["stats"]["chat"]
     assert chat["added_tokens"] == 1
+    text, data = _stats(tmp_path / "out")  # the roles and the pack's EOS add up to the shards
+    assert data["loss_mask"]["chat"]["roles_agree"] and "Warning" not in text.stderr
+    verify = subprocess.run([sys.executable, "-m", "wdstream.cli", "verify", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert verify.returncode == 0, verify.stderr
+    # Best-fit rows: the conversations back to back, the first ending with its own EOS only.
+    fit = _pack(tmp_path, convs, template, "cl100k_base", "--mode", "bestfit", "--seq-len", "63",
+                out="fit")  # fmt: skip
+    assert fit.returncode == 0, fit.stderr
+    ((row, row_mask),) = _stored(tmp_path / "fit")
+    first, second = ids0, [*ids1[:-1], eot]
+    assert row[: len(first) + len(second)] == first + second
+    assert set(row[len(first) + len(second) :]) <= {eot}  # padding
+    assert row_mask[len(first) - 1] == 1 and row_mask[len(first)] == 0  # no target after it
