@@ -275,3 +275,31 @@ def test_an_end_of_sequence_the_template_writes_is_not_doubled(tmp_path: Path) -
     assert row[: len(first) + len(second)] == first + second
     assert set(row[len(first) + len(second) :]) <= {eot}  # padding
     assert row_mask[len(first) - 1] == 1 and row_mask[len(first)] == 0  # no target after it
+
+
+def test_the_writer_takes_allow_unlocated(tmp_path: Path, folders: dict[str, Path]) -> None:
+    """wdstream.Writer: the lost turn fails the pack on close (count, first <records>:line)
+    unless allow_unlocated, which writes the dataset with the turn counted."""
+    import wdstream
+    from wdstream.errors import InputError
+
+    tpl = tmp_path / "loud.jinja"
+    tpl.write_text(LOUD, encoding="utf-8")
+    opts: dict[str, Any] = {"tokenizer": str(folders["chatml"]), "chat": True, "mode": "docs",
+                            "workers": 0, "chat_template": str(tpl)}  # fmt: skip
+    with pytest.raises(
+        InputError, match=r"^1 of 2 assistant turns got no loss \(first: .*:1: message 1\)"
+    ):
+        with wdstream.Writer(str(tmp_path / "strict"), **opts) as writer:
+            writer.write({"messages": TWO_TURNS})
+    assert not (tmp_path / "strict" / "index.json").exists()
+    with wdstream.Writer(str(tmp_path / "w"), allow_unlocated=True, **opts) as writer:
+        writer.write({"messages": TWO_TURNS})
+    chat = json.loads((tmp_path / "w" / "index.json").read_text())["stats"]["chat"]
+    assert chat["assistant_turns"] == {"count": 2, "unsupervised": 1,
+                                       "examples": [chat["assistant_turns"]["examples"][0]]}  # fmt: skip
+    raw = tokenizers.Tokenizer.from_file(str(folders["chatml"] / "tokenizer.json"))
+    ((ids, mask),) = _stored(tmp_path / "w")
+    assert _runs(lambda r: raw.decode(r, skip_special_tokens=False), ids, mask) == [
+        "answermarktwo bye<|im_end|>"
+    ]
