@@ -62,7 +62,12 @@ _OPTIONS = [
         show_default=True,
         help="--mode bestfit: documents per best-fit block (and rows' worth of tokens).",
     ),
-    click.option("--shard-size", default="256MB", show_default=True),
+    click.option(
+        "--shard-size",
+        default=None,
+        help="Maximum shard size (256MB, 1GiB, bytes). Default: input size / 128, from 1MB "
+        "to 256MB (256MB for stdin): about 64 shards (docs/PACK.md).",
+    ),
     click.option("--shard-samples", type=int, default=None),
     click.option("--name", default="data", show_default=True, help="Shard name prefix."),
     click.option("--lines", is_flag=True, help=".txt inputs: one document per line."),

@@ -54,6 +54,7 @@ from wdstream.write.output import clear_output, delete_shards_from
 from wdstream.write.progress import wanted
 from wdstream.write.resume import resume_point
 from wdstream.write.shards import parse_size
+from wdstream.write.sizing import choose_shard_bytes
 from wdstream.write.sources import PackInputs
 from wdstream.write.tokenpool import prestart
 
@@ -135,7 +136,7 @@ def pack(
     seq_len: int = 2048,
     mode: str | None = None,
     bestfit_buffer: int = DEFAULT_BUFFER,
-    shard_size: str | int = "256MB",
+    shard_size: str | int | None = None,
     shard_samples: int | None = None,
     name: str = "data",
     lines: bool = False,
@@ -184,7 +185,9 @@ def pack(
             ``bestfit`` (rows of whole documents padded to ``seq_len + 1``; needs ``eos``;
             see ``docs/PACK.md``). Default ``concat``, ``bestfit`` with ``chat``.
         bestfit_buffer: ``bestfit``: documents per best-fit block (memory about one block).
-        shard_size: maximum tar size (``"256MB"``, ``"1GiB"``, bytes).
+        shard_size: maximum tar size (``"256MB"``, ``"1GiB"``, bytes); default: chosen
+            from the input files' size, 1 MB to 256 MB, for about 64 shards (256 MB for
+            stdin and records; :mod:`wdstream.write.sizing`, ``docs/PACK.md``).
         shard_samples: optional maximum samples per shard.
         name: shard name prefix (``{name}-000000.tar``).
         lines: ``.txt`` inputs hold one document per line.
@@ -279,7 +282,7 @@ def pack(
     output = os.fspath(output)
     sources = inputs if isinstance(inputs, PackInputs) else PackInputs.from_paths(inputs)
     sources.check(engine)
-    shard_bytes = parse_size(shard_size)
+    shard_bytes = choose_shard_bytes(shard_size, sources.input_bytes)
     record_limit = check_limit(parse_size(max_record_bytes))
     if shard_samples is not None and shard_samples < 1:
         raise ValueError(f"shard_samples must be >= 1, got {shard_samples}")
@@ -373,6 +376,7 @@ def pack(
             "skipped_locations": list(totals.bad_locations),
             "input_bytes": totals.input_bytes,
             "input_files": len(sources.files),
+            "shard_bytes": shard_bytes,  # given, or chosen from the input (write/sizing.py)
             **_pack_cwd([*sources.names, *([tokenizer] if os.path.exists(tokenizer) else [])]),
             **mask_stats(totals.rule_counts, entries, parts),
         }

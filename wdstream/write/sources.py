@@ -84,6 +84,14 @@ class PackInputs:
         """The inputs' names, as provenance and messages give them."""
         return ["<stdin>" if f.path == "-" else f.path for f in self.files]
 
+    @property
+    def input_bytes(self) -> int | None:
+        """The inputs' total size on disk, or None where one is unknown (stdin, records):
+        what :func:`wdstream.write.sizing.choose_shard_bytes` sizes shards from."""
+        if self.records is not None or any(f.size is None for f in self.files):
+            return None
+        return sum(f.size or 0 for f in self.files)
+
     def fingerprint(self) -> list[Any]:
         """What identifies the inputs in the resume journal (records: their name only)."""
         return [f.fingerprint() for f in self.files]
