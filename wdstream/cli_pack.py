@@ -69,6 +69,13 @@ _OPTIONS = [
         "to 256MB (256MB for stdin): about 64 shards (docs/PACK.md).",
     ),
     click.option("--shard-samples", type=int, default=None),
+    click.option(
+        "--holdout",
+        type=float,
+        default=None,
+        help="Hold out this fraction of the documents (e.g. 0.01), chosen by a hash of each "
+        "document's ids, in a second dataset at OUTPUT/holdout/ (docs/PACK.md).",
+    ),
     click.option("--name", default="data", show_default=True, help="Shard name prefix."),
     click.option("--lines", is_flag=True, help=".txt inputs: one document per line."),
     click.option(

@@ -20,7 +20,7 @@ from wdstream.storage import Store
 from wdstream.write.journal import Journal
 from wdstream.write.lock import OutputLock
 
-__all__ = ["DatasetMeta", "commit_dataset", "write_index"]
+__all__ = ["Dataset", "DatasetMeta", "commit_dataset", "commit_datasets", "write_index"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,10 @@ class DatasetMeta:
     loss_mask: str | None = None  # "bit31": stored ids carry a loss mask (format.loss)
 
 
+# One dataset a pack commits: where it goes, its journal, its meaning and its stats.
+Dataset = tuple[Store, Journal, DatasetMeta, dict[str, Any]]
+
+
 def commit_dataset(
     store: Store, lock: OutputLock, journal: Journal, meta: DatasetMeta, stats: dict[str, Any]
 ) -> DatasetIndex:
@@ -44,8 +48,35 @@ def commit_dataset(
     Raises:
         PackLockedError: the output's lock was taken away while the pack ran.
     """
-    entries = tuple(journal.entries)
-    index = DatasetIndex(
+    return commit_datasets(lock, [(store, journal, meta, stats)])[0]
+
+
+def commit_datasets(lock: OutputLock, datasets: list[Dataset]) -> list[DatasetIndex]:
+    """Publish the ``index.json`` of each dataset a pack wrote (the training one first, then
+    a held-out one, :mod:`wdstream.write.holdout`), then remove their journals.
+
+    The indexes are written last to first and the journals removed first to last: a pack
+    stopped at any point either resumes (the first dataset's journal is still there, and a
+    resumed pack writes the same ``index.json`` files again) or is complete (only a held-out
+    dataset's leftover journal may remain, which ``--overwrite`` clears).
+
+    Raises:
+        PackLockedError: the output's lock was taken away while the pack ran.
+    """
+    indexes = [_dataset_index(journal, meta, stats) for _, journal, meta, stats in datasets]
+    lock.verify()  # publish nothing if another pack has taken the output meanwhile
+    written = [
+        write_index(store, index)
+        for (store, *_), index in reversed(list(zip(datasets, indexes, strict=True)))
+    ]
+    for _, journal, _, _ in datasets:
+        journal.remove()
+    return written[::-1]
+
+
+def _dataset_index(journal: Journal, meta: DatasetMeta, stats: dict[str, Any]) -> DatasetIndex:
+    """The index of the shards ``journal`` committed."""
+    return DatasetIndex(
         tokenizer=meta.tokenizer,
         eos_id=meta.eos_id,
         bos_id=meta.bos_id,
@@ -53,16 +84,12 @@ def commit_dataset(
         mode=meta.mode,
         seq_len=meta.seq_len,
         sample_tokens=meta.seq_len + 1 if meta.mode != "docs" else None,
-        shards=entries,
+        shards=tuple(journal.entries),
         stats=stats,
         checksum=CHECKSUM_NAME,
         pad_id=meta.eos_id if meta.mode == "bestfit" else None,
         loss_mask=meta.loss_mask,
     )
-    lock.verify()  # publish nothing if another pack has taken the output meanwhile
-    index = write_index(store, index)
-    journal.remove()
-    return index
 
 
 def write_index(store: Store, index: DatasetIndex) -> DatasetIndex:

@@ -19,17 +19,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from wdstream.errors import WdstreamError
 from wdstream.format.sample import DTYPES
 from wdstream.inputs import DocumentReader, InputPosition
 from wdstream.inputs.blocks import LineBlock
 from wdstream.storage import Store
-from wdstream.write.builders import SampleBuilder
 from wdstream.write.docrules import DocumentRules
 from wdstream.write.engine import InputTotals, PackJob
+from wdstream.write.holdout import HoldoutTarget, Side, earliest, route
 from wdstream.write.journal import Journal
 from wdstream.write.progress import Progress
-from wdstream.write.resume import ResumePoint, drop_packed
+from wdstream.write.resume import ResumePoint
 from wdstream.write.shards import ShardWriter
 from wdstream.write.sources import open_reader
 from wdstream.write.tokenpool import TokenPool
@@ -49,36 +48,51 @@ class LocalEngine:
 
     def __init__(self, workers: int, pool: str) -> None:
         self.workers, self.pool = workers, pool
+        self.held_supervised = 0  # a masked pack's held-out supervised tokens (see run)
 
-    def run(self, job: PackJob, store: Store, journal: Journal, resume: ResumePoint) -> InputTotals:
-        """Read, tokenise, build samples and write shards; see :class:`PackEngine`."""
-        reader = open_reader(job, resume)
-        entries = journal.entries
-        writer = ShardWriter(
-            store,
-            job.name,
-            job.shard_bytes,
-            job.shard_samples,
-            first_shard=len(entries),
-            first_sample=sum(e.samples for e in entries),
-            on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
-            provenance=job.provenance,
-            first_doc=sum(e.documents for e in entries),
-            doc_offset=resume.emitted,
-        )
+    def run(
+        self,
+        job: PackJob,
+        store: Store,
+        journal: Journal,
+        resume: ResumePoint,
+        holdout: HoldoutTarget | None = None,
+    ) -> InputTotals:
+        """Read, tokenise, build samples and write shards; see :class:`PackEngine`.
+
+        ``holdout``: send that fraction of the documents to a second dataset
+        (:mod:`wdstream.write.holdout`); the inputs are then read from the earlier of the
+        two datasets' resume points. :attr:`held_supervised` is then the held-out
+        dataset's count of supervised tokens (masked packs), and the totals' own count
+        the training dataset's.
+        """
+        start = earliest(resume, holdout.resume) if holdout is not None else resume
+        reader = open_reader(job, start)
+        builder = job.new_builder(DTYPES[job.dtype], job.pad_id)
+        masked = holdout is not None and job.document_encoder().masked
+        sides = [Side(builder, _shard_writer(job, store, journal, resume, reader), resume, masked)]
+        if holdout is not None:
+            writer = _shard_writer(
+                job, holdout.store, holdout.journal, holdout.resume, reader, holdout.shard_bytes
+            )
+            held_builder = job.new_builder(DTYPES[job.dtype], job.pad_id)
+            sides.append(Side(held_builder, writer, holdout.resume, masked))
         parser = reader.block_parser()
         tpool = TokenPool(
             job.tokenizer, self.workers, self.pool, job.document_encoder(), parser=parser
         )
-        rules = job.new_rules(resume.start) if job.new_rules is not None else None
-        builder = job.new_builder(DTYPES[job.dtype], job.pad_id)
+        rules = job.new_rules(start.start) if job.new_rules is not None else None
         bar = Progress(job.progress, reader.source_total, lambda: len(journal.entries))
         tasks = _blocks(reader, job.batch_bytes) if parser else _batches(reader, job.batch_bytes)
-        _write_shards(tpool, tasks, reader, rules, builder, writer, bar, resume)
+        fraction = holdout.fraction if holdout is not None else None
+        _write_shards(tpool, tasks, reader, rules, sides, fraction, bar)
+        counts = rules.counts() if rules is not None else {}
+        if masked and "supervised_tokens" in counts:
+            counts["supervised_tokens"] = sides[0].supervised
+            self.held_supervised = sides[1].supervised
         return InputTotals(
             reader.empty, reader.bad, reader.input_bytes, reader.documents,
-            list(reader.bad_locations), tpool.workers, tpool.kind,
-            rules.counts() if rules is not None else {},
+            list(reader.bad_locations), tpool.workers, tpool.kind, counts,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -111,25 +125,48 @@ def _blocks(
         yield block, (block.file, block.record)
 
 
+def _shard_writer(
+    job: PackJob,
+    store: Store,
+    journal: Journal,
+    resume: ResumePoint,
+    reader: DocumentReader,
+    shard_bytes: int | None = None,
+) -> ShardWriter:
+    """The shard writer of one dataset, continuing what its journal committed."""
+    entries = journal.entries
+    return ShardWriter(
+        store,
+        job.name,
+        shard_bytes or job.shard_bytes,
+        job.shard_samples,
+        first_shard=len(entries),
+        first_sample=sum(e.samples for e in entries),
+        on_commit=lambda entry, end: journal.commit(entry, end, reader.bad_locations),
+        provenance=job.provenance,
+        first_doc=sum(e.documents for e in entries),
+        doc_offset=resume.emitted,
+    )
+
+
 def _write_shards(
     tpool: TokenPool,
     tasks: Iterator[tuple[Any, Any]],
     reader: DocumentReader,
     rules: DocumentRules | None,
-    builder: SampleBuilder,
-    writer: ShardWriter,
+    sides: list[Side],
+    fraction: float | None,
     bar: Progress,
-    resume: ResumePoint,
 ) -> None:
     """Run the pipeline: read, encode (``tasks``: batches of documents with their
     positions, or blocks of lines with their file, numbered here once parsed), apply the
-    document rules, build samples, write shards; wait for the last.
+    document rules, send each document to its dataset's side (``sides[1]``: the held-out
+    documents, with ``fraction``), build samples, write shards; wait for the last.
 
-    On resume the first document's tokens already in committed shards are dropped. On any
-    error the shards already queued still finish and commit, the partial one is dropped.
+    On resume each side drops what its committed shards hold (:class:`Side`). On any error
+    the shards already queued still finish and commit, the partial ones are dropped.
     """
     try:
-        first = True
         for meta, batch, parsed in tpool.map(tasks):
             positions = meta if parsed is None else reader.settle(meta, parsed)
             if not positions:
@@ -139,20 +176,17 @@ def _write_shards(
                 flat, lens, positions = rules.apply(batch, positions)
                 if not len(lens):
                     continue
-            if first and resume.start is not None:
-                flat, lens, positions = drop_packed(flat, lens, positions, resume, builder)
-            first = False
-            for s in builder.add(flat, lens, positions):
-                writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
+            if fraction is None:
+                sides[0].add(flat, lens, positions)
+            else:
+                route(flat, lens, positions, fraction, sides)
             bar.update(reader.source_bytes, len(lens), len(flat))
         reader.finished()
-        if first and resume.start is not None:
-            raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
-        for s in builder.flush():
-            writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
-        writer.close()
+        for side in sides:
+            side.finish()
     except BaseException:
-        writer.abort()
+        for side in sides:
+            side.writer.abort()
         raise
     finally:
         tpool.close()

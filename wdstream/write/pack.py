@@ -5,7 +5,8 @@ One orchestration for every engine (:mod:`wdstream.write.engine`)::
 
     validate -> lock the output -> engine starts -> tokenizer -> journal (ResumePoint)
         -> engine.run: inputs -> tokens -> sample builder -> shards, each committed
-        -> commit_dataset: index.json, journal removed
+        -> commit_datasets: index.json, journal removed (and a held-out dataset's, at
+           OUTPUT/holdout/, with ``holdout``: wdstream.write.holdout)
 
 Resume: after every shard commit the journal ``.wdstream-pack.json`` records the command's
 fingerprint, the committed shards and the input position after the shard's last sample
@@ -38,15 +39,16 @@ from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.provenance import PROVENANCE_VERSION
 from wdstream.format.sample import token_dtype_for_vocab
 from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES, check_limit
-from wdstream.storage import open_store
+from wdstream.storage import Store, open_store
 from wdstream.storage.base import ForwardingStore
 from wdstream.tokenizers import load_tokenizer
 from wdstream.words import count
 from wdstream.write.bestfit import DEFAULT_BUFFER
 from wdstream.write.builders import MODES, check_mode, sample_builder, special_ids
-from wdstream.write.commit import DatasetMeta, commit_dataset
+from wdstream.write.commit import Dataset, DatasetMeta, commit_datasets
 from wdstream.write.documents import PackDocuments, interrupted_chat_now, mask_stats
 from wdstream.write.engine import PackEngine, PackJob
+from wdstream.write.holdout import HOLDOUT_DIR, HoldoutTarget, check_fraction, held_out_datasets
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.local import LocalEngine
 from wdstream.write.lock import LOCK_NAME, acquire
@@ -70,6 +72,7 @@ class PackResult:
     resumed_shards: int  # shards found committed by an interrupted run
     workers: int
     pool: str
+    holdout: DatasetIndex | None = None  # the held-out dataset at OUTPUT/holdout/, if asked for
 
     @property
     def input_mb_per_s(self) -> float:
@@ -165,6 +168,7 @@ def pack(
     special_tokens_in_content: str = "text",
     chat_template_kwargs: dict[str, Any] | None = None,
     allow_unlocated: bool = False,
+    holdout: float | None = None,
 ) -> PackResult:
     """Tokenise text inputs and write a wdstream dataset (shards, sidecars, ``index.json``).
 
@@ -247,6 +251,11 @@ def pack(
             (its text not found in the rendered conversation; ``stats.chat.assistant_turns``
             counts them). By default such a pack fails before ``index.json`` with the count
             and the first ``file:line``; the same pack run again with it resumes and commits.
+        holdout: a fraction in (0, 1): hold out that share of the documents, chosen by a
+            hash of each document's stored ids (duplicates on the same side, the same choice
+            on every re-pack), into a second dataset at ``OUTPUT/holdout/`` with its own
+            ``index.json``; local engine only (:mod:`wdstream.write.holdout`,
+            ``docs/PACK.md``).
 
     With ``workers > 0`` and the default pool, tokenisation runs in a forkserver process
     pool, so a script calling ``pack`` needs the usual ``if __name__ == "__main__":`` guard.
@@ -268,6 +277,9 @@ def pack(
         check_mode(mode, seq_len, eos)
     if engine not in ("local", "ray"):
         raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
+    fraction = check_fraction(holdout)
+    if fraction is not None and engine != "local":
+        raise ValueError("holdout needs engine='local' (the Ray engine writes one dataset)")
     check_mode(mode, seq_len, eos)
     documents = PackDocuments(pretokenized, ids_key, mask_key, long_docs, allow_unsupervised,
                               chat, messages_key, chat_template, train_on,
@@ -303,6 +315,7 @@ def pack(
         runner = _open_engine(engine, workers, pool, ray_address, (tokenizer, backend))
         output_store.remove_partials()  # under the lock: leftovers of a killed run only
         store = _NamingFullDisk(output_store)
+        held_store = _holdout_store(output_store, store_options, fraction, overwrite)
         # index.json beside a journal: a pack stopped between publishing index.json and
         # removing its journal. The journal resumes it (the same command only, see
         # Journal.load), every shard committed, which writes the same index.json again.
@@ -311,6 +324,13 @@ def pack(
                 f"{store.child_url(INDEX_NAME)} exists: {output} already holds a complete dataset; "
                 "pack into a fresh output or pass --overwrite"
             )
+        if held_store is not None and not overwrite:
+            held_store.remove_partials()  # under the lock, as the output's
+            if held_store.exists(INDEX_NAME) and not held_store.exists(JOURNAL_NAME):
+                raise WdstreamError(
+                    f"{held_store.child_url(INDEX_NAME)} exists: a held-out dataset of an earlier "
+                    "pack; pack into a fresh output or pass --overwrite"
+                )
 
         peek = [] if pretokenized or chat else sources.peek(text_key, lines, record_limit)
         tok = load_tokenizer(tokenizer, backend, peek)
@@ -344,12 +364,25 @@ def pack(
             **({"bestfit_buffer": bestfit_buffer} if mode == "bestfit" else {}),
             **documents.fingerprint(),
             **({"chat": parts.chat.fingerprint()} if parts.chat is not None else {}),
+            **({"holdout": fraction} if fraction is not None else {}),
         }
         journal = Journal(store, fingerprint, name)
         if overwrite:
             clear_output(store, name)
+            if held_store is not None:
+                clear_output(held_store, name)  # a holdout of the dataset being replaced
         resume = resume_point(journal)
         resumed_shards = len(journal.entries)
+        target = None
+        if fraction is not None:
+            assert held_store is not None
+            held_bytes = choose_shard_bytes(shard_size, _share(sources.input_bytes, fraction))
+            held_journal = Journal(
+                held_store, {**fingerprint, "shard_bytes": held_bytes, "split": "holdout"}, name
+            )
+            target = HoldoutTarget(
+                fraction, held_store, held_journal, resume_point(held_journal), held_bytes
+            )
 
         job = PackJob(
             files=sources.files, records=sources.records, text_key=text_key, lines=lines,
@@ -361,7 +394,11 @@ def pack(
             progress=wanted(progress), batch_bytes=batch_bytes, max_record_bytes=record_limit,
             document=parts.document, encoder=parts.encoder, new_rules=parts.rules,
         )  # fmt: skip
-        totals = runner.run(job, store, journal, resume)
+        if target is None:
+            totals = runner.run(job, store, journal, resume)
+        else:
+            assert isinstance(runner, LocalEngine)  # checked above: holdout is local only
+            totals = runner.run(job, store, journal, resume, holdout=target)
         if not allow_unlocated:
             _refuse_lost_turns(totals.rule_counts)
 
@@ -381,12 +418,23 @@ def pack(
             **mask_stats(totals.rule_counts, entries, parts),
         }
         meta = DatasetMeta(tok.info(), eos_id, bos_id, dtype, mode, seq_len, parts.loss_mask)
-        index = commit_dataset(store, lock, journal, meta, stats)
+        datasets: list[Dataset] = [(store, journal, meta, stats)]
+        if target is not None:
+            assert isinstance(runner, LocalEngine)
+            datasets = held_out_datasets(
+                datasets[0], target, totals.rule_counts, runner.held_supervised, parts,
+                sources.describe(),
+            )  # fmt: skip
+        indexes = commit_datasets(lock, datasets)
         # A crashed run may have written shards past what this run produced (only if its
         # output was longer, e.g. after --overwrite with other options): remove them.
-        delete_shards_from(store, name, len(entries))
+        for dataset_store, dataset_journal, *_ in datasets:
+            delete_shards_from(dataset_store, name, len(dataset_journal.entries))
         seconds = time.perf_counter() - t0
-        return PackResult(index, seconds, resumed_shards, totals.workers, totals.pool)
+        return PackResult(
+            indexes[0], seconds, resumed_shards, totals.workers, totals.pool,
+            indexes[1] if target is not None else None,
+        )  # fmt: skip
     finally:
         if runner is not None:
             runner.close()
@@ -403,6 +451,22 @@ def _refuse_lost_turns(counts: dict[str, Any]) -> None:
             "conversation (stats.chat.problems.unlocated, docs/CHAT.md); no index.json written. "
             "Run the same pack with --allow-unlocated to keep them unsupervised (it resumes)"
         )
+
+
+def _share(input_bytes: int | None, fraction: float) -> int | None:
+    """The held-out dataset's expected share of the input's bytes (None: unknown)."""
+    return None if input_bytes is None else int(input_bytes * fraction)
+
+
+def _holdout_store(
+    output: Store, options: dict[str, Any] | None, fraction: float | None, overwrite: bool
+) -> Store | None:
+    """The held-out dataset's store at ``OUTPUT/holdout/``: for a pack with a holdout, or
+    for ``--overwrite`` (which clears an earlier pack's); else None."""
+    if fraction is None and not overwrite:
+        return None
+    url = output.child_url(HOLDOUT_DIR)
+    return _NamingFullDisk(open_store(url, create=fraction is not None, **(options or {})))
 
 
 def _left_out(counts: dict[str, Any], seq_len: int) -> str:
@@ -448,6 +512,16 @@ def describe(result: PackResult) -> str:
         f"{count(result.workers, 'worker')}, {result.pool}]"
         + (f"; {count(skipped, 'bad record')} skipped" if skipped else "")
         + (f"; resumed after {count(resumed, 'shard')}" if resumed else "")
+        + (_held_out(result.holdout) if result.holdout is not None else "")
+    )
+
+
+def _held_out(held: DatasetIndex) -> str:
+    """The held-out dataset's part of :func:`describe`."""
+    return (
+        f"; held out {count(held.total_documents, 'document')}, "
+        f"{count(held.total_tokens, 'token')} in {count(len(held.shards), 'shard')} "
+        f"at {HOLDOUT_DIR}/ ({held.stats['holdout']['fraction']:g} chosen by content hash)"
     )
 
 

@@ -1,0 +1,238 @@
+"""A held-out split: a fixed fraction of the documents, chosen by their content, packed into
+a second dataset at ``OUTPUT/holdout/`` that training never reads (``pack --holdout 0.01``).
+
+Where the split happens (the packing thread, after the document rules, so every kind of
+document alike: text, pre-tokenized ids, chat conversations rendered whole)::
+
+    tokens -> DocumentRules -> held out? -- no  --> Side: builder -> ShardWriter -> OUTPUT/
+                                         \\- yes --> Side: builder -> ShardWriter -> OUTPUT/holdout/
+
+A document is held out when the first 8 bytes of ``blake2b(ids)`` (digest size 8, read
+little-endian) are below ``floor(fraction * 2**64)``, ``ids`` being its stored token ids as
+little-endian uint32 with the loss bit (bit 31) cleared: the document as packed, BOS/EOS
+included, without its mask. So the choice is a pure function of the document: duplicates
+land on the same side, a re-pack (any worker count, a resumed pack) chooses the same
+documents, and the expected share is exactly ``fraction``. A chat conversation is one
+document, so it is hashed whole; ``train_on`` changes only the mask, never the choice.
+Another tokenizer (or ``--bos``/``--eos``) gives other ids, and so another split.
+
+Each dataset is a :class:`Side` with its own sample builder, shard writer, journal and
+resume point. A resumed pack reads the inputs from the earlier of the two sides' resume
+positions (:func:`earliest`); the side that is further on skips its documents before its
+own position, then resumes exactly as a pack without a holdout does
+(:func:`wdstream.write.resume.drop_packed`). In a masked pack each side counts its own
+supervised tokens, carried in its documents' positions (``InputPosition.supervised``) so
+that a resumed side continues its count where its committed shards end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import Any
+
+import numpy as np
+
+from wdstream.errors import InputError, WdstreamError
+from wdstream.format.loss import NO_LOSS_BIT, carries_loss
+from wdstream.inputs import InputPosition
+from wdstream.storage import Store
+from wdstream.write.builders import SampleBuilder
+from wdstream.write.commit import Dataset
+from wdstream.write.documents import DocumentParts, mask_stats
+from wdstream.write.journal import Journal
+from wdstream.write.resume import ResumePoint, drop_packed
+from wdstream.write.shards import ShardWriter
+
+__all__ = [
+    "HOLDOUT_DIR",
+    "HoldoutTarget",
+    "Side",
+    "check_fraction",
+    "document_hashes",
+    "earliest",
+    "held_out",
+    "held_out_datasets",
+    "route",
+]
+
+HOLDOUT_DIR = "holdout"  # the held-out dataset's root, under the pack's output
+_ID_BITS = NO_LOSS_BIT - 1  # a stored token's id, without its loss bit
+
+
+def check_fraction(fraction: float | None) -> float | None:
+    """``fraction`` as a float in (0, 1), or None for no holdout.
+
+    Raises:
+        ValueError: anything else, naming it.
+    """
+    if fraction is None:
+        return None
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise ValueError(f"holdout must be a fraction in (0, 1), got {fraction!r:.80}")
+    if not 0.0 < float(fraction) < 1.0:
+        raise ValueError(f"holdout must be a fraction in (0, 1), got {fraction!r}")
+    return float(fraction)
+
+
+def document_hashes(flat: np.ndarray, lens: np.ndarray) -> list[int]:
+    """Each document's 64-bit content hash (see the module docstring)."""
+    ids = (flat.astype("<u4") & _ID_BITS).astype("<u4", copy=False)
+    data = memoryview(ids.tobytes())
+    out, start = [], 0
+    for end in (np.cumsum(lens) * 4).tolist():
+        digest = blake2b(data[start:end], digest_size=8).digest()
+        out.append(int.from_bytes(digest, "little"))
+        start = end
+    return out
+
+
+def held_out(flat: np.ndarray, lens: np.ndarray, fraction: float) -> np.ndarray:
+    """bool per document: True where it goes to the held-out dataset."""
+    threshold = int(fraction * 2**64)  # exact: scaling by a power of two
+    return np.array([h < threshold for h in document_hashes(flat, lens)], dtype=bool)
+
+
+@dataclass(frozen=True)
+class HoldoutTarget:
+    """Where a pack's held-out documents go: the fraction, and the held-out dataset's store,
+    journal and resume point (:func:`wdstream.pack` opens them under the output's lock)."""
+
+    fraction: float
+    store: Store
+    journal: Journal
+    resume: ResumePoint
+    shard_bytes: int
+
+
+def earliest(a: ResumePoint, b: ResumePoint) -> ResumePoint:
+    """The resume point the inputs are read from when two datasets resume: the earlier one
+    (a fresh one if either side has nothing committed)."""
+    if a.start is None or b.start is None:
+        return ResumePoint()
+    return a if tuple(a.start[:3]) <= tuple(b.start[:3]) else b
+
+
+class Side:
+    """One dataset's end of the pipeline: its documents -> its sample builder -> its shards.
+
+    Args:
+        builder: the dataset's sample builder.
+        writer: its shard writer (committing to its journal).
+        resume: its own resume point; documents before it are skipped (the other dataset
+            is further behind and the inputs are read from there).
+        count_supervised: a masked pack with a holdout: count this side's supervised
+            tokens and carry the count in its documents' positions.
+    """
+
+    def __init__(
+        self,
+        builder: SampleBuilder,
+        writer: ShardWriter,
+        resume: ResumePoint,
+        count_supervised: bool = False,
+    ) -> None:
+        self.builder, self.writer, self.resume = builder, writer, resume
+        self.waiting = resume.start is not None  # its resume document not yet reached
+        self.count_supervised = count_supervised
+        self.supervised = resume.start.supervised if resume.start is not None else 0
+
+    def add(self, flat: np.ndarray, lens: np.ndarray, positions: list[InputPosition]) -> None:
+        """Pack these documents (in input order) into this side's shards."""
+        if self.waiting:
+            assert self.resume.start is not None
+            key = tuple(self.resume.start[:3])
+            skip = sum(1 for p in positions if tuple(p[:3]) < key)
+            if skip:
+                flat, lens = flat[int(np.sum(lens[:skip])) :], lens[skip:]
+                positions = positions[skip:]
+            if not positions:
+                return
+            if self.count_supervised:
+                positions = self._counted(flat, lens, positions)
+            flat, lens, positions = drop_packed(flat, lens, positions, self.resume, self.builder)
+            self.waiting = False
+        elif self.count_supervised:
+            positions = self._counted(flat, lens, positions)
+        for s in self.builder.add(flat, lens, positions):
+            self.writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
+
+    def _counted(
+        self, flat: np.ndarray, lens: np.ndarray, positions: list[InputPosition]
+    ) -> list[InputPosition]:
+        """``positions`` carrying this side's supervised tokens before each document."""
+        out, start = [], 0
+        for n, pos in zip(lens.tolist(), positions, strict=True):
+            out.append(pos._replace(supervised=self.supervised))
+            self.supervised += int(np.count_nonzero(carries_loss(flat[start : start + n])))
+            start += n
+        return out
+
+    def finish(self) -> None:
+        """Flush the builder and write the last shard; wait for every write.
+
+        Raises:
+            WdstreamError: a resumed side never met its resume document.
+        """
+        if self.waiting:
+            raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
+        for s in self.builder.flush():
+            self.writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
+        self.writer.close()
+
+
+def route(
+    flat: np.ndarray,
+    lens: np.ndarray,
+    positions: list[InputPosition],
+    fraction: float,
+    sides: Sequence[Side],
+) -> None:
+    """Send each document to ``sides[0]`` (training) or ``sides[1]`` (held out), in order."""
+    held = held_out(flat, lens, fraction)
+    tokens_held = np.repeat(held, lens)
+    for side, mask, tmask in ((sides[0], ~held, ~tokens_held), (sides[1], held, tokens_held)):
+        if mask.any():
+            side.add(
+                flat[tmask], lens[mask], [p for p, m in zip(positions, mask, strict=True) if m]
+            )
+
+
+def held_out_datasets(
+    train: Dataset,
+    target: HoldoutTarget,
+    rule_counts: dict[str, Any],
+    held_supervised: int,
+    parts: DocumentParts,
+    inputs: str,
+) -> list[Dataset]:
+    """The two datasets a pack with a holdout commits: the training one (``train``) and the
+    held-out one, each with ``stats.holdout`` saying which side it is. The held-out one's
+    stats are the training one's input counts with its own documents, shard size and (masked
+    packs) supervised tokens: ``empty_documents_skipped``, ``records_skipped``, the long-
+    document and chat counts describe the whole input, before the split.
+
+    Raises:
+        InputError: no document was held out, or every one was.
+    """
+    store, journal, meta, stats = train
+    entries = target.journal.entries
+    if not entries:
+        raise InputError(
+            f"no document of {inputs} was held out (--holdout {target.fraction} of "
+            f"{stats['documents']} documents): pass a larger fraction or more input"
+        )
+    counts = dict(rule_counts)
+    if "supervised_tokens" in counts:
+        counts["supervised_tokens"] = held_supervised
+    rule = {"fraction": target.fraction, "hash": "blake2b-64(uint32 ids) < fraction * 2**64"}
+    held_stats = {
+        **stats,
+        "documents": sum(e.documents for e in entries),
+        "shard_bytes": target.shard_bytes,
+        **mask_stats(counts, entries, parts),
+        "holdout": {**rule, "split": "holdout", "other": ".."},
+    }
+    train_stats = {**stats, "holdout": {**rule, "split": "train", "other": HOLDOUT_DIR}}
+    return [(store, journal, meta, train_stats), (target.store, target.journal, meta, held_stats)]
