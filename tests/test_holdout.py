@@ -185,7 +185,7 @@ def test_masked_counts_are_per_dataset(tmp_path: Path, monkeypatch: pytest.Monke
     side, and each dataset's supervised-token count is its own (resumed too)."""
     rng = np.random.default_rng(3)
     records = []
-    for i in range(300):
+    for _ in range(300):
         ids = rng.integers(1, 1000, size=int(rng.integers(3, 40))).tolist()
         records.append({"input_ids": ids, "loss_mask": [int(k % 3 != 0) for k in range(len(ids))]})
     src = tmp_path / "ids.jsonl"
