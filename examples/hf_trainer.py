@@ -1,7 +1,8 @@
 """Train a tiny GPT-2 with the Hugging Face ``Trainer`` on a packed dataset, and resume it exactly.
 
-    wdstream pack corpus.jsonl --output data/ --seq-len 64
-    python examples/hf_trainer.py data/ --output-dir out/ --steps 40 --save-steps 20
+    wdstream pack corpus.jsonl --output data/ --seq-len 64 --holdout 0.01
+    python examples/hf_trainer.py data/ --output-dir out/ --steps 40 --save-steps 20 \
+        --eval data/holdout/
     python examples/hf_trainer.py data/ --output-dir out/ --steps 80 --resume   # from step 40
 
 ``WdstreamTrainer`` (``wdstream/integrations/hf.py``) is a ``transformers.Trainer`` whose
@@ -10,6 +11,12 @@ training batches come from a ``wdstream.Loader``. Every checkpoint folder gets
 last checkpoint, and the loader from that state: the Trainer does not replay (fast-forward
 through) the batches of the steps already done. The model is built here from a tiny
 ``GPT2Config`` (one layer, width 32; no download), its vocabulary the dataset's tokenizer's.
+
+``--eval data/holdout/`` evaluates the model after training on the held-out dataset that
+``pack --holdout`` wrote beside the training one (documents chosen by content hash, never in
+``data/``): one pass, in order (``Loader(..., epochs=1, shuffle=False)``), the mean loss per
+target token; the last batch short of ``--batch-size`` rows is left out, as every batch of a
+``Loader`` is full.
 
 ``--record steps.json`` writes, for every batch the model saw, its training step and the
 sha256 of its targets, and the loss of every optimizer step: ``tests/test_integrations_hf.py``
@@ -47,6 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=0, help="loader worker processes")
     parser.add_argument("--seed", type=int, default=0, help="model init and data order")
     parser.add_argument("--record", help="write each batch's sha256 and each step's loss here")
+    parser.add_argument("--eval", help="held-out dataset to evaluate on after training")
     return parser.parse_args(argv)
 
 
@@ -85,6 +93,26 @@ class Recorder(TrainerCallback):
             self.losses.append({"step": state.global_step, "loss": float(logs["loss"])})
 
 
+def evaluate(model: torch.nn.Module, data: str, seq_len: int, batch_size: int) -> dict[str, float]:
+    """One ordered pass over the held-out dataset ``data``: the mean loss per target token
+    (``-100`` targets, such as best-fit padding, not counted) and how many were counted."""
+    loader = wdstream.Loader(data, seq_len=seq_len, batch_size=batch_size, epochs=1,
+                             shuffle=False, num_workers=0)  # fmt: skip
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in loader:
+            logits = model(input_ids=batch["input_ids"]).logits
+            targets = batch["labels"].to(torch.int64)  # the next token of each position
+            total += float(torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                reduction="sum",
+            ))  # fmt: skip
+            count += int((targets != -100).sum())
+    model.train()
+    return {"eval_loss": total / max(count, 1), "eval_tokens": count}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train (or resume) as the arguments say; return what was recorded."""
     args = parse_args(argv)
@@ -105,7 +133,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trainer.add_callback(recorder)
     result = trainer.train(resume_from_checkpoint=True if args.resume else None)
     print(f"trained to step {result.global_step}, loss {result.training_loss:.3f}")
-    record = {"batches": recorder.batches, "losses": recorder.losses}
+    record: dict[str, Any] = {"batches": recorder.batches, "losses": recorder.losses}
+    if args.eval:
+        record |= evaluate(model, args.eval, args.seq_len, args.batch_size)
+        print(f"eval loss {record['eval_loss']:.3f} over {record['eval_tokens']:,} tokens")
     if args.record:
         with open(args.record, "w") as f:
             json.dump(record, f, indent=0)

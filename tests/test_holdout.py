@@ -234,8 +234,12 @@ def test_bad_fractions_and_engines(tmp_path: Path, corpus: Path) -> None:
     res = CliRunner().invoke(main, ["pack", str(corpus), "-o", str(tmp_path / "y"),
                                     "--holdout", "2"])  # fmt: skip
     assert res.exit_code == 1 and res.output.startswith("Error: holdout must be a fraction")
-    with pytest.raises(wdstream.InputError, match="was held out"):
+    with pytest.raises(wdstream.InputError, match="no document of <records> was held out"):
         wdstream.pack_records(["one short text"], str(tmp_path / "z"), holdout=0.01, workers=0)
+    one = next(t for t in ("a", "b", "c", "d", "e", "f") if side_of(expected_docs([t])[0], 0.9))
+    with pytest.raises(wdstream.InputError, match="every document of <records> was held out"):
+        wdstream.pack_records([one], str(tmp_path / "z2"), holdout=0.9, workers=0)
+    assert not (tmp_path / "z2" / "holdout" / "index.json").exists()
 
 
 def test_writer_and_overwrite(tmp_path: Path, texts: list[str]) -> None:
@@ -251,3 +255,33 @@ def test_writer_and_overwrite(tmp_path: Path, texts: list[str]) -> None:
     wdstream.pack_records(texts, str(out), seq_len=31, workers=0, overwrite=True)
     assert not (out / "holdout" / "index.json").exists()
     assert not list((out / "holdout").glob("*.tar"))
+
+
+def test_hf_trainer_example_evaluates_on_the_holdout(tmp_path: Path, corpus: Path) -> None:
+    """``examples/hf_trainer.py``'s eval loop reads every full batch of the held-out dataset
+    once, in order: its loss equals the loss of the same model on the samples decoded here."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from tests.integrations_support import load_example
+
+    out = tmp_path / "out"
+    res = wdstream.pack([str(corpus)], str(out), seq_len=31, shard_size="8KB", workers=0,
+                        holdout=FRACTION)  # fmt: skip
+    example = load_example("hf_trainer")
+    torch.manual_seed(0)
+    model = example.tiny_gpt2(int(res.index.tokenizer["n_vocab"]), 31)
+    got = example.evaluate(model, str(out / "holdout"), 31, 4)
+    samples = [s.tokens for s in raw_samples(out / "holdout")]
+    n = len(samples) // 4 * 4
+    rows = torch.tensor(np.stack(samples[:n]))
+    with torch.no_grad():
+        logits = model(input_ids=rows[:, :31]).logits
+        want = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), rows[:, 1:].flatten(), reduction="mean"
+        )
+    assert got["eval_tokens"] == n * 31
+    assert got["eval_loss"] == pytest.approx(float(want), rel=1e-5)
+    record = example.main([str(out), "--output-dir", str(tmp_path / "run"), "--steps", "2",
+                           "--seq-len", "31", "--eval", str(out / "holdout")])  # fmt: skip
+    assert record["eval_tokens"] == n * 31 and np.isfinite(record["eval_loss"])

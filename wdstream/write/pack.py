@@ -403,6 +403,9 @@ def pack(
             _refuse_lost_turns(totals.rule_counts)
 
         entries = journal.entries
+        if not entries and target is not None and target.journal.entries:
+            raise InputError(f"every document of {sources.describe()} was held out "
+                             f"(--holdout {fraction}): pass a smaller fraction")  # fmt: skip
         if not entries:
             raise InputError(f"no non-empty documents in {sources.describe()}"
                              + _left_out(totals.rule_counts, seq_len))  # fmt: skip
