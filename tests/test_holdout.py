@@ -28,8 +28,10 @@ from tests.conftest import make_corpus
 from tests.test_pack import expected_concat, expected_docs, raw_samples
 from tests.test_pack_resume import _committed, _interrupted_writer, _kill_after
 from wdstream.cli import main
-from wdstream.storage import LocalStore
+from wdstream.storage import LocalStore, open_store
 from wdstream.write.pack import JOURNAL_NAME
+
+pytest_plugins = ["tests.fixtures_remote"]
 
 FRACTION = 0.25
 
@@ -285,3 +287,26 @@ def test_hf_trainer_example_evaluates_on_the_holdout(tmp_path: Path, corpus: Pat
     record = example.main([str(out), "--output-dir", str(tmp_path / "run"), "--steps", "2",
                            "--seq-len", "31", "--eval", str(out / "holdout")])  # fmt: skip
     assert record["eval_tokens"] == n * 31 and np.isfinite(record["eval_loss"])
+
+
+@pytest.mark.timeout(180)
+def test_remote_outputs_hold_both_datasets(
+    tmp_path: Path, corpus: Path, s3_bucket: str, http_server: Any
+) -> None:
+    """Packed to S3 (moto) and to an HTTP server with PUT: both datasets' objects are the
+    local pack's, byte for byte, each under its own root, and the held-out one verifies."""
+    args = ["--seq-len", "31", "--shard-size", "16KB", "--workers", "0", "-q", "--holdout",
+            str(FRACTION)]  # fmt: skip
+    local = tmp_path / "local"
+    assert CliRunner().invoke(main, ["pack", str(corpus), "-o", str(local), *args]).exit_code == 0
+    for url in (f"s3://{s3_bucket}/ds", f"{http_server.base_url}/ds"):
+        res = CliRunner().invoke(main, ["pack", str(corpus), "-o", url, *args])
+        assert res.exit_code == 0, res.output
+        for sub in (local, local / "holdout"):
+            store = open_store(url + str(sub)[len(str(local)) :])
+            names = [p.name for p in sorted(sub.glob("data-*"))] + ["index.shards"]
+            assert len(names) > 3
+            for name in names:
+                assert store.read(name) == (sub / name).read_bytes(), (url, sub, name)
+            assert store.exists("index.json") and not store.exists(JOURNAL_NAME)
+        assert CliRunner().invoke(main, ["verify", f"{url}/holdout"]).exit_code == 0

@@ -27,7 +27,7 @@ that a resumed side continues its count where its committed shards end.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Any
@@ -35,25 +35,31 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import InputError, WdstreamError
+from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex
 from wdstream.format.loss import NO_LOSS_BIT, carries_loss
 from wdstream.inputs import InputPosition
-from wdstream.storage import Store
+from wdstream.storage import Store, open_store
+from wdstream.words import count
 from wdstream.write.builders import SampleBuilder
 from wdstream.write.commit import Dataset
 from wdstream.write.documents import DocumentParts, mask_stats
 from wdstream.write.journal import Journal
-from wdstream.write.resume import ResumePoint, drop_packed
+from wdstream.write.resume import ResumePoint, drop_packed, resume_point
 from wdstream.write.shards import ShardWriter
+from wdstream.write.sizing import choose_shard_bytes
 
 __all__ = [
     "HOLDOUT_DIR",
     "HoldoutTarget",
     "Side",
     "check_fraction",
+    "describe_holdout",
     "document_hashes",
     "earliest",
     "held_out",
     "held_out_datasets",
+    "holdout_target",
+    "open_holdout",
     "route",
 ]
 
@@ -104,6 +110,61 @@ class HoldoutTarget:
     journal: Journal
     resume: ResumePoint
     shard_bytes: int
+
+
+def open_holdout(
+    output: Store,
+    options: dict[str, Any] | None,
+    fraction: float | None,
+    overwrite: bool,
+    wrap: Callable[[Store], Store],
+) -> Store | None:
+    """The held-out dataset's store at ``OUTPUT/holdout/`` (``wrap``-ped as the output's
+    is), opened under the output's lock: for a pack with a holdout (its leftover partial
+    objects swept), or for ``overwrite`` (which clears an earlier pack's); else None.
+
+    Raises:
+        WdstreamError: a held-out dataset of an earlier, complete pack is there (and no
+            ``overwrite``).
+    """
+    if fraction is None and not overwrite:
+        return None
+    url = output.child_url(HOLDOUT_DIR)
+    store = wrap(open_store(url, create=fraction is not None, **(options or {})))
+    if fraction is not None:
+        store.remove_partials()
+        if not overwrite and store.exists(INDEX_NAME) and not store.exists(JOURNAL_NAME):
+            raise WdstreamError(
+                f"{store.child_url(INDEX_NAME)} exists: a held-out dataset of an earlier pack; "
+                "pack into a fresh output or pass --overwrite"
+            )
+    return store
+
+
+def holdout_target(
+    store: Store,
+    fingerprint: dict[str, Any],
+    name: str,
+    fraction: float,
+    shard_size: str | int | None,
+    input_bytes: int | None,
+) -> HoldoutTarget:
+    """The held-out dataset's side of a pack: its journal (the pack's ``fingerprint``, with
+    its own shard size and ``split``), its resume point, and its shard size (given, or chosen
+    from its expected share of the input)."""
+    share = None if input_bytes is None else int(input_bytes * fraction)
+    shard_bytes = choose_shard_bytes(shard_size, share)
+    journal = Journal(store, {**fingerprint, "shard_bytes": shard_bytes, "split": "holdout"}, name)
+    return HoldoutTarget(fraction, store, journal, resume_point(journal), shard_bytes)
+
+
+def describe_holdout(held: DatasetIndex) -> str:
+    """The held-out dataset's part of a pack's one-line summary."""
+    return (
+        f"; held out {count(held.total_documents, 'document')}, "
+        f"{count(held.total_tokens, 'token')} in {count(len(held.shards), 'shard')} "
+        f"at {HOLDOUT_DIR}/ ({held.stats['holdout']['fraction']:g} chosen by content hash)"
+    )
 
 
 def earliest(a: ResumePoint, b: ResumePoint) -> ResumePoint:

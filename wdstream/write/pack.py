@@ -39,7 +39,7 @@ from wdstream.format.index import INDEX_NAME, DatasetIndex
 from wdstream.format.provenance import PROVENANCE_VERSION
 from wdstream.format.sample import token_dtype_for_vocab
 from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES, check_limit
-from wdstream.storage import Store, open_store
+from wdstream.storage import open_store
 from wdstream.storage.base import ForwardingStore
 from wdstream.tokenizers import load_tokenizer
 from wdstream.words import count
@@ -48,7 +48,13 @@ from wdstream.write.builders import MODES, check_mode, sample_builder, special_i
 from wdstream.write.commit import Dataset, DatasetMeta, commit_datasets
 from wdstream.write.documents import PackDocuments, interrupted_chat_now, mask_stats
 from wdstream.write.engine import PackEngine, PackJob
-from wdstream.write.holdout import HOLDOUT_DIR, HoldoutTarget, check_fraction, held_out_datasets
+from wdstream.write.holdout import (
+    check_fraction,
+    describe_holdout,
+    held_out_datasets,
+    holdout_target,
+    open_holdout,
+)
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.local import LocalEngine
 from wdstream.write.lock import LOCK_NAME, acquire
@@ -315,7 +321,7 @@ def pack(
         runner = _open_engine(engine, workers, pool, ray_address, (tokenizer, backend))
         output_store.remove_partials()  # under the lock: leftovers of a killed run only
         store = _NamingFullDisk(output_store)
-        held_store = _holdout_store(output_store, store_options, fraction, overwrite)
+        held_store = open_holdout(output_store, store_options, fraction, overwrite, _NamingFullDisk)
         # index.json beside a journal: a pack stopped between publishing index.json and
         # removing its journal. The journal resumes it (the same command only, see
         # Journal.load), every shard committed, which writes the same index.json again.
@@ -324,13 +330,6 @@ def pack(
                 f"{store.child_url(INDEX_NAME)} exists: {output} already holds a complete dataset; "
                 "pack into a fresh output or pass --overwrite"
             )
-        if held_store is not None and not overwrite:
-            held_store.remove_partials()  # under the lock, as the output's
-            if held_store.exists(INDEX_NAME) and not held_store.exists(JOURNAL_NAME):
-                raise WdstreamError(
-                    f"{held_store.child_url(INDEX_NAME)} exists: a held-out dataset of an earlier "
-                    "pack; pack into a fresh output or pass --overwrite"
-                )
 
         peek = [] if pretokenized or chat else sources.peek(text_key, lines, record_limit)
         tok = load_tokenizer(tokenizer, backend, peek)
@@ -376,12 +375,8 @@ def pack(
         target = None
         if fraction is not None:
             assert held_store is not None
-            held_bytes = choose_shard_bytes(shard_size, _share(sources.input_bytes, fraction))
-            held_journal = Journal(
-                held_store, {**fingerprint, "shard_bytes": held_bytes, "split": "holdout"}, name
-            )
-            target = HoldoutTarget(
-                fraction, held_store, held_journal, resume_point(held_journal), held_bytes
+            target = holdout_target(
+                held_store, fingerprint, name, fraction, shard_size, sources.input_bytes
             )
 
         job = PackJob(
@@ -456,22 +451,6 @@ def _refuse_lost_turns(counts: dict[str, Any]) -> None:
         )
 
 
-def _share(input_bytes: int | None, fraction: float) -> int | None:
-    """The held-out dataset's expected share of the input's bytes (None: unknown)."""
-    return None if input_bytes is None else int(input_bytes * fraction)
-
-
-def _holdout_store(
-    output: Store, options: dict[str, Any] | None, fraction: float | None, overwrite: bool
-) -> Store | None:
-    """The held-out dataset's store at ``OUTPUT/holdout/``: for a pack with a holdout, or
-    for ``--overwrite`` (which clears an earlier pack's); else None."""
-    if fraction is None and not overwrite:
-        return None
-    url = output.child_url(HOLDOUT_DIR)
-    return _NamingFullDisk(open_store(url, create=fraction is not None, **(options or {})))
-
-
 def _left_out(counts: dict[str, Any], seq_len: int) -> str:
     """Why no document was packed, when the document rules left every one out."""
     why = []
@@ -515,16 +494,7 @@ def describe(result: PackResult) -> str:
         f"{count(result.workers, 'worker')}, {result.pool}]"
         + (f"; {count(skipped, 'bad record')} skipped" if skipped else "")
         + (f"; resumed after {count(resumed, 'shard')}" if resumed else "")
-        + (_held_out(result.holdout) if result.holdout is not None else "")
-    )
-
-
-def _held_out(held: DatasetIndex) -> str:
-    """The held-out dataset's part of :func:`describe`."""
-    return (
-        f"; held out {count(held.total_documents, 'document')}, "
-        f"{count(held.total_tokens, 'token')} in {count(len(held.shards), 'shard')} "
-        f"at {HOLDOUT_DIR}/ ({held.stats['holdout']['fraction']:g} chosen by content hash)"
+        + (describe_holdout(result.holdout) if result.holdout is not None else "")
     )
 
 
