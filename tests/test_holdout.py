@@ -310,3 +310,34 @@ def test_remote_outputs_hold_both_datasets(
                 assert store.read(name) == (sub / name).read_bytes(), (url, sub, name)
             assert store.exists("index.json") and not store.exists(JOURNAL_NAME)
         assert CliRunner().invoke(main, ["verify", f"{url}/holdout"]).exit_code == 0
+
+
+def test_chat_conversations_are_hashed_whole(tmp_path: Path) -> None:
+    """A conversation is one document: its side is the hash of all its rendered ids (as
+    transformers' apply_chat_template gives them, then the pack's EOS), whatever ``train_on``
+    masks, so the same conversations are held out for every ``train_on``."""
+    pytest.importorskip("transformers")
+    from tests.chat_pack_support import conversations, transformers_reference, write_conversations
+    from tests.chat_support import CHATML_GENERATION, build_chat_hf
+
+    hf = build_chat_hf(tmp_path / "tok", CHATML_GENERATION)
+    convs = conversations(60, seed=5)
+    convs += convs[::7]  # duplicates
+    src = write_conversations(tmp_path / "in.jsonl", convs)
+    reference = transformers_reference(hf, convs)
+    kw: dict[str, Any] = dict(tokenizer=str(hf.parent), chat=True, mode="docs", seq_len=4095,
+                              shard_size="8KB", workers=0, holdout=0.3)  # fmt: skip
+    splits = []
+    for train_on in ("assistant", "last", "all"):
+        out = tmp_path / train_on
+        res = wdstream.pack([str(src)], str(out), train_on=train_on, **kw)
+        eos = res.index.eos_id
+        stored = [[*ids, eos] for ids, _ in reference]
+        want_held = [s for s in stored if side_of(s, 0.3)]
+        want_train = [s for s in stored if not side_of(s, 0.3)]
+        got_held = [(s.tokens & 0x7FFFFFFF).tolist() for s in raw_samples(out / "holdout")]
+        got_train = [(s.tokens & 0x7FFFFFFF).tolist() for s in raw_samples(out)]
+        assert got_held == want_held and got_train == want_train
+        assert want_held and want_train
+        splits.append(got_held)
+    assert splits[0] == splits[1] == splits[2]
