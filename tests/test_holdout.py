@@ -254,6 +254,12 @@ def test_writer_and_overwrite(tmp_path: Path, texts: list[str]) -> None:
     train, held = _split(texts)
     assert [s.tokens.tolist() for s in raw_samples(out / "holdout")] == [d.tolist() for d in held]
     assert len(raw_samples(out)) == len(train)
+    # The training dataset removed by hand, its held-out one left: that one is not replaced.
+    for p in out.iterdir():
+        if p.is_file():
+            p.unlink()
+    with pytest.raises(wdstream.WdstreamError, match=r"holdout/index.json exists: a held-out"):
+        wdstream.pack_records(texts, str(out), seq_len=31, workers=0, holdout=FRACTION)
     wdstream.pack_records(texts, str(out), seq_len=31, workers=0, overwrite=True)
     assert not (out / "holdout" / "index.json").exists()
     assert not list((out / "holdout").glob("*.tar"))

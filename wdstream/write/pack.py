@@ -321,7 +321,6 @@ def pack(
         runner = _open_engine(engine, workers, pool, ray_address, (tokenizer, backend))
         output_store.remove_partials()  # under the lock: leftovers of a killed run only
         store = _NamingFullDisk(output_store)
-        held_store = open_holdout(output_store, store_options, fraction, overwrite, _NamingFullDisk)
         # index.json beside a journal: a pack stopped between publishing index.json and
         # removing its journal. The journal resumes it (the same command only, see
         # Journal.load), every shard committed, which writes the same index.json again.
@@ -330,6 +329,7 @@ def pack(
                 f"{store.child_url(INDEX_NAME)} exists: {output} already holds a complete dataset; "
                 "pack into a fresh output or pass --overwrite"
             )
+        held_store = open_holdout(output_store, store_options, fraction, overwrite, _NamingFullDisk)
 
         peek = [] if pretokenized or chat else sources.peek(text_key, lines, record_limit)
         tok = load_tokenizer(tokenizer, backend, peek)
