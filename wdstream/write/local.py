@@ -69,7 +69,8 @@ class LocalEngine:
         start = earliest(resume, holdout.resume) if holdout is not None else resume
         reader = open_reader(job, start)
         builder = job.new_builder(DTYPES[job.dtype], job.pad_id)
-        masked = holdout is not None and job.document_encoder().masked
+        encoder = job.document_encoder()
+        masked = holdout is not None and encoder.masked
         sides = [Side(builder, _shard_writer(job, store, journal, resume, reader), resume, masked)]
         if holdout is not None:
             writer = _shard_writer(
@@ -78,9 +79,7 @@ class LocalEngine:
             held_builder = job.new_builder(DTYPES[job.dtype], job.pad_id)
             sides.append(Side(held_builder, writer, holdout.resume, masked))
         parser = reader.block_parser()
-        tpool = TokenPool(
-            job.tokenizer, self.workers, self.pool, job.document_encoder(), parser=parser
-        )
+        tpool = TokenPool(job.tokenizer, self.workers, self.pool, encoder, parser=parser)
         rules = job.new_rules(start.start) if job.new_rules is not None else None
         bar = Progress(job.progress, reader.source_total, lambda: len(journal.entries))
         tasks = _blocks(reader, job.batch_bytes) if parser else _batches(reader, job.batch_bytes)
