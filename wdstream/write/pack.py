@@ -24,33 +24,27 @@ One pack per output: the whole run holds the output's writer lock ``.wdstream-pa
 
 from __future__ import annotations
 
-import errno
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from typing import Any, BinaryIO
+from typing import Any
 
 from wdstream.errors import InputError, WdstreamError
-from wdstream.format.index import INDEX_NAME, DatasetIndex
+from wdstream.format.index import INDEX_NAME
 from wdstream.format.provenance import PROVENANCE_VERSION
 from wdstream.format.sample import token_dtype_for_vocab
 from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES, check_limit
 from wdstream.storage import open_store
-from wdstream.storage.base import ForwardingStore
 from wdstream.tokenizers import load_tokenizer
-from wdstream.words import count
 from wdstream.write.bestfit import DEFAULT_BUFFER
 from wdstream.write.builders import MODES, check_mode, sample_builder, special_ids
 from wdstream.write.commit import Dataset, DatasetMeta, commit_datasets
 from wdstream.write.documents import PackDocuments, interrupted_chat_now, mask_stats
 from wdstream.write.engine import PackEngine, PackJob
+from wdstream.write.full_disk import NamingFullDisk, naming_full_disk
 from wdstream.write.holdout import (
     check_fraction,
-    describe_holdout,
     held_out_datasets,
     holdout_target,
     open_holdout,
@@ -59,6 +53,13 @@ from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.local import LocalEngine
 from wdstream.write.lock import LOCK_NAME, acquire
 from wdstream.write.output import clear_output, delete_shards_from
+from wdstream.write.pack_result import (
+    PackResult,
+    describe,
+    left_out,
+    one_shard_warning,
+    refuse_lost_turns,
+)
 from wdstream.write.progress import wanted
 from wdstream.write.resume import resume_point
 from wdstream.write.shards import parse_size
@@ -69,22 +70,6 @@ from wdstream.write.tokenpool import prestart
 __all__ = ["JOURNAL_NAME", "PackResult", "describe", "one_shard_warning", "pack"]
 
 
-@dataclass(frozen=True)
-class PackResult:
-    """What :func:`pack` did (timings are not part of the dataset)."""
-
-    index: DatasetIndex
-    seconds: float
-    resumed_shards: int  # shards found committed by an interrupted run
-    workers: int
-    pool: str
-    holdout: DatasetIndex | None = None  # the held-out dataset at OUTPUT/holdout/, if asked for
-
-    @property
-    def input_mb_per_s(self) -> float:
-        return self.index.stats.get("input_bytes", 0) / 1e6 / max(self.seconds, 1e-9)
-
-
 def _pack_cwd(inputs: list[str]) -> dict[str, str]:
     """``{"pack_cwd": ...}``, the working directory the relative ``inputs`` (and a relative
     tokenizer path) are relative to, so ``explain`` and ``inspect`` find them from anywhere;
@@ -92,44 +77,6 @@ def _pack_cwd(inputs: list[str]) -> dict[str, str]:
     encoding's name), so such a pack's index does not depend on where it ran."""
     relative = any(not (n.startswith("<") or "://" in n or os.path.isabs(n)) for n in inputs)
     return {"pack_cwd": os.getcwd()} if relative else {}
-
-
-_FULL_DISK = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
-
-
-@contextmanager
-def _naming_full_disk(url: str) -> Iterator[None]:
-    """Turn a write's ``[Errno 28]`` (which names no file) into an error naming ``url``.
-
-    A pack that ran out of space is resumable like any interrupted one: the journal names
-    only complete shards and no object appears half-written, so the advice is to rerun.
-    """
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno not in _FULL_DISK:
-            raise
-        raise WdstreamError(
-            f"{_FULL_DISK[exc.errno]} while writing {url}: free space and rerun the same "
-            "command: it resumes from the last complete shard"
-        ) from exc
-
-
-class _NamingFullDisk(ForwardingStore):
-    """The output store, with writes that run out of space reported by object name.
-
-    Every write of ``pack`` (shards and sidecars in the writer thread, the journal, the
-    index) goes through this, so each names the object it was writing.
-    """
-
-    @contextmanager
-    def writer(self, name: str) -> Iterator[BinaryIO]:
-        with _naming_full_disk(self.inner.child_url(name)), self.inner.writer(name) as out:
-            yield out
-
-    def write_bytes(self, name: str, data: bytes) -> None:
-        with _naming_full_disk(self.inner.child_url(name)):
-            self.inner.write_bytes(name, data)
 
 
 def pack(
@@ -313,14 +260,14 @@ def pack(
     if engine == "local":
         prestart(workers, pool)  # the pool's fork server boots while the tokenizer loads
     output_store = open_store(output, create=True, **(store_options or {}))
-    with _naming_full_disk(output_store.child_url(LOCK_NAME)):
+    with naming_full_disk(output_store.child_url(LOCK_NAME)):
         lock = acquire(output_store, force_unlock)
     runner: PackEngine | None = None
     try:
         # Started now, under the lock: Ray's workers warm up while the tokenizer loads here.
         runner = _open_engine(engine, workers, pool, ray_address, (tokenizer, backend))
         output_store.remove_partials()  # under the lock: leftovers of a killed run only
-        store = _NamingFullDisk(output_store)
+        store = NamingFullDisk(output_store)
         # index.json beside a journal: a pack stopped between publishing index.json and
         # removing its journal. The journal resumes it (the same command only, see
         # Journal.load), every shard committed, which writes the same index.json again.
@@ -329,7 +276,7 @@ def pack(
                 f"{store.child_url(INDEX_NAME)} exists: {output} already holds a complete dataset; "
                 "pack into a fresh output or pass --overwrite"
             )
-        held_store = open_holdout(output_store, store_options, fraction, overwrite, _NamingFullDisk)
+        held_store = open_holdout(output_store, store_options, fraction, overwrite, NamingFullDisk)
 
         peek = [] if pretokenized or chat else sources.peek(text_key, lines, record_limit)
         tok = load_tokenizer(tokenizer, backend, peek)
@@ -395,7 +342,7 @@ def pack(
             assert isinstance(runner, LocalEngine)  # checked above: holdout is local only
             totals = runner.run(job, store, journal, resume, holdout=target)
         if not allow_unlocated:
-            _refuse_lost_turns(totals.rule_counts)
+            refuse_lost_turns(totals.rule_counts)
 
         entries = journal.entries
         if not entries and target is not None and target.journal.entries:
@@ -403,7 +350,7 @@ def pack(
                              f"(--holdout {fraction}): pass a smaller fraction")  # fmt: skip
         if not entries:
             raise InputError(f"no non-empty documents in {sources.describe()}"
-                             + _left_out(totals.rule_counts, seq_len))  # fmt: skip
+                             + left_out(totals.rule_counts, seq_len))  # fmt: skip
         stats = {
             "documents": sum(e.documents for e in entries),
             "empty_documents_skipped": totals.empty,
@@ -439,31 +386,6 @@ def pack(
         lock.release()
 
 
-def _refuse_lost_turns(counts: dict[str, Any]) -> None:
-    """Fail a chat pack that left assistant turns without loss (``allow_unlocated``)."""
-    turns = counts.get("chat", {}).get("assistant_turns", {})
-    if turns.get("unsupervised"):
-        raise InputError(
-            f"{turns['unsupervised']:,} of {turns['count']:,} assistant turns got no loss (first: "
-            f"{turns['examples'][0]}): the chat template's text for them was not found in the "
-            "conversation (stats.chat.problems.unlocated, docs/CHAT.md); no index.json written. "
-            "Run the same pack with --allow-unlocated to keep them unsupervised (it resumes)"
-        )
-
-
-def _left_out(counts: dict[str, Any], seq_len: int) -> str:
-    """Why no document was packed, when the document rules left every one out."""
-    why = []
-    if counts.get("long_documents_dropped"):
-        why.append(f"{count(counts['long_documents_dropped'], 'document')} longer than a row "
-                   f"of {seq_len + 1} tokens dropped (--long-docs truncate, or a longer "
-                   "--seq-len)")  # fmt: skip
-    if counts.get("unsupervised_documents_refused"):
-        why.append(f"{count(counts['unsupervised_documents_refused'], 'document')} without "
-                   "a supervised token refused (--allow-unsupervised)")  # fmt: skip
-    return f": {'; '.join(why)}" if why else ""
-
-
 def _open_engine(
     engine: str, workers: int, pool: str, address: str | None, tokenizer: tuple[str, str]
 ) -> PackEngine:
@@ -477,39 +399,3 @@ def _open_engine(
             f"engine='ray' needs Ray ({exc.name} is missing): pip install 'wdstream[ray]'"
         ) from exc
     return RayEngine(address, tokenizer)
-
-
-def describe(result: PackResult) -> str:
-    """One-line summary of a pack."""
-    idx = result.index
-    total_bytes = sum(s.bytes for s in idx.shards)
-    skipped = idx.stats.get("records_skipped", 0)
-    resumed = result.resumed_shards
-    return (
-        f"packed {count(idx.total_documents, 'document')}, {count(idx.total_tokens, 'token')} "
-        f"into {count(len(idx.shards), 'shard')} ({total_bytes / 1e6:,.1f} MB) in "
-        f"{result.seconds:.1f}s: {result.input_mb_per_s:.1f} MB/s input, "
-        f"{idx.total_tokens / max(result.seconds, 1e-9):,.0f} tokens/s "
-        f"[{idx.tokenizer['name']}/{idx.tokenizer['backend']}, "
-        f"{count(result.workers, 'worker')}, {result.pool}]"
-        + (f"; {count(skipped, 'bad record')} skipped" if skipped else "")
-        + (f"; resumed after {count(resumed, 'shard')}" if resumed else "")
-        + (describe_holdout(result.holdout) if result.holdout is not None else "")
-    )
-
-
-def one_shard_warning(result: PackResult) -> str | None:
-    """A warning when the pack wrote a single shard, else None.
-
-    Readers that split a dataset by shard (webdataset's ``split_by_node`` and
-    ``split_by_worker``) then give all of it to one rank and one worker and leave the rest
-    empty; a smaller ``--shard-size`` makes as many shards as ranks x workers.
-    """
-    shards = result.index.shards
-    if len(shards) != 1:
-        return None
-    return (
-        f"the dataset is 1 shard ({shards[0].bytes / 1e6:,.1f} MB): readers that split by "
-        "shard (webdataset's split_by_node/split_by_worker) leave every other rank and worker "
-        "empty; pass a smaller --shard-size for at least as many shards as ranks x workers"
-    )
