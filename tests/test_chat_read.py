@@ -91,6 +91,9 @@ def test_doc_boundaries_are_the_conversations(chat: tuple[str, RowOracle, int]) 
                 end = min(start + n, SEQ)
                 assert positions[start:end] == list(range(end - start))
                 assert doc_ids[start:end] == [k] * (end - start)
+            # The padding after the conversations (stored with the no-loss bit) is padding.
+            used = min(sum(lengths), SEQ)
+            assert doc_ids[used:] == [-1] * (SEQ - used)
         assert "cu_seqlens" in b
 
 

@@ -40,6 +40,7 @@ from wdstream.format.loss import ID_BITS, NO_LOSS_BIT, split_ids
 __all__ = [
     "IGNORE_INDEX",
     "RowLabels",
+    "copy_ids",
     "doc_end_mask",
     "doc_ids",
     "labelled_rows",
@@ -58,6 +59,15 @@ def position_ids(doc_start: np.ndarray) -> np.ndarray:
     idx = np.arange(starts.shape[1], dtype=np.int32)
     last = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
     return idx - last
+
+
+def copy_ids(out: np.ndarray, stored: np.ndarray, strip: bool) -> None:
+    """Copy ``stored`` ids into ``out`` (the batches' int64 array), with ``strip`` without
+    the no-loss bit: one pass either way (the bit is split off in the copy itself)."""
+    if strip:
+        np.bitwise_and(stored, ID_BITS, out=out)
+    else:
+        np.copyto(out, stored)
 
 
 def padding_mask(rows: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -128,6 +138,25 @@ class RowLabels:
         if rows.dtype == torch.int32:  # the reader's row buffers: bit 31 reads as negative
             return rows & ID_BITS, rows < 0
         return rows & ID_BITS, rows >= NO_LOSS_BIT
+
+    def split_chunk(
+        self, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None]:
+        """``(rows, no_loss, stored)`` of a chunk: as :meth:`split`, except that the
+        reader's own CPU rows (int32) that carry the bit come back as they are, with
+        ``stored`` their numpy view: the caller strips the bit inside its int64 copies
+        (:func:`copy_ids`) and sets ``-100`` where ``stored < 0``, two passes fewer than
+        splitting first and no copy of the ids. Else ``stored`` is None."""
+        if self.loss_mask and rows.device.type == "cpu" and rows.dtype == torch.int32:
+            tokens = rows.numpy()
+            return rows, None, tokens if int(tokens.min(initial=0)) < 0 else None
+        ids, no_loss = self.split(rows)
+        return ids, no_loss, None
+
+    def rules_apply(self) -> bool:
+        """Whether the padding and document-end rules may decide any row's targets (not
+        every source's rows carry a stored mask)."""
+        return not (self.stored and all(self.stored))
 
     def padding(self, rows: torch.Tensor) -> torch.Tensor | None:
         """bool ``[B, S]`` padding of ``rows``, or None for datasets without padding."""

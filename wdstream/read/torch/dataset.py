@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from wdstream.format.loss import ID_BITS
 from wdstream.read.assemble import (
     assemble,
     check_mixture_options,
@@ -27,7 +28,13 @@ from wdstream.read.assemble import (
     resolve_rank,
 )
 from wdstream.read.batches.quarantine import QuarantineLog
-from wdstream.read.batches.rows import IGNORE_INDEX, RowLabels, doc_ids, position_ids
+from wdstream.read.batches.rows import (
+    IGNORE_INDEX,
+    RowLabels,
+    copy_ids,
+    doc_ids,
+    position_ids,
+)
 from wdstream.read.mixture.spec import is_mixture
 from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
@@ -241,9 +248,12 @@ class TokenDataset(IterableDataset):
                 yield batch
 
 
-def _long(x: torch.Tensor, pin: bool, buffers: HostBuffers | None = None) -> torch.Tensor:
+def _long(
+    x: torch.Tensor, pin: bool, buffers: HostBuffers | None = None, strip: bool = False
+) -> torch.Tensor:
     """A contiguous int64 copy of ``x`` (page-locked if ``pin``; else in an array of
-    ``buffers`` if given).
+    ``buffers`` if given); with ``strip`` (CPU only) without the no-loss bit, in the same
+    pass (:func:`~wdstream.read.batches.rows.copy_ids`).
 
     On the CPU the cast goes through numpy: one thread, in the caller's. torch's own cast
     splits a chunk over its intra-op OpenMP threads, and on a busy 2-core host waking that
@@ -253,10 +263,10 @@ def _long(x: torch.Tensor, pin: bool, buffers: HostBuffers | None = None) -> tor
         return x.to(torch.int64, memory_format=torch.contiguous_format)
     if buffers is not None and not pin:
         arr = buffers.int64(tuple(x.shape))
-        np.copyto(arr, x.numpy())
+        copy_ids(arr, x.numpy(), strip)
         return torch.from_numpy(arr)
     out = torch.empty(tuple(x.shape), dtype=torch.int64, pin_memory=pin)
-    np.copyto(out.numpy(), x.numpy())
+    copy_ids(out.numpy(), x.numpy(), strip)
     return out
 
 
@@ -280,21 +290,29 @@ def chunk_to_batches(
     ``sources``: per batch, a mixture's row source indices (which rows carry a stored mask).
     """
     n = tokens.shape[0] // batch_size * batch_size
-    # Ids carrying a loss mask lose it here, once per chunk (wdstream.format.loss).
-    no_loss = None
+    # Ids carrying a loss mask lose it here, once per chunk (wdstream.format.loss): on the
+    # CPU inside the two int64 copies (RowLabels.split_chunk).
+    no_loss = stored = None
     if labels is not None:
-        tokens, no_loss = labels.split(tokens[:n])
+        tokens, no_loss, stored = labels.split_chunk(tokens[:n])
     # One int64 conversion per chunk, not per batch: each batch is a contiguous row slice of
     # it (two calls per chunk instead of two per batch, in the training loop's thread).
-    all_ids = _long(tokens[:n, :-1], pin, buffers)
-    all_targets = _long(tokens[:n, 1:], pin, buffers)
+    all_ids = _long(tokens[:n, :-1], pin, buffers, strip=stored is not None)
+    all_targets = _long(tokens[:n, 1:], pin, buffers, strip=stored is not None)
+    # The padding and document-end rules, where any row follows them (a stored mask decides
+    # its rows alone) or document ids need the padding.
+    rules = labels is not None and (labels.rules_apply() or positions is not None)
+    if stored is not None:
+        np.copyto(all_targets.numpy(), IGNORE_INDEX, where=stored[:, 1:] < 0)
+        if rules:  # they read the ids without the bit
+            tokens = torch.from_numpy(stored & ID_BITS)
     for j in range(n // batch_size):
         part = slice(j * batch_size, (j + 1) * batch_size)
         rows = tokens[part]
         batch = {"input_ids": all_ids[part], "labels": all_targets[part]}
-        padding = labels.padding(rows) if labels is not None else None
+        padding = labels.padding(rows) if labels is not None and rules else None
         masked = None
-        if labels is not None:
+        if labels is not None and (rules or no_loss is not None):
             src = sources[j] if sources is not None and j < len(sources) else None
             masked = labels.masked(rows, padding, None if no_loss is None else no_loss[part], src)
         if masked is not None:
