@@ -197,7 +197,7 @@ def test_stats_report_truncation_padding_and_rows(packed: Path, texts: list[str]
     lens = [len(d) for d in expected_docs(texts)]
     pad = sum(x.doc_lens[-1] for x in samples)
     assert s["rows"] == len(samples)
-    assert s["documents_truncated"] == sum(n > 64 for n in lens)
+    assert s["documents_split"] == sum(n > 64 for n in lens)
     assert s["padding_tokens"] == pad
     assert s["padding_pct"] == pytest.approx(100 * pad / (64 * len(samples)))
     assert s["documents"] == len(lens)

@@ -197,7 +197,7 @@ def test_stats_cli_reports_rows_truncation_and_padding(root: Path) -> None:
     assert res.exit_code == 0, res.output
     s = json.loads(CliRunner().invoke(main, ["stats", str(root), "--json"]).output)
     assert (
-        f"rows {s['rows']:,}; documents truncated {s['documents_truncated']:,} "
-        f"({s['documents_truncated_pct']:.2f} %); padding {s['padding_pct']:.2f} % of tokens"
+        f"rows {s['rows']:,}; documents split across rows {s['documents_split']:,} "
+        f"({s['documents_split_pct']:.2f} %); padding {s['padding_pct']:.2f} % of tokens"
     ) in res.output
     assert s["rows"] == len(raw_samples(root)) and s["mode"] == "bestfit"

@@ -114,15 +114,31 @@ def test_bestfit_padding_per_row_comes_from_the_shards(tmp_path: Path) -> None:
 
 def test_chat_roles_are_the_index_audit(tmp_path: Path) -> None:
     hf = build_chat_hf(tmp_path / "tok", CHATML_GENERATION).parent
-    src = write_conversations(tmp_path / "chat.jsonl", conversations(30, seed=2))
+    # Without tool messages: the "tool" role has no tokens, and gets no bar.
+    convs = [c for c in conversations(40, seed=2) if all(m["role"] != "tool" for m in c)]
+    src = write_conversations(tmp_path / "chat.jsonl", convs)
     wdstream.pack([str(src)], str(tmp_path / "ds"), tokenizer=str(hf), chat=True, seq_len=255,
                   workers=0, progress=False)  # fmt: skip
     drawn = plot_dataset(scan_dataset(str(tmp_path / "ds")), tmp_path / "p.png", "chat")
     _is_png(tmp_path / "p.png")
-    roles = json.loads((tmp_path / "ds" / "index.json").read_text())["stats"]["chat"]["roles"]
+    chat = json.loads((tmp_path / "ds" / "index.json").read_text())["stats"]["chat"]
+    roles = chat["roles"]
     assert drawn["roles"] == {r: {"tokens": c["tokens"], "supervised": c["supervised"]}
-                              for r, c in roles.items()}  # fmt: skip
+                              for r, c in roles.items() if c["tokens"]}  # fmt: skip
+    assert any(c["tokens"] == 0 for c in roles.values())  # a role no conversation has: no bar
     assert drawn["roles"]["assistant"]["supervised"] > 0 and drawn["row_padding"] is not None
+    problems = {k: p["count"] for k, p in chat["problems"].items()}
+    assert drawn["problems"] == {**problems, "refused": chat["template_refused"]["count"]}
+    assert drawn["problems"]["straddle"] > 0  # the small BPE merges across turn edges
+    assert "Template problems (chat)" in drawn["titles"]
+
+
+def test_one_shard_has_one_tick_and_says_shard(tmp_path: Path) -> None:
+    root = _pack(tmp_path, TEXTS[:6], "ds", seq_len=SEQ)
+    assert len(_shard_rows(root)) == 1
+    drawn = plot_dataset(scan_dataset(str(root)), tmp_path / "p.png", "ds")
+    assert drawn["shard_ticks"] == [0]
+    assert drawn["titles"][1].startswith("Tokens per shard (1 shard, mean ")
 
 
 def test_mixture_shares_and_epochs_are_the_loaders_rows(tmp_path: Path) -> None:

@@ -175,8 +175,11 @@ def test_exception_in_with_block_leaves_an_interrupted_pack_that_resumes(
 def test_setup_errors_come_from_the_constructor(tmp_path: Path) -> None:
     done = tmp_path / "done"
     wdstream.pack_records(["a document"], str(done), **OPTS)
-    with pytest.raises(WdstreamError, match="already holds a complete dataset"):
+    with pytest.raises(WdstreamError, match="already holds a complete dataset") as err:
         wdstream.Writer(str(done), **OPTS)
+    assert "overwrite=True" in str(err.value)  # the Python keyword, not only the CLI flag
+    with wdstream.Writer(str(done), overwrite=True, **OPTS) as w:
+        w.write("another document")
     with pytest.raises(ValueError, match="mode"):
         wdstream.Writer(str(tmp_path / "x"), **{**OPTS, "mode": "nope"})
     busy = tmp_path / "busy"

@@ -113,8 +113,8 @@ def _dataset_lines(root: str, s: dict[str, Any]) -> list[str]:
     ]
     if s["rows"] is not None:
         lines.append(
-            f"rows {s['rows']:,}; documents truncated {s['documents_truncated']:,} "
-            f"({s['documents_truncated_pct']:.2f} %); padding {s['padding_pct']:.2f} % of tokens"
+            f"rows {s['rows']:,}; documents split across rows {s['documents_split']:,} "
+            f"({s['documents_split_pct']:.2f} %); padding {s['padding_pct']:.2f} % of tokens"
         )
     lines.append(f"document length (tokens), mean {s['doc_len_mean']:.1f}:")
     top = max(s["doc_len_histogram"].values(), default=1)

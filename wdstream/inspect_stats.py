@@ -45,9 +45,9 @@ def dataset_stats(root: str | Store) -> dict[str, Any]:
         dict with shards, samples, documents, tokens, bytes, ``doc_len_histogram``:
         ``{"2^k..2^(k+1)-1": count}`` by token length (EOS included), and what the mode
         did to documents: ``rows`` (samples of concat/bestfit; None in docs mode),
-        ``documents_truncated`` (documents cut into more than one piece: at row edges in
-        concat mode, only those longer than a row in bestfit mode) with
-        ``documents_truncated_pct``, and ``padding_tokens`` / ``padding_pct`` (bestfit rows'
+        ``documents_split`` (documents stored in more than one piece, nothing lost: at row
+        edges in concat mode, only those longer than a row in bestfit mode) with
+        ``documents_split_pct``, and ``padding_tokens`` / ``padding_pct`` (bestfit rows'
         padding, as a share of all tokens; 0 in the other modes). A dataset with a loss mask
         adds ``loss_mask`` (:func:`_mask_report`); None otherwise.
     """
@@ -100,8 +100,8 @@ def scan_dataset(root: str | Store) -> DatasetScan:
         "doc_len_mean": float(np.mean(doc_lengths)) if lengths else math.nan,
         "input_stats": index.stats,
         "rows": None if index.mode == "docs" else index.total_samples,
-        "documents_truncated": cut,
-        "documents_truncated_pct": 100 * cut / len(lengths) if lengths else 0.0,
+        "documents_split": cut,
+        "documents_split_pct": 100 * cut / len(lengths) if lengths else 0.0,
         "padding_tokens": padding,
         "padding_pct": 100 * padding / index.total_tokens if index.total_tokens else 0.0,
         "loss_mask": (

@@ -4,13 +4,19 @@ Every number drawn comes from the stats code (:func:`wdstream.inspect_stats.scan
 :func:`wdstream.read.mixture.inspect.mixture_stats` with a run); this module only bins and
 draws them, and returns what it drew so a test can hold it against the shards::
 
-    dataset (2 to 4 panels)                      mixture (2 panels, steps on x)
+    dataset (2 to 5 panels)                      mixture (2 panels, steps on x)
     +--------------------+-------------------+   +--------------------------------+
     | document lengths   | tokens per shard  |   | share of rows per source       |
     +--------------------+-------------------+   +--------------------------------+
     | padding per row    | tokens per role,  |   | epochs of each source read     |
     | (bestfit)          | supervised (chat) |   | (the stop rule's step marked)  |
     +--------------------+-------------------+   +--------------------------------+
+    | template problems  |
+    | (chat)             |
+    +--------------------+
+
+A role no conversation has (no tokens) gets no bar, and is named under the panel instead of
+a "0.0 % supervised" bar; a one-shard dataset has one tick, 0, and "1 shard".
 
 matplotlib is an optional dependency (``pip install 'wdstream[plot]'``). Figures are drawn
 with the object API on the Agg canvas (no pyplot, no display, no global backend switched),
@@ -30,6 +36,7 @@ import numpy as np
 
 from wdstream.inspect_stats import DatasetScan
 from wdstream.plot_target import save_png
+from wdstream.words import count
 
 __all__ = ["BINS_PER_OCTAVE", "plot_dataset", "plot_mixture", "require_matplotlib"]
 
@@ -87,18 +94,22 @@ def plot_dataset(scan: DatasetScan, path: str | Path, title: str) -> dict[str, A
 
     Returns:
         What was drawn: ``doc_lengths`` (``edges``, ``counts``), ``shard_tokens``,
-        ``row_padding`` (``edges``, ``counts``; None outside bestfit) and ``roles``
-        (``{role: {"tokens", "supervised"}}``; None outside chat datasets) and
-        ``assistant_turns`` (``count``, ``unsupervised``: the line in the roles panel; None
-        outside chat datasets and in packs made before it was counted).
+        ``shard_ticks`` (the shard axis' tick positions), ``row_padding`` (``edges``,
+        ``counts``; None outside bestfit), ``roles`` (``{role: {"tokens", "supervised"}}``
+        of the roles with tokens; None outside chat datasets), ``assistant_turns``
+        (``count``, ``unsupervised``: the line in the roles panel; None outside chat
+        datasets and in packs made before it was counted), ``problems`` (``{kind: count}``
+        of the template's problems and refusals; None outside chat datasets), and
+        ``titles``, the panels' titles.
     """
     s = scan.stats
     chat = (s["loss_mask"] or {}).get("chat")
-    panels = 2 + (scan.row_padding is not None) + (chat is not None)
-    rows, cols = (2, 2) if panels == 4 else (1, panels)
+    panels = 2 + (scan.row_padding is not None) + 2 * (chat is not None)
+    rows, cols = (1, panels) if panels <= 3 else (2, 2) if panels == 4 else (2, 3)
     fig, axes = _figure(rows, cols, (6 * cols, 4.5 * rows))
     flat = list(axes.flat)
-    drawn: dict[str, Any] = {"row_padding": None, "roles": None, "assistant_turns": None}
+    drawn: dict[str, Any] = {"row_padding": None, "roles": None, "assistant_turns": None,
+                             "problems": None}  # fmt: skip
 
     edges = _length_edges(scan.doc_lengths)
     counts, _ = np.histogram(scan.doc_lengths, bins=edges)
@@ -125,11 +136,18 @@ def plot_dataset(scan: DatasetScan, path: str | Path, title: str) -> dict[str, A
     ax.bar(np.arange(len(tokens)), tokens, width=0.8 if len(tokens) <= 64 else 1.0,
            color=_ROLE_COLOURS[0])  # fmt: skip
     ax.axhline(float(tokens.mean()), color="black", linestyle="--")
-    ax.set(title=f"Tokens per shard ({len(tokens):,} shards, mean {tokens.mean():,.0f}: dashed)",
+    ax.set(title=f"Tokens per shard ({count(len(tokens), 'shard')}, mean "
+                 f"{tokens.mean():,.0f}: dashed)",
            xlabel="shard (pack order)", ylabel="tokens")  # fmt: skip
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # shard numbers, not fractions
+    # The axis spans the bars (a lone bar at 0 would get ticks at -0.4..0.4 otherwise),
+    # with ticks on shard numbers only, never fractions.
+    ax.set_xlim(-0.5, len(tokens) - 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    drawn["shard_ticks"] = [
+        int(t) for t in ax.get_xticks() if -0.5 <= t <= len(tokens) - 0.5
+    ]  # fmt: skip
     _plain_ticks(ax.yaxis)
 
     at = 2
@@ -139,9 +157,11 @@ def plot_dataset(scan: DatasetScan, path: str | Path, title: str) -> dict[str, A
     if chat is not None:
         drawn["roles"] = _roles(flat[at], chat["roles"])
         drawn["assistant_turns"] = _lost_turns(flat[at], chat.get("assistant_turns"))
-        at += 1
+        drawn["problems"] = _problems(flat[at + 1], chat)
+        at += 2
     for ax in flat[at:]:
         ax.set_axis_off()
+    drawn["titles"] = [ax.get_title() for ax in flat[:at]]
     fig.suptitle(f"{title}: mode {s['mode']}, seq_len {s['seq_len']}, {s['tokenizer']['name']}")
     save_png(fig, path)
     return drawn
@@ -172,8 +192,10 @@ def _lost_turns(ax: Any, turns: dict[str, Any] | None) -> dict[str, int] | None:
 
 
 def _roles(ax: Any, roles: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """Each role's tokens, with its supervised tokens drawn over them."""
-    names = list(roles)
+    """Each role's tokens, with its supervised tokens drawn over them; a role without
+    tokens is named in the axis label, not drawn as a "0.0 %" bar."""
+    names = [r for r in roles if roles[r]["tokens"]]
+    empty = [r for r in roles if not roles[r]["tokens"]]
     total = [roles[r]["tokens"] for r in names]
     sup = [roles[r]["supervised"] for r in names]
     y = np.arange(len(names))
@@ -186,9 +208,33 @@ def _roles(ax: Any, roles: dict[str, dict[str, Any]]) -> dict[str, dict[str, int
     ax.invert_yaxis()
     ax.margins(x=0.35)
     _plain_ticks(ax.xaxis)
-    ax.set(title="Tokens per role (chat)", xlabel="tokens")
+    none = f" (no tokens: {', '.join(empty)})" if empty else ""
+    ax.set(title="Tokens per role (chat)", xlabel=f"tokens{none}")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     return {r: {"tokens": t, "supervised": u} for r, t, u in zip(names, total, sup, strict=True)}
+
+
+def _problems(ax: Any, chat: dict[str, Any]) -> dict[str, int]:
+    """The template's problems (records with each kind, :mod:`wdstream.write.chataudit`) and
+    the conversations it refused, one bar each; "none" written when there are none."""
+    counts = {kind: int(p["count"]) for kind, p in chat["problems"].items()}
+    counts["refused"] = int(chat["template_refused"]["count"])
+    names = list(counts)
+    y = np.arange(len(names))
+    ax.barh(y, [counts[k] for k in names], color=_ROLE_COLOURS[1])
+    for i, k in enumerate(names):
+        ax.annotate(f" {counts[k]:,}", (counts[k], i), va="center", fontsize=9)
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    ax.margins(x=0.2)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # counts, never fractions
+    _plain_ticks(ax.xaxis)
+    if not any(counts.values()):
+        ax.text(0.5, 0.5, "no template problems", transform=ax.transAxes, ha="center")
+    ax.set(title="Template problems (chat)", xlabel="count (wdstream stats lists examples)")
+    return counts
 
 
 def plot_mixture(stats: dict[str, Any], path: str | Path, title: str) -> dict[str, Any]:

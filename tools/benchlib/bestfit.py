@@ -231,7 +231,7 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
                 f"{name} corpus ({c['documents']:,} documents, {c['tokens']:,} tokens), "
                 f"seq_len {seq}:",
                 "",
-                table(["layout", "documents truncated", "padding", "tokens dropped", "rows"], rows),
+                table(["layout", "documents split", "padding", "tokens dropped", "rows"], rows),
                 "",
             ]
     bk = [[name, f"{res[name]['buckets']['bucketed_pct']:.2f} %",

@@ -136,7 +136,7 @@ def open_holdout(
         if not overwrite and store.exists(INDEX_NAME) and not store.exists(JOURNAL_NAME):
             raise WdstreamError(
                 f"{store.child_url(INDEX_NAME)} exists: a held-out dataset of an earlier pack; "
-                "pack into a fresh output or pass --overwrite"
+                "pack into a fresh output or pass --overwrite (overwrite=True in Python)"
             )
     return store
 
@@ -237,7 +237,9 @@ class Side:
             WdstreamError: a resumed side never met its resume document.
         """
         if self.waiting:
-            raise WdstreamError("the input changed since the interrupted pack; use --overwrite")
+            raise WdstreamError(
+                "the input changed since the interrupted pack; use --overwrite (overwrite=True in Python)"
+            )
         for s in self.builder.flush():
             self.writer.add(s.tokens, s.doc_lens, s.cont, s.new_docs, s.end, s.starts, s.offset)
         self.writer.close()

@@ -80,7 +80,7 @@ class Journal:
             position = obj["position"]
         except (ValueError, KeyError, TypeError, FileNotFoundError) as exc:
             raise WdstreamError(
-                f"{where}: unreadable pack journal ({exc}); use --overwrite"
+                f"{where}: unreadable pack journal ({exc}); use --overwrite (overwrite=True in Python)"
             ) from exc
         if obj.get("fingerprint") != self.fingerprint:
             theirs = obj.get("fingerprint") or {}
@@ -91,17 +91,17 @@ class Journal:
             )
             raise WdstreamError(
                 f"{self.store.url} holds an interrupted pack of a different command "
-                f"(differs in: {', '.join(changed)}); pack into a fresh output or pass --overwrite"
+                f"(differs in: {', '.join(changed)}); pack into a fresh output or pass --overwrite (overwrite=True in Python)"
             )
         for i, e in enumerate(entries):
             if (e.name, e.sidecar) != shard_names(self.name, i):
                 raise WdstreamError(
                     f"{where}: shard {i} is recorded as {e.name!r}, expected "
-                    f"{shard_names(self.name, i)[0]!r}; use --overwrite"
+                    f"{shard_names(self.name, i)[0]!r}; use --overwrite (overwrite=True in Python)"
                 )
             if not (self.store.exists(e.name) and self.store.size(e.name) == e.bytes):
                 raise WdstreamError(
-                    f"{self.store.child_url(e.name)}: committed shard missing or wrong size; use --overwrite"
+                    f"{self.store.child_url(e.name)}: committed shard missing or wrong size; use --overwrite (overwrite=True in Python)"
                 )
         self.entries, self.position = entries, position
         self.sealed, self._samples = sealed, sum(e.samples for e in entries)

@@ -274,7 +274,7 @@ def pack(
         if store.exists(INDEX_NAME) and not overwrite and not store.exists(JOURNAL_NAME):
             raise WdstreamError(
                 f"{store.child_url(INDEX_NAME)} exists: {output} already holds a complete dataset; "
-                "pack into a fresh output or pass --overwrite"
+                "pack into a fresh output or pass --overwrite (overwrite=True in Python)"
             )
         held_store = open_holdout(output_store, store_options, fraction, overwrite, NamingFullDisk)
 

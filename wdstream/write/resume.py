@@ -62,7 +62,7 @@ def drop_packed(
     if not positions or positions[0][:3] != resume.start[:3]:
         raise WdstreamError(
             "the input changed since the interrupted pack (no document at the recorded "
-            f"position {tuple(resume.start[:3])}); use --overwrite"
+            f"position {tuple(resume.start[:3])}); use --overwrite (overwrite=True in Python)"
         )
     flat, lens, dropped = builder.resume(flat, lens, resume.emitted)
     return flat, lens, positions[dropped:]
