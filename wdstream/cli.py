@@ -131,20 +131,19 @@ def pack(
         click.echo(text, err=to_stderr)
 
 
-def _preview(text: str, width: int = 160) -> str:
-    text = text.replace("\n", "\\n")
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
 @main.command()
 @click.argument("target")
 @click.option("--samples", "-n", type=int, default=3, show_default=True)
 @click.option("--tokenizer", default=None, help="For decoding (default: the index's, found from "
               "its pack_cwd; refused unless its sha256 is the recorded one).")  # fmt: skip
+@click.option("--width", type=click.IntRange(min=0), default=160, show_default=True,
+              help="Characters of each document shown (0: all); supervised spans are "
+                   "shown whole beside them.")  # fmt: skip
 @_storage_options
-def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> None:
+def inspect(target: str, samples: int, tokenizer: str | None, width: int, **remote: Any) -> None:
     """Show the first samples of a dataset ROOT or a single .tar shard."""
     from wdstream.inspect import preview_decoder, preview_samples
+    from wdstream.inspect_preview import sample_lines
 
     try:
         index, previews = preview_samples(target, samples, _store_options(target, **remote))
@@ -166,33 +165,8 @@ def inspect(target: str, samples: int, tokenizer: str | None, **remote: Any) -> 
     if any(p.supervised is not None for p in previews):
         click.echo("loss mask: [[supervised spans]] carry loss, the rest does not")
     for p in previews:
-        sup = "" if p.supervised is None else f", {int(p.supervised.sum())} supervised"
-        click.echo(
-            f"{p.key}: {count(p.tokens, 'token')}{sup}, doc_lens {list(p.doc_lens)}, cont {p.cont}"
-        )
-        pos = 0
-        for j, n in enumerate(p.doc_lens):
-            piece, mask = p.ids[pos : pos + 64][: min(n, 64)], None
-            if p.supervised is not None:
-                mask = p.supervised[pos : pos + len(piece)]
-            pos += n
-            head = "  ...cont " if j == 0 and p.cont else "  doc      "
-            click.echo(f"{head}[{count(n, 'token')}] {_preview(_marked(decode, piece, mask))}")
-
-
-def _marked(decode: Callable[[Any], str], ids: Any, supervised: Any) -> str:
-    """``ids`` decoded, each run of supervised tokens in ``[[...]]`` (no mask: plain text).
-
-    Runs are decoded one by one, so a character split across a run edge shows as U+FFFD."""
-    if supervised is None:
-        return decode(ids)
-    edges = [0, *(i for i in range(1, len(ids)) if supervised[i] != supervised[i - 1]), len(ids)]
-    runs = [
-        (decode(ids[a:b]), bool(supervised[a]))
-        for a, b in zip(edges[:-1], edges[1:], strict=True)
-        if b > a
-    ]
-    return "".join(f"[[{text}]]" if sup else text for text, sup in runs)
+        for line in sample_lines(p, index, decode, width):
+            click.echo(line)
 
 
 @main.command()
