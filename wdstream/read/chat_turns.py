@@ -11,7 +11,21 @@ messages those tokens belong to (:attr:`~wdstream.chat.encoding.ChatEncoding.mes
                                            "assistant"), pack_tokens=1)      (the EOS)
 
 Messages are numbered from 0 as in the record (``messages[2]``), as the pack's problem
-reports number them. Each input file is read once per call, up to the last line asked for.
+reports number them.
+
+A template may write a message's text where its end cannot be found by prefix renders (a
+system prompt written inside the first user turn, an earlier turn rewritten once a later
+message follows): the encoding then gives that message no tokens of its own, and its text
+counts in the region of the next message (:mod:`wdstream.chat.masks`). A piece that starts
+where such a shared region starts holds its first message, and one that ends where a region
+ends holds its last, so those ends are exact; a piece that starts or ends inside a shared
+region may hold any message of it. Its range is then the widest one it may hold, with
+``approximate`` set (``turns 0-3 (...), approximate: ...``)::
+
+    messages 0 (system, inside the user turn), 1 (user), 2 (assistant)
+    regions      [ 1 ................ ][ 2 ........ ]      message 0: no tokens of its own
+    piece from the first token      ->  turns 0-2            exact
+    piece from inside region 1      ->  turns 0-2, approximate (it may start in 0 or in 1) Each input file is read once per call, up to the last line asked for.
 An input that cannot be read (moved, not on this machine), a record that no longer parses,
 or one whose tokens no longer reach the piece (the input changed since the pack) gives a
 :class:`Turns` with ``error`` saying so; ``explain`` prints it instead of failing.
@@ -42,13 +56,16 @@ _CACHE = 256  # conversations kept encoded (explain over a range revisits rows' 
 @dataclass(frozen=True)
 class Turns:
     """The messages a piece covers: ``first`` to ``last`` (0-based, inclusive) with their
-    ``roles``, and ``pack_tokens`` of the pack's own BOS/EOS in the piece; or ``error``."""
+    ``roles``, and ``pack_tokens`` of the pack's own BOS/EOS in the piece; or ``error``.
+    ``approximate``: the piece starts or ends inside text the template shares between
+    messages, and ``first``-``last`` is the widest range it may hold (module docstring)."""
 
     first: int | None = None
     last: int | None = None
     roles: tuple[str, ...] = ()
     pack_tokens: int = 0
     error: str | None = None
+    approximate: bool = False
 
     def describe(self) -> str:
         """``turns 2-4 (assistant, user, assistant) + 1 pack token``, or why not known."""
@@ -60,14 +77,19 @@ class Turns:
         span = (
             f"turn {self.first}" if self.first == self.last else f"turns {self.first}-{self.last}"
         )
-        return f"{span} ({', '.join(self.roles)})" + (extra if self.pack_tokens else "")
+        about = (
+            ", approximate: the template's text of some of these messages is not told apart"
+            if self.approximate
+            else ""
+        )
+        return f"{span} ({', '.join(self.roles)})" + (extra if self.pack_tokens else "") + about
 
     def record(self) -> dict[str, Any]:
         """The JSON form ``explain --format jsonl`` writes."""
         if self.error is not None:
             return {"error": self.error}
         return {"first": self.first, "last": self.last, "roles": list(self.roles),
-                "pack_tokens": self.pack_tokens}  # fmt: skip
+                "pack_tokens": self.pack_tokens, "approximate": self.approximate}  # fmt: skip
 
 
 class _Piece(Protocol):
@@ -196,4 +218,23 @@ class ChatTurns:
         if hi <= lo:
             return Turns(pack_tokens=pack_tokens)
         first, last = int(index[lo]), int(index[hi - 1])
-        return Turns(first, last, tuple(roles[first : last + 1]), pack_tokens)
+        # Messages without tokens of their own before a region hold text inside it.
+        owned = np.bincount(index, minlength=len(roles)) > 0
+        shared_from = _shared_from(owned)
+        starts_region = lo == 0 or int(index[lo - 1]) != first
+        ends_region = hi == len(index) or int(index[hi]) != last
+        approximate = (not starts_region and shared_from[first] < first) or (
+            not ends_region and shared_from[last] < last
+        )
+        first = int(shared_from[first])
+        return Turns(first, last, tuple(roles[first : last + 1]), pack_tokens, None, approximate)
+
+
+def _shared_from(owned: np.ndarray) -> np.ndarray:
+    """For every message, the first of the messages without tokens of their own right
+    before it (itself if there are none): the first message whose text its region may hold."""
+    out = np.arange(len(owned))
+    for m in range(1, len(owned)):
+        if not owned[m - 1]:
+            out[m] = out[m - 1]
+    return out
