@@ -63,7 +63,8 @@ except ImportError:
 def blocks(page: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     """The page's python blocks to run and the skipped ones, each as (line, code or reason)."""
     text = (ROOT / page).read_text(encoding="utf-8")
-    run, skipped = [], []
+    run: list[tuple[int, str]] = []
+    skipped: list[tuple[int, str]] = []
     for m in _FENCE.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         skip = _SKIP.search(text, 0, m.start())

@@ -116,6 +116,7 @@ def test_cut_conversations_cover_the_turns_they_hold(hf: Path, tmp_path: Path) -
             continue
         cut += 1
         text = ref.apply_chat_template(messages, tokenize=False)
+        assert isinstance(text, str)
         shown = ref.decode(ids[:held], clean_up_tokenization_spaces=False)
         whole = shown.rstrip("\ufffd")  # a cut inside a character holds part of it
         assert text.startswith(whole)

@@ -176,7 +176,9 @@ def drop_first_tokens(
     """
     first_len = int(lens[0])
     if emitted > first_len:
-        raise WdstreamError("the input changed since the interrupted pack; use --overwrite (overwrite=True in Python)")
+        raise WdstreamError(
+            "the input changed since the interrupted pack; use --overwrite (overwrite=True in Python)"
+        )
     if emitted == first_len:
         return tokens[first_len:], lens[1:], 1
     lens = lens.copy()
