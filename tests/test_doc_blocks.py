@@ -18,6 +18,9 @@ The convention (say it the same way in README.md, "Code in these pages"):
 - A block preceded by ``<!-- doc-test: skip: REASON -->`` is not run: :data:`SKIPPED` counts
   them (S3/HTTP hosts that do not exist here, a Ray cluster, a 10,000-step training run
   whose calls tests/test_integrations_*.py make), and the test fails if that count changes.
+
+Shell blocks are not run (they name corpora and clusters the pages imagine); each
+``wdstream ...`` line in them is checked to name a real command and only its options.
 """
 
 from __future__ import annotations
@@ -162,3 +165,31 @@ def test_page_blocks_run(page: str, fixtures: Path, tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "page.py"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert res.returncode == 0, f"{page}:\n{res.stderr[-3000:]}"
+
+
+def test_shell_blocks_name_real_commands_and_options() -> None:
+    """Every ``wdstream ...`` line of a bash/sh block names a command of the CLI and only
+    options that command has (running them would need the corpora the pages imagine)."""
+    import shlex
+
+    from wdstream.cli import main
+
+    fence = re.compile(r"^```(?:bash|sh)\n(.*?)^```", re.S | re.M)
+    checked = 0
+    for page in PAGES:
+        for m in fence.finditer((ROOT / page).read_text(encoding="utf-8")):
+            for command in m.group(1).replace("\\\n", " ").splitlines():
+                words = shlex.split(command, comments=True)
+                if not words or words[0] != "wdstream":
+                    continue
+                name = words[1]
+                assert name in main.commands, f"{page}: {command}"
+                params = main.commands[name].params
+                options = {o for p in params for o in (*p.opts, *p.secondary_opts)}
+                for word in words[2:]:
+                    if word.startswith(">"):
+                        break
+                    if word.startswith("-") and word != "-":
+                        assert word.split("=")[0] in options, f"{page}: {command}: {word}"
+                checked += 1
+    assert checked >= 20, checked
