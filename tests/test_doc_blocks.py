@@ -7,8 +7,9 @@ The convention (say it the same way in README.md, "Code in these pages"):
   the fixtures the pages name: ``data/`` (a text dataset: cl100k, ``seq_len`` 2048, 100
   shards ``data-000000.tar`` .. ``data-000099.tar``), ``sft/`` (a chat dataset packed
   best-fit at 4096; on docs/PACK.md, where it is read by token budget, one conversation per
-  sample), ``path/to/tokenizer_folder/`` (a small byte-level BPE with a ChatML template) and
-  ``corpus/part-000.jsonl.zst`` .. ``part-063.jsonl.zst``.
+  sample), ``path/to/tokenizer_folder/`` (a small byte-level BPE with a ChatML template),
+  ``corpus/part-000.jsonl.zst`` .. ``part-063.jsonl.zst`` and ``OUTPUT/`` (the text of
+  ``data/`` packed with ``holdout=0.2``: ``OUTPUT/holdout/`` beside it).
 - The names a page leaves to its reader are the placeholders of :data:`PLACEHOLDERS`,
   defined before the page's first block: ``max_steps`` (your step budget; 3 here),
   ``model``, ``optim``, ``train_step``, ``log``, ``losses``, ``line``, ``docs``, ``rows``,
@@ -110,6 +111,8 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wdstream.pack([str(src)], str(base / "data"), seq_len=2048, shard_samples=1, workers=0,
                   progress=False)  # fmt: skip
     assert len(list((base / "data").glob("data-*.tar"))) == 100
+    wdstream.pack([str(src)], str(base / "OUTPUT"), seq_len=2048, holdout=0.2, workers=0,
+                  progress=False)  # fmt: skip
     tok = build_chat_hf(base / "path" / "to" / "tokenizer_folder", CHATML).parent
     chats = write_conversations(base / "chats.jsonl", conversations(500, seed=1))
     for name, mode, seq in (("sft", "bestfit", 4096), ("sft-docs", "docs", 8192)):
@@ -146,7 +149,7 @@ def _python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)[0]])
 def test_page_blocks_run(page: str, fixtures: Path, tmp_path: Path) -> None:
     run, _ = blocks(page)
-    for name in ("data", "sft", "corpus", "path"):
+    for name in ("data", "sft", "corpus", "path", "OUTPUT"):
         shutil.copytree(fixtures / name, tmp_path / name)
     if page == "docs/PACK.md":  # read by token budget there: one conversation per sample
         shutil.rmtree(tmp_path / "sft")
