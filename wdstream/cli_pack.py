@@ -273,7 +273,7 @@ def _template_kwargs(text: str | None) -> Any:
         return None
     try:
         value = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ValueError(f"--chat-template-kwargs: not JSON ({exc}), got {text!r:.80}") from exc
     return template_variables(value, "--chat-template-kwargs")
 

@@ -22,6 +22,7 @@ them is identical whenever it runs.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -138,8 +139,14 @@ class ChatSettings:
     def fingerprint(self) -> dict[str, Any]:
         """What of these settings decides a pack's output (its resume fingerprint); the
         template variables only when there are some, so a pack without them keeps the
-        fingerprint and record it had before they existed."""
-        variables = {"template_kwargs": dict(self.template_kwargs)} if self.template_kwargs else {}
+        fingerprint and record it had before they existed. They are compared as JSON text,
+        names sorted: a template renders ``false`` and ``0``, or ``{"a": 1, "b": 2}`` and
+        ``{"b": 2, "a": 1}`` differently, which Python's ``==`` would take for the same
+        (a resume mixing two renders); the order of the names themselves it cannot see."""
+        variables: dict[str, str] = {}
+        if self.template_kwargs:
+            top = dict(sorted(self.template_kwargs.items()))
+            variables["template_kwargs"] = json.dumps(top, ensure_ascii=False, allow_nan=False)
         return {
             "template_sha256": self.sha256,
             "special_tokens": dict(self.special_tokens),
@@ -153,7 +160,9 @@ class ChatSettings:
     def record(self) -> dict[str, Any]:
         """``index.json``'s ``stats.chat`` settings: the fingerprint, the template's text and
         its origin."""
-        return {**self.fingerprint(), "template": self.source, "template_origin": self.origin}
+        variables = {"template_kwargs": dict(self.template_kwargs)} if self.template_kwargs else {}
+        return {**self.fingerprint(), **variables, "template": self.source,
+                "template_origin": self.origin}  # fmt: skip
 
     @classmethod
     def from_record(cls, obj: Any) -> ChatSettings:

@@ -204,6 +204,7 @@ _TOKENIZER = (
     _Rule("backend", _text(4096)),
     _Rule("ranks_sha256", _Kind(f"'' or {_SHA.expected}", lambda v: v == "" or _SHA.accepts(v))),
     _Rule("n_vocab", _int(1, 2**32)),
+    _Rule("config_sha256", _SHA, required=False),  # a Hugging Face tokenizer_config.json's
 )
 _SHARD = (
     _Rule("name", _name(".tar")),

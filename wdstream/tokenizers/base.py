@@ -9,16 +9,29 @@ vocabularies under one ``index.json``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from wdstream.errors import TokenizerError
 
-__all__ = ["Tokenizer", "char_spans", "read_pinned"]
+__all__ = [
+    "MAX_TOKENIZER_FILE_BYTES",
+    "Tokenizer",
+    "char_spans",
+    "open_tokenizer_file",
+    "read_pinned",
+]
+
+# Larger than any real tokenizer file (the largest vocabularies' tokenizer.json are ~35 MB):
+# a file past it is not one, and reading it whole would take the machine's memory.
+MAX_TOKENIZER_FILE_BYTES = 1 << 30
 
 
 class Tokenizer(ABC):
@@ -136,19 +149,51 @@ def char_spans(text: str, byte_starts: np.ndarray, byte_ends: np.ndarray) -> np.
     return np.stack([starts, ends], axis=1) if len(starts) else np.zeros((0, 2), np.int64)
 
 
+def open_tokenizer_file(path: str) -> BinaryIO:
+    """``path`` opened for reading, if it is a regular file of at most
+    :data:`MAX_TOKENIZER_FILE_BYTES`: a FIFO's read would wait forever for a writer, a
+    device's (``/dev/zero``) never end. Opened with ``O_NONBLOCK`` (a FIFO swapped in after
+    the ``stat`` cannot block ``open``), checked again with ``fstat``.
+
+    Raises:
+        OSError: naming ``path``: it cannot be opened, is not a regular file, or is too large.
+    """
+    _require_tokenizer_file(path, os.stat(path))  # a device is never even opened
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        _require_tokenizer_file(path, os.fstat(fd))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _require_tokenizer_file(path: str, st: os.stat_result) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "a directory, not a tokenizer file", path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket)", path)
+    if st.st_size > MAX_TOKENIZER_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"{st.st_size:,} bytes, larger than any tokenizer file "
+                      f"(at most {MAX_TOKENIZER_FILE_BYTES:,})", path)  # fmt: skip
+
+
 def read_pinned(path: str, expected: str | None) -> tuple[bytes, str]:
-    """Read a tokenizer file; return its bytes and their sha256.
+    """Read a tokenizer file (:func:`open_tokenizer_file`); return its bytes and their sha256.
 
     The hash is of the very bytes that get parsed, so a file replaced while it is read cannot
     slip through under the old hash.
 
     Raises:
-        OSError: the file cannot be read.
+        OSError: the file cannot be read, or is no tokenizer file (:func:`open_tokenizer_file`).
         TokenizerError: ``expected`` is given and is not the file's sha256 (the file changed
             since the tokenizer was first loaded).
     """
-    with open(path, "rb") as f:
-        raw = f.read()
+    with open_tokenizer_file(path) as f:
+        raw = f.read(MAX_TOKENIZER_FILE_BYTES + 1)
+    if len(raw) > MAX_TOKENIZER_FILE_BYTES:  # grew after the check
+        raise OSError(errno.EFBIG, "grew past the largest tokenizer file while read", path)
     actual = hashlib.sha256(raw).hexdigest()
     if expected is not None and expected != actual:
         raise TokenizerError(

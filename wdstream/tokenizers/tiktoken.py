@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.errors import TokenizerError
-from wdstream.tokenizers.base import Tokenizer, char_spans
+from wdstream.tokenizers.base import Tokenizer, char_spans, open_tokenizer_file
 
 __all__ = ["BACKENDS", "CHECK_TEXT", "BpeEncoder", "TiktokenTokenizer", "reference_ids"]
 
@@ -109,6 +109,7 @@ def _tiktoken_file(path: str) -> Callable[[], Any]:
         import tiktoken
         from tiktoken.load import load_tiktoken_bpe
 
+        open_tokenizer_file(path).close()  # a FIFO or device would block tiktoken's read
         ranks = load_tiktoken_bpe(path)
         name = os.path.basename(path).removesuffix(".tiktoken")
         return tiktoken.Encoding(
@@ -198,7 +199,7 @@ _CANONICAL_FILES = frozenset(
 def _ranks_sha256(spec: str) -> str:
     _, enc, path = _load_encoding(spec)
     if path is not None:
-        with open(path, "rb") as f:
+        with open_tokenizer_file(path) as f:
             file_sha = hashlib.sha256(f.read()).hexdigest()
         if file_sha in _CANONICAL_FILES:
             return file_sha
