@@ -167,6 +167,7 @@ def template_variables(value: Any, option: str = "chat_template_kwargs") -> dict
             )
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")  # a lone surrogate: no tokenizer takes the text it renders into
     except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ValueError(f"{option}: not JSON-representable ({exc})") from exc
     out: dict[str, Any] = json.loads(text)

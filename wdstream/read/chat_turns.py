@@ -27,8 +27,10 @@ region may hold any message of it. Its range is then the widest one it may hold,
     piece from the first token      ->  turns 0-2            exact
     piece from inside region 1      ->  turns 0-2, approximate (it may start in 0 or in 1) Each input file is read once per call, up to the last line asked for.
 An input that cannot be read (moved, not on this machine), a record that no longer parses,
-or one whose tokens no longer reach the piece (the input changed since the pack) gives a
-:class:`Turns` with ``error`` saying so; ``explain`` prints it instead of failing.
+or one whose tokens no longer reach the piece or (given the piece's stored ids) are not its
+ids (the input, or ``index.json``'s ``stats.chat``, changed since the pack: template
+variables edited would otherwise move every turn silently) gives a :class:`Turns` with
+``error`` saying so; ``explain`` prints it instead of failing.
 """
 
 from __future__ import annotations
@@ -111,8 +113,8 @@ class _Piece(Protocol):
     def doc_end(self) -> int: ...
 
 
-# A conversation as encoded: each token's message, the roles; or why it is not known.
-_Encoded = tuple[np.ndarray, list[str]] | str
+# A conversation as encoded: each token's message, the roles, its ids; or why it is not known.
+_Encoded = tuple[np.ndarray, list[str], np.ndarray] | str
 
 
 class ChatTurns:
@@ -128,8 +130,9 @@ class ChatTurns:
         self._settings = ChatSettings.from_record(chat)
         self._encoder: ChatEncoder = self._settings.encoder(tokenizer)
         self._fields = ConversationFields(self._settings.messages_key)
-        self._bos = 1 if index.bos_id is not None else 0
-        self._eos = 1 if index.eos_id is not None else 0
+        self._head = [] if index.bos_id is None else [index.bos_id]
+        self._tail = [] if index.eos_id is None else [index.eos_id]
+        self._bos, self._eos = len(self._head), len(self._tail)
         self._truncates = chat.get("long_docs") == "truncate"
         self._row = index.sample_tokens
         self._cache: OrderedDict[tuple[str, int], _Encoded] = OrderedDict()
@@ -145,9 +148,13 @@ class ChatTurns:
 
         return cls(index, index_tokenizer(index.tokenizer, index.stats.get("pack_cwd"), given))
 
-    def turns(self, pieces: Sequence[_Piece]) -> list[Turns]:
+    def turns(
+        self, pieces: Sequence[_Piece], stored: Sequence[np.ndarray] | None = None
+    ) -> list[Turns]:
         """The turns of every piece, reading each input file once (at ``path`` when the
-        piece knows where its file lies, else at ``file`` from the current directory)."""
+        piece knows where its file lies, else at ``file`` from the current directory);
+        ``stored``: each piece's ids as the dataset holds them, which the record encoded
+        again must reproduce."""
         wanted: dict[str, set[int]] = defaultdict(set)
         for p in pieces:
             if (p.path or p.file, p.line) not in self._cache:
@@ -156,10 +163,10 @@ class ChatTurns:
             for line, encoded in self._read(file, lines).items():
                 self._cache[(file, line)] = encoded
         out = []
-        for p in pieces:
+        for i, p in enumerate(pieces):
             key = (p.path or p.file, p.line)
             self._cache.move_to_end(key)
-            out.append(self._covered(self._cache[key], p))
+            out.append(self._covered(self._cache[key], p, None if stored is None else stored[i]))
         while len(self._cache) > max(_CACHE, len(pieces)):
             self._cache.popitem(last=False)
         return out
@@ -196,14 +203,14 @@ class ChatTurns:
             enc = self._encoder.encode(record.messages, record.tools)
         except ValueError as exc:  # JSON, ConversationError
             return f"{where}: no longer a conversation ({exc})"
-        return enc.message_index, enc.roles
+        return enc.message_index, enc.roles, enc.ids
 
-    def _covered(self, encoded: _Encoded, p: _Piece) -> Turns:
+    def _covered(self, encoded: _Encoded, p: _Piece, stored: np.ndarray | None) -> Turns:
         """The messages of tokens ``[doc_start, doc_end)`` of the document as packed:
         ``[BOS] ids [EOS]``, or a best-fit row's ``ids[:row - 1] EOS`` when truncated."""
         if isinstance(encoded, str):
             return Turns(error=encoded)
-        index, roles = encoded
+        index, roles, ids = encoded
         n = len(index)
         packed = self._bos + n + self._eos
         cut = self._truncates and self._row is not None and packed > self._row
@@ -213,6 +220,12 @@ class ChatTurns:
         if p.doc_end > packed:
             return Turns(error=f"{p.file}:{p.line}: the record now encodes to {packed} tokens, "
                                f"fewer than the piece's end {p.doc_end} (the input changed)")  # fmt: skip
+        if stored is not None:
+            doc = np.concatenate([self._head, ids[:n], self._tail]).astype(np.int64)
+            if not np.array_equal(doc[p.doc_start : p.doc_end], stored):
+                return Turns(error=f"{p.file}:{p.line}: the record now encodes to other tokens "
+                                   "than the piece holds (the input, or index.json's stats.chat, "
+                                   "changed since the pack)")  # fmt: skip
         lo, hi = max(p.doc_start - self._bos, 0), min(p.doc_end - self._bos, n)
         pack_tokens = (p.doc_end - p.doc_start) - max(hi - lo, 0)
         if hi <= lo:

@@ -329,15 +329,18 @@ def _explained(
     def explanations() -> Iterator[Explanation]:
         for step, data in pairs:
             epoch, first = order.locate(data, origin)
-            rows = []
+            rows, stored = [], []
             for r in range(cfg.global_batch):
                 pieces = row_pieces(prov, order, epoch, first + r)
+                if chat is not None:  # what each piece holds, for its turns to be checked on
+                    ids = row_ids(order, epoch, first + r)
+                    stored += [ids[p.row_start : p.row_end] for p in pieces]
                 if tok is not None:
                     pieces = pieces_with_text(pieces, order, epoch, first + r, tok)
                 rows.append(ExplainedRow(r, r // batch_size, r % batch_size, first + r,
                                          tuple(pieces)))  # fmt: skip
             if chat is not None:
-                rows = with_turns(rows, chat)
+                rows = with_turns(rows, chat, stored)
             yield Explanation(step, data, epoch, cfg.seq_len, cfg.seed, query.world_size,
                               batch_size, origin, tuple(rows))  # fmt: skip
 
@@ -367,9 +370,7 @@ def pieces_with_text(
 ) -> list[RowPiece]:
     """``pieces`` of row ``row`` with their decoded text (ids without the loss bit; cut to
     ``TEXT_CHARS``, then an ellipsis)."""
-    tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
-    order.fill(epoch, row, tokens, None)
-    ids, out = split_ids(tokens)[0][0], []
+    ids, out = row_ids(order, epoch, row), []
     for p in pieces:
         text = tok.decode(ids[p.row_start : p.row_end])
         text = text[:TEXT_CHARS] + "\u2026" if len(text) > TEXT_CHARS else text
@@ -377,10 +378,19 @@ def pieces_with_text(
     return out
 
 
-def with_turns(rows: list[ExplainedRow], chat: ChatTurns) -> list[ExplainedRow]:
+def row_ids(order: GlobalOrder, epoch: int, row: int) -> np.ndarray:
+    """The ids of row ``row`` of ``epoch`` (``seq_len + 1`` tokens, without the loss bit)."""
+    tokens = np.zeros((1, order.row_tokens), dtype=np.int64)
+    order.fill(epoch, row, tokens, None)
+    return split_ids(tokens)[0][0]
+
+
+def with_turns(
+    rows: list[ExplainedRow], chat: ChatTurns, stored: list[np.ndarray] | None = None
+) -> list[ExplainedRow]:
     """``rows`` with every piece's conversation turns (a chat dataset), each input file read
-    once for all of them."""
-    turns = iter(chat.turns([p for row in rows for p in row.pieces]))
+    once for all of them; ``stored``: every piece's ids, in order (:meth:`ChatTurns.turns`)."""
+    turns = iter(chat.turns([p for row in rows for p in row.pieces], stored))
     return [
         replace(row, pieces=tuple(replace(p, turns=next(turns)) for p in row.pieces))
         for row in rows

@@ -31,6 +31,7 @@ from wdstream.read.provenance import (
     piece_line,
     piece_record,
     pieces_with_text,
+    row_ids,
     row_pieces,
 )
 from wdstream.read.sources.packed import ShardSource
@@ -147,8 +148,10 @@ def explain_mixture_steps(
                         chats[i] = ChatTurns.of(prov.index, query.tokenizer)
                     chat = chats[i]
                     if chat is not None:
+                        ids = row_ids(order, epoch, row)
+                        held = [ids[p.row_start : p.row_end] for p in pieces]
                         pieces = [replace(p, turns=t)
-                                  for p, t in zip(pieces, chat.turns(pieces), strict=True)]  # fmt: skip
+                                  for p, t in zip(pieces, chat.turns(pieces, held), strict=True)]  # fmt: skip
                 if pieces is not None and tok is not None:
                     pieces = pieces_with_text(pieces, order, epoch, row, tok)
                 out.append(MixtureRow(r, r // batch_size, r % batch_size, mix.names[i], epoch,
