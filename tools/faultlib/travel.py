@@ -102,7 +102,7 @@ def _reference(folder: Path, convs: list[Any], kwargs: dict[str, Any]) -> list[A
     out: list[Any] = []
     for messages in convs:
         try:
-            got = tok.apply_chat_template(messages, chat_template=_template(), tokenize=True,
+            got: Any = tok.apply_chat_template(messages, chat_template=_template(), tokenize=True,
                                           return_dict=True, return_assistant_tokens_mask=True,
                                           **kwargs)  # fmt: skip
         except Exception:  # noqa: BLE001 - transformers refusing is the oracle's answer
@@ -156,7 +156,9 @@ def template_kwargs(work: Path, scale: float) -> Iterator[Attempt]:
 def _eos_id(folder: Path) -> int:
     from tokenizers import Tokenizer
 
-    return int(Tokenizer.from_file(str(folder / "tokenizer.json")).token_to_id("<|im_end|>"))
+    found = Tokenizer.from_file(str(folder / "tokenizer.json")).token_to_id("<|im_end|>")
+    assert found is not None, "the chat tokenizer has <|im_end|>"
+    return int(found)
 
 
 def _resume_pack(work: Path, tag: str) -> tuple[Path, dict[str, Any]]:
@@ -297,70 +299,110 @@ def _set(keys: tuple[str, ...], value: Any) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+def _fifo(path: Path) -> str:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    return str(path)
+
+
+def _index(keys: tuple[str, ...], value: Callable[[Path, Path], Any]) -> Change:
+    """A change setting ``index.json``'s ``keys`` to ``value(proj, other)``."""
+
+    def change(p: Path, t: Path, d: Path, o: Path) -> None:
+        _edit_index(d, _set(keys, value(p, o)))
+
+    return change
+
+
+def _given(make: Callable[[Path], str]) -> Change:
+    """A change giving ``--tokenizer make(proj)``."""
+    return lambda p, t, d, o: make(p)
+
+
+def _file_change(name: str, edit: Callable[[Path, Path], object]) -> Change:
+    """A change of the tokenizer folder's file ``name``: ``edit(path, other folder)``."""
+
+    def change(p: Path, t: Path, d: Path, o: Path) -> None:
+        edit(t / name, o)
+
+    return change
+
+
+def _moved(link: bool) -> Change:
+    """The tokenizer folder moved; ``--tokenizer`` to it (or to a symlink to it)."""
+
+    def change(p: Path, t: Path, d: Path, o: Path) -> str:
+        shutil.move(t, p / "moved")
+        if link:
+            os.symlink(p / "moved", p / "ln")
+        return str(p / ("ln" if link else "moved"))
+
+    return change
+
+
+def _symlinked(p: Path, t: Path, d: Path, o: Path) -> None:
+    shutil.move(t, p / "real-tok")
+    os.symlink(o, t)
+
+
+def _sparse(p: Path) -> str:
+    (p / "big.json").touch()
+    os.truncate(p / "big.json", 4 << 30)
+    return str(p / "big.json")
+
+
+def _empty(p: Path) -> str:
+    (p / "e").mkdir()
+    return str(p / "e")
+
+
 def _changes(work: Path) -> dict[str, tuple[Change, bool]]:
-    def swap_json(p: Path, t: Path, d: Path, o: Path) -> None:
-        shutil.copy(o / "tokenizer.json", t / "tokenizer.json")
-
-    def fifo(path: Path) -> None:
-        path.unlink(missing_ok=True)
-        os.mkfifo(path)
-
-    def sym_swap(p: Path, t: Path, d: Path, o: Path) -> None:
-        shutil.move(t, p / "real-tok")
-        os.symlink(o, t)
-
-    sha_bad = ("tokenizer", "ranks_sha256")
-    cfg_bad = ("tokenizer", "config_sha256")
+    """Each change, and whether the tokenizer then read is the recorded one."""
+    sha, cfg, cwd = (
+        ("tokenizer", "ranks_sha256"),
+        ("tokenizer", "config_sha256"),
+        ("stats", "pack_cwd"),
+    )
     return {
         "nothing changed": (lambda p, t, d, o: None, True),
-        "tokenizer.json one byte more": (lambda p, t, d, o: (t / "tokenizer.json").write_bytes(
-            (t / "tokenizer.json").read_bytes() + b"\n")and None, False),  # fmt: skip
-        "tokenizer.json another tokenizer's": (lambda p, t, d, o: swap_json(p, t, d, o), False),
-        "tokenizer_config.json removed": (lambda p, t, d, o: (t / "tokenizer_config.json").unlink(), False),
-        "tokenizer_config.json changed": (lambda p, t, d, o: (t / "tokenizer_config.json").write_text(
-            (t / "tokenizer_config.json").read_text() + " "), False),  # fmt: skip
-        "folder a symlink to another": (lambda p, t, d, o: sym_swap(p, t, d, o), False),
-        "tokenizer.json a FIFO": (lambda p, t, d, o: fifo(t / "tokenizer.json"), False),
-        "tokenizer_config.json a FIFO": (lambda p, t, d, o: fifo(t / "tokenizer_config.json"), False),
-        "folder moved, --tokenizer to it": (lambda p, t, d, o: str(shutil.move(t, p / "moved")), True),
-        "folder moved, --tokenizer a symlink to it": (
-            lambda p, t, d, o: (shutil.move(t, p / "moved"), os.symlink(p / "moved", p / "ln"),
-                                str(p / "ln"))[2], True),  # fmt: skip
+        "tokenizer.json one byte more": (_file_change("tokenizer.json", lambda f, o: f.write_bytes(f.read_bytes() + b"\n")), False),
+        "tokenizer.json another tokenizer's": (_file_change("tokenizer.json", lambda f, o: shutil.copy(o / f.name, f)), False),
+        "tokenizer_config.json removed": (_file_change("tokenizer_config.json", lambda f, o: f.unlink()), False),
+        "tokenizer_config.json changed": (_file_change("tokenizer_config.json", lambda f, o: f.write_text(f.read_text() + " ")), False),
+        "tokenizer.json a FIFO": (_file_change("tokenizer.json", lambda f, o: _fifo(f)), False),
+        "tokenizer_config.json a FIFO": (_file_change("tokenizer_config.json", lambda f, o: _fifo(f)), False),
+        "folder a symlink to another": (_symlinked, False),
+        "folder moved, --tokenizer to it": (_moved(False), True),
+        "folder moved, --tokenizer a symlink to it": (_moved(True), True),
         "--tokenizer another tokenizer": (lambda p, t, d, o: str(o), False),
-        "--tokenizer a FIFO .json": (lambda p, t, d, o: (fifo(p / "x.json"), str(p / "x.json"))[1], False),
-        "--tokenizer a FIFO .tiktoken": (lambda p, t, d, o: (fifo(p / "x.tiktoken"), str(p / "x.tiktoken"))[1], False),
-        "--tokenizer a FIFO .model": (lambda p, t, d, o: (fifo(p / "x.model"), str(p / "x.model"))[1], False),
-        "--tokenizer /dev/zero": (lambda p, t, d, o: "/dev/zero", False),
-        "--tokenizer a 4 GiB sparse .json": (
-            lambda p, t, d, o: (os.truncate(_touch(p / "big.json"), 4 << 30), str(p / "big.json"))[1], False),  # fmt: skip
-        "--tokenizer an empty folder": (lambda p, t, d, o: (os.mkdir(p / "e"), str(p / "e"))[1], False),
-        "--tokenizer missing": (lambda p, t, d, o: str(p / "nope"), False),
-        "--tokenizer o200k_base": (lambda p, t, d, o: "o200k_base", False),
-        "pack_cwd relative": (lambda p, t, d, o: _edit_index(d, _set(("stats", "pack_cwd"), "travel-proj")), False),
-        "pack_cwd ..": (lambda p, t, d, o: _edit_index(d, _set(("stats", "pack_cwd"), "..")), False),
-        "pack_cwd missing folder": (lambda p, t, d, o: _edit_index(d, _set(("stats", "pack_cwd"), "/nonexistent/x")), False),
-        "pack_cwd a file": (lambda p, t, d, o: _edit_index(d, _set(("stats", "pack_cwd"), str(p / "in.jsonl"))), False),
-        "pack_cwd a FIFO": (lambda p, t, d, o: (fifo(p / "cwd-fifo"), _edit_index(d, _set(("stats", "pack_cwd"), str(p / "cwd-fifo"))))[1], False),
-        "pack_cwd 5000 characters": (lambda p, t, d, o: _edit_index(d, _set(("stats", "pack_cwd"), "/" + "a" * 4999)), False),
-        "pack_cwd surrogate escapes": (lambda p, t, d, o: _edit_index(d, _set(("stats", "pack_cwd"), "/\udcff\udcfe")), False),
-        "pack_cwd NUL": (lambda p, t, d, o: _edit_index(d, _set(("stats", "pack_cwd"), "/a\x00b")), False),
-        "pack_cwd a number": (lambda p, t, d, o: _edit_index(d, _set(("stats", "pack_cwd"), 5)), False),
-        "pack_cwd another pack's folder": (lambda p, t, d, o: _edit_index(d, _set(("stats", "pack_cwd"), str(o.parent))), False),
-        "ranks_sha256 not hex": (lambda p, t, d, o: _edit_index(d, _set(sha_bad, "z" * 64)), False),
-        "ranks_sha256 upper-case": (lambda p, t, d, o: _edit_index(d, _set(sha_bad, _sha(t / "tokenizer.json").upper())), False),
-        "ranks_sha256 63 digits": (lambda p, t, d, o: _edit_index(d, _set(sha_bad, _sha(t / "tokenizer.json")[:63])), False),
-        "ranks_sha256 a number": (lambda p, t, d, o: _edit_index(d, _set(sha_bad, 5)), False),
-        "config_sha256 true": (lambda p, t, d, o: _edit_index(d, _set(cfg_bad, True)), False),
-        "config_sha256 5": (lambda p, t, d, o: _edit_index(d, _set(cfg_bad, 5)), False),
-        "config_sha256 an object": (lambda p, t, d, o: _edit_index(d, _set(cfg_bad, {"a": 1})), False),
-        "config_sha256 not hex": (lambda p, t, d, o: _edit_index(d, _set(cfg_bad, "g" * 64)), False),
-        "config_sha256 another file's": (lambda p, t, d, o: _edit_index(d, _set(cfg_bad, _sha(o / "tokenizer.json"))), False),
+        "--tokenizer a FIFO .json": (_given(lambda p: _fifo(p / "x.json")), False),
+        "--tokenizer a FIFO .tiktoken": (_given(lambda p: _fifo(p / "x.tiktoken")), False),
+        "--tokenizer a FIFO .model": (_given(lambda p: _fifo(p / "x.model")), False),
+        "--tokenizer /dev/zero": (_given(lambda p: "/dev/zero"), False),
+        "--tokenizer a 4 GiB sparse .json": (_given(_sparse), False),
+        "--tokenizer an empty folder": (_given(_empty), False),
+        "--tokenizer missing": (_given(lambda p: str(p / "nope")), False),
+        "--tokenizer o200k_base": (_given(lambda p: "o200k_base"), False),
+        "pack_cwd relative": (_index(cwd, lambda p, o: "travel-proj"), False),
+        "pack_cwd ..": (_index(cwd, lambda p, o: ".."), False),
+        "pack_cwd missing folder": (_index(cwd, lambda p, o: "/nonexistent/x"), False),
+        "pack_cwd a file": (_index(cwd, lambda p, o: str(p / "in.jsonl")), False),
+        "pack_cwd a FIFO": (_index(cwd, lambda p, o: _fifo(p / "cwd-fifo")), False),
+        "pack_cwd 5000 characters": (_index(cwd, lambda p, o: "/" + "a" * 4999), False),
+        "pack_cwd surrogate escapes": (_index(cwd, lambda p, o: "/\udcff\udcfe"), False),
+        "pack_cwd NUL": (_index(cwd, lambda p, o: "/a\x00b"), False),
+        "pack_cwd a number": (_index(cwd, lambda p, o: 5), False),
+        "pack_cwd another pack's folder": (_index(cwd, lambda p, o: str(o.parent)), False),
+        "ranks_sha256 not hex": (_index(sha, lambda p, o: "z" * 64), False),
+        "ranks_sha256 upper-case": (_index(sha, lambda p, o: _sha(p / "tok" / "tokenizer.json").upper()), False),
+        "ranks_sha256 63 digits": (_index(sha, lambda p, o: _sha(p / "tok" / "tokenizer.json")[:63]), False),
+        "ranks_sha256 a number": (_index(sha, lambda p, o: 5), False),
+        "config_sha256 true": (_index(cfg, lambda p, o: True), False),
+        "config_sha256 5": (_index(cfg, lambda p, o: 5), False),
+        "config_sha256 an object": (_index(cfg, lambda p, o: {"a": 1}), False),
+        "config_sha256 not hex": (_index(cfg, lambda p, o: "g" * 64), False),
+        "config_sha256 another file's": (_index(cfg, lambda p, o: _sha(o / "tokenizer.json")), False),
     }  # fmt: skip
-
-
-def _touch(path: Path) -> Path:
-    path.touch()
-    return path
 
 
 def _other_tokenizer(work: Path) -> Path:
