@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -181,3 +182,29 @@ def test_explain_does_not_trust_edited_template_kwargs(packed: tuple[Path, Path]
     assert _cli(["explain", str(root), *EXPLAIN], here).stdout == clean.stdout
     shutil.rmtree(here / "tok")  # and without its tokenizer, still one line saying so
     _one_error(_cli(["explain", str(root), *EXPLAIN], here).stderr, "--tokenizer")
+
+
+def test_a_mixture_checks_each_chat_source_s_turns(packed: tuple[Path, Path]) -> None:
+    """The same check in a mixture's explain: the untouched source's pieces keep their
+    turns, the source whose template_kwargs were edited says its turns are unknown."""
+    here, root = packed
+    shutil.copytree(root, root.parent / "edited")
+    index = json.loads((root.parent / "edited" / "index.json").read_text())
+    index["stats"]["chat"]["template_kwargs"] = {**FIRST, "flag": True}
+    (root.parent / "edited" / "index.json").write_text(json.dumps(index))
+    spec = root.parent / "mix.json"
+    spec.write_text(json.dumps({"sources": {"a": str(root), "b": str(root.parent / "edited")},
+                                "weights": {"a": 0.5, "b": 0.5}}))  # fmt: skip
+    done = _cli(["explain", str(spec), "--steps", "0:4", "--batch-size", "2", "--seq-len", "255"],
+                here)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    source = ""
+    seen = set()
+    for line in done.stdout.splitlines():
+        if line.startswith("row "):  # row 0: rank 0 row 0  a epoch 0 row 0
+            source = re.match(r"row \d+: rank \d+ row \d+\s+(\S+) epoch", line)[1]  # type: ignore[index]
+        elif line.startswith("  row ["):
+            seen.add(source)
+            assert ("other tokens than the piece holds" in line) == (source == "b"), line
+            assert bool(re.search(r" turns? \d", line)) == (source == "a"), line
+    assert seen == {"a", "b"}
