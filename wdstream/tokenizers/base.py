@@ -170,6 +170,7 @@ def open_tokenizer_file(path: str) -> BinaryIO:
 
 
 def _require_tokenizer_file(path: str, st: os.stat_result) -> None:
+    """Raise an OSError naming ``path`` unless ``st`` is a regular file of a tokenizer's size."""
     if stat.S_ISDIR(st.st_mode):
         raise IsADirectoryError(errno.EISDIR, "a directory, not a tokenizer file", path)
     if not stat.S_ISREG(st.st_mode):
