@@ -5,11 +5,11 @@ Run it in the bench venv (``bash tools/setup_bench_env.sh`` builds it)::
 
     /work/benchvenv/bin/python tools/bench.py --output docs/BENCHMARKS.md  # full run
     /work/benchvenv/bin/python tools/bench.py --quick   # writes out/BENCHMARKS.md
-    ... --before COMMIT   # also that commit's wdstream where a part can (read, mixture, rawtext)
+    ... --before COMMIT   # also that commit's wdstream where a part can (read, fresh, mixture, rawtext)
 
 Without ``--output`` the report goes to ``out/BENCHMARKS.md`` (gitignored); a ``--quick``
 run refuses to write ``docs/BENCHMARKS.md``. The code is in ``tools/benchlib/``, one module
-per part (``--parts``: pack, pack_large, read, resume, sequence, memory, remote with nginx,
+per part (``--parts``: pack, pack_large, read, resume, fresh, sequence, memory, remote with nginx,
 bestfit, mixture, ray_pack, chat, gpu, rawtext, open_shards) and per shared job (corpus,
 rounds, runner, readers, tables, report, before). This file is the entry point and the
 child processes' one: ``--child SPEC`` runs one measurement (``benchlib.runner``),

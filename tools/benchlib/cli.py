@@ -23,6 +23,7 @@ from benchlib import (
     before,
     bestfit,
     chat,
+    fresh,
     gpu,
     memory,
     mixture,
@@ -47,6 +48,7 @@ PARTS = {
     "pack_large": pack_large,
     "read": read,
     "resume": resume,
+    "fresh": fresh,
     "sequence": sequence,
     "memory": memory,
     "remote": remote,
@@ -147,7 +149,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--before",
         metavar="COMMIT",
         help="also measure wdstream at COMMIT (checked out in the work dir) where a part "
-        "can: read, mixture and rawtext, rounds interleaved with this commit's",
+        "can: read, fresh, mixture and rawtext, rounds interleaved with this commit's",
     )
     p.add_argument("--gpu", action="store_true", help="add the gpu part (needs CUDA)")
     p.add_argument("--gpu-device", default="cuda", help="gpu: the device (cpu: smoke test only)")
