@@ -171,14 +171,15 @@ def test_member_size_is_the_member_length(name: str, size: int) -> None:
     assert member_size(name, size) == len(member_bytes(name, b"x" * size))
 
 
-def test_kept_layouts_first_few_samples_then_whole_shard() -> None:
-    """The first read of a shard, of a few of its samples, searches only them (a fresh
-    loader's first batch); the next read searches the shard whole, and later reads use the
-    kept layout. Every read's tokens equal the samples' full decode."""
+def test_kept_layouts_few_samples_alone_then_whole_shard() -> None:
+    """A read of a few samples (at most FEW, under a quarter of the shard: the first batch's,
+    read alone) searches only them, also when the shard was read before; a larger read of
+    a shard read before searches it whole, and later reads use the kept layout. Every read's
+    tokens equal the samples' full decode."""
     from wdstream.format.sidecar import ShardSidecar
-    from wdstream.read.sources.layouts import KeptLayouts
+    from wdstream.read.sources.layouts import FEW, KeptLayouts
 
-    data, offsets, sizes, arrays = _pack_many([5 + i % 9 for i in range(40)], "<u4", align=512)
+    data, offsets, sizes, arrays = _pack_many([5 + i % 9 for i in range(100)], "<u4", align=512)
     sidecar = ShardSidecar(
         offsets=np.array(offsets, dtype=np.uint64),
         sizes=np.array(sizes, dtype=np.uint32),
@@ -191,13 +192,15 @@ def test_kept_layouts_first_few_samples_then_whole_shard() -> None:
         mapped.append(end)
         return memoryview(data)[:end]
 
-    for a, b in [(3, 5), (30, 33), (0, 40), (10, 12)]:
+    assert 3 <= FEW < 20
+    for a, b in [(3, 5), (30, 33), (50, 70), (10, 12)]:
         begin = offsets[a] - 7  # a read starts before its first sample
         spans = kept.of_local(0, sidecar, a, b, begin, whole)
         assert spans is not None
         got = LocatedTokens.in_buffer(memoryview(data)[begin:], spans).views()
         for view, want in zip(got, arrays[a:b], strict=True):
             assert np.array_equal(view, want)
-    # The first small read mapped only up to its last sample; the next the whole shard, after
-    # which every read is served from the kept layout (nothing mapped).
-    assert mapped == [offsets[4] + sizes[4], len(data)]
+    # The two few-sample reads mapped only up to their last sample; the larger one (20
+    # samples, under a quarter) the whole shard, after which every read is served from the
+    # kept layout (nothing mapped).
+    assert mapped == [offsets[4] + sizes[4], offsets[32] + sizes[32], len(data)]

@@ -155,14 +155,17 @@ def _edited(root: Path, to: Path, **keys: Any) -> Path:
     return to
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("edit", ["deleted", "null"])
 def test_an_index_without_its_loss_mask_names_the_shard_and_sample(
-    masked: tuple[Path, list], tmp_path: Path, edit: str
+    masked: tuple[Path, list], tmp_path: Path, edit: str, workers: int
 ) -> None:
+    """At 0 workers the ids are checked as a window is read; a torch worker of several
+    checks those of the rows it copies (window_data.copy_rows): the same error."""
     root, _ = masked
     bad = _edited(root, tmp_path / "bad", loss_mask=... if edit == "deleted" else None)
     with pytest.raises(IndexValidationError) as info:
-        for _ in Loader(str(bad), seq_len=SEQ, batch_size=4, num_workers=0, epochs=1):
+        for _ in Loader(str(bad), seq_len=SEQ, batch_size=4, num_workers=workers, epochs=1):
             pass
     msg = str(info.value)
     found = re.search(r"(data-\d+\.tar): sample (\d+), token (\d+): id (\d+) carries the loss bit",

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wdstream.errors import IndexValidationError
 from wdstream.format.checksum import crc32c
 from wdstream.format.loss import NO_LOSS_BIT
 from wdstream.read.order.plan import EpochPlan
@@ -195,9 +196,56 @@ def copy_rows(
         o += take
     if checks is not None:
         checks.spans[2, lo : segments[-1][1] + 1] = -1
+    if any(windows[w].unverified is not None for w in {s[0] for s in segments}):
+        _check_copied_ids(segments, windows, flat, o, places, row_tokens, source, hits)
     if places is not None:
         hits = [(int(places.into[r]), bad) for r, bad in hits]
     return hits
+
+
+def _check_copied_ids(
+    segments: list[Segment],
+    windows: dict[int, WindowData],
+    flat: np.ndarray,
+    size: int,
+    places: RowPlaces | None,
+    row_tokens: int,
+    source: ShardSource,
+    hits: list[Hit],
+) -> None:
+    """Refuse a fill whose rows hold an id outside the vocabulary (``source.id_limit``), as
+    a read that verifies its own samples refuses it (:mod:`~wdstream.read.sources.vouch`):
+    samples of unverified windows are checked here, once copied (one max over the rows
+    filled, in the cache), rows masked for a stand-in sample left out.
+
+    Raises:
+        CorruptShardError, IndexValidationError: for the first sample holding such an id
+            (its bytes verified first, and the error raised as a read raises it).
+    """
+    limit = source.id_limit
+    if limit is None:
+        return
+    block = flat[:size] if places is None else flat.reshape(-1, row_tokens)[places.into]
+    rows = block.reshape(-1, row_tokens)
+    if hits:
+        rows = np.delete(rows, sorted({r for r, _ in hits}), axis=0)
+    if limit.admits(rows):
+        return
+    for w, i, off, take in segments:
+        data = windows[w]
+        r = data.base_of[i]
+        if i in data.bad or limit.admits(data.bases[r][data.first[i] + off :][:take]):
+            continue
+        checks = data.unverified
+        read = checks.reads[r] if checks is not None else None
+        if checks is None or read is None:
+            continue  # a read verified as read: its ids were checked then
+        k = read.first + int(np.searchsorted(read.offsets, checks.spans[0, i]))
+        source.read_sample(read.shard, k)  # verifies the bytes, then refuses the id
+        raise IndexValidationError(
+            f"{source.where(read.shard)}: sample {k}: an id outside the vocabulary (tokenizer."
+            f"n_vocab = {limit.n_vocab})"
+        )
 
 
 def samples_alone(

@@ -19,7 +19,9 @@ import numpy as np
 from wdstream.format.sample import TokenSpans, find_token_spans
 from wdstream.format.sidecar import ShardSidecar
 
-__all__ = ["KeptLayouts"]
+__all__ = ["FEW", "KeptLayouts"]
+
+FEW = 16  # a read of at most this many samples searches only them (KeptLayouts.of_local)
 
 
 class KeptLayouts:
@@ -73,16 +75,19 @@ class KeptLayouts:
         The first read of a shard, when it holds few of its samples (under a quarter: the
         first batch's, read alone while the window loads), searches only those, as a remote
         read does, so a fresh loader's first batch does not wait for whole shards to be
-        searched (~1 ms a shard of 8 MB); the next read of the shard searches it whole.
-        (Searching every small read's samples instead cost a torch worker, whose reads are
-        all small, ~0.3x of its read rate in the bench's first epochs.)"""
+        searched (~1 ms a shard of 8 MB); so does every read of at most ``FEW`` samples
+        (the first batch's 8 samples, read alone, often hold two of one shard: the second
+        searched the whole shard, 1-2.5 ms each, before the first batch). The next larger
+        read searches the shard whole. (Searching every small read's samples instead cost
+        a torch worker, whose window pieces are all under a quarter of a shard, ~0.3x of
+        its read rate in the bench's first epochs.)"""
         found, layout = self._get(shard)
         if found and layout is not None and bool((layout.start[a:b] >= 0).all()):
             return layout.shifted(a, b, begin)
         if found and layout is None:
             return None  # searched whole: not in the writer's layout
         n = len(sidecar)
-        if not found and (b - a) * 4 < n:
+        if (not found or b - a <= FEW) and (b - a) * 4 < n:
             end = sidecar.byte_range(a, b)[1]
             spans = self.of_remote(shard, sidecar, a, b, whole(end), 0)
             return None if spans is None else spans.shifted(0, b - a, begin)

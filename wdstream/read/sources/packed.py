@@ -43,7 +43,7 @@ from wdstream.read.sources.shards import (
     sibling_index,
 )
 from wdstream.read.sources.stores import StoreCache, expand_urls
-from wdstream.read.sources.vouch import check_index_ids, id_limit, refuse_missing_sidecar
+from wdstream.read.sources.vouch import IdLimit, check_index_ids, id_limit, refuse_missing_sidecar
 from wdstream.storage import Store
 from wdstream.storage.urls import is_dataset_root, split_url
 
@@ -156,6 +156,11 @@ class ShardSource:
         return packed_identity(
             self.index, self._entries, self.urls, self._records, self.mode, self.sample_tokens
         )
+
+    @property
+    def id_limit(self) -> IdLimit | None:
+        """The ids this dataset's samples may hold (None: opened without an index)."""
+        return self._ids
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -357,10 +362,14 @@ class ShardSource:
             odd = decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False)
             tokens = LocatedTokens.of_arrays([s.tokens for s in odd])
         self._check_counts(shard, sidecar.tokens[a:b], tokens.count)
-        if self._ids is not None:  # unverified bytes: a bad id's sample is verified first
+        checked_here = verify or not self.checksums or sidecar.crc32c is None
+        if checked_here and self._ids is not None:  # unverified bytes: a bad id's sample
             self._ids.check(tokens, self.where(shard), a, lambda k: self.read_sample(shard, k))
-        if verify or not self.checksums or sidecar.crc32c is None:
+        if checked_here:
             return PieceRead(tokens, [], None)
+        # Its copier verifies what it copies, ids too (window_data.copy_rows): a torch worker
+        # copies 1/W of a window, and checking the ids of all of it cost each worker a pass
+        # over the whole window (its pages faulted in) before its first chunk.
         offsets = sidecar.offsets[a:b].astype(np.int64) - begin
         crcs = sidecar.crc32c[a:b]
         checks = CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs)

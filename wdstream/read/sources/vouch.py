@@ -108,6 +108,16 @@ class IdLimit:
             f"{shard_url}: sample {first + k}, token {at}: " + self._why(got)
         )
 
+    def admits(self, ids: np.ndarray) -> bool:
+        """Whether every id of ``ids`` is one of the vocabulary: ids as read (unsigned) or as
+        copied into an int32 block (bit 31 then reads as the sign), one vectorised max."""
+        if ids.size == 0 or self.n_vocab >= 1 << 32:
+            return True
+        if ids.dtype == np.int32:
+            ids = ids.view(np.uint32)
+        top = np.bitwise_and(ids, ids.dtype.type(ID_BITS)).max() if self.masked else ids.max()
+        return int(top) < self.n_vocab
+
     def _why(self, got: int) -> str:
         if not self.masked and got >= NO_LOSS_BIT and (got & ID_BITS) < self.n_vocab:
             return (

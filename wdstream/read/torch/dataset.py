@@ -248,12 +248,9 @@ class TokenDataset(IterableDataset):
                 yield batch
 
 
-def _long(
-    x: torch.Tensor, pin: bool, buffers: HostBuffers | None = None, strip: bool = False
-) -> torch.Tensor:
+def _long(x: torch.Tensor, pin: bool, buffers: HostBuffers | None = None) -> torch.Tensor:
     """A contiguous int64 copy of ``x`` (page-locked if ``pin``; else in an array of
-    ``buffers`` if given); with ``strip`` (CPU only) without the no-loss bit, in the same
-    pass (:func:`~wdstream.read.batches.rows.copy_ids`).
+    ``buffers`` if given).
 
     On the CPU the cast goes through numpy: one thread, in the caller's. torch's own cast
     splits a chunk over its intra-op OpenMP threads, and on a busy 2-core host waking that
@@ -261,13 +258,34 @@ def _long(
     """
     if x.device.type != "cpu":
         return x.to(torch.int64, memory_format=torch.contiguous_format)
-    if buffers is not None and not pin:
-        arr = buffers.int64(tuple(x.shape))
-        copy_ids(arr, x.numpy(), strip)
-        return torch.from_numpy(arr)
-    out = torch.empty(tuple(x.shape), dtype=torch.int64, pin_memory=pin)
-    copy_ids(out.numpy(), x.numpy(), strip)
+    out = _long_empty(x, pin, buffers)
+    np.copyto(out.numpy(), x.numpy())
     return out
+
+
+def _long_empty(x: torch.Tensor, pin: bool, buffers: HostBuffers | None) -> torch.Tensor:
+    """An uninitialised int64 CPU tensor shaped as ``x`` (page-locked if ``pin``; else an
+    array of ``buffers`` if given), for :func:`chunk_to_batches` to fill batch by batch."""
+    if buffers is not None and not pin:
+        return torch.from_numpy(buffers.int64(tuple(x.shape)))
+    return torch.empty(tuple(x.shape), dtype=torch.int64, pin_memory=pin)
+
+
+def _cast_rows(
+    out_ids: torch.Tensor,
+    out_targets: torch.Tensor,
+    ids: torch.Tensor,
+    targets: torch.Tensor,
+    stored: np.ndarray | None,
+) -> None:
+    """Cast rows of a chunk into their int64 ``input_ids`` and ``labels``; with ``stored``
+    (the rows as stored, int32, carrying the no-loss bit) the bit is stripped in the copy
+    and the targets it marks set to -100 (:meth:`RowLabels.split_chunk`)."""
+    strip = stored is not None
+    copy_ids(out_ids.numpy(), ids.numpy(), strip)
+    copy_ids(out_targets.numpy(), targets.numpy(), strip)
+    if stored is not None:
+        np.copyto(out_targets.numpy(), IGNORE_INDEX, where=stored[:, 1:] < 0)
 
 
 def chunk_to_batches(
@@ -295,20 +313,28 @@ def chunk_to_batches(
     no_loss = stored = None
     if labels is not None:
         tokens, no_loss, stored = labels.split_chunk(tokens[:n])
-    # One int64 conversion per chunk, not per batch: each batch is a contiguous row slice of
-    # it (two calls per chunk instead of two per batch, in the training loop's thread).
-    all_ids = _long(tokens[:n, :-1], pin, buffers, strip=stored is not None)
-    all_targets = _long(tokens[:n, 1:], pin, buffers, strip=stored is not None)
+    # One int64 array per chunk, each batch a contiguous row slice of it. On the CPU the first
+    # batch's rows are cast before it goes, the rest of the chunk's in one call as the second
+    # is asked for: the first batch waits for its own rows, not the chunk's (a first chunk's
+    # arrays are fresh: 128 rows cost ~1,000 page faults before a first batch of 8 could go),
+    # and the casts stay two calls per chunk plus two (a cast per batch cost a 0-worker
+    # epoch ~14 us a batch, measured).
+    ids, targets = tokens[:n, :-1], tokens[:n, 1:]
+    lazy = ids.device.type == "cpu"  # (``stored`` is only ever a CPU chunk's)
+    all_ids = _long_empty(ids, pin, buffers) if lazy else _long(ids, pin, buffers)
+    all_targets = _long_empty(targets, pin, buffers) if lazy else _long(targets, pin, buffers)
     # The padding and document-end rules, where any row follows them (a stored mask decides
     # its rows alone) or document ids need the padding.
     rules = labels is not None and (labels.rules_apply() or positions is not None)
-    if stored is not None:
-        np.copyto(all_targets.numpy(), IGNORE_INDEX, where=stored[:, 1:] < 0)
-        if rules:  # they read the ids without the bit
-            tokens = torch.from_numpy(stored & ID_BITS)
+    if stored is not None and rules:  # they read the ids without the bit
+        tokens = torch.from_numpy(stored & ID_BITS)
     for j in range(n // batch_size):
         part = slice(j * batch_size, (j + 1) * batch_size)
         rows = tokens[part]
+        if lazy and j < 2:
+            cast = part if j == 0 else slice(batch_size, n)
+            _cast_rows(all_ids[cast], all_targets[cast], ids[cast], targets[cast],
+                       None if stored is None else stored[cast])  # fmt: skip
         batch = {"input_ids": all_ids[part], "labels": all_targets[part]}
         padding = labels.padding(rows) if labels is not None and rules else None
         masked = None
