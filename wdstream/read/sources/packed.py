@@ -362,17 +362,17 @@ class ShardSource:
             odd = decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False)
             tokens = LocatedTokens.of_arrays([s.tokens for s in odd])
         self._check_counts(shard, sidecar.tokens[a:b], tokens.count)
-        checked_here = verify or not self.checksums or sidecar.crc32c is None
-        if checked_here and self._ids is not None:  # unverified bytes: a bad id's sample
-            self._ids.check(tokens, self.where(shard), a, lambda k: self.read_sample(shard, k))
-        if checked_here:
+        crcs = sidecar.crc32c
+        if verify or not self.checksums or crcs is None:
+            if self._ids is not None:  # unverified bytes: a bad id's sample is verified first
+                where = self.where(shard)
+                self._ids.check(tokens, where, a, lambda k: self.read_sample(shard, k))
             return PieceRead(tokens, [], None)
         # Its copier verifies what it copies, ids too (window_data.copy_rows): a torch worker
         # copies 1/W of a window, and checking the ids of all of it cost each worker a pass
         # over the whole window (its pages faulted in) before its first chunk.
         offsets = sidecar.offsets[a:b].astype(np.int64) - begin
-        crcs = sidecar.crc32c[a:b]
-        checks = CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs)
+        checks = CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs[a:b])
         return PieceRead(tokens, [], checks)
 
     def read_sample(self, shard: int, k: int) -> Sample:
