@@ -17,7 +17,9 @@ Two promises of ``index.json`` that the reader used to take on trust:
   vectorised max over the samples' tokens: ~0.13 ns a token in cache, 256 samples of 2,049
   tokens, about a plain ``max``; 0.4-0.8 ns per token read in a 0-worker epoch of a
   9 M-token dataset, against 5-9 ns per delivered token for the whole process; a masked
-  dataset's ids are stripped first, ~3x that) and the first sample holding an
+  dataset's ids are stripped first, ~3x that; a torch worker of several, which reads whole
+  windows but copies only its rows, checks the rows it copies instead: ``IdLimit.admits`` in
+  ``read/order/window_data.copy_rows``) and the first sample holding an
   id outside the vocabulary is an :class:`IndexValidationError` naming the shard, the sample,
   the id and what ``index.json`` says. The ids ``index.json`` itself names (``eos_id``,
   ``bos_id``, ``pad_id``) are checked when the dataset is opened (:func:`check_index_ids`).
