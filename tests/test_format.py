@@ -63,6 +63,35 @@ def test_token_spans_equal_full_decode(lengths: list[int], dtype: str, align: in
         assert np.array_equal(decode_sample(data[off : off + size]).tokens, want)
 
 
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=8),
+    dtype=st.sampled_from(["<u2", "<u4"]),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=3),
+)
+def test_few_token_spans_agree_with_the_vectorised_search(
+    lengths: list[int], dtype: str, flips: list[tuple[int, int]]
+) -> None:
+    """The search of a few samples one by one (a first batch's) finds what the vectorised
+    one finds, on the writer's bytes and on bytes with some flipped (same spans, or None)."""
+    from wdstream.format import sample as sample_module
+
+    data, offsets, sizes, _ = _pack_many(lengths, dtype, align=512)
+    buf = bytearray(data)
+    for at, x in flips:
+        buf[at % len(buf)] ^= x
+    offs, n_bytes = np.array(offsets, dtype=np.int64), np.array(sizes, dtype=np.int64)
+    few = sample_module._few_token_spans(memoryview(bytes(buf)), offsets, sizes)
+    limit, sample_module._FEW_SPANS = sample_module._FEW_SPANS, 0  # the vectorised path
+    try:
+        many = find_token_spans(memoryview(bytes(buf)), offs, n_bytes)
+    finally:
+        sample_module._FEW_SPANS = limit
+    assert (few is None) == (many is None)
+    if few is not None and many is not None:
+        assert few.dtype == many.dtype
+        assert np.array_equal(few.start, many.start) and np.array_equal(few.count, many.count)
+
+
 def test_token_spans_refuse_other_layouts() -> None:
     other_order = msgpack.packb(
         {"dtype": "uint32", "tokens": b"abcd", "doc_lens": [1], "cont": False}
