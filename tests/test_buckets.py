@@ -151,3 +151,20 @@ def test_a_state_continues_on_another_world_size(docs_root: str) -> None:
         three.append([b["input_ids"].tolist() for b in x])
     assert len({len(t) for t in three}) == 1 and three[0]
     assert [b for step in zip(*three, strict=True) for b in step] == one[6 : 6 + 3 * len(three[0])]
+
+
+def test_a_dataset_smaller_than_one_batch_size_reads_with_max_tokens(tmp_path: Path) -> None:
+    """``batch_size`` does not apply to ``max_tokens`` batches: a docs dataset of fewer rows
+    than one default global batch (8) is read whole, not refused as "too small" (issue 34:
+    the global order's minimum was checked against the unused batch_size)."""
+    root = pack_docs_corpus(tmp_path, 5, seed=2, stdlib_files=0)
+    docs = [d.astype(np.int64).tolist() for d in wdstream.documents(root)]
+    seq = max(len(d) for d in docs)  # every document one row
+    loader = wdstream.Loader(root, seq_len=seq, max_tokens=4 * seq, seed=0, epochs=1)
+    rows = []
+    for batch in loader:
+        for r in range(batch["input_ids"].shape[0]):
+            n = int(batch["attention_mask"][r].sum())
+            rows.append(batch["input_ids"][r, :n].tolist() + [int(batch["labels"][r, n - 1])])
+    assert len(docs) < 8
+    assert sorted(rows) == sorted(d for d in docs if len(d) > 1)

@@ -203,7 +203,10 @@ class Loader:
             tokenize_threads=tokenize_threads, order=order, weights=weights, stop=stop,
             on_corrupt=on_corrupt, max_quarantined=max_quarantined, store_options=store_options,
         )  # fmt: skip
-        self.dataset = TokenDataset(source, seq_len, batch_size, options)
+        # max_tokens batches are cut by BucketedBatches: batch_size does not apply, so the
+        # global order's one-batch minimum must not refuse a small dataset (one row a rank).
+        rows = batch_size if max_tokens is None else 1
+        self.dataset = TokenDataset(source, seq_len, rows, options)
         self.epochs = epochs
         self.num_workers = num_workers
         self.device = torch.device(device) if device is not None else None
