@@ -32,6 +32,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.seen.append((self.path, dict(self.headers.items())))  # type: ignore[attr-defined]
+        self.server.ports.append(self.client_address[1])  # type: ignore[attr-defined]
         if self.path.startswith("/moved/"):
             self.send_response(302)
             self.send_header("Location", "/plain/" + self.path.rsplit("/", 1)[1])
@@ -58,6 +59,7 @@ class _Handler(BaseHTTPRequestHandler):
 def server() -> Iterator[ThreadingHTTPServer]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.seen = []  # type: ignore[attr-defined]
+    srv.ports = []  # type: ignore[attr-defined]
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
@@ -133,3 +135,5 @@ def test_forked_child_makes_its_own_pool(server: ThreadingHTTPServer) -> None:
     child.join(20)
     assert child.exitcode == 0
     assert store.read_range("s.tar", 10, 20) == DATA[10:20]  # the parent's still works
+    parent, child_port, parent_again = server.ports  # type: ignore[attr-defined]
+    assert child_port != parent == parent_again  # the child connected anew; the parent reused

@@ -114,7 +114,8 @@ class DirectGet:
         except urllib3.exceptions.InvalidHeader as err:
             raise requests.exceptions.InvalidHeader(err) from err
         reply = Reply(resp, resp.status, resp.reason, resp.headers)
-        if resp.status in _REDIRECTS or "Set-Cookie" in resp.headers:
+        redirect = resp.status in _REDIRECTS and "Location" in resp.headers
+        if redirect or "Set-Cookie" in resp.headers:
             reply.close()
             self.enabled = False
             return None
