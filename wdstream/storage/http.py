@@ -24,6 +24,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import requests
 
 from wdstream.errors import ListingNotSupportedError
+from wdstream.storage.http_get import DirectGet, Reply
 from wdstream.storage.remote import NETWORK_ERRORS, RemoteStore
 from wdstream.storage.retry import (
     RemoteReadError,
@@ -68,7 +69,7 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def _retry_after(resp: requests.Response) -> float | None:
+def _retry_after(resp: Reply | requests.Response) -> float | None:
     value = resp.headers.get("Retry-After")
     try:
         return float(value) if value is not None else None
@@ -76,7 +77,7 @@ def _retry_after(resp: requests.Response) -> float | None:
         return None  # an HTTP date; the backoff is good enough
 
 
-def _check(resp: requests.Response, url: str) -> None:
+def _check(resp: Reply, url: str) -> None:
     """Map the status of a read to an exception (``url`` is already redacted)."""
     code = resp.status_code
     if 200 <= code < 300:
@@ -89,7 +90,7 @@ def _check(resp: requests.Response, url: str) -> None:
     _check_status(resp)
 
 
-def _check_status(resp: requests.Response) -> None:
+def _check_status(resp: Reply | requests.Response) -> None:
     """Map a status to an exception: retryable, or one that repeating the request cannot
     change (405, 413, 501, ...), which the retrier reports at once, naming it. Writes use
     this alone: a 404 or 403 on PUT says the server will not take the object there, not
@@ -122,7 +123,7 @@ class _Response:
     """Chunks of a streamed response; ``close()`` gives the connection back (or drops it
     when the body was not read to the end)."""
 
-    def __init__(self, resp: requests.Response, chunks: Iterable[bytes]) -> None:
+    def __init__(self, resp: Reply, chunks: Iterable[bytes]) -> None:
         self._resp, self._chunks = resp, chunks
 
     def __iter__(self) -> Iterator[bytes]:
@@ -195,6 +196,8 @@ class HttpStore(RemoteStore):
             session.headers["Accept-Encoding"] = "identity"  # byte ranges of the raw object
             session.verify = self.verify
             self._environment_once(session)
+            root = self._object_url("")
+            local.direct = DirectGet(session, root, self._timeout)
             local.session, local.pid = session, os.getpid()
             with self._lock:
                 self._sessions.append(session)
@@ -232,13 +235,23 @@ class HttpStore(RemoteStore):
 
     # -- reads ----------------------------------------------------------------------------
 
+    def _get(self, name: str, headers: dict[str, str]) -> Reply:
+        """``GET`` of object ``name``, body unread: straight to the session's pool where
+        that is what ``requests`` would do (:mod:`~wdstream.storage.http_get`), else
+        through ``requests``."""
+        session = self._session()
+        url = self._object_url(name)
+        reply = cast(DirectGet, self._local.direct).get(url, headers)
+        if reply is None:
+            resp = session.get(url, headers=headers, stream=True, timeout=self._timeout)
+            reply = Reply.of(resp)
+        return reply
+
     def _fetch(self, name: str, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
         headers = {}
         if start > 0 or end is not None:
             headers["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
-        resp = self._session().get(
-            self._object_url(name), headers=headers, stream=True, timeout=self._timeout
-        )
+        resp = self._get(name, headers)
         if resp.status_code == 416:  # start at or past the end: nothing to read
             resp.close()
             return 0, ()
@@ -276,7 +289,7 @@ class HttpStore(RemoteStore):
             resp = self._session().head(
                 self._object_url(name), timeout=self._timeout, allow_redirects=True
             )
-            _check(resp, url)
+            _check(Reply.of(resp), url)
             return resp
 
         return self._retrier.call(head, "HEAD", url)
@@ -289,10 +302,7 @@ class HttpStore(RemoteStore):
         url = self.child_url(name)
 
         def probe() -> int:
-            resp = self._session().get(
-                self._object_url(name), headers={"Range": "bytes=0-0"}, stream=True,
-                timeout=self._timeout,
-            )  # fmt: skip
+            resp = self._get(name, {"Range": "bytes=0-0"})
             resp.close()
             if resp.status_code == 416:
                 return 0
