@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import wdstream
 
 TEXTS = [f"document {i} " + "alpha beta gamma " * (i % 7 + 1) for i in range(60)]
-OPTS = dict(seq_len=31, mode="docs", workers=0, progress=False)
+OPTS: dict[str, Any] = dict(seq_len=31, mode="docs", workers=0, progress=False)
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -56,6 +57,12 @@ def test_overwrite_without_holdout_leaves_a_dataset_that_is_no_held_out_one(
     wdstream.pack_records(TEXTS, str(tmp_path / "pair"), holdout=0.3, **OPTS)
     split = json.loads((tmp_path / "pair" / "holdout" / "index.json").read_text())
     assert split["stats"]["holdout"]["split"] == "holdout"
+    wdstream.pack_records(TEXTS, str(tmp_path / "pair"), overwrite=True, **OPTS)
+    assert not [p for p in (tmp_path / "pair" / "holdout").iterdir()]
+    # ... and so are loose shards with neither index nor journal (a pack killed before its
+    # held-out dataset's first commit).
+    shard = (out / "holdout" / "data-000000.tar").read_bytes()
+    (tmp_path / "pair" / "holdout" / "data-000000.tar").write_bytes(shard)
     wdstream.pack_records(TEXTS, str(tmp_path / "pair"), overwrite=True, **OPTS)
     assert not [p for p in (tmp_path / "pair" / "holdout").iterdir()]
 

@@ -135,7 +135,7 @@ def open_holdout(
         return None  # a file named holdout beside a pack without one: not ours to clear
     url = output.child_url(HOLDOUT_DIR)
     store = wrap(open_store(url, create=fraction is not None, **(options or {})))
-    if fraction is None and not _is_held_out(store):
+    if fraction is None and not _clearable(store):
         return None  # not a held-out dataset: --overwrite of a pack without one leaves it
     if fraction is not None:
         store.remove_partials()
@@ -171,10 +171,13 @@ def _not_a_folder(output: Store, needed: bool) -> bool:
     return True
 
 
-def _is_held_out(store: Store) -> bool:
-    """Whether ``store`` holds a held-out dataset of a pack (complete or interrupted): its
-    ``index.json`` or journal says ``split: holdout``. Anything else there is not a pack's
-    held-out dataset and --overwrite of a pack without a holdout leaves it alone."""
+def _clearable(store: Store) -> bool:
+    """Whether --overwrite of a pack without a holdout clears ``store``: it holds a pack's
+    held-out dataset (complete or interrupted: its ``index.json`` or journal says ``split:
+    holdout``), or neither an index nor a journal (at most the shards of a pack killed
+    before its first commit). A dataset of any other kind there is left alone."""
+    if not store.exists(INDEX_NAME) and not store.exists(JOURNAL_NAME):
+        return True
     marks = ((INDEX_NAME, ("stats", "holdout", "split")), (JOURNAL_NAME, ("fingerprint", "split")))
     for name, keys in marks:
         try:
