@@ -42,7 +42,7 @@ def _api(value: object, via_writer: bool, out: Path, texts: list[str]) -> str:
     error, or a pair split by the rule computed here."""
     try:
         if via_writer:
-            with Writer(str(out), seq_len=31, mode="docs", workers=0, progress=False,  # type: ignore[arg-type]
+            with Writer(str(out), seq_len=31, mode="docs", workers=0, progress=False,
                         holdout=value) as w:  # fmt: skip
                 for text in texts:
                     w.write(text)
