@@ -9,5 +9,8 @@ and lying HTTP servers, the node cache), ``rows`` (rows as served), ``mixture``,
 ``quarantine``, ``edges`` (Arrow inputs cut short, the writer's arguments and bounds,
 checkpoint states, reader options and ``--plot`` paths, blank-line bombs, all-corrupt data),
 ``travel`` (chat template variables against transformers and on resume, tokenizer paths
-found again from ``pack_cwd`` or given, recorded template variables).
+found again from ``pack_cwd`` or given, recorded template variables), ``holdout`` (``pack
+--holdout`` killed at every commit step and in either dataset's shards, leftovers at
+``OUTPUT/holdout``), ``holdout_edges`` (hostile fractions, an HTTP output failing a PUT,
+readers of the pair, the shard size chosen from the input's size).
 """

@@ -8,6 +8,13 @@ from faultlib.common import Attack
 from faultlib.cursors import cursors, text_cursors
 from faultlib.edges import arrow_edges, bound_edges, option_edges, state_edges, writer_edges
 from faultlib.flips import flips, index_edits
+from faultlib.holdout import holdout_kills, holdout_leftovers
+from faultlib.holdout_edges import (
+    holdout_fractions,
+    holdout_readers,
+    holdout_remote,
+    shard_sizing,
+)
 from faultlib.inputs import bad_records, record_bombs, special_inputs, truncated_zst
 from faultlib.mixture import mixture_steps, spec_files
 from faultlib.packs import concurrent_packs, failed_shard_write, killed_packs
@@ -99,4 +106,10 @@ ATTACKS = [
     Attack("tokenizer paths that travel", "a chat pack with a relative --tokenizer, then explain --text and inspect from another folder after: nothing; tokenizer.json / tokenizer_config.json changed, swapped, removed or a FIFO; the folder a symlink to another or moved (--tokenizer to it, to a symlink to it); --tokenizer another tokenizer, a FIFO .json/.tiktoken/.model, /dev/zero, a 4 GiB sparse file, an empty folder, missing, o200k_base; stats.pack_cwd relative, '..', missing, a file, a FIFO, 5000 characters, surrogates, NUL, a number, another pack's folder; ranks_sha256 / config_sha256 not hex, upper-case, short, retyped, another file's; oracle: hashlib over the files read: exit 0 only with the recorded tokenizer and the output printed from the pack's folder, else one Error line", tokenizer_paths),
     Attack("recorded template variables", "index.json's stats.chat.template_kwargs replaced by a list, a string, null, a number, a render argument, NaN, 900- and 100,000-deep nesting, a loop bound of 10**10, true for false, a short and a 2 MB value the template writes; explain --text from the pack's folder; oracle: one Error line, every changed piece 'turns unknown (why)', or the clean index's explanation", recorded_kwargs),
     Attack("tokenizer paths: a tiktoken dataset given --tokenizer", "explain --text and inspect of a cl100k_base pack with --tokenizer cl100k_base, cl100k's ranks as a .tiktoken file, those ranks with two ids swapped, o200k_base, a Hugging Face folder, a FIFO .tiktoken, an unknown name; oracle: the output without --tokenizer when the ranks are cl100k's (canonical ranks sha256), else one Error line", tiktoken_given),
+    Attack("held-out split: pack killed, rerun", "`pack --holdout 0.25` (concat, docs, best-fit; exact duplicates) SIGKILLed at each commit step (before/after the held-out index.json, before/after the training journal's removal) and after 1 or 3 shards of either dataset; the same command again (then --overwrite where it is refused as complete): oracle: both datasets byte-identical to the uninterrupted pack, and (docs) every stored document on its side of blake2b-64 < F * 2**64 computed here, none in both", holdout_kills),
+    Attack("held-out split: leftovers at OUTPUT/holdout", "a file, a FIFO, a symlink to another dataset's held-out folder, another pack's held-out dataset (another fraction, --bos; complete or killed), a dataset of its own named holdout; packs with and without --holdout, with and without --overwrite: a clear error naming it, or the pair equal to the uninterrupted pack; a symlink's target never changed, no --holdout leaves a non-held-out dataset alone", holdout_leftovers),
+    Attack("held-out split: fractions", "`pack(holdout=F)` and `Writer(holdout=F)` for F in 0, 1, -0.0, 1e-300, 5e-324, 0.999999, 1-2**-53, NaN, ±inf, '0.01', True, False, numpy floats, Fraction, Decimal, 2**64, [0.25], 0.5: refused naming holdout (or no/every document held out), else every document on its side by the rule computed here", holdout_fractions),
+    Attack("held-out split: HTTP output failing a PUT", "`pack --holdout` to an HTTP server (PUT) that cannot store holdout/index.json, index.json or holdout/index.shards: a clear error and no training index.json; fixed, the rerun equals the local pack byte for byte, no lock left", holdout_remote),
+    Attack("held-out split: readers", "Loader at OUTPUT and OUTPUT/*.tar reads exactly the training dataset alone (never holdout/ shards); a mixture of both reads rows of either; verify/stats/inspect/explain on both sides", holdout_readers),
+    Attack("shard size from input size", "stats.shard_bytes against the rule computed from os.path.getsize (plain, gzip, a glob of 3.2 MB + tiny + empty files, the held-out share); an empty input; a pack killed after its first shard whose input then grew, was cut or edited in place: refused, then restored: the uninterrupted bytes", shard_sizing),
 ]  # fmt: skip

@@ -27,6 +27,7 @@ that a resumed side continues its count where its committed shards end.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
@@ -38,7 +39,7 @@ from wdstream.errors import InputError, WdstreamError
 from wdstream.format.index import INDEX_NAME, JOURNAL_NAME, DatasetIndex
 from wdstream.format.loss import NO_LOSS_BIT, carries_loss
 from wdstream.inputs import InputPosition
-from wdstream.storage import Store, open_store
+from wdstream.storage import LocalStore, Store, open_store
 from wdstream.words import count
 from wdstream.write.builders import SampleBuilder
 from wdstream.write.commit import Dataset
@@ -121,16 +122,21 @@ def open_holdout(
 ) -> Store | None:
     """The held-out dataset's store at ``OUTPUT/holdout/`` (``wrap``-ped as the output's
     is), opened under the output's lock: for a pack with a holdout (its leftover partial
-    objects swept), or for ``overwrite`` (which clears an earlier pack's); else None.
+    objects swept), or for ``overwrite`` where an earlier pack's held-out dataset is there
+    (which it clears; anything else there is left alone); else None.
 
     Raises:
         WdstreamError: a held-out dataset of an earlier, complete pack is there (and no
-            ``overwrite``).
+            ``overwrite``); a local ``OUTPUT/holdout`` is a symbolic link or not a folder.
     """
     if fraction is None and not overwrite:
         return None
+    if _not_a_folder(output, fraction is not None):
+        return None  # a file named holdout beside a pack without one: not ours to clear
     url = output.child_url(HOLDOUT_DIR)
     store = wrap(open_store(url, create=fraction is not None, **(options or {})))
+    if fraction is None and not _clearable(store):
+        return None  # not a held-out dataset: --overwrite of a pack without one leaves it
     if fraction is not None:
         store.remove_partials()
         if not overwrite and store.exists(INDEX_NAME) and not store.exists(JOURNAL_NAME):
@@ -139,6 +145,50 @@ def open_holdout(
                 "pack into a fresh output or pass --overwrite (overwrite=True in Python)"
             )
     return store
+
+
+def _not_a_folder(output: Store, needed: bool) -> bool:
+    """Whether a local ``OUTPUT/holdout`` exists and is no folder (a pack without a holdout
+    leaves such a thing alone: it is not ``needed``).
+
+    Raises:
+        WdstreamError: it is a symbolic link (its target lies outside the output, and
+            --overwrite would delete another folder's dataset through it), or it is no
+            folder and a held-out dataset is ``needed`` there; naming the path.
+    """
+    if not isinstance(output, LocalStore):
+        return False
+    path = output.root / HOLDOUT_DIR
+    if path.is_symlink():
+        raise WdstreamError(
+            f"{path} is a symbolic link: a pack writes (and --overwrite clears) its held-out "
+            "dataset only inside its output; remove the link"
+        )
+    if not path.exists() or path.is_dir():
+        return False
+    if needed:
+        raise WdstreamError(f"{path} is not a folder: the held-out dataset goes there; remove it")
+    return True
+
+
+def _clearable(store: Store) -> bool:
+    """Whether --overwrite of a pack without a holdout clears ``store``: it holds a pack's
+    held-out dataset (complete or interrupted: its ``index.json`` or journal says ``split:
+    holdout``), or neither an index nor a journal (at most the shards of a pack killed
+    before its first commit). A dataset of any other kind there is left alone."""
+    if not store.exists(INDEX_NAME) and not store.exists(JOURNAL_NAME):
+        return True
+    marks = ((INDEX_NAME, ("stats", "holdout", "split")), (JOURNAL_NAME, ("fingerprint", "split")))
+    for name, keys in marks:
+        try:
+            value: Any = json.loads(store.read(name)) if store.exists(name) else None
+        except (OSError, ValueError, WdstreamError):
+            continue  # unreadable: not a pack's
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value == "holdout":
+            return True
+    return False
 
 
 def holdout_target(
