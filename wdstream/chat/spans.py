@@ -40,6 +40,10 @@ turn's reasoning once a later user message exists, so T does not start with Q_i)
 
 The record gets a ``relocated`` problem naming how much of the turn was found.
 
+A turn with an answer (text past its reasoning, or tool calls) of which T shows none of its
+strings (the template drops the answer, not only the reasoning) is not located either: the
+text found would be the template's markup alone.
+
 Otherwise (no start, no text, or some of the turn's own text outside it) the turn is not
 supervised and the record gets an ``unlocated`` problem: a turn is never supervised at a
 place that was guessed. Its own characters in T, where they are known, still count as the
@@ -184,6 +188,7 @@ def turn_span(
     before: Render,
     changed: Render,
     markup: re.Pattern[str] | None = None,
+    answered: bool = False,
 ) -> TurnSpan:
     """The supervised characters of one assistant turn in ``whole`` (module docstring).
 
@@ -195,6 +200,10 @@ def turn_span(
             prompt (called only when Q_i does not start with P_i).
         changed: renders T with the turn's strings changed (called only under rule 2).
         markup: the tokenizer's special tokens (a turn never starts inside one), or None.
+        answered: the turn has an answer (text past its reasoning, or tool calls): under
+            rule 2, T must show some of the turn's own text, else the template dropped the
+            answer and what is found is only its markup (an end-of-turn token alone would
+            teach the model to answer nothing), so the turn is not located.
     """
     start = _turn_start(prompt, turn, before, markup)
     if start is None:
@@ -214,6 +223,9 @@ def turn_span(
         return _unlocated(at, f"{rewrites}'s own text cannot be told apart", added, None)
     shown = own != (0, 0)  # T renders some of the turn's own strings
     owned = (at, own[1]) if shown and own[0] >= at else (at, at) if not shown else None
+    if answered and not shown:
+        why = " renders none of its answer there"
+        return _unlocated(at, f"{rewrites}{why}", added, owned)
     if not length or (shown and not at <= own[0] <= own[1] <= at + length):
         why = " was not found" if not length else "'s own text lies outside the text found"
         return _unlocated(at, f"{rewrites}{why}", added, owned)
