@@ -18,7 +18,9 @@ and its end-of-turn token, nothing of the header or the separator after it.
 The turn's start when Q_i does not start with P_i (a generation prompt that opens what the
 rendered turn leaves out: DeepSeek-R1's ``<｜Assistant｜><think>\\n`` before an answer
 rendered without its reasoning): with B_i = ``render(messages[:i])``, when P_i and Q_i both
-start with B_i, the turn starts where P_i and Q_i part after B_i (after ``<｜Assistant｜>``);
+start with B_i and part after it, the turn starts where they part (after ``<｜Assistant｜>``);
+when they part no later than B_i's end (the message before the turn renders a separator only
+when it is not the last), after the one place in Q_i holding the whole generation prompt;
 the characters Q_i adds from there are the turn, and rule 1 or 2 goes on with them.
 
 Rule 2 (the template rewrites the turn when later messages follow, e.g. drops an assistant
@@ -105,8 +107,9 @@ def _turn_start(
 ) -> int | None:
     """Where the turn starts in Q_i: after P_i when Q_i starts with it; else, with B_i a
     prefix of both, where P_i and Q_i part after B_i, or (a turn that rewrites the message
-    before it) after the one place in Q_i holding P_i's longest tail past the first
-    difference, the whole generation prompt included (module docstring); None otherwise.
+    before it, or they part no later than B_i's end) after the one place in Q_i holding P_i's
+    longest tail past the first difference, the whole generation prompt included (module
+    docstring); None otherwise.
     A part point inside a special token of ``markup`` moves to its start (``<think>`` and
     ``</s>`` share their ``<``)."""
     if turn.startswith(prompt):
@@ -114,14 +117,17 @@ def _turn_start(
     head = before()
     if head is None or not prompt.startswith(head):
         return None
-    if turn.startswith(head):
-        part = _common_prefix(prompt, turn)
+    part = _common_prefix(prompt, turn)
+    if turn.startswith(head) and part > len(head):  # they part inside the generation prompt
         for token in markup.finditer(turn, max(0, part - 256), part + 256) if markup else ():
             if token.start() < part < token.end():  # never inside a special token
                 return token.start()
         return part
+    # They part where B_i ends (the message before the turn rendered otherwise once it is not
+    # the last: a separator only between messages) or before: the turn follows the whole
+    # generation prompt, never its header (which is the prompt's, not the turn's).
     at = _anchor(turn, prompt)
-    return at if at is not None and _matched(turn, prompt, at) > len(prompt) - len(head) else None
+    return at if at is not None and _matched(turn, prompt, at) >= len(prompt) - len(head) else None
 
 
 def _anchor(whole: str, prompt: str) -> int | None:
