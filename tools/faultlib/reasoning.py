@@ -37,7 +37,10 @@ FOREIGN = re.compile(r"(?:SYS|USER|TOOL)MARK\d+x\d+")
 OWN = re.compile(r"(?:ANSWER|REASON)MARK(\d+x\d+b?)")
 ANSWER = re.compile(r"ANSWERMARK\d+x\d+b?")
 FIRST = re.compile(r"USERMARK(\d+)x0 ")
-LOST = re.compile(r"^Error: \d+ of \d+ assistant turns got no loss \(first: \S+:\d+: message \d+\)")
+LOST = re.compile(
+    r"^Error: [\d,]+ of [\d,]+ assistant turns got no loss \(first: \S+:\d+: message \d+\)"
+)
+TAGGED = re.compile(r"{%-?\s*generation\s*-?%}")
 
 _HEAD = "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' -}}"
 _GEN = "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
@@ -49,6 +52,14 @@ def _chatml(answer: str, other: str = "m.content", end: str = "'<|im_end|>\\n'")
     """ChatML whose assistant turns render ``answer`` (a Jinja expression over ``m``)."""
     return (_HEAD + "{%- if m.role == 'assistant' -%}{{- " + answer + " -}}{%- else -%}{{- "
             + other + " -}}{%- endif -%}{{- " + end + " -}}{%- endfor -%}" + _GEN)  # fmt: skip
+
+
+def _tagged(answer: str, before: str = "''") -> str:
+    """ChatML whose assistant turns render ``before`` then ``{% generation %}`` around
+    ``answer`` and the end of turn (Jinja expressions over ``m``)."""
+    return (_HEAD + "{%- if m.role == 'assistant' -%}{{- " + before + " -}}{%- generation -%}{{- "
+            + answer + " + '<|im_end|>' -}}{%- endgeneration -%}{{- '\\n' -}}{%- else -%}"
+            "{{- m.content + '<|im_end|>\\n' -}}{%- endif -%}{%- endfor -%}" + _GEN)  # fmt: skip
 
 
 def hostile_templates() -> dict[str, str]:
@@ -88,6 +99,11 @@ def hostile_templates() -> dict[str, str]:
         "turn index": _chatml("loop.index0 | string + ': ' + m.content"),
         "message count": _chatml("(messages | length) | string + ': ' + m.content"),
         "turns so far counted": _chatml("m.content + ' #' + (loop.index | string)"),
+        "generation tags, reasoning dropped when later": _tagged(f"({cut} if {_LATER} else m.content)"),
+        "generation tags, user recapped outside": _tagged(
+            "m.content", f"({_PREV} + ' ' if {_LATER} and loop.index0 > 0 else '')"),
+        "generation tags, user recapped inside": _tagged(
+            f"({_PREV} + ' ' if {_LATER} and loop.index0 > 0 else '') + m.content"),
     }  # fmt: skip
 
 
@@ -99,7 +115,8 @@ def marked(rng: random.Random, c: int, variant: str) -> Conv:
     """A conversation with a marker in every message; ``variant`` shapes its answers (odd
     ``<think>`` markup, reasoning apart and inline at once, empty, equal across turns, a
     substring of the user's message, the template's own markup)."""
-    messages: Conv = [{"role": "system", "content": f"SYSMARK{c}x0 be brief"}] * (rng.random() < 0.4)
+    system = rng.random() < 0.4
+    messages: Conv = [{"role": "system", "content": f"SYSMARK{c}x0 be brief"}] if system else []
     for r in range(rng.randint(1, 3)):
         messages.append({"role": "user", "content": f"USERMARK{c}x{r} why so"})
         tag, reason = f"{c}x{r}", f"REASONMARK{c}x{r} hm"
@@ -177,7 +194,9 @@ class Oracle:
         from transformers import PreTrainedTokenizerFast
 
         folder = chat_tokenizer(work)
-        self.ref = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token=EOS)
+        self.ref = PreTrainedTokenizerFast(
+            tokenizer_file=str(folder / "tokenizer.json"), eos_token=EOS
+        )
         self.raw = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.eos = self.ref.convert_tokens_to_ids(EOS)
         self.template = template
@@ -187,6 +206,15 @@ class Oracle:
         ids = self.ref.apply_chat_template(messages, chat_template=self.template, tokenize=True,
                                            return_dict=True)["input_ids"]  # fmt: skip
         return text, list(ids)
+
+    @property
+    def tagged(self) -> bool:
+        return TAGGED.search(self.template) is not None
+
+    def assistant_mask(self, messages: Conv) -> list[bool]:
+        got = self.ref.apply_chat_template(messages, chat_template=self.template, tokenize=True,
+                                           return_dict=True, return_assistant_tokens_mask=True)  # fmt: skip
+        return [bool(x) for x in got["assistant_masks"]]
 
     def decode(self, ids: list[int]) -> str:
         return self.raw.decode(ids, skip_special_tokens=False)
@@ -220,14 +248,24 @@ def wrong_pack(oracle: Oracle, out: Path, convs: list[Conv], eos: bool = True) -
         spelled = EOS in json.dumps(messages)
         if not spelled and ids != want + end:
             return f"conversation {c}: stored ids are not transformers' (+ EOS {bool(end)})"
+        if oracle.tagged and not spelled and mask[: len(want)] != oracle.assistant_mask(messages):
+            return f"conversation {c}: the loss mask is not transformers' assistant mask"
         runs = [oracle.decode(r) for r in _runs(ids, mask)]
+        if oracle.tagged:  # what the template's generation blocks hold is the oracle's
+            continue
         for run in runs:
             if FOREIGN.search(run) or len(set(OWN.findall(run))) > 1:
                 return f"conversation {c}: supervised {run!r}"
         answers = {a for m in messages if m["role"] == "assistant"
                    for a in ANSWER.findall(m.get("content") or "")}  # fmt: skip
         lost += sum(not any(a in run for run in runs) for a in answers)
-    counted = index_stats(out)["chat"]["assistant_turns"]["unsupervised"]
+    chat = index_stats(out)["chat"]
+    others = {
+        r: v["supervised"] for r, v in chat["roles"].items() if r != "assistant" and v["supervised"]
+    }
+    if others and not oracle.tagged:
+        return f"stats count supervised tokens of {others}"
+    counted = chat["assistant_turns"]["unsupervised"]
     return None if counted >= lost else f"{lost} answers unsupervised, {counted} turns counted lost"
 
 
@@ -256,7 +294,9 @@ def packed_or_refused(work: Path, tag: str, template: str, convs: list[Conv], *e
         return f"silent wrong: {wrong}" if wrong else "handled"
     if LOST.match(said):
         again, _, _ = _pack(work, tag, convs, template, "--allow-unlocated", *extra)
-        fresh, _, clean = _pack(work, tag, convs, template, "--allow-unlocated", *extra, out="fresh")
+        fresh, _, clean = _pack(
+            work, tag, convs, template, "--allow-unlocated", *extra, out="fresh"
+        )
         if again is None or fresh is None:
             return "hang"
         if again.returncode or fresh.returncode:
@@ -271,7 +311,9 @@ def packed_or_refused(work: Path, tag: str, template: str, convs: list[Conv], *e
         return "hang"
     if skipped.returncode:  # every conversation refused: nothing to pack is the clear error
         nothing = skipped.stderr.startswith(f"Error: no non-empty documents in {src}")
-        return "clear error" if nothing else f"crash: --on-error skip failed: {skipped.stderr[-200:]}"
+        return (
+            "clear error" if nothing else f"crash: --on-error skip failed: {skipped.stderr[-200:]}"
+        )
     stats = index_stats(rest)
     refused = stats["chat"]["template_refused"]["count"] + stats.get("records_skipped", 0)
     refused += stats.get("unsupervised_documents_refused", 0)
@@ -338,7 +380,9 @@ def template_eos(work: Path, scale: float) -> Iterator[Attempt]:
                     said = proc.stderr.strip() if proc else ""
                     if proc is None:
                         return "hang"
-                    if "Traceback" in said or (proc.returncode and not said.startswith(f"Error: {src}:")):
+                    if "Traceback" in said or (
+                        proc.returncode and not said.startswith(f"Error: {src}:")
+                    ):
                         return labelled(label, f"crash: {said[-200:]}")
                     if proc.returncode:  # a conversation no token of which carries loss
                         return "clear error"
@@ -350,12 +394,15 @@ def template_eos(work: Path, scale: float) -> Iterator[Attempt]:
 
 
 def long_conversations(work: Path, scale: float) -> Iterator[Attempt]:
-    """One conversation of 200 and one of 2,000 rounds (reasoning inline in every answer)
-    through Qwen3's template and one that drops every earlier answer: each render of a rewritten
-    turn re-renders the conversation, so the render budget must end it (a clear error naming
-    ``file:line``) or the pack must be right, within the attempt's time limit."""
+    """One conversation of 100 and one of 250 rounds (reasoning inline in every answer)
+    through Qwen3's template and one that drops every earlier answer: every turn is
+    rewritten, so each takes its own renders of the whole conversation (honest work grows as
+    rounds**2); the pack must be right by the oracles, or the lost turns refused naming
+    ``file:line``, within the attempt's time limit. (Past the render budget's steps, a
+    conversation is refused by its wall-time backstop, ``MAX_SECONDS`` of
+    ``wdstream/chat/budget.py``: longer than an attempt may take, so not attacked here.)"""
     templates = hostile_templates()
-    for rounds in (200, 2000):
+    for rounds in (100, 250):
         for label in ("Qwen3 (reasoning after the last query)", "answer dropped when later"):
 
             def attempt(rounds: int = rounds, label: str = label) -> str:
@@ -365,7 +412,9 @@ def long_conversations(work: Path, scale: float) -> Iterator[Attempt]:
                                  {"role": "assistant",
                                   "content": f"<think>REASONMARK0x{r}</think>ANSWERMARK0x{r}"}]  # fmt: skip
                 tag = f"long-{rounds}-{label[:5]}"
-                return labelled(f"{label} / {rounds} rounds",
-                                packed_or_refused(work, tag, templates[label], [messages]))
+                return labelled(
+                    f"{label} / {rounds} rounds",
+                    packed_or_refused(work, tag, templates[label], [messages]),
+                )
 
             yield attempt
