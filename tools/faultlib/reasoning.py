@@ -194,30 +194,36 @@ class Oracle:
         from transformers import PreTrainedTokenizerFast
 
         folder = chat_tokenizer(work)
-        self.ref = PreTrainedTokenizerFast(
+        self.ref: Any = PreTrainedTokenizerFast(
             tokenizer_file=str(folder / "tokenizer.json"), eos_token=EOS
         )
         self.raw = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.eos = self.ref.convert_tokens_to_ids(EOS)
+        self.eos = int(self.raw.token_to_id(EOS) or 0)
         self.template = template
 
     def render(self, messages: Conv) -> tuple[str, list[int]]:
-        text = self.ref.apply_chat_template(messages, chat_template=self.template, tokenize=False)
+        """The text and ids transformers makes of ``messages``."""
+        text: str = self.ref.apply_chat_template(
+            messages, chat_template=self.template, tokenize=False
+        )
         ids = self.ref.apply_chat_template(messages, chat_template=self.template, tokenize=True,
                                            return_dict=True)["input_ids"]  # fmt: skip
         return text, list(ids)
 
     @property
     def tagged(self) -> bool:
+        """Whether the template has ``{% generation %}`` blocks (transformers' masks)."""
         return TAGGED.search(self.template) is not None
 
     def assistant_mask(self, messages: Conv) -> list[bool]:
+        """transformers' ``return_assistant_tokens_mask`` of ``messages``."""
         got = self.ref.apply_chat_template(messages, chat_template=self.template, tokenize=True,
                                            return_dict=True, return_assistant_tokens_mask=True)  # fmt: skip
         return [bool(x) for x in got["assistant_masks"]]
 
     def decode(self, ids: list[int]) -> str:
-        return self.raw.decode(ids, skip_special_tokens=False)
+        """``ids`` as text, special tokens spelled out."""
+        return str(self.raw.decode(ids, skip_special_tokens=False))
 
 
 def _runs(ids: list[int], mask: list[bool]) -> list[list[int]]:
@@ -243,7 +249,7 @@ def wrong_pack(oracle: Oracle, out: Path, convs: list[Conv], eos: bool = True) -
         mask = [not x >> 31 for x in doc]
         text, want = oracle.render(messages)
         end = [oracle.eos] if eos and want and want[-1] != oracle.eos else []
-        if oracle.decode(ids) != oracle.decode(want + end):
+        if oracle.decode(ids) != text + EOS * len(end):
             return f"conversation {c}: stored text is not transformers' render (+ EOS {bool(end)})"
         spelled = EOS in json.dumps(messages)
         if not spelled and ids != want + end:
@@ -394,7 +400,7 @@ def template_eos(work: Path, scale: float) -> Iterator[Attempt]:
 
 
 def long_conversations(work: Path, scale: float) -> Iterator[Attempt]:
-    """One conversation of 100 and one of 250 rounds (reasoning inline in every answer)
+    """One conversation of 50 and one of 120 rounds (reasoning inline in every answer)
     through Qwen3's template and one that drops every earlier answer: every turn is
     rewritten, so each takes its own renders of the whole conversation (honest work grows as
     rounds**2); the pack must be right by the oracles, or the lost turns refused naming
@@ -402,7 +408,7 @@ def long_conversations(work: Path, scale: float) -> Iterator[Attempt]:
     conversation is refused by its wall-time backstop, ``MAX_SECONDS`` of
     ``wdstream/chat/budget.py``: longer than an attempt may take, so not attacked here.)"""
     templates = hostile_templates()
-    for rounds in (100, 250):
+    for rounds in (50, 120):
         for label in ("Qwen3 (reasoning after the last query)", "answer dropped when later"):
 
             def attempt(rounds: int = rounds, label: str = label) -> str:
