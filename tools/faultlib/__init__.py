@@ -6,8 +6,9 @@ Shared: ``common`` (outcomes, the clean dataset, the CLI run, the input corpus),
 (bit flips, index.json edits), ``cursors`` (hostile saved states), ``inputs`` (hostile pack
 inputs), ``storage``, ``packs`` (the pack process killed or failing), ``servers`` (hostile
 and lying HTTP servers, the node cache), ``rows`` (rows as served), ``mixture``,
-``quarantine``, ``edges`` (Arrow inputs cut short, the writer's arguments and bounds,
-checkpoint states, reader options and ``--plot`` paths, blank-line bombs, all-corrupt data),
+``quarantine``, ``reasoning`` (chat templates that rewrite earlier turns, a template's own
+EOS), ``edges`` (Arrow inputs cut short, the writer's arguments and bounds, checkpoint
+states, reader options and ``--plot`` paths, blank-line bombs, all-corrupt data),
 ``travel`` (chat template variables against transformers and on resume, tokenizer paths
 found again from ``pack_cwd`` or given, recorded template variables), ``holdout`` (``pack
 --holdout`` killed at every commit step and in either dataset's shards, leftovers at

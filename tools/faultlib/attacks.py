@@ -19,6 +19,7 @@ from faultlib.inputs import bad_records, record_bombs, special_inputs, truncated
 from faultlib.mixture import mixture_steps, spec_files
 from faultlib.packs import concurrent_packs, failed_shard_write, killed_packs
 from faultlib.quarantine import quarantined_rows
+from faultlib.reasoning import long_conversations, rewritten_turns, template_eos
 from faultlib.records import arrow_inputs, masked_records
 from faultlib.rows import bucketed_tokens, shard_url_openings, shuffled_short_sample
 from faultlib.servers import cache_files, hostile_servers, lying_servers
@@ -112,4 +113,7 @@ ATTACKS = [
     Attack("held-out split: HTTP output failing a PUT", "`pack --holdout` to an HTTP server (PUT) that cannot store holdout/index.json, index.json or holdout/index.shards: a clear error and no training index.json; fixed, the rerun equals the local pack byte for byte, no lock left", holdout_remote),
     Attack("held-out split: readers", "Loader at OUTPUT and OUTPUT/*.tar reads exactly the training dataset alone (never holdout/ shards); a mixture of both reads rows of either; verify/stats/inspect/explain on both sides", holdout_readers),
     Attack("shard size from input size", "stats.shard_bytes against the rule computed from os.path.getsize (plain, gzip, a glob of 3.2 MB + tiny + empty files, the held-out share); an empty input; a pack killed after its first shard whose input then grew, was cut or edited in place: refused, then restored: the uninterrupted bytes", shard_sizing),
+    Attack("chat templates rewriting earlier turns", "`pack --chat` of marked conversations (reasoning inline, apart, both, unclosed, nested, several `</think>`; empty, equal, substring-of-the-user and template-markup answers; consecutive answers; tool results) through Qwen3's and a last-reasoning template and 18 hostile ones that, once later messages follow, echo the previous or next user message into an answer, put the previous message in its place, add the system prompt, copy the answer into the next user turn or twice, upper/lower-case, reverse, strip or drop it, number turns and messages, and 3 with `{% generation %}` blocks (dropping reasoning, a recap outside or inside the block); oracle: transformers' apply_chat_template (text, ids, and assistant masks for the tagged ones), markers decoded from tarfile + msgpack: no system/user/tool marker supervised, a lost answer fails the pack naming file:line, `--allow-unlocated` resumes byte-identical to a fresh pack, refused conversations skipped", rewritten_turns),
+    Attack("a template's own EOS", "ChatML whose conversation ends with the EOS alone, before a newline or spaces, twice, after a user or a tool message; docs and best-fit, --eos and --no-eos; oracle: transformers' ids plus the pack's EOS exactly when they do not end with it (tarfile + msgpack, doc_lens)", template_eos),
+    Attack("long rewritten conversations", "50 and 120 rounds with inline reasoning through Qwen3's template and one dropping earlier answers: right by the oracles, or refused naming file:line, within the time limit", long_conversations),
 ]  # fmt: skip

@@ -67,6 +67,16 @@ Spans = list[tuple[int, int, int]]
 _Turn = tuple[int, TurnSpan, str]  # (message, its span, the text Q_i adds for the turn)
 
 
+def _answered(message: dict[str, Any]) -> bool:
+    """Whether an assistant message has an answer: a letter or digit in its content past the
+    last ``</think>`` (inline reasoning is not the answer), or tool calls."""
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: their text
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    answer = content.rsplit("</think>", 1)[-1] if isinstance(content, str) else ""
+    return any(c.isalnum() for c in answer) or bool(message.get("tool_calls"))
+
+
 class ChatEncoder:
     """Encode conversations with one template, tokenizer and ``train_on`` rule.
 
@@ -126,7 +136,7 @@ class ChatEncoder:
                 through = whole if k == n - 1 else render(k + 1)
                 own = [*prepared[:k], rotated(prepared[k]), *prepared[k + 1 :]]
                 found = turn_span(whole, prompt, through, optional(prepared[:k]), optional(own),
-                                  self._specials)  # fmt: skip
+                                  self._specials, _answered(prepared[k]))  # fmt: skip
                 turns.append((k, found, found.added))
                 lo, hi = (
                     (found.start, found.end) if found.end > found.start else found.owned or (-1, -1)

@@ -18,7 +18,9 @@ and its end-of-turn token, nothing of the header or the separator after it.
 The turn's start when Q_i does not start with P_i (a generation prompt that opens what the
 rendered turn leaves out: DeepSeek-R1's ``<｜Assistant｜><think>\\n`` before an answer
 rendered without its reasoning): with B_i = ``render(messages[:i])``, when P_i and Q_i both
-start with B_i, the turn starts where P_i and Q_i part after B_i (after ``<｜Assistant｜>``);
+start with B_i and part after it, the turn starts where they part (after ``<｜Assistant｜>``);
+when they part no later than B_i's end (the message before the turn renders a separator only
+when it is not the last), after the one place in Q_i holding the whole generation prompt;
 the characters Q_i adds from there are the turn, and rule 1 or 2 goes on with them.
 
 Rule 2 (the template rewrites the turn when later messages follow, e.g. drops an assistant
@@ -39,6 +41,10 @@ turn's reasoning once a later user message exists, so T does not start with Q_i)
   reasoning given apart.
 
 The record gets a ``relocated`` problem naming how much of the turn was found.
+
+A turn with an answer (text past its reasoning, or tool calls) of which T shows none of its
+strings (the template drops the answer, not only the reasoning) is not located either: the
+text found would be the template's markup alone.
 
 Otherwise (no start, no text, or some of the turn's own text outside it) the turn is not
 supervised and the record gets an ``unlocated`` problem: a turn is never supervised at a
@@ -101,8 +107,9 @@ def _turn_start(
 ) -> int | None:
     """Where the turn starts in Q_i: after P_i when Q_i starts with it; else, with B_i a
     prefix of both, where P_i and Q_i part after B_i, or (a turn that rewrites the message
-    before it) after the one place in Q_i holding P_i's longest tail past the first
-    difference, the whole generation prompt included (module docstring); None otherwise.
+    before it, or they part no later than B_i's end) after the one place in Q_i holding P_i's
+    longest tail past the first difference, the whole generation prompt included (module
+    docstring); None otherwise.
     A part point inside a special token of ``markup`` moves to its start (``<think>`` and
     ``</s>`` share their ``<``)."""
     if turn.startswith(prompt):
@@ -110,14 +117,17 @@ def _turn_start(
     head = before()
     if head is None or not prompt.startswith(head):
         return None
-    if turn.startswith(head):
-        part = _common_prefix(prompt, turn)
+    part = _common_prefix(prompt, turn)
+    if turn.startswith(head) and part > len(head):  # they part inside the generation prompt
         for token in markup.finditer(turn, max(0, part - 256), part + 256) if markup else ():
             if token.start() < part < token.end():  # never inside a special token
                 return token.start()
         return part
+    # They part where B_i ends (the message before the turn rendered otherwise once it is not
+    # the last: a separator only between messages) or before: the turn follows the whole
+    # generation prompt, never its header (which is the prompt's, not the turn's).
     at = _anchor(turn, prompt)
-    return at if at is not None and _matched(turn, prompt, at) > len(prompt) - len(head) else None
+    return at if at is not None and _matched(turn, prompt, at) >= len(prompt) - len(head) else None
 
 
 def _anchor(whole: str, prompt: str) -> int | None:
@@ -184,6 +194,7 @@ def turn_span(
     before: Render,
     changed: Render,
     markup: re.Pattern[str] | None = None,
+    answered: bool = False,
 ) -> TurnSpan:
     """The supervised characters of one assistant turn in ``whole`` (module docstring).
 
@@ -195,6 +206,10 @@ def turn_span(
             prompt (called only when Q_i does not start with P_i).
         changed: renders T with the turn's strings changed (called only under rule 2).
         markup: the tokenizer's special tokens (a turn never starts inside one), or None.
+        answered: the turn has an answer (text past its reasoning, or tool calls): under
+            rule 2, T must show some of the turn's own text, else the template dropped the
+            answer and what is found is only its markup (an end-of-turn token alone would
+            teach the model to answer nothing), so the turn is not located.
     """
     start = _turn_start(prompt, turn, before, markup)
     if start is None:
@@ -214,6 +229,9 @@ def turn_span(
         return _unlocated(at, f"{rewrites}'s own text cannot be told apart", added, None)
     shown = own != (0, 0)  # T renders some of the turn's own strings
     owned = (at, own[1]) if shown and own[0] >= at else (at, at) if not shown else None
+    if answered and not shown:
+        why = " renders none of its answer there"
+        return _unlocated(at, f"{rewrites}{why}", added, owned)
     if not length or (shown and not at <= own[0] <= own[1] <= at + length):
         why = " was not found" if not length else "'s own text lies outside the text found"
         return _unlocated(at, f"{rewrites}{why}", added, owned)
