@@ -146,7 +146,7 @@ def test_a_mixture_state_vouches_for_every_field(data: dict[str, str], tmp_path:
     edited = [{**state, **edit} for edit, _ in edits]
     got = _resume_all(tmp_path, data, W, [state, *edited, removed, unsealed])
     assert got[0] == {"ids": after, "steps": steps}
-    for (edit, message), refused in zip(edits, got[1 : 1 + len(edits)]):
+    for (edit, message), refused in zip(edits, got[1 : 1 + len(edits)], strict=True):
         assert refused["error"] == f"StateMismatchError: {refused['error'].split(': ', 1)[1]}"
         assert message in refused["error"], (edit, refused)
     assert got[-2]["error"].startswith(
