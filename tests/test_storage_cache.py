@@ -224,7 +224,9 @@ def test_processes_share_one_cache(
 ) -> None:
     url, data = s3_object
     cache = tmp_path / "c"
-    ctx = multiprocessing.get_context("spawn")
+    # fork: what is proved is processes sharing one folder, not how they were started (a
+    # spawned child imported torch and wdstream again, ~2 s each of eight)
+    ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
     procs = [ctx.Process(target=_reader, args=(url, str(cache), limit, s, out)) for s in range(4)]
     for p in procs:

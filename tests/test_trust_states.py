@@ -64,48 +64,60 @@ source, weights, path = json.loads(sys.argv[1])
 kw = dict(batch_size=4, num_workers=0, seq_len=16, shuffle_window=12, shuffle_lanes=2, seed=5)
 if weights:
     kw["weights"] = weights
-loader = Loader(source, **kw)
-try:
-    loader.load_state_dict(json.loads(open(path).read()))
-except Exception as exc:
-    print(json.dumps({"error": type(exc).__name__ + ": " + str(exc)}))
-    sys.exit(0)
-ids = [b["input_ids"].tolist() for b in itertools.islice(loader, 3)]
-print(json.dumps({"ids": ids, "steps": [loader.data_step(t) for t in range(9)]}))
+results = []
+for state in json.loads(open(path).read()):
+    loader = Loader(source, **kw)
+    try:
+        loader.load_state_dict(state)
+    except Exception as exc:
+        results.append({"error": type(exc).__name__ + ": " + str(exc)})
+        continue
+    ids = [b["input_ids"].tolist() for b in itertools.islice(loader, 3)]
+    results.append({"ids": ids, "steps": [loader.data_step(t) for t in range(9)]})
+print(json.dumps(results))
 """
 
 
-def _resume(tmp_path: Path, source: Any, weights: Any, state: dict[str, Any]) -> dict[str, Any]:
-    """Load ``state`` (written to a file) in a fresh process: its error or next batches."""
-    path = tmp_path / "state.json"
-    path.write_text(json.dumps(state))
+def _resume_all(
+    tmp_path: Path, source: Any, weights: Any, states: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Load each of ``states`` (written to a JSON file) into a new Loader of one fresh
+    process: its error or next batches, in order. One process for all (not one each): a
+    process start imports torch, and a Loader is built anew for every state."""
+    path = tmp_path / "states.json"
+    path.write_text(json.dumps(states))
     args = json.dumps([source, weights, str(path)])
     res = subprocess.run([sys.executable, "-c", _RESUME, args], capture_output=True, text=True,
                          timeout=300, check=True)  # fmt: skip
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    results: list[dict[str, Any]] = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(results) == len(states)
+    return results
 
 
 def test_a_global_state_cut_back_to_an_older_check_is_refused(
     data: dict[str, str], tmp_path: Path
 ) -> None:
     state, after, steps = _run(data["a"])
-    got = _resume(tmp_path, data["a"], None, state)
-    assert got == {"ids": after, "steps": steps}  # intact: the uninterrupted run
-    for skips in ([[4, 2]], [[4, 3]], [[3, 2]]):  # kept, or edited, under the older check
-        older = {**state, "skips": skips, "check": seal(state, SEALED)}
-        got = _resume(tmp_path, data["a"], None, older)
-        assert got["error"].startswith(
-            "StateMismatchError: skips: is not covered by the state's check"
-        )
+    older = [  # skips kept, or edited, under the older check
+        {**state, "skips": skips, "check": seal(state, SEALED)}
+        for skips in ([[4, 2]], [[4, 3]], [[3, 2]])
+    ]
     removed = {k: v for k, v in state.items() if k != "skips"}  # skips and their tag gone
     removed["check"] = state["check"][: 8 * len(SEALED)]
-    got = _resume(tmp_path, data["a"], None, removed)
-    assert got["error"].startswith("StateMismatchError: skips: missing: the state's check was made")
     legacy = {**state, "check": _legacy_check(state)}  # saved before the form was in the key
-    assert _resume(tmp_path, data["a"], None, legacy) == {"ids": after, "steps": steps}
     bare = {k: v for k, v in state.items() if k not in ("check", "skips")}
-    got = _resume(tmp_path, data["a"], None, bare)  # "saved before issue 23", but named by content
-    assert got["error"].startswith("StateMismatchError: check: missing")
+    got = _resume_all(tmp_path, data["a"], None, [state, *older, removed, legacy, bare])
+    assert got[0] == {"ids": after, "steps": steps}  # intact: the uninterrupted run
+    for refused in got[1:4]:
+        assert refused["error"].startswith(
+            "StateMismatchError: skips: is not covered by the state's check"
+        )
+    assert got[4]["error"].startswith(
+        "StateMismatchError: skips: missing: the state's check was made"
+    )
+    assert got[5] == {"ids": after, "steps": steps}
+    # "saved before issue 23", but named by content
+    assert got[6]["error"].startswith("StateMismatchError: check: missing")
 
 
 def _legacy_check(state: dict[str, Any]) -> str:
@@ -120,8 +132,6 @@ def _legacy_check(state: dict[str, Any]) -> str:
 def test_a_mixture_state_vouches_for_every_field(data: dict[str, str], tmp_path: Path) -> None:
     state, after, steps = _run(data, W)
     assert len(state["check"]) == 8 * 7  # six placing fields and skips
-    got = _resume(tmp_path, data, W, state)
-    assert got == {"ids": after, "steps": steps}
     edits: list[tuple[dict[str, Any], str]] = [
         ({"skips": [[4, 3]]}, "skips: differs from the value the state's check was made with"),
         ({"skips": [[3, 2]]}, "skips: differs from the value"),
@@ -130,17 +140,19 @@ def test_a_mixture_state_vouches_for_every_field(data: dict[str, str], tmp_path:
         ({"check": state["check"][:48]}, "skips: is not covered by the state's check"),
         ({"check": state["check"][:40]}, "check: a string of 56 hex digits expected"),
     ]
-    for edit, message in edits:
-        got = _resume(tmp_path, data, W, {**state, **edit})
-        assert got["error"] == f"StateMismatchError: {got['error'].split(': ', 1)[1]}"
-        assert message in got["error"], (edit, got)
     removed = {k: v for k, v in state.items() if k != "skips"}
     removed["check"] = state["check"][:48]
-    got = _resume(tmp_path, data, W, removed)
-    assert got["error"].startswith("StateMismatchError: skips: missing: the state's check was made")
     unsealed = {k: v for k, v in state.items() if k != "check"}
-    got = _resume(tmp_path, data, W, unsealed)
-    assert got["error"].startswith(
+    edited = [{**state, **edit} for edit, _ in edits]
+    got = _resume_all(tmp_path, data, W, [state, *edited, removed, unsealed])
+    assert got[0] == {"ids": after, "steps": steps}
+    for (edit, message), refused in zip(edits, got[1 : 1 + len(edits)], strict=True):
+        assert refused["error"] == f"StateMismatchError: {refused['error'].split(': ', 1)[1]}"
+        assert message in refused["error"], (edit, refused)
+    assert got[-2]["error"].startswith(
+        "StateMismatchError: skips: missing: the state's check was made"
+    )
+    assert got[-1]["error"].startswith(
         "StateMismatchError: check: missing: a mixture state carrying skips"
     )
 
@@ -155,10 +167,9 @@ def test_a_mixture_state_without_check_is_refused_unless_sealed_by_hand(
     loader = Loader(data, batch_size=4, num_workers=0, weights=W, **OPTS)
     _ids(loader, 3)
     state = {k: v for k, v in loader.state_dict().items() if k != "check"}
-    got = _resume(tmp_path, data, W, state)
-    assert got["error"].startswith("StateMismatchError: check: missing: a mixture state carries")
-    got = _resume(tmp_path, data, W, {**state, "check": mixture_seal(state)})
-    assert got["ids"] == _ids(loader, 3)
+    bare, sealed = _resume_all(tmp_path, data, W, [state, {**state, "check": mixture_seal(state)}])
+    assert bare["error"].startswith("StateMismatchError: check: missing: a mixture state carries")
+    assert sealed["ids"] == _ids(loader, 3)
 
 
 def _spec(tmp_path: Path, body: dict[str, Any]) -> Path:
