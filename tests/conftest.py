@@ -27,7 +27,19 @@ settings.load_profile("wdstream")
 # sidecar and index (as they must), and on this shared disk an fsync took ~10 ms, ~40 s
 # of a 400-shard dataset; on tmpfs it returns at once. Set before pytest picks its
 # temporary root (at the first ``tmp_path``); a root given by the caller is kept.
-if "PYTEST_DEBUG_TEMPROOT" not in os.environ and os.access("/dev/shm", os.W_OK | os.X_OK):
+# Only a tmpfs with room for the suite's folders (a container's /dev/shm is often 64 MB).
+_SHM_NEEDED = 8 << 30
+
+
+def _roomy_tmpfs(path: str) -> bool:
+    """Whether ``path`` is writable with at least ``_SHM_NEEDED`` bytes free."""
+    if not os.access(path, os.W_OK | os.X_OK):
+        return False
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize >= _SHM_NEEDED
+
+
+if "PYTEST_DEBUG_TEMPROOT" not in os.environ and _roomy_tmpfs("/dev/shm"):
     os.environ["PYTEST_DEBUG_TEMPROOT"] = "/dev/shm"
 
 # The README's test command runs the files on all cores (pytest-xdist, ``-n auto --dist
