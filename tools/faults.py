@@ -76,7 +76,7 @@ def main() -> None:
                     notes.append(f"- {attack.name}: {outcome}")
             rows.append((attack, counts, said))
             print(f"{attack.name}: {dict(counts)}", flush=True)
-    write_report(Path(args.output), rows, notes, time.monotonic() - start)
+    write_report(Path(args.output), rows, notes, time.monotonic() - start, args.scale)
 
 
 if __name__ == "__main__":
