@@ -334,7 +334,8 @@ def held_out_datasets(
     if not entries:
         raise InputError(
             f"no document of {inputs} was held out (--holdout {target.fraction} of "
-            f"{stats['documents']} documents): pass a larger fraction or more input"
+            f"{stats['documents']} documents): pass a larger fraction or more input, with "
+            "--overwrite (overwrite=True in Python): the fraction is part of the command"
         )
     counts = dict(rule_counts)
     if "supervised_tokens" in counts:

@@ -347,7 +347,8 @@ def pack(
         entries = journal.entries
         if not entries and target is not None and target.journal.entries:
             raise InputError(f"every document of {sources.describe()} was held out "
-                             f"(--holdout {fraction}): pass a smaller fraction")  # fmt: skip
+                             f"(--holdout {fraction}): pass a smaller fraction with --overwrite "
+                             "(overwrite=True in Python)")  # fmt: skip
         if not entries:
             raise InputError(f"no non-empty documents in {sources.describe()}"
                              + left_out(totals.rule_counts, seq_len))  # fmt: skip
