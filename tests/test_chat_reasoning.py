@@ -16,12 +16,9 @@ import json
 import random
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
-import msgpack
-import numpy as np
 import pytest
 import tokenizers
 
@@ -32,6 +29,7 @@ from tests.chat_reasoning_support import (
     turn_texts,
 )
 from tests.chat_support import CHATML, build_chat_hf, chat_texts
+from tests.test_pack import raw_samples
 from tests.tokenizer_files import build_hf_bpe
 
 Conv = list[dict[str, Any]]
@@ -54,17 +52,11 @@ def _pack(tmp: Path, convs: list[Conv], template: str, tokenizer: str, *extra: s
 
 def _stored(root: Path) -> list[tuple[list[int], list[int]]]:
     """Every sample as (ids, mask: 1 = carries loss), bit 31 set meaning no loss
-    (docs/FORMAT.md), read with tarfile + msgpack; nothing dropped."""
-    out = []
-    for shard in json.loads((root / "index.json").read_text())["shards"]:
-        with tarfile.open(root / shard["name"]) as tar:
-            for member in tar.getmembers():
-                f = tar.extractfile(member)
-                if f is None or not member.name.endswith((".mp", ".msgpack")):
-                    continue
-                raw = np.frombuffer(msgpack.unpackb(f.read())["tokens"], dtype="<u4")
-                out.append(([int(x) & 0x7FFFFFFF for x in raw], [int(not x >> 31) for x in raw]))
-    return out
+    (docs/FORMAT.md), decoded with tarfile + msgpack (``raw_samples``); nothing dropped."""
+    return [
+        ([int(x) & 0x7FFFFFFF for x in s.tokens], [int(not int(x) >> 31) for x in s.tokens])
+        for s in raw_samples(root)
+    ]
 
 
 def _runs(decode: Any, ids: list[int], mask: list[int]) -> list[str]:
