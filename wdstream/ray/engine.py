@@ -52,6 +52,7 @@ from wdstream.ray.tasks import (
     check_shard,
     tokenize_piece,
     warm_up,
+    worker_recipe,
     write_shard,
 )
 from wdstream.storage import Store, open_store
@@ -240,11 +241,10 @@ class _Driver:
             self._check.remote(job.output, job.store_options, dict(e.__dict__))
             for e in self.journal.entries
         ]
-        recipe = job.tokenizer.__reduce__()
         piece_job = ray.put(
             PieceJob(
                 job.files, job.text_key, job.lines, job.on_error, job.errors, job.max_record_bytes,
-                (recipe[0], tuple(recipe[1])), job.bos_id, job.eos_id, job.dtype,
+                worker_recipe(job.tokenizer), job.bos_id, job.eos_id, job.dtype,
             )
         )  # fmt: skip
         self.shard_job = ray.put(

@@ -35,7 +35,7 @@ from wdstream.format.sample import token_dtype_for_vocab
 from wdstream.inputs import InputFile
 from wdstream.ray.engine import write_tokenized
 from wdstream.ray.pieces import PieceDocs
-from wdstream.ray.tasks import cached_tokenizer
+from wdstream.ray.tasks import cached_tokenizer, worker_recipe
 from wdstream.storage import open_store
 from wdstream.tokenizers import load_tokenizer
 from wdstream.write.bestfit import DEFAULT_BUFFER
@@ -96,8 +96,7 @@ class Sink(Datasink[tuple[int, PieceDocs, Any]]):
         self.name, self.bestfit_buffer = name, bestfit_buffer
         self.store_options = dict(store_options or {})
         self.progress = progress
-        recipe = self.tok.__reduce__()
-        self._recipe = (recipe[0], tuple(recipe[1]))  # workers rebuild the tokenizer once
+        self._recipe = worker_recipe(self.tok)  # workers rebuild what encodes once
 
     def __getstate__(self) -> dict[str, Any]:
         # Write tasks rebuild the tokenizer from its recipe once per worker; shipping the
