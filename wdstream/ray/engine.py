@@ -93,8 +93,10 @@ class RayEngine:
     while the driver waited.
 
     Args:
-        address: ``None``: a Ray instance already initialised in this process, else a new
-            local one; ``"auto"``: the running cluster; ``"ray://host:port"``.
+        address: ``None``: a Ray instance already initialised in this process, else
+            ``ray.init()``'s own choice (``RAY_ADDRESS``, a cluster started on this machine
+            with ``ray start``, else a new local one); ``"auto"``: the running cluster;
+            ``"ray://host:port"``.
         tokenizer: the pack's tokenizer spec and backend, as :func:`load_tokenizer` takes them.
     """
 
