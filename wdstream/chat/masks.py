@@ -126,6 +126,12 @@ class ChatEncoder:
         def optional(messages: list[dict[str, Any]]) -> Callable[[], str | None]:
             return lambda: self._region_render(messages, tools)
 
+        def changed(k: int) -> Callable[[], str | None]:
+            """T with turn ``k``'s strings changed: rotated only if a rule renders it."""
+            return lambda: self._region_render(
+                [*prepared[:k], rotated(prepared[k]), *prepared[k + 1 :]], tools
+            )
+
         n = len(prepared)
         whole, blocks = self.template.render_blocks(prepared, False, tools)
         ends = [-1] * (n - 1) + [len(whole)]
@@ -134,9 +140,8 @@ class ChatEncoder:
             if prepared[k].get("role") == "assistant":
                 prompt = render(k, True)
                 through = whole if k == n - 1 else render(k + 1)
-                own = [*prepared[:k], rotated(prepared[k]), *prepared[k + 1 :]]
-                found = turn_span(whole, prompt, through, optional(prepared[:k]), optional(own),
-                                  self._specials, _answered(prepared[k]))  # fmt: skip
+                found = turn_span(whole, prompt, through, optional(prepared[:k]),
+                                  changed(k), self._specials, _answered(prepared[k]))  # fmt: skip
                 turns.append((k, found, found.added))
                 lo, hi = (
                     (found.start, found.end) if found.end > found.start else found.owned or (-1, -1)

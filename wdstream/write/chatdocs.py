@@ -93,8 +93,9 @@ class ChatDocumentEncoder:
         chat_tok = self.tokenizer or tok
         assert isinstance(chat_tok, Tokenizer), "chat needs a tokenizer with encode_chat"
         encoder = self._encoder(chat_tok)
-        head = [] if self.bos_id is None else [stored_id(self.bos_id, True)]
-        tail = [] if self.eos_id is None else [stored_id(self.eos_id, True)]
+        head = np.array([] if self.bos_id is None else [stored_id(self.bos_id, True)], np.uint32)
+        tail = np.array([] if self.eos_id is None else [stored_id(self.eos_id, True)], np.uint32)
+        nothing = tail[:0]
         added = np.array([ADDED_TAG], dtype=np.uint8)
         tokens: list[np.ndarray] = []
         tags: list[np.ndarray] = []
@@ -106,11 +107,11 @@ class ChatDocumentEncoder:
             if encoded is None:
                 continue
             stored, roles = encoded
-            if not head:  # the conversation's first token: no target (encoders.start_not_target)
+            if not len(head):  # the first token: no target (encoders.start_not_target)
                 stored = start_not_target(stored)
             # A template that ends the conversation with the EOS itself gets no second one.
-            end = [] if int(stored[-1]) & ID_BITS == self.eos_id else tail
-            tokens += [np.array(head, np.uint32), stored, np.array(end, np.uint32)]
+            end = nothing if int(stored[-1]) & ID_BITS == self.eos_id else tail
+            tokens += [head, stored, end]
             tags += [added[: len(head)], roles, added[: len(end)]]
             lens[i] = len(head) + len(stored) + len(end)
         flat = np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.uint32)
