@@ -42,6 +42,11 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+try:
+    import fcntl
+except ImportError:  # Windows has none: the pipes keep their size
+    fcntl = None  # type: ignore[assignment]
+
 import numpy as np
 
 from wdstream.errors import WdstreamError
@@ -141,6 +146,33 @@ def _run_task(
         empty = np.zeros(0, dtype=encoder.dtype)
         return EncodedBatch(empty, np.zeros(0, dtype=np.int64)), parsed
     return encoder.encode(tok, parsed.docs), parsed.without_docs()
+
+
+# Buffer of the pool's task and result pipes: a batch (~1 MB of text, its tokens) then
+# crosses in one or two reads instead of sixteen of 64 KiB (Linux's default), each of which
+# the packing process paid for in a fresh buffer and a copy: measured, receiving 100 MB of
+# results took ~0.065 s of its CPU with 64 KiB pipes and ~0.03 s with 1 MiB ones (the
+# default most a user may ask for, /proc/sys/fs/pipe-max-size).
+_PIPE_BYTES = 1 << 20
+
+
+def _widen_pipes(executor: ProcessPoolExecutor) -> None:
+    """Set the pipes ``executor`` sends tasks and receives results through to
+    :data:`_PIPE_BYTES` (``F_SETPIPE_SZ``, Linux). Only a speed-up: where the call is missing
+    or refused (a per-user limit on pipe buffers), the pipes keep their size."""
+    setsize = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl is not None else None
+    if setsize is None:
+        return
+    # ProcessPoolExecutor's own queues (CPython 3.9-3.13 name them so); absent: nothing.
+    ends = (
+        getattr(getattr(executor, "_call_queue", None), "_writer", None),
+        getattr(getattr(executor, "_result_queue", None), "_reader", None),
+    )
+    for end in ends:
+        try:
+            fcntl.fcntl(end.fileno(), setsize, _PIPE_BYTES)
+        except (AttributeError, OSError, ValueError):
+            continue
 
 
 def _ready() -> None:
@@ -258,6 +290,7 @@ class TokenPool:
             self._executor = ProcessPoolExecutor(
                 workers, mp_context=ctx, initializer=_init_worker, initargs=initargs
             )
+            _widen_pipes(self._executor)
         elif self.kind == "threads":
             self._executor = ThreadPoolExecutor(workers, thread_name_prefix="wdstream-encode")
 
