@@ -164,14 +164,14 @@ def _widen_pipes(executor: ProcessPoolExecutor) -> None:
     if setsize is None:
         return
     # ProcessPoolExecutor's own queues (CPython 3.9-3.13 name them so); absent: nothing.
-    ends = (
+    ends: list[Any] = [
         getattr(getattr(executor, "_call_queue", None), "_writer", None),
         getattr(getattr(executor, "_result_queue", None), "_reader", None),
-    )
+    ]
     for end in ends:
         try:
             fcntl.fcntl(end.fileno(), setsize, _PIPE_BYTES)
-        except (AttributeError, OSError, ValueError):
+        except (AttributeError, OSError, ValueError):  # AttributeError: no such pipe
             continue
 
 
