@@ -36,7 +36,7 @@ from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.torch.device import pinned, to_device
-from wdstream.read.torch.handoff import WorkerHandoff, worker_start
+from wdstream.read.torch.handoff import WorkerHandoff, forked_workers, worker_start
 from wdstream.read.torch.host_buffers import HostBuffers
 
 if TYPE_CHECKING:
@@ -384,6 +384,7 @@ class Loader:
                 self.num_workers, (self._dl_options["prefetch_factor"] or 2) + 2,
                 c.chunk_batches * c.batch_size, c.seq_len, c.doc_boundaries, c.streams,
                 schedule=ds.mixture is not None,
+                forked=forked_workers(self._dl_options["multiprocessing_context"]),
             )  # fmt: skip
             ds.use(self._handoff)
             opts = {k: v for k, v in self._dl_options.items() if v is not None}
