@@ -1,7 +1,7 @@
 """A fresh loader's first batch waits for its own rows only, and they are the same rows.
 
-Without workers the first chunk of an iteration is one step, and its rows read their few
-samples alone (``GlobalOrder._samples_alone``) with the window's whole read started behind
+The first chunk of an iteration is one step (made by the only process, or by torch worker
+0, which makes it as it starts, before it is asked), and its rows read their few samples alone (``GlobalOrder._samples_alone``) with the window's whole read started behind
 them. The oracle is the whole-window path (every window read whole): every batch must be
 equal, tokens, labels and document boundaries alike. (That the one-step first chunk gives
 the batches of ``K``-step chunks is what the golden-order tests pin.)
@@ -16,7 +16,10 @@ import pytest
 import torch
 
 from wdstream import Loader
+from wdstream.errors import CorruptShardError
 from wdstream.read.order import global_order
+from wdstream.read.order.steps import GlobalPosition
+from wdstream.read.torch import dataset
 from wdstream.testing import write_synthetic_dataset
 
 
@@ -69,3 +72,81 @@ def test_the_first_batch_reads_its_rows_shards_only(
     assert 1 <= len(order.source._cache) <= 4
     assert started == [(0, 0, False)]
     assert len(order.window(0, 0).positions) == 1024
+
+
+def _chunks_of(loader: Loader, start: int, workers: int, steps: int) -> list[list[tuple[int, int]]]:
+    """Each worker's ``(first step, steps)`` chunks from ``start``, up to ``steps`` steps."""
+    walker = loader.dataset.sequence.steps  # type: ignore[attr-defined]
+    out = []
+    for w in range(workers):
+        position = GlobalPosition(step=start)
+        loader.dataset.begin(position)
+        mine = []
+        for first, n in walker.own(position, w, workers):
+            if first >= start + steps:
+                break
+            mine.append((first, n))
+        out.append(mine)
+    return out
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("start", [0, 5, 8])
+def test_workers_walk_one_step_first_then_to_multiples_of_k(
+    many_shards: Path, workers: int, start: int
+) -> None:
+    """Worker 0's first chunk is one step; chunk ``j`` is worker ``j % workers``'s and they
+    cover the steps in order, each after the first ending at a multiple of ``K`` (4)."""
+    loader = _loader(many_shards, chunk_batches=4)
+    every = _chunks_of(loader, start, workers, 30)
+    assert every[0][0] == (start, 1)
+    merged = [c for j in range(max(map(len, every))) for c in (m[j] for m in every if j < len(m))]
+    step = start
+    for first, n in merged:
+        assert first == step and n >= 1
+        step += n
+        if first != start:
+            assert step % 4 == 0
+    assert step >= start + 30
+
+
+def test_a_worker_makes_its_first_chunk_as_it_starts() -> None:
+    """``iter(dataset)`` in a Loader's worker makes the first chunk at once; the rest when
+    asked."""
+    made: list[int] = []
+
+    def chunks() -> Any:
+        for i in range(3):
+            made.append(i)
+            yield i
+
+    it = dataset._started(chunks())
+    assert made == [0]
+    assert list(it) == [0, 1, 2]
+    assert list(dataset._started(iter(()))) == []
+
+
+def test_a_first_chunk_that_fails_raises_when_asked() -> None:
+    """What the first chunk raises (a corrupt sample) is raised at the request, unchanged."""
+    error = CorruptShardError("shard 3, sample 7: CRC32C mismatch")
+
+    def chunks() -> Any:
+        yield from ()
+        raise error
+
+    it = dataset._started(chunks())
+    with pytest.raises(CorruptShardError) as got:
+        next(it)
+    assert got.value is error
+
+
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_workers_forked_or_spawned_give_the_same_batches(many_shards: Path, context: Any) -> None:
+    """Forked workers inherit the hand-off's memory maps; spawned ones are sent torch's
+    shared memory: the batches are those of no workers either way."""
+    want = _batches(_loader(many_shards, chunk_batches=4), 12)
+    got = _batches(Loader(str(many_shards), seq_len=16, batch_size=4, seed=3, num_workers=2,
+                          epochs=1, chunk_batches=4, multiprocessing_context=context), 12)  # fmt: skip
+    assert len(got) == len(want) == 12
+    for a, b in zip(got, want, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "labels"))

@@ -207,32 +207,40 @@ class StepChunks:
     def __init__(self, rows: StepRows) -> None:
         self.rows = rows
 
-    def skip(self, position: GlobalPosition, chunks: int) -> bool:
-        """Move ``position`` past ``chunks`` chunks; False if the iteration ends first."""
-        for _ in range(chunks):
+    def skip(self, position: GlobalPosition, chunks: int, short: bool = False) -> bool:
+        """Move ``position`` past ``chunks`` chunks (the first of them one step if ``short``:
+        an iteration's first chunk); False if the iteration ends first."""
+        for i in range(chunks):
             if self.rows.stopped(position):
                 return False
-            position.step += self.rows.chunk_size(position)
+            position.step += self._size(position, short and i == 0)
         return not self.rows.stopped(position)
+
+    def _size(self, position: GlobalPosition, short: bool) -> int:
+        """Steps in the chunk starting at ``position``; one if ``short``."""
+        n = self.rows.chunk_size(position)
+        return min(n, 1) if short else n
 
     def own(self, position: GlobalPosition, worker: int, workers: int) -> Iterator[tuple[int, int]]:
         """``(first step, steps)`` of this worker's chunks from ``position`` on; at each
         yield ``position`` already names the worker's next chunk (see :meth:`chunks`).
 
-        The only process (no torch workers) makes the first chunk of an iteration one step:
-        the first batch then waits for its own rows, not for ``K`` steps' (the chunk after
-        it runs to the next multiple of ``K``, as every chunk does). With workers the chunks
-        stay as they are: which worker makes which chunk follows from them.
+        The first chunk of an iteration is one step, whichever process makes it (the only
+        one, or torch worker 0): the first batch then waits for its own rows, not for ``K``
+        steps'. The chunk after it (the next worker's) runs to the next multiple of ``K``,
+        as every chunk does, so the batches and their order are the same; every worker
+        walks the same chunks. A worker's own saved share continues mid-iteration, as its
+        chunks were.
         """
         own_share = workers > 1 and position.worker == (worker, workers)
         position.worker = (worker, workers) if workers > 1 else None
-        if not self.skip(position, 0 if own_share else worker):
+        short = not own_share
+        if not self.skip(position, 0 if own_share else worker, short):
             return
-        first_of_iteration = workers == 1
+        short = short and worker == 0
         while True:
-            n = self.rows.chunk_size(position)
-            if first_of_iteration:
-                n, first_of_iteration = min(n, 1), False
+            n = self._size(position, short)
+            short = False
             first = position.step
             position.step += n
             ended = not self.skip(position, workers - 1)

@@ -11,6 +11,8 @@ position. :class:`wdstream.Loader` uses it with ``K > 1``: it passes its own pos
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,7 @@ __all__ = ["Chunk", "TokenDataset", "chunk_to_batches", "resolve_order", "resolv
 # (with a worker hand-off, tokens is the ring slot ``(worker, slot, rows)`` and positions None;
 # a mixture's cursors also carry each batch's ``source`` indices, int64 numpy [B])
 Chunk = tuple[int, Any, torch.Tensor | None, list[dict[str, Any]]]
+_HANDOVER_S = 0.0005  # a worker's pause after its first chunk (``_after_first``)
 
 
 class TokenDataset(IterableDataset):
@@ -232,9 +235,15 @@ class TokenDataset(IterableDataset):
                 yield s, tokens, positions, cursors
 
     def __iter__(self) -> Iterator[Any]:
-        if self.yields_chunks:
-            yield from self.iter_chunks()
-            return
+        if not self.yields_chunks:
+            return self._batches()
+        chunks = self.iter_chunks()
+        if self.handoff is not None and get_worker_info() is not None:
+            return _started(chunks)
+        return chunks
+
+    def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """One batch per item (``DataLoader(ds, batch_size=None)``, ``StatefulDataLoader``)."""
         for _, tokens, positions, cursors in self.iter_chunks():
             batches = chunk_to_batches(tokens, positions, self.cfg.batch_size, labels=self.labels,
                                        sources=[c.get("source") for c in cursors])  # fmt: skip
@@ -246,6 +255,40 @@ class TokenDataset(IterableDataset):
                 if "source" in cursor:
                     batch["source"] = torch.from_numpy(cursor["source"])
                 yield batch
+
+
+def _started(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+    """``chunks`` with its first chunk made now, in a Loader's torch worker.
+
+    torch calls ``iter(dataset)`` in a worker as it starts, then waits for the loader's
+    first request, which comes only once every worker has been started (forking each one
+    of a torch-sized training process costs 10-25 ms). A worker making its first chunk
+    now makes it while the next worker is forked, instead of after the request (the
+    first batch used to wait for worker 0's whole first chunk after the last fork). What
+    that chunk raises is raised where it would have been: at its request.
+    """
+    try:
+        first = next(chunks)
+    except StopIteration:
+        return iter(())
+    except Exception as exc:  # noqa: BLE001 - raised again, unchanged, at the request
+        return _raising(exc)
+    return itertools.chain((first,), _after_first(chunks))
+
+
+def _after_first(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+    """The chunks after the first, made once the first is on its way: torch's worker hands
+    a chunk to its queue's feeder thread, which sends it once it holds the GIL, and the next
+    chunk's fill held it for its whole length (1-3 ms, at the switch interval of 5 ms)
+    while the loader waited for the first batch. A short sleep lets the message go first."""
+    time.sleep(_HANDOVER_S)
+    yield from chunks
+
+
+def _raising(exc: Exception) -> Iterator[Chunk]:
+    """An iterator whose first item raises ``exc``."""
+    yield from ()
+    raise exc
 
 
 def _long(x: torch.Tensor, pin: bool, buffers: HostBuffers | None = None) -> torch.Tensor:
