@@ -150,9 +150,10 @@ class WorkerHandoff:
             else torch.zeros(size, dtype=torch.uint8).share_memory_()
         )
 
-        # Made in shared memory (share_memory_ would copy a private buffer there: the
-        # ring is MBs, ~5 ms before the first batch); a slot's pages are touched when filled.
         def ring(shape: tuple[int, ...]) -> torch.Tensor:
+            # Made in shared memory (share_memory_ would copy a private buffer there: the
+            # ring is MBs, ~5 ms before the first batch); a slot's pages are touched when
+            # filled.
             if forked:
                 return inherited_buffer(shape, torch.int32)
             return new_buffer(shape, torch.int32, shared=True)
