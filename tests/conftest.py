@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tests.processes import RANK_MODULES, start_rank_server
+
 # CI runs on a shared 2-core machine: a per-example deadline would turn a slow moment into a
 # failure, and derandomised examples make a failure reproducible from the log alone.
 settings.register_profile("wdstream", deadline=None, derandomize=True)
@@ -110,8 +112,13 @@ def _file_rank(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files of :data:`_SLOW_FIRST` first, in its order; each file's tests in theirs."""
+    """The files of :data:`_SLOW_FIRST` first, in its order; each file's tests in theirs.
+    Where rank processes will start, the fork server they start from starts now (see
+    :mod:`tests.processes`), before a pack's worker pool could start it without torch."""
     items.sort(key=_file_rank)  # stable: the order within a rank is kept
+    rank_files = {m.rsplit(".", 1)[1] + ".py" for m in RANK_MODULES}
+    if any(item.path.name in rank_files for item in items):
+        start_rank_server()
 
 
 _WORDS = (

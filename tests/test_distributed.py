@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.processes import run_ranks, start_ranks
 from wdstream import Loader
 from wdstream.testing import synthetic_doc_lengths, write_synthetic_dataset
 
@@ -89,10 +89,7 @@ def test_two_ranks_two_workers_kill_and_resume(tmp_path: Path) -> None:
     n_samples = index.total_tokens // SAMPLE_TOKENS
     assert n_samples * SAMPLE_TOKENS == index.total_tokens and n_samples % 8 == 0
 
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, root, out, "killed")) for r in range(WORLD)]
-    for p in procs:
-        p.start()
+    procs = start_ranks(_rank_main, [(r, root, out, "killed") for r in range(WORLD)])
     deadline = time.time() + 120
     while not all(os.path.exists(f"{out}/state-{r}.json") for r in range(WORLD)):
         assert time.time() < deadline and all(p.is_alive() for p in procs)
@@ -100,7 +97,7 @@ def test_two_ranks_two_workers_kill_and_resume(tmp_path: Path) -> None:
     for p in procs:
         p.kill()  # SIGKILL: no clean-up, as a crashed node
         p.join()
-    mp.spawn(_rank_main, args=(root, out, "resume"), nprocs=WORLD, join=True)
+    run_ranks(_rank_main, (root, out, "resume"), WORLD)
 
     before = [np.load(f"{out}/killed-{r}.npy") for r in range(WORLD)]
     after = [np.load(f"{out}/resume-{r}.npy") for r in range(WORLD)]

@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests.processes import kill_ranks_after_state
+from tests.processes import kill_ranks_after_state, run_ranks
 from wdstream import Loader
 from wdstream.testing import write_synthetic_dataset
 
@@ -82,7 +81,7 @@ def test_state_of_two_ranks_continues_on_one_and_on_four(tmp_path: Path) -> None
 
     for world in (1, 4):
         phase = f"resume{world}"
-        mp.spawn(_rank_main, args=(world, root, out, phase), nprocs=world, join=True)
+        run_ranks(_rank_main, (world, root, out, phase), world)
         parts = [np.load(f"{out}/{phase}-{r}.npy") for r in range(world)]
         assert [len(p) for p in parts] == [AFTER] * world
         for j in range(AFTER):

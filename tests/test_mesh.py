@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.processes import run_ranks
 from wdstream import Loader
 from wdstream.testing import synthetic_doc_lengths, write_synthetic_dataset
 
@@ -71,7 +71,7 @@ def test_tensor_parallel_ranks_share_batches_data_parallel_ranks_split_them(
     write_synthetic_dataset(root, doc_lens=lens, sample_tokens=SAMPLE_TOKENS, samples_per_shard=5)
     out = tmp_path / "out"
     out.mkdir()
-    mp.start_processes(_rank_main, args=(root, str(out)), nprocs=DP * TP, start_method="spawn")
+    run_ranks(_rank_main, (root, str(out)), DP * TP)
     one = Loader(root, **{**OPTS, "batch_size": OPTS["batch_size"] * DP, "num_workers": 0},
                  rank=0, world_size=1)  # fmt: skip
     oracle = np.stack([_rows(b) for b in one])  # [steps, DP * batch, row]

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests.processes import kill_ranks_after_state
+from tests.processes import kill_ranks_after_state, run_ranks
 from wdstream import Loader
 from wdstream.testing import write_synthetic_dataset
 
@@ -81,7 +80,7 @@ def test_mixture_state_of_two_killed_ranks_continues_on_two_and_one(tmp_path: Pa
 
     for world in (2, 1):
         phase = f"resume{world}"
-        mp.spawn(_rank_main, args=(world, sources, out, phase), nprocs=world, join=True)
+        run_ranks(_rank_main, (world, sources, out, phase), world)
         parts = [np.load(f"{out}/{phase}-{r}.npy") for r in range(world)]
         assert [len(p) for p in parts] == [AFTER] * world
         for j in range(AFTER):

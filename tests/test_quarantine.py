@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.processes import run_ranks
 from tests.servers import FileServer
 from wdstream import CorruptShardError, Loader, QuarantineLimitError
 from wdstream.format.checksum import CHECKSUM_NAME
@@ -243,7 +243,7 @@ def test_two_gloo_ranks_mask_the_same_rows_as_the_clean_run_places(
     read = _read_samples(oracle)
     damage.flip(read[100])
     damage.truncate(50, 2)
-    mp.spawn(_rank_main, args=(str(damage.root), str(tmp_path)), nprocs=2, join=True)
+    run_ranks(_rank_main, (str(damage.root), str(tmp_path)), 2)
     total = 0
     for rank in (0, 1):
         saved = np.load(tmp_path / f"rows-{rank}.npy")
