@@ -72,35 +72,40 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return FileWithRayTogether(config, log)
 
 
-# The slowest files first (measured with ``--durations``, slowest first): ``--dist
+# The slowest files first (their summed test times in a full run, slowest first): ``--dist
 # loadfile`` hands files out in collection order, so a slow file collected last (the Ray
 # group, alphabetically near the end) ran alone on one worker while the other had finished.
 # Files not named keep their order, after these.
 _SLOW_FIRST = (
+    "test_doc_blocks.py",
     "test_ray_pack.py",  # the Ray group (with the other _RAY_FILES)
-    "test_storage_cache.py",
-    "test_resume.py",
-    "test_arrow_edges.py",
-    "test_bench_smoke.py",
-    "test_chat_trust.py",
+    "test_holdout.py",
     "test_examples.py",
-    "test_remote_e2e.py",
-    "test_mixture_distributed.py",
-    "test_shard_table.py",
-    "test_local_limits.py",
-    "test_elastic_distributed.py",
-    "test_pack_resume.py",
-    "test_distributed.py",
-    "test_pack_lock.py",
-    "test_loss_spike_example.py",
-    "test_quarantine.py",
-    "test_cli_messages.py",
-    "test_cli_edges.py",
+    "test_bench_smoke.py",
+    "test_bench_fresh.py",
     "test_chat_budget.py",
-    "test_global_order.py",
-    "test_worker_checks.py",
-    "test_mesh.py",
+    "test_travel_attacks.py",
+    "test_resume.py",
+    "test_storage_cache.py",
+    "test_loss_spike_example.py",
+    "test_arrow_edges.py",
+    "test_rawtext.py",
     "test_trust_states.py",
+    "test_cli_edges.py",
+    "test_pack_resume.py",
+    "test_loader.py",
+    "test_storage_s3.py",
+    "test_pack_lock.py",
+    "test_ddp_example.py",
+    "test_shard_table.py",
+    "test_worker_checks.py",
+    "test_chat_reasoning.py",
+    "test_trust_targets.py",
+    "test_trust_sidecars.py",
+    "test_cli.py",
+    "test_local_limits.py",
+    "test_remote_e2e.py",
+    "test_global_order.py",
 )
 
 
