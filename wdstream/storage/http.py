@@ -24,16 +24,16 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import requests
 
 from wdstream.errors import ListingNotSupportedError
+from wdstream.storage.body import iter_limited, iter_stream, socket_body
 from wdstream.storage.http_get import DirectGet, Reply
 from wdstream.storage.remote import NETWORK_ERRORS, RemoteStore
 from wdstream.storage.retry import (
+    Readable,
     RemoteReadError,
     RemoteWriteError,
     Retrier,
     RetryPolicy,
     TransientError,
-    iter_limited,
-    iter_stream,
     redact_url,
     transient_status,
 )
@@ -247,7 +247,9 @@ class HttpStore(RemoteStore):
             reply = Reply.of(resp)
         return reply
 
-    def _fetch(self, name: str, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+    def _fetch(
+        self, name: str, start: int, end: int | None
+    ) -> tuple[int, Iterable[bytes] | Readable]:
         headers = {}
         if start > 0 or end is not None:
             headers["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
@@ -271,7 +273,8 @@ class HttpStore(RemoteStore):
                 promised = int(length)
             else:
                 promised = last - first + 1 if first is not None and last is not None else 0
-            return promised, _Response(resp, chunks)
+            body = socket_body(resp.raw) if end is not None else None
+            return promised, body if body is not None else _Response(resp, chunks)
         # 200: the server ignored Range and sends the whole object from byte 0.
         total = int(length) if length is not None else None
         limit = None if end is None else max(0, end - start)

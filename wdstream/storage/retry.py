@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import Protocol, TypeVar, cast
+
+import numpy as np
 
 from wdstream.errors import RemoteReadError, RemoteStoreError, RemoteWriteError
+from wdstream.storage.redact import describe, redact_text, redact_url
 
 __all__ = [
     "Fetch",
+    "Readable",
     "RemoteReadError",
     "RemoteStoreError",
     "RemoteWriteError",
@@ -42,8 +44,6 @@ __all__ = [
     "Retrier",
     "TransientError",
     "describe",
-    "iter_limited",
-    "iter_stream",
     "redact_text",
     "redact_url",
     "transient_status",
@@ -53,8 +53,19 @@ log = logging.getLogger("wdstream.storage")
 
 T = TypeVar("T")
 
-# (bytes the response promises, chunks of the body). The iterator may have a close().
-Fetch = Callable[[int, "int | None"], "tuple[int, Iterable[bytes]]"]
+
+class Readable(Protocol):
+    """A body read into the caller's buffer (``body.SocketBody``): ``readinto`` returns the
+    bytes one socket read brought (0 at the end); ``close`` gives the connection back."""
+
+    def readinto(self, view: memoryview) -> int: ...
+
+    def close(self) -> None: ...
+
+
+# (bytes the response promises, the body: chunks, or a Readable when a range was asked).
+# The iterator may have a close().
+Fetch = Callable[[int, "int | None"], "tuple[int, Iterable[bytes] | Readable]"]
 
 
 class TransientError(Exception):
@@ -167,55 +178,6 @@ _TRANSIENT_4XX = frozenset({408, 425, 429})
 def transient_status(status: int) -> bool:
     """Whether an HTTP status is worth another attempt of the same request."""
     return status in _TRANSIENT_4XX or (status >= 500 and status not in _PERMANENT_5XX)
-
-
-_USERINFO = re.compile(r"(?<=//)[^/@\s'\"]+@")
-_QUERY = re.compile(r"\?[^\s'\"()<>]+")
-# Header-looking secrets a library might echo in an exception text. A quoted value is
-# dropped whole; an unquoted Authorization value loses its scheme and its credentials.
-_SECRET_FIELDS = re.compile(
-    r"(?i)(authorization|x-amz-security-token|x-amz-credential|x-amz-signature|"
-    r"signature|aws_secret_access_key|aws_access_key_id|password|token)"
-    r"(['\"]?\s*[:=]\s*)"
-    r"('[^']*'|\"[^\"]*\"|[^\s'\",&}]+)"
-)
-_AUTH_UNQUOTED = re.compile(
-    r"(?i)(authorization['\"]?\s*[:=]\s*)([^\s'\"][^\s'\",&}]*(?:\s+[^\s'\",&}]+)?)"
-)
-
-
-def redact_url(url: str) -> str:
-    """The URL with ``user:pass@`` and any query string (presigned signatures) removed."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return redact_text(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = "<redacted>" if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
-def redact_text(text: str) -> str:
-    """Scrub URL credentials, query strings and secret-looking fields from free text."""
-    text = _USERINFO.sub("***@", text)
-    text = _QUERY.sub("?<redacted>", text)
-    text = _AUTH_UNQUOTED.sub(r"\1<redacted>", text)
-    return _SECRET_FIELDS.sub(r"\1\2<redacted>", text)
-
-
-def describe(exc: BaseException) -> str:
-    """One-line, redacted description of an exception, for messages and logs."""
-    text = str(exc) or exc.__class__.__name__
-    # botocore's ClientError text names the S3 error code but not the HTTP status.
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if status:
-            text = f"HTTP {status}: {text}"
-    name = exc.__class__.__name__.lstrip("_")  # a private class still reads as a name
-    return f"{name}: {redact_text(text)}"[:500]
 
 
 class Retrier:
@@ -333,7 +295,32 @@ class Retrier:
                 ``budget`` seconds without progress, naming ``url``, the offset of the first
                 missing byte and the last cause.
         """
+        if end is not None:
+            return self.read_range(fetch, url, start, end).tobytes()
         parts: list[bytes] = []
+        self._read(fetch, url, start, None, parts.append)
+        return b"".join(parts)
+
+    def read_range(self, fetch: Fetch, url: str, start: int, end: int) -> memoryview:
+        """Bytes ``[start, end)`` as :meth:`read` reads them, in one buffer of ``end -
+        start`` bytes allocated once: a body that can ``readinto`` (:mod:`.body`) is read
+        into it by the socket, chunks are copied into it. The view is shorter when the
+        object ends before ``end``.
+
+        Raises:
+            RemoteReadError: as :meth:`read`.
+        """
+        # Not zeroed (``bytearray(n)`` writes n zero bytes first): the socket fills it.
+        buf = np.empty(end - start, np.uint8).data
+        got = self._read(fetch, url, start, end, buf)
+        return buf[: got - start]
+
+    def _read(
+        self, fetch: Fetch, url: str, start: int, end: int | None,
+        sink: memoryview | Callable[[bytes], object],
+    ) -> int:  # fmt: skip
+        """The attempts of :meth:`read`: bytes go into ``sink`` (a buffer for bytes
+        ``[start, end)``, or a function taking each chunk); returns the end offset reached."""
         pos = start
         failures = 0
         since = self.clock()  # when the current run of attempts without progress began
@@ -349,10 +336,9 @@ class Retrier:
                     raise TransientError(f"the answer promises {promised} bytes, {end - pos} asked")
                 got = 0
                 try:
-                    for chunk in chunks:
-                        parts.append(chunk)
-                        got += len(chunk)
-                        pos += len(chunk)
+                    for n in _landed(chunks, sink, pos - start, promised):
+                        got += n
+                        pos += n
                         if got != promised:
                             self._check_deadline(began, promised, got)
                 finally:
@@ -381,7 +367,7 @@ class Retrier:
                 failures += 1
                 counted = "attempts without progress"
                 self._pause(exc, failures, since, what, RemoteReadError, url, pos, counted)
-        return b"".join(parts)
+        return pos
 
     def _check_deadline(self, began: float, promised: int, got: int) -> None:
         """Cut a GET that has run past its deadline. The allowance grows with the bytes
@@ -395,36 +381,31 @@ class Retrier:
             )
 
 
-def iter_limited(chunks: Iterator[bytes], skip: int, limit: int | None) -> Iterator[bytes]:
-    """Drop the first ``skip`` bytes of a stream and stop after ``limit`` more: turns a
-    whole-object answer from a server that ignored ``Range`` into the requested slice
-    without reading the rest of the body."""
-    for chunk in chunks:
-        if skip:
-            if len(chunk) <= skip:
-                skip -= len(chunk)
-                continue
-            chunk, skip = chunk[skip:], 0
-        if limit is not None:
-            if len(chunk) >= limit:
-                if limit:
-                    yield chunk[:limit]
-                return
-            limit -= len(chunk)
-        yield chunk
-
-
-def iter_stream(raw: Any, chunk_size: int) -> Iterator[bytes]:
-    """Chunks of a raw (urllib3) response body, as they arrive.
-
-    ``read1`` returns what one socket read brought, so when the connection drops the bytes
-    received so far have already been handed over and a retry resumes after them; a plain
-    ``read(n)`` would wait for ``n`` bytes and lose them all in the exception. Without
-    ``read1`` (urllib3 < 2), small reads bound the loss.
-    """
-    read1 = getattr(raw, "read1", None)
-    while True:
-        data = read1(chunk_size) if read1 is not None else raw.read(min(chunk_size, 64 << 10))
-        if not data:
-            return
-        yield data
+def _landed(
+    body: Iterable[bytes] | Readable, sink: memoryview | Callable[[bytes], object], at: int,
+    promised: int,
+) -> Iterator[int]:  # fmt: skip
+    """Put a response body into ``sink`` from its offset ``at``: a :class:`Readable` is read
+    into the buffer (one socket read per piece), chunks are copied into it or handed to a
+    function. Yields the size of each piece as it lands, so bytes that arrived before a
+    failure count for the resume."""
+    readinto = getattr(body, "readinto", None)
+    if readinto is not None:  # given only for a range: ``sink`` is its buffer
+        view = cast(memoryview, sink)[at : at + promised]
+        got = 0
+        while got < promised:
+            n = readinto(view[got:])
+            if not n:
+                return  # cut short: the caller sees fewer bytes than promised
+            got += n
+            yield n
+        return
+    for chunk in cast("Iterable[bytes]", body):
+        if isinstance(sink, memoryview):
+            if at + len(chunk) > len(sink):
+                raise TransientError(f"the answer sent more than the {len(sink)} bytes asked")
+            sink[at : at + len(chunk)] = chunk
+            at += len(chunk)
+        else:
+            sink(chunk)
+        yield len(chunk)
