@@ -26,17 +26,16 @@ from requests.adapters import HTTPAdapter
 
 from wdstream.errors import ListingNotSupportedError
 from wdstream.storage.body import iter_limited, iter_stream, socket_body
+from wdstream.storage.http_errors import HttpStatusError, check_read, check_status, is_transient
 from wdstream.storage.http_get import DirectGet, Reply
-from wdstream.storage.remote import NETWORK_ERRORS, RemoteStore
+from wdstream.storage.remote import RemoteStore
 from wdstream.storage.retry import (
     Readable,
     RemoteReadError,
     RemoteWriteError,
     Retrier,
     RetryPolicy,
-    TransientError,
     redact_url,
-    transient_status,
 )
 
 __all__ = ["HttpStore", "ListingNotSupportedError"]
@@ -52,60 +51,6 @@ _SPOOL = 16 << 20
 # Answers to a PUT that mean the server takes no writes at all (a read-only static server:
 # ``python -m http.server`` answers 501), not that this one object was refused.
 _NO_PUT = (405, 501)
-
-
-class _HttpStatusError(Exception):
-    """A status that retrying will not fix (400, 405, 501, ...)."""
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether an exception from ``requests`` is worth another attempt."""
-    if isinstance(exc, requests.exceptions.SSLError):
-        return False  # a certificate problem does not heal by waiting
-    return isinstance(
-        exc,
-        (
-            *NETWORK_ERRORS,
-            requests.ConnectionError,
-            requests.Timeout,
-            requests.exceptions.ChunkedEncodingError,
-        ),
-    )
-
-
-def _retry_after(resp: Reply | requests.Response) -> float | None:
-    value = resp.headers.get("Retry-After")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None  # an HTTP date; the backoff is good enough
-
-
-def _check(resp: Reply, url: str) -> None:
-    """Map the status of a read to an exception (``url`` is already redacted)."""
-    code = resp.status_code
-    if 200 <= code < 300:
-        return
-    resp.close()
-    if code in (404, 410):
-        raise FileNotFoundError(f"no such object: {url} (HTTP {code})")
-    if code in (401, 403):
-        raise PermissionError(f"access denied: {url} (HTTP {code})")
-    _check_status(resp)
-
-
-def _check_status(resp: Reply | requests.Response) -> None:
-    """Map a status to an exception: retryable, or one that repeating the request cannot
-    change (405, 413, 501, ...), which the retrier reports at once, naming it. Writes use
-    this alone: a 404 or 403 on PUT says the server will not take the object there, not
-    that an object is missing, so it is a ``RemoteWriteError``, not a FileNotFoundError."""
-    code = resp.status_code
-    if 200 <= code < 300:
-        return
-    resp.close()
-    if transient_status(code):
-        raise TransientError(f"HTTP {code} {resp.reason}", _retry_after(resp))
-    raise _HttpStatusError(f"HTTP {code} {resp.reason}")
 
 
 class _Body:
@@ -284,7 +229,7 @@ class HttpStore(RemoteStore):
         if resp.status_code == 416:  # start at or past the end: nothing to read
             resp.close()
             return 0, ()
-        _check(resp, self.child_url(name))
+        check_read(resp, self.child_url(name))
         length = resp.headers.get("Content-Length")
         chunks = iter_stream(resp.raw, self.chunk_size)
         if resp.status_code == 206:
@@ -319,7 +264,7 @@ class HttpStore(RemoteStore):
             resp = self._session().head(
                 self._object_url(name), timeout=self._timeout, allow_redirects=True
             )
-            _check(Reply.of(resp), url)
+            check_read(Reply.of(resp), url)
             return resp
 
         return self._retrier.call(head, "HEAD", url)
@@ -336,7 +281,7 @@ class HttpStore(RemoteStore):
             resp.close()
             if resp.status_code == 416:
                 return 0
-            _check(resp, url)
+            check_read(resp, url)
             total = resp.headers.get("Content-Range", "").rpartition("/")[2]
             if not total.isdigit():
                 raise RemoteReadError(f"{url}: server reports no size", url, "no size")
@@ -387,12 +332,12 @@ class HttpStore(RemoteStore):
             )  # fmt: skip
             resp.close()
             if resp.status_code in _NO_PUT:
-                raise _HttpStatusError(
+                raise HttpStatusError(
                     f"HTTP {resp.status_code} {resp.reason}: the server does not accept PUT; "
                     "serve the output with a server that accepts PUT, or write to a local "
                     "folder or s3://"
                 )
-            _check_status(resp)
+            check_status(resp)
 
         self._retrier.call(put, "PUT", url, RemoteWriteError)
 
@@ -403,7 +348,7 @@ class HttpStore(RemoteStore):
             resp = self._session().delete(self._object_url(name), timeout=self._timeout)
             resp.close()
             if resp.status_code != 404:  # already gone is what DELETE wants
-                _check_status(resp)
+                check_status(resp)
 
         self._retrier.call(delete, "DELETE", url, RemoteWriteError)
 
