@@ -10,6 +10,7 @@ and the byte offset, never a hang (each test runs under a timeout).
 from __future__ import annotations
 
 import random
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -139,6 +140,25 @@ def _batches(loader: Loader) -> list[list[list[int]]]:
         assert isinstance(batch["input_ids"], torch.Tensor)
         out.append(batch["input_ids"].tolist())
     return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_from_nginx_equals_local(local_pack: Path, workers: int) -> None:
+    """A real server (nginx: sendfile, keep-alive, its own framing) read through the socket
+    path, windows read ahead and connections shared: the batches are the local ones, and
+    every GET nginx logged succeeded."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from benchlib import nginx
+
+    binary = nginx.nginx_binary()
+    if binary is None:
+        pytest.skip("nginx not installed (apt-get install nginx-light)")
+    want = _batches(Loader(str(local_pack), num_workers=workers, **LOADER_KW))
+    with nginx.Nginx(str(local_pack), binary) as server:
+        got = _batches(Loader(server.url, num_workers=workers, **LOADER_KW))
+        seen = server.requests()
+    assert got == want
+    assert seen["gets"] > 0 and seen["errors"] == 0
 
 
 def test_stalled_and_cut_reads_ahead_end_in_the_local_batches(local_pack: Path) -> None:
