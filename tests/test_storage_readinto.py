@@ -89,6 +89,18 @@ def test_s3_ranges_are_read_into_one_buffer(s3_bucket: str, readintos: list[int]
     _check_ranges(f"s3://{s3_bucket}/ds", readintos)
 
 
+def test_range_past_the_end_holds_only_the_bytes_that_exist(
+    served: FileServer, readintos: list[int]
+) -> None:
+    """The buffer is made at the first answer, as long as what it promises: a range asked
+    far past the object's end allocates the bytes that exist, not the range."""
+    store = open_store(served.base_url)
+    got = store.read_range_view("s.tar", len(DATA) - 10, len(DATA) + (1 << 40))
+    assert got == DATA[-10:]
+    assert got.obj is not None and memoryview(got.obj).nbytes == 10
+    assert store.read_range_view("s.tar", len(DATA) + 5, len(DATA) + 9) == b""
+
+
 def test_cut_body_read_into_the_buffer_resumes_at_the_first_missing_byte(
     served: FileServer, readintos: list[int]
 ) -> None:

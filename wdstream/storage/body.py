@@ -1,9 +1,10 @@
 """A response body read from the socket straight into the reader's buffer.
 
 ``iter_stream`` takes a body in ``read1`` chunks: each is a new ``bytes`` (a fresh allocation
-of up to a chunk, its pages faulted in), and the read then joins them (a second copy). Reading
-34.5 MB from nginx on loopback that way cost ~14 ms of CPU an epoch besides the kernel's copy
-(profiled, issue 35). :class:`SocketBody` instead hands the socket the caller's buffer:
+of up to a chunk, its pages faulted in), and the read then joins them (a second copy). A
+fresh loader's first epoch of the bench dataset from nginx on loopback (31 MB) took ~230 such
+chunks, ~12 ms of CPU besides the kernel's copy (profiled, issue 35; docs/STORAGE.md).
+:class:`SocketBody` instead hands the socket the caller's buffer:
 one ``recv_into`` per call (``BufferedReader.readinto1``, so a call returns what one socket
 read brought and a connection cut after 60 bytes still counts those 60 for the resume), and
 a range's bytes are copied once, by the kernel.

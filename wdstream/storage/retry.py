@@ -26,12 +26,12 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
 
 import numpy as np
 
 from wdstream.errors import RemoteReadError, RemoteStoreError, RemoteWriteError
+from wdstream.storage.policy import RetryPolicy, transient_status
 from wdstream.storage.redact import describe, redact_text, redact_url
 
 __all__ = [
@@ -92,92 +92,6 @@ def _went_silent(exc: BaseException) -> bool:
             return True
         e, seen = e.__cause__ or e.__context__, seen + 1
     return False
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How hard a remote store tries, and for how long (docs/STORAGE.md says why these).
-
-    Attributes:
-        retries: attempts after the first one before giving up (per read: consecutive
-            attempts that brought no new byte).
-        backoff: first delay in seconds; doubles per attempt up to ``max_backoff``.
-        max_backoff: cap of one delay (also caps a server's ``Retry-After``).
-        connect_timeout: seconds to open a connection.
-        read_timeout: seconds to wait for the next bytes of a response.
-        deadline: seconds one GET may take from connecting to its last byte, plus
-            ``bytes / min_throughput``; a GET past it is cut and resumed.
-        min_throughput: bytes per second a GET is expected to sustain beyond ``deadline``.
-        budget: seconds an operation may go without progress, over all its attempts; no
-            retry starts after it (an attempt in flight still ends by its own timeouts).
-    """
-
-    retries: int = 5
-    backoff: float = 0.25
-    max_backoff: float = 10.0
-    connect_timeout: float = 5.0
-    read_timeout: float = 15.0
-    deadline: float = 30.0
-    min_throughput: float = float(1 << 20)
-    budget: float = 60.0
-
-    @classmethod
-    def from_options(
-        cls,
-        retries: int | None = None,
-        timeout: float | tuple[float, float] | None = None,
-        backoff: float | None = None,
-        max_backoff: float | None = None,
-        deadline: float | None = None,
-        min_throughput: float | None = None,
-        budget: float | None = None,
-    ) -> RetryPolicy:
-        """Build a policy from ``open_store`` options; ``timeout`` is one number or a
-        ``(connect, read)`` pair; options left as None keep their defaults.
-
-        Raises:
-            ValueError: for a negative count or delay, or a time limit that is not > 0.
-        """
-        kw: dict[str, float | int] = {}
-        if retries is not None:
-            if retries < 0:
-                raise ValueError(f"retries must be >= 0, got {retries!r}")
-            kw["retries"] = int(retries)
-        if backoff is not None:
-            if backoff < 0:
-                raise ValueError(f"backoff must be >= 0, got {backoff!r}")
-            kw["backoff"] = float(backoff)
-        if max_backoff is not None:
-            kw["max_backoff"] = float(max_backoff)
-        if timeout is not None:
-            connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
-            if connect <= 0 or read <= 0:
-                raise ValueError(f"timeout must be > 0, got {timeout!r}")
-            kw["connect_timeout"], kw["read_timeout"] = float(connect), float(read)
-        limits = {"deadline": deadline, "min_throughput": min_throughput, "budget": budget}
-        for key, value in limits.items():
-            if value is not None:
-                if value <= 0:
-                    raise ValueError(f"{key} must be > 0, got {value!r}")
-                kw[key] = float(value)
-        return cls(**kw)  # type: ignore[arg-type]
-
-    def request_time(self, nbytes: int) -> float:
-        """Seconds one GET of ``nbytes`` may take, connect to last byte."""
-        return self.deadline + nbytes / self.min_throughput
-
-
-# Statuses that repeating the same request cannot fix although they are 5xx: the server does
-# not implement the method or HTTP version (501, 505), is misconfigured (506, 508, 510),
-# wants a captive-portal login (511), or is out of space (507, which outlasts any backoff).
-_PERMANENT_5XX = frozenset({501, 505, 506, 507, 508, 510, 511})
-# 4xx that do heal: the server timed out waiting for us (408), too early (425), throttling.
-_TRANSIENT_4XX = frozenset({408, 425, 429})
-
-
-def transient_status(status: int) -> bool:
-    """Whether an HTTP status is worth another attempt of the same request."""
-    return status in _TRANSIENT_4XX or (status >= 500 and status not in _PERMANENT_5XX)
 
 
 class Retrier:
@@ -310,14 +224,13 @@ class Retrier:
         Raises:
             RemoteReadError: as :meth:`read`.
         """
-        # Not zeroed (``bytearray(n)`` writes n zero bytes first): the socket fills it.
-        buf = np.empty(end - start, np.uint8).data
+        buf = _Buffer(end - start)
         got = self._read(fetch, url, start, end, buf)
-        return buf[: got - start]
+        return buf.view[: got - start] if buf.view is not None else memoryview(b"")
 
     def _read(
         self, fetch: Fetch, url: str, start: int, end: int | None,
-        sink: memoryview | Callable[[bytes], object],
+        sink: _Buffer | Callable[[bytes], object],
     ) -> int:  # fmt: skip
         """The attempts of :meth:`read`: bytes go into ``sink`` (a buffer for bytes
         ``[start, end)``, or a function taking each chunk); returns the end offset reached."""
@@ -381,17 +294,37 @@ class Retrier:
             )
 
 
+class _Buffer:
+    """The buffer of one ranged read, made at its first answer (not zeroed: the socket fills
+    it): as long as the bytes that answer promises when the object ends before the range
+    does, else the range, so a range asked past an object's end holds only what exists."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.view: memoryview | None = None
+
+    def at(self, promised: int) -> memoryview:
+        if self.view is None:
+            n = promised if 0 < promised < self.size else self.size
+            self.view = np.empty(n, np.uint8).data
+        return self.view
+
+
 def _landed(
-    body: Iterable[bytes] | Readable, sink: memoryview | Callable[[bytes], object], at: int,
+    body: Iterable[bytes] | Readable, sink: _Buffer | Callable[[bytes], object], at: int,
     promised: int,
 ) -> Iterator[int]:  # fmt: skip
     """Put a response body into ``sink`` from its offset ``at``: a :class:`Readable` is read
     into the buffer (one socket read per piece), chunks are copied into it or handed to a
     function. Yields the size of each piece as it lands, so bytes that arrived before a
     failure count for the resume."""
+    if isinstance(sink, _Buffer) and promised > 0 and at + promised > len(sink.at(promised)):
+        raise TransientError(
+            f"the answer promises {promised} bytes past byte {at}, more than exist"
+        )
     readinto = getattr(body, "readinto", None)
     if readinto is not None:  # given only for a range: ``sink`` is its buffer
-        view = cast(memoryview, sink)[at : at + promised]
+        view = cast(_Buffer, sink).at(promised)[at : at + promised]
         got = 0
         while got < promised:
             n = readinto(view[got:])
@@ -401,10 +334,11 @@ def _landed(
             yield n
         return
     for chunk in cast("Iterable[bytes]", body):
-        if isinstance(sink, memoryview):
-            if at + len(chunk) > len(sink):
-                raise TransientError(f"the answer sent more than the {len(sink)} bytes asked")
-            sink[at : at + len(chunk)] = chunk
+        if isinstance(sink, _Buffer):
+            view = sink.at(promised)
+            if at + len(chunk) > len(view):
+                raise TransientError(f"the answer sent more than the {len(view)} bytes asked")
+            view[at : at + len(chunk)] = chunk
             at += len(chunk)
         else:
             sink(chunk)
