@@ -211,6 +211,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default listen backlog is 5: a reader's burst of 16+ new connections
+    # (windows read ahead together) overflowed it, the kernel dropped SYNs and each such
+    # GET waited out the 1 s SYN retransmit (seen as ~1 s stalls in the bench's S3 rows,
+    # counted by TcpExtListenDrops). Real servers listen deeper (nginx: 511; werkzeug,
+    # moto's server: 128).
+    request_queue_size = 128
     faults: Faults
     stopping: threading.Event
 

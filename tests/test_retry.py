@@ -19,7 +19,8 @@ from wdstream.storage import (
     redact_url,
     split_url,
 )
-from wdstream.storage.retry import Retrier, TransientError, iter_limited, redact_text
+from wdstream.storage.body import iter_limited
+from wdstream.storage.retry import Retrier, TransientError, redact_text
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,7 +14,7 @@ from typing import Any
 import urllib3
 
 from wdstream.storage.base import Store
-from wdstream.storage.retry import Retrier, TransientError
+from wdstream.storage.retry import Readable, Retrier, TransientError
 
 __all__ = ["NETWORK_ERRORS", "RemoteStore"]
 
@@ -55,8 +55,12 @@ class RemoteStore(Store):
         self._setup()
 
     @abc.abstractmethod
-    def _fetch(self, name: str, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
-        """Issue one GET for ``[start, end)``; return the promised byte count and the chunks."""
+    def _fetch(
+        self, name: str, start: int, end: int | None
+    ) -> tuple[int, Iterable[bytes] | Readable]:
+        """Issue one GET for ``[start, end)``; return the promised byte count and the body:
+        its chunks, or (only for a range, ``end`` given) a :class:`Readable` that reads into
+        the caller's buffer."""
 
     def read(self, name: str) -> bytes:
         return self._retrier.read(
@@ -64,10 +68,17 @@ class RemoteStore(Store):
         )
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
+        return self.read_range_view(name, start, end).tobytes()
+
+    def read_range_view(self, name: str, start: int, end: int) -> memoryview:
+        """The bytes in one buffer the body was read into (no chunks joined: the socket
+        writes into it, see :mod:`~wdstream.storage.body`), read-only."""
         if start < 0 or end < start:
             raise ValueError(f"bad byte range [{start}, {end}) of {self.child_url(name)}")
         if end == start:
-            return b""
-        return self._retrier.read(
-            lambda a, b: self._fetch(name, a, b), self.child_url(name), start, end
-        )
+            return memoryview(b"")
+
+        def fetch(a: int, b: int | None) -> tuple[int, Iterable[bytes] | Readable]:
+            return self._fetch(name, a, b)
+
+        return self._retrier.read_range(fetch, self.child_url(name), start, end).toreadonly()

@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import Protocol, TypeVar, cast
+
+import numpy as np
 
 from wdstream.errors import RemoteReadError, RemoteStoreError, RemoteWriteError
+from wdstream.storage.policy import RetryPolicy, transient_status
+from wdstream.storage.redact import describe, redact_text, redact_url
 
 __all__ = [
     "Fetch",
+    "Readable",
     "RemoteReadError",
     "RemoteStoreError",
     "RemoteWriteError",
@@ -42,8 +44,6 @@ __all__ = [
     "Retrier",
     "TransientError",
     "describe",
-    "iter_limited",
-    "iter_stream",
     "redact_text",
     "redact_url",
     "transient_status",
@@ -53,8 +53,19 @@ log = logging.getLogger("wdstream.storage")
 
 T = TypeVar("T")
 
-# (bytes the response promises, chunks of the body). The iterator may have a close().
-Fetch = Callable[[int, "int | None"], "tuple[int, Iterable[bytes]]"]
+
+class Readable(Protocol):
+    """A body read into the caller's buffer (``body.SocketBody``): ``readinto`` returns the
+    bytes one socket read brought (0 at the end); ``close`` gives the connection back."""
+
+    def readinto(self, view: memoryview) -> int: ...
+
+    def close(self) -> None: ...
+
+
+# (bytes the response promises, the body: chunks, or a Readable when a range was asked).
+# The iterator may have a close().
+Fetch = Callable[[int, "int | None"], "tuple[int, Iterable[bytes] | Readable]"]
 
 
 class TransientError(Exception):
@@ -81,141 +92,6 @@ def _went_silent(exc: BaseException) -> bool:
             return True
         e, seen = e.__cause__ or e.__context__, seen + 1
     return False
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How hard a remote store tries, and for how long (docs/STORAGE.md says why these).
-
-    Attributes:
-        retries: attempts after the first one before giving up (per read: consecutive
-            attempts that brought no new byte).
-        backoff: first delay in seconds; doubles per attempt up to ``max_backoff``.
-        max_backoff: cap of one delay (also caps a server's ``Retry-After``).
-        connect_timeout: seconds to open a connection.
-        read_timeout: seconds to wait for the next bytes of a response.
-        deadline: seconds one GET may take from connecting to its last byte, plus
-            ``bytes / min_throughput``; a GET past it is cut and resumed.
-        min_throughput: bytes per second a GET is expected to sustain beyond ``deadline``.
-        budget: seconds an operation may go without progress, over all its attempts; no
-            retry starts after it (an attempt in flight still ends by its own timeouts).
-    """
-
-    retries: int = 5
-    backoff: float = 0.25
-    max_backoff: float = 10.0
-    connect_timeout: float = 5.0
-    read_timeout: float = 15.0
-    deadline: float = 30.0
-    min_throughput: float = float(1 << 20)
-    budget: float = 60.0
-
-    @classmethod
-    def from_options(
-        cls,
-        retries: int | None = None,
-        timeout: float | tuple[float, float] | None = None,
-        backoff: float | None = None,
-        max_backoff: float | None = None,
-        deadline: float | None = None,
-        min_throughput: float | None = None,
-        budget: float | None = None,
-    ) -> RetryPolicy:
-        """Build a policy from ``open_store`` options; ``timeout`` is one number or a
-        ``(connect, read)`` pair; options left as None keep their defaults.
-
-        Raises:
-            ValueError: for a negative count or delay, or a time limit that is not > 0.
-        """
-        kw: dict[str, float | int] = {}
-        if retries is not None:
-            if retries < 0:
-                raise ValueError(f"retries must be >= 0, got {retries!r}")
-            kw["retries"] = int(retries)
-        if backoff is not None:
-            if backoff < 0:
-                raise ValueError(f"backoff must be >= 0, got {backoff!r}")
-            kw["backoff"] = float(backoff)
-        if max_backoff is not None:
-            kw["max_backoff"] = float(max_backoff)
-        if timeout is not None:
-            connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
-            if connect <= 0 or read <= 0:
-                raise ValueError(f"timeout must be > 0, got {timeout!r}")
-            kw["connect_timeout"], kw["read_timeout"] = float(connect), float(read)
-        limits = {"deadline": deadline, "min_throughput": min_throughput, "budget": budget}
-        for key, value in limits.items():
-            if value is not None:
-                if value <= 0:
-                    raise ValueError(f"{key} must be > 0, got {value!r}")
-                kw[key] = float(value)
-        return cls(**kw)  # type: ignore[arg-type]
-
-    def request_time(self, nbytes: int) -> float:
-        """Seconds one GET of ``nbytes`` may take, connect to last byte."""
-        return self.deadline + nbytes / self.min_throughput
-
-
-# Statuses that repeating the same request cannot fix although they are 5xx: the server does
-# not implement the method or HTTP version (501, 505), is misconfigured (506, 508, 510),
-# wants a captive-portal login (511), or is out of space (507, which outlasts any backoff).
-_PERMANENT_5XX = frozenset({501, 505, 506, 507, 508, 510, 511})
-# 4xx that do heal: the server timed out waiting for us (408), too early (425), throttling.
-_TRANSIENT_4XX = frozenset({408, 425, 429})
-
-
-def transient_status(status: int) -> bool:
-    """Whether an HTTP status is worth another attempt of the same request."""
-    return status in _TRANSIENT_4XX or (status >= 500 and status not in _PERMANENT_5XX)
-
-
-_USERINFO = re.compile(r"(?<=//)[^/@\s'\"]+@")
-_QUERY = re.compile(r"\?[^\s'\"()<>]+")
-# Header-looking secrets a library might echo in an exception text. A quoted value is
-# dropped whole; an unquoted Authorization value loses its scheme and its credentials.
-_SECRET_FIELDS = re.compile(
-    r"(?i)(authorization|x-amz-security-token|x-amz-credential|x-amz-signature|"
-    r"signature|aws_secret_access_key|aws_access_key_id|password|token)"
-    r"(['\"]?\s*[:=]\s*)"
-    r"('[^']*'|\"[^\"]*\"|[^\s'\",&}]+)"
-)
-_AUTH_UNQUOTED = re.compile(
-    r"(?i)(authorization['\"]?\s*[:=]\s*)([^\s'\"][^\s'\",&}]*(?:\s+[^\s'\",&}]+)?)"
-)
-
-
-def redact_url(url: str) -> str:
-    """The URL with ``user:pass@`` and any query string (presigned signatures) removed."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return redact_text(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = "<redacted>" if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
-def redact_text(text: str) -> str:
-    """Scrub URL credentials, query strings and secret-looking fields from free text."""
-    text = _USERINFO.sub("***@", text)
-    text = _QUERY.sub("?<redacted>", text)
-    text = _AUTH_UNQUOTED.sub(r"\1<redacted>", text)
-    return _SECRET_FIELDS.sub(r"\1\2<redacted>", text)
-
-
-def describe(exc: BaseException) -> str:
-    """One-line, redacted description of an exception, for messages and logs."""
-    text = str(exc) or exc.__class__.__name__
-    # botocore's ClientError text names the S3 error code but not the HTTP status.
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if status:
-            text = f"HTTP {status}: {text}"
-    name = exc.__class__.__name__.lstrip("_")  # a private class still reads as a name
-    return f"{name}: {redact_text(text)}"[:500]
 
 
 class Retrier:
@@ -333,7 +209,31 @@ class Retrier:
                 ``budget`` seconds without progress, naming ``url``, the offset of the first
                 missing byte and the last cause.
         """
+        if end is not None:
+            return self.read_range(fetch, url, start, end).tobytes()
         parts: list[bytes] = []
+        self._read(fetch, url, start, None, parts.append)
+        return b"".join(parts)
+
+    def read_range(self, fetch: Fetch, url: str, start: int, end: int) -> memoryview:
+        """Bytes ``[start, end)`` as :meth:`read` reads them, in one buffer of ``end -
+        start`` bytes allocated once: a body that can ``readinto`` (:mod:`.body`) is read
+        into it by the socket, chunks are copied into it. The view is shorter when the
+        object ends before ``end``.
+
+        Raises:
+            RemoteReadError: as :meth:`read`.
+        """
+        buf = _Buffer(end - start)
+        got = self._read(fetch, url, start, end, buf)
+        return buf.view[: got - start] if buf.view is not None else memoryview(b"")
+
+    def _read(
+        self, fetch: Fetch, url: str, start: int, end: int | None,
+        sink: _Buffer | Callable[[bytes], object],
+    ) -> int:  # fmt: skip
+        """The attempts of :meth:`read`: bytes go into ``sink`` (a buffer for bytes
+        ``[start, end)``, or a function taking each chunk); returns the end offset reached."""
         pos = start
         failures = 0
         since = self.clock()  # when the current run of attempts without progress began
@@ -349,10 +249,9 @@ class Retrier:
                     raise TransientError(f"the answer promises {promised} bytes, {end - pos} asked")
                 got = 0
                 try:
-                    for chunk in chunks:
-                        parts.append(chunk)
-                        got += len(chunk)
-                        pos += len(chunk)
+                    for n in _landed(chunks, sink, pos - start, promised):
+                        got += n
+                        pos += n
                         if got != promised:
                             self._check_deadline(began, promised, got)
                 finally:
@@ -381,7 +280,7 @@ class Retrier:
                 failures += 1
                 counted = "attempts without progress"
                 self._pause(exc, failures, since, what, RemoteReadError, url, pos, counted)
-        return b"".join(parts)
+        return pos
 
     def _check_deadline(self, began: float, promised: int, got: int) -> None:
         """Cut a GET that has run past its deadline. The allowance grows with the bytes
@@ -395,36 +294,52 @@ class Retrier:
             )
 
 
-def iter_limited(chunks: Iterator[bytes], skip: int, limit: int | None) -> Iterator[bytes]:
-    """Drop the first ``skip`` bytes of a stream and stop after ``limit`` more: turns a
-    whole-object answer from a server that ignored ``Range`` into the requested slice
-    without reading the rest of the body."""
-    for chunk in chunks:
-        if skip:
-            if len(chunk) <= skip:
-                skip -= len(chunk)
-                continue
-            chunk, skip = chunk[skip:], 0
-        if limit is not None:
-            if len(chunk) >= limit:
-                if limit:
-                    yield chunk[:limit]
-                return
-            limit -= len(chunk)
-        yield chunk
+class _Buffer:
+    """The buffer of one ranged read, made at its first answer (not zeroed: the socket fills
+    it): as long as the bytes that answer promises when the object ends before the range
+    does, else the range, so a range asked past an object's end holds only what exists."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.view: memoryview | None = None
+
+    def at(self, promised: int) -> memoryview:
+        if self.view is None:
+            n = promised if 0 < promised < self.size else self.size
+            self.view = np.empty(n, np.uint8).data
+        return self.view
 
 
-def iter_stream(raw: Any, chunk_size: int) -> Iterator[bytes]:
-    """Chunks of a raw (urllib3) response body, as they arrive.
-
-    ``read1`` returns what one socket read brought, so when the connection drops the bytes
-    received so far have already been handed over and a retry resumes after them; a plain
-    ``read(n)`` would wait for ``n`` bytes and lose them all in the exception. Without
-    ``read1`` (urllib3 < 2), small reads bound the loss.
-    """
-    read1 = getattr(raw, "read1", None)
-    while True:
-        data = read1(chunk_size) if read1 is not None else raw.read(min(chunk_size, 64 << 10))
-        if not data:
-            return
-        yield data
+def _landed(
+    body: Iterable[bytes] | Readable, sink: _Buffer | Callable[[bytes], object], at: int,
+    promised: int,
+) -> Iterator[int]:  # fmt: skip
+    """Put a response body into ``sink`` from its offset ``at``: a :class:`Readable` is read
+    into the buffer (one socket read per piece), chunks are copied into it or handed to a
+    function. Yields the size of each piece as it lands, so bytes that arrived before a
+    failure count for the resume."""
+    if isinstance(sink, _Buffer) and promised > 0 and at + promised > len(sink.at(promised)):
+        raise TransientError(
+            f"the answer promises {promised} bytes past byte {at}, more than exist"
+        )
+    readinto = getattr(body, "readinto", None)
+    if readinto is not None:  # given only for a range: ``sink`` is its buffer
+        view = cast(_Buffer, sink).at(promised)[at : at + promised]
+        got = 0
+        while got < promised:
+            n = readinto(view[got:])
+            if not n:
+                return  # cut short: the caller sees fewer bytes than promised
+            got += n
+            yield n
+        return
+    for chunk in cast("Iterable[bytes]", body):
+        if isinstance(sink, _Buffer):
+            view = sink.at(promised)
+            if at + len(chunk) > len(view):
+                raise TransientError(f"the answer sent more than the {len(view)} bytes asked")
+            view[at : at + len(chunk)] = chunk
+            at += len(chunk)
+        else:
+            sink(chunk)
+        yield len(chunk)

@@ -31,13 +31,14 @@ import boto3
 import botocore.exceptions as bce
 from botocore.config import Config
 
+from wdstream.storage.body import iter_stream, socket_body
 from wdstream.storage.remote import RemoteStore
 from wdstream.storage.retry import (
+    Readable,
     RemoteWriteError,
     Retrier,
     RetryPolicy,
     TransientError,
-    iter_stream,
     log,
 )
 from wdstream.storage.s3_errors import error_code, is_missing, is_transient
@@ -175,7 +176,9 @@ class S3Store(RemoteStore):
 
     # -- reads ----------------------------------------------------------------------------
 
-    def _fetch(self, name: str, start: int, end: int | None) -> tuple[int, Iterable[bytes]]:
+    def _fetch(
+        self, name: str, start: int, end: int | None
+    ) -> tuple[int, Iterable[bytes] | Readable]:
         kw: dict[str, Any] = {"Bucket": self.bucket, "Key": self.object_key(name)}
         if start > 0 or end is not None:
             kw["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
@@ -189,7 +192,9 @@ class S3Store(RemoteStore):
             if error_code(exc)[1] == 403:
                 raise PermissionError(f"access denied: {self.child_url(name)}") from None
             raise
-        return int(resp["ContentLength"]), _Chunks(resp["Body"], _CHUNK)
+        body = resp["Body"]
+        raw = socket_body(getattr(body, "_raw_stream", None)) if end is not None else None
+        return int(resp["ContentLength"]), raw if raw is not None else _Chunks(body, _CHUNK)
 
     def head(self, name: str) -> dict[str, Any] | None:
         """The object's HEAD response, or None when it is missing."""

@@ -72,6 +72,11 @@ class WindowCache:
             with self._lock:
                 self._data[key] = fut
         elif not fut.done():
+            # The next windows' reads go out before this wait, not after it: from a remote
+            # store, waiting first left the next window's round trips unstarted until this
+            # one had arrived (a fresh loader's second window started only then).
+            for nxt in following(key, self.ahead):
+                self.start(nxt)
             t0 = time.perf_counter()
             fut.exception()  # waits; a failed read raises below
             if self._deepen and time.perf_counter() - t0 > DEEPEN_WAIT_S:
