@@ -75,6 +75,8 @@ class WindowGeometry:
 
     def tokens_before_window(self, w: int, tokens_before: Callable[[int], int]) -> int:
         """Tokens of windows ``[0, w)``; ``tokens_before(p)``: tokens of epoch positions < p."""
+        if w == 0:  # no lookups: every epoch's first window (a small source's only one)
+            return 0
         c = self._per_lane
         return sum(
             tokens_before(min(lo + w * c, hi)) - tokens_before(lo) for lo, hi in self._lanes()

@@ -156,6 +156,7 @@ def copy_rows(
     ends: list[int]
     wants: list[int]
     bufs: list[memoryview]
+    row_at = places.starts if places is not None else []  # each filled row's flat offset
     for k, (w, i, off, take) in enumerate(segments):
         if w != cw:
             if checks is not None:  # leaving a window: its samples of this fill are verified
@@ -173,8 +174,8 @@ def copy_rows(
         base, at = data.bases[r], data.first[i] + off
         if places is None:
             flat[o : o + take] = base[at : at + take]
-        elif o % row_tokens + take <= row_tokens:  # in one row: the place inline
-            d = places.starts[o // row_tokens] + o % row_tokens
+        elif (c := o % row_tokens) + take <= row_tokens:  # in one row: the place inline
+            d = row_at[o // row_tokens] + c
             flat[d : d + take] = base[at : at + take]
         else:
             places.copy(flat, o, base[at : at + take])

@@ -18,7 +18,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, ThreadPoolExecutor
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, NoReturn
 
 import numpy as np
@@ -347,7 +347,8 @@ class ShardSource:
             tokens = LocatedTokens.of_arrays([s.tokens for s in samples])
             self._check_counts(shard, sidecar.tokens[a:b], tokens.count)
             if self._ids is not None:
-                self._ids.check(tokens, self.where(shard), a, lambda k: self.read_sample(shard, k))
+                where = partial(self.where, shard)
+                self._ids.check(tokens, where, a, lambda k: self.read_sample(shard, k))
             return PieceRead(tokens, [s.doc_lens for s in samples], None)
         spans = (
             self._layouts.of_remote(shard, sidecar, a, b, buf, begin)
@@ -365,7 +366,7 @@ class ShardSource:
         crcs = sidecar.crc32c
         if verify or not self.checksums or crcs is None:
             if self._ids is not None:  # unverified bytes: a bad id's sample is verified first
-                where = self.where(shard)
+                where = partial(self.where, shard)  # made for a message only
                 self._ids.check(tokens, where, a, lambda k: self.read_sample(shard, k))
             return PieceRead(tokens, [], None)
         # Its copier verifies what it copies, ids too (window_data.copy_rows): a torch worker
@@ -394,9 +395,14 @@ class ShardSource:
         return sample
 
     def _mapped(self, shard: int) -> Callable[[int], memoryview]:
-        """The first ``end`` bytes of a local shard, mapped (its token layout is searched once)."""
-        root, name = self.urls[shard]
-        return lambda end: self._store(root).read_range_view(name, 0, end)
+        """The first ``end`` bytes of a local shard, mapped (its token layout is searched once:
+        the shard's name is looked up only then)."""
+
+        def first(end: int) -> memoryview:
+            root, name = self.urls[shard]
+            return self._store(root).read_range_view(name, 0, end)
+
+        return first
 
     def report_corrupt(self, checks: CopyChecks, start: int) -> NoReturn:
         """Raise for the sample of ``checks``' read that begins at byte ``start`` of its

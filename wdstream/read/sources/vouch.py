@@ -76,7 +76,7 @@ class IdLimit:
     def check(
         self,
         tokens: LocatedTokens,
-        shard_url: str,
+        shard_url: str | Callable[[], str],
         first: int,
         confirm: Callable[[int], object] | None = None,
     ) -> None:
@@ -84,6 +84,8 @@ class IdLimit:
         id outside the vocabulary.
 
         Args:
+            shard_url: the shard's URL for the message, or what makes it (made only then:
+                a read checks every piece, and the URL is a string made from the table).
             confirm: reads sample ``k`` of the shard alone and verifies its checksum, raising
                 if its bytes are damaged: ``tokens`` may not be verified yet (a torch worker
                 checks at copy time), and a flipped byte is corruption, not a wrong index.
@@ -106,9 +108,8 @@ class IdLimit:
         plain = ids & ID_BITS if self.masked else ids
         at = int(np.flatnonzero(plain >= self.n_vocab)[0])
         got = int(ids[at])
-        raise IndexValidationError(
-            f"{shard_url}: sample {first + k}, token {at}: " + self._why(got)
-        )
+        url = shard_url() if callable(shard_url) else shard_url
+        raise IndexValidationError(f"{url}: sample {first + k}, token {at}: " + self._why(got))
 
     def admits(self, ids: np.ndarray) -> bool:
         """Whether every id of ``ids`` is one of the vocabulary: ids as read (unsigned) or as
