@@ -26,7 +26,6 @@ can re-weight its future (annealing), while any change to its past is refused.
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ import numpy as np
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.checks import MixtureOwnRows, row_at
+from wdstream.read.mixture.fill import fill_runs, source_runs
 from wdstream.read.mixture.interleave import MIXTURE_ORDER_VERSION
 from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weights
 from wdstream.read.mixture.seal import mixture_seal
@@ -267,46 +267,12 @@ class MixtureReader:
         tokens: np.ndarray,
         doc_start: np.ndarray | None,
     ) -> tuple[np.ndarray, list[Hit]]:
-        """Mixture rows ``rows`` (increasing) into ``tokens`` ([len(rows), T + 1]); returns
-        their sources and the rows masked (:meth:`GlobalOrder.fill`).
-
-        A source's rows among them have increasing source indices, consecutive but where
-        the rank's rows skip other ranks' and at the source's epoch ends: each run of
-        consecutive rows of one source's epoch is one fill, straight into its rows'
-        places (no scratch block, no scatter)."""
+        """Mixture rows ``rows`` (increasing) into ``tokens`` ([len(rows), T + 1]) in one
+        pass over all sources (:mod:`~wdstream.read.mixture.fill`); returns their sources
+        and the rows masked (:meth:`GlobalOrder.fill`)."""
         src, idx = self.schedule(position).locate(rows)
-        given = np.bincount(src, minlength=len(self.orders)).tolist()
-        if len(rows) in given:  # all of one source
-            return src, self._fill_source(given.index(len(rows)), idx, None, tokens, doc_start)
-        hits: list[Hit] = []
-        for s, m in enumerate(given):
-            if m:
-                into = np.flatnonzero(src == s)
-                hits += self._fill_source(s, idx[into], into, tokens, doc_start)
-        return src, hits
-
-    def _fill_source(
-        self,
-        source: int,
-        idx: np.ndarray,
-        into: np.ndarray | None,
-        tokens: np.ndarray,
-        doc_start: np.ndarray | None,
-    ) -> list[Hit]:
-        """Rows ``idx`` (increasing indices) of ``source`` into rows ``into`` of ``tokens``
-        (None: all, in order); one fill per run of consecutive rows of one epoch."""
-        order, r = self.orders[source], self.rows_per_epoch[source]
-        first, last = int(idx[0]), int(idx[-1])
-        if last - first == len(idx) - 1 and first // r == last // r:  # one run: the rule
-            return order.fill(first // r, first % r, tokens, doc_start, into)
-        epoch = idx // r
-        cut = np.flatnonzero((np.diff(idx) != 1) | (np.diff(epoch) != 0)) + 1
-        hits: list[Hit] = []
-        for a, b in itertools.pairwise([0, *cut.tolist(), len(idx)]):
-            at = np.arange(a, b) if into is None else into[a:b]
-            e, k = divmod(int(idx[a]), r)
-            hits += order.fill(e, k, tokens, doc_start, at)
-        return hits
+        runs, placed = source_runs(src, idx, self.rows_per_epoch)
+        return src, fill_runs(self.orders, runs, placed, tokens, doc_start)
 
     def fill_chunk(
         self, first: int, n: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts

@@ -33,7 +33,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,11 +42,14 @@ from wdstream.read.order.plan import EpochPlan, OrderWindow, WindowGeometry
 from wdstream.read.order.read_ahead import WindowCache, WindowKey
 from wdstream.read.order.row_places import RowPlaces
 from wdstream.read.order.window_data import (
+    WINDOW_MASK,
     CopyTimeChecks,
     Hit,
+    Segment,
     WindowData,
     copy_rows,
     emitted_bad,
+    finish_copy,
     mask_rows,
     samples_alone,
     samples_used,
@@ -135,9 +138,11 @@ class GlobalOrder:
         self.n_windows = self.geometry.n_windows
         self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
         self._windows: OrderedDict[tuple[int, int], OrderWindow] = OrderedDict()
+        self._last_window: tuple[tuple[int, int], OrderWindow] | None = None
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
         self._cache = WindowCache(self._load_data, deepen=source.remote)
+        self._hot: tuple[WindowKey, WindowData] | None = None  # the window last cut from
         # None: the only consumer, verifying every sample read; else a worker of several
         # (see check_only).
         self._read_spans: ReadSpans | None = None
@@ -194,12 +199,17 @@ class GlobalOrder:
         return plan
 
     def window(self, epoch: int, w: int) -> OrderWindow:
-        """Window ``w`` of ``epoch``: its samples in emitted order and their token offsets."""
+        """Window ``w`` of ``epoch``: its samples in emitted order and their token offsets
+        (the last one asked for at hand, without the lock: a fill asks for it several times)."""
         key = (epoch, w)
+        last = self._last_window
+        if last is not None and last[0] == key:
+            return last[1]
         with self._lock:
             hit = self._windows.get(key)
             if hit is not None:
                 self._windows.move_to_end(key)
+                self._last_window = (key, hit)
                 return hit
         plan, cfg = self.plan(epoch), self.cfg
         positions, counts = [], []
@@ -220,24 +230,27 @@ class GlobalOrder:
             self._windows[key] = win
             while len(self._windows) > _WINDOW_CACHE:
                 self._windows.popitem(last=False)
+        self._last_window = (key, win)
         return win
 
-    def _segments(self, epoch: int, t0: int, t1: int) -> list[tuple[int, int, int, int]]:
+    def _segments(self, epoch: int, t0: int, t1: int, tag: int = 0) -> list[Segment]:
         """``(window, emitted index, first token, tokens)`` of the samples covering
-        tokens ``[t0, t1)`` of the epoch's stream, in stream order."""
+        tokens ``[t0, t1)`` of the epoch's stream, in stream order; each window named
+        ``tag | w`` (``tag``: 0, or a multiple of ``WINDOW_TAG``, see :meth:`fill_segments`)."""
         w = self._window_of(epoch, t0)
-        out: list[tuple[int, int, int, int]] = []
+        out: list[Segment] = []
         t = t0
         while t < t1:
             win = self.window(epoch, w)
             local = t - win.begin
             b = win.bounds
             i = bisect.bisect_right(b, local) - 1
+            key = tag | w
             while t < t1 and i < len(win.positions):
                 off = local - b[i]
                 take = min(b[i + 1] - b[i] - off, t1 - t)
                 if take > 0:
-                    out.append((w, i, off, take))
+                    out.append((key, i, off, take))
                 t += take
                 local += take
                 i += 1
@@ -257,11 +270,26 @@ class GlobalOrder:
                         return w
         return self.geometry.window_at(token, self.plan(epoch).tokens_before)
 
-    def _window_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
+    def fill_segments(self, epoch: int, row: int, n: int, tag: int) -> list[Segment]:
+        """The segments of rows ``[row, row + n)`` of ``epoch`` (:func:`copy_rows`), each
+        window named ``tag | w``: a mixture copies several sources' segments in one pass, a
+        tag (a multiple of ``WINDOW_TAG``) per run of rows naming its source and epoch."""
+        return self._segments(epoch, row * self.row_tokens, (row + n) * self.row_tokens, tag)
+
+    def window_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         """The sample views of window ``w``, read with one ranged read per lane and shard
         (concurrently from remote stores) and kept while rows are cut from it; the next
-        windows this process needs are read ahead (:mod:`~wdstream.read.order.read_ahead`)."""
-        return self._cache.get((epoch, w, with_docs), self._following)
+        windows this process needs are read ahead (:mod:`~wdstream.read.order.read_ahead`).
+
+        The window the last fill cut from is at hand without the cache (its lock, the
+        read-ahead checks): the next fill mostly starts there, once per source in a mixture."""
+        key = (epoch, w, with_docs)
+        hot = self._hot
+        if hot is not None and hot[0] == key:
+            return hot[1]
+        data = self._cache.get(key, self._following)
+        self._hot = (key, data)
+        return data
 
     def _following(self, key: WindowKey, n: int) -> list[WindowKey]:
         """Of the ``n`` windows after ``key``, those this process will cut rows from."""
@@ -280,23 +308,29 @@ class GlobalOrder:
         win = self.window(epoch, w)
         return self._reads is None or self._reads(epoch, win.begin, win.end)
 
-    def _samples_alone(
-        self, epoch: int, segments: list[tuple[int, int, int, int]], with_docs: bool
+    def samples_alone(
+        self, epoch: int, segments: list[Segment], with_docs: bool
     ) -> dict[int, WindowData]:
-        """The windows of ``segments`` neither read nor being read of which these rows
-        hold few samples (at most 1/16): those samples alone (:func:`samples_alone`);
-        :meth:`fill` starts each window's whole read behind them for the rows after."""
+        """The windows of ``segments`` (of ``epoch``, any tags) neither read nor being read of
+        which these rows hold few samples (at most 1/16): those samples alone
+        (:func:`samples_alone`), by window (untagged); :meth:`fill` (a mixture's fill too)
+        starts each window's whole read behind them once the rows are copied
+        (:meth:`start_reads`)."""
         # Segments run through windows in order; most fills touch only windows already
         # read or being read, and then no segment needs looking at.
-        spanned = range(segments[0][0], segments[-1][0] + 1) if segments else range(0)
+        first, last = (segments[0][0], segments[-1][0]) if segments else (0, -1)
+        hot = self._hot
+        if first == last and hot is not None and hot[0] == (epoch, first & WINDOW_MASK, with_docs):
+            return {}  # all in the window the last fill cut from: at hand
+        spanned = range(first & WINDOW_MASK, (last & WINDOW_MASK) + 1)
         wanted: dict[int, set[int]] = {
             w: set() for w in spanned if self._cache.cold((epoch, w, with_docs))
         }
         if not wanted:
             return {}
-        for w, i, _, _ in segments:
-            if w in wanted:
-                wanted[w].add(i)
+        for named, i, _, _ in segments:
+            if named & WINDOW_MASK in wanted:
+                wanted[named & WINDOW_MASK].add(i)
         out = {}
         for w, emitted in wanted.items():
             positions = self.window(epoch, w).positions
@@ -305,9 +339,16 @@ class GlobalOrder:
                 out[w] = samples_alone(self.reads, plan, positions, emitted, with_docs)
         return out
 
+    def start_reads(self, epoch: int, windows: Iterable[int], with_docs: bool) -> None:
+        """Start reading windows ``windows`` of ``epoch`` (tagged or not) whole in the
+        background, where they are neither read nor being read."""
+        for w in windows:
+            self._cache.start((epoch, w & WINDOW_MASK, with_docs))
+
     def release(self) -> None:
         """Drop the windows' sample views (they pin the mapped shards' file descriptors) and
         any read-ahead: called when an iteration ends or is abandoned."""
+        self._hot = None
         self._cache.release()
 
     def check_only(self, read_spans: ReadSpans | None) -> None:
@@ -438,15 +479,15 @@ class GlobalOrder:
             doc_start[slice(None) if into is None else into] = False
         n = len(tokens) if into is None else len(into)
         segments = self._segments(epoch, row * T1, (row + n) * T1)
-        windows = self._samples_alone(epoch, segments, with_docs)
+        windows = self.samples_alone(epoch, segments, with_docs)
         hits = copy_rows(
-            segments, windows, lambda w: self._window_data(epoch, w, with_docs),
-            flat, flat_ds, T1, self.source, self.quarantine, places,
+            segments, windows, lambda w: self.window_data(epoch, w, with_docs),
+            flat, flat_ds, T1, lambda _: self.source, self.quarantine, places,
         )  # fmt: skip
         # Their whole reads start once these rows are copied (a thread started before takes
         # the GIL from the copy: a worker's one-step first chunk 3-6.5 ms, 2.4-2.7 after).
-        for w in windows:
-            self._cache.start((epoch, w, with_docs))
+        self.start_reads(epoch, windows, with_docs)
+        hits = finish_copy(segments, windows, flat, into, T1, self.source, hits)
         if hits:
             mask_rows(tokens, doc_start, hits, self.neutral)
         return hits

@@ -32,12 +32,15 @@ from wdstream.read.sources.quarantine import QuarantinedReads
 from wdstream.read.sources.reads import CHECKSUM_REASON, BadSample, CopyChecks, PieceRead
 
 __all__ = [
+    "WINDOW_MASK",
+    "WINDOW_TAG",
     "CopyTimeChecks",
     "Hit",
     "Segment",
     "WindowData",
     "copy_rows",
     "emitted_bad",
+    "finish_copy",
     "mask_rows",
     "samples_alone",
     "samples_used",
@@ -119,6 +122,10 @@ class WindowData:
 
 
 Segment = tuple[int, int, int, int]  # (window, emitted index, first token, tokens)
+# A segment's window is ``tag | w``: window ``w`` of its epoch, ``tag`` 0 for one dataset's
+# fill, a multiple of WINDOW_TAG naming a run of rows (a source and epoch) in a mixture's.
+WINDOW_TAG = 1 << 32
+WINDOW_MASK = WINDOW_TAG - 1
 
 
 def copy_rows(
@@ -128,13 +135,14 @@ def copy_rows(
     flat: np.ndarray,
     flat_ds: np.ndarray | None,
     row_tokens: int,
-    source: ShardSource,
+    source_of: Callable[[int], ShardSource],
     quarantine: bool,
     places: RowPlaces | None = None,
 ) -> list[Hit]:
     """Copy ``segments`` (stream order) end to end into ``flat`` (with ``places``, filled
     row ``j`` into row ``places.into[j]`` of ``flat``'s block), reading each window's
-    data from ``windows`` (those missing with ``load``); verify each sample a
+    data from ``windows`` (those missing with ``load``); ``source_of(window)``: the
+    source a window's samples are of (for messages). Verify each sample a
     :class:`CopyTimeChecks` holds pending right after its copy, while its bytes are in
     the cache (batched at the fill's end they had left it, and the sums slowed by more
     than the batching saved); mark document starts in ``flat_ds``.
@@ -145,8 +153,9 @@ def copy_rows(
     raised stays pending, so a retried fill checks it again.
 
     Returns:
-        Each row of the block that holds tokens of a stand-in sample (``on_corrupt="mask"``:
-        ``quarantine``), with it, in stream order.
+        Each filled row (``j``, before ``places``) that holds tokens of a stand-in sample
+        (``on_corrupt="mask"``: ``quarantine``), with it, in stream order: see
+        :func:`finish_copy`.
     """
     hits: list[Hit] = []
     o, cw, lo = 0, -1, 0
@@ -186,7 +195,7 @@ def copy_rows(
                 wants[j] = -1  # a sample cut into two rows of this fill: checked once
                 # GIL held (below 16 KiB): one short sum of cached bytes, no hand-off.
                 if crc32c(bufs[r][starts[j] : ends[j]]) != want:
-                    checks.failed(i, r, starts[j], source, data.bad if quarantine else None)
+                    checks.failed(i, r, starts[j], source_of(w), data.bad if quarantine else None)
         if data.bad and i in data.bad:
             hits += [
                 (x, data.bad[i]) for x in range(o // row_tokens, (o + take - 1) // row_tokens + 1)
@@ -197,10 +206,26 @@ def copy_rows(
         o += take
     if checks is not None:
         checks.spans[2, lo : segments[-1][1] + 1] = -1
+    return hits
+
+
+def finish_copy(
+    segments: list[Segment],
+    windows: dict[int, WindowData],
+    flat: np.ndarray,
+    into: np.ndarray | None,
+    row_tokens: int,
+    source: ShardSource,
+    hits: list[Hit],
+) -> list[Hit]:
+    """After :func:`copy_rows`, for the filled rows of one source (``into``: their rows of
+    the block, None: all of it) and its ``segments`` and ``hits``: refuse ids outside its
+    vocabulary where the bytes were not verified as read (:func:`_check_copied_ids`);
+    returns ``hits`` with rows of the block."""
     if any(windows[w].unverified is not None for w in {s[0] for s in segments}):
-        _check_copied_ids(segments, windows, flat, o, places, row_tokens, source, hits)
-    if places is not None:
-        hits = [(int(places.into[r]), bad) for r, bad in hits]
+        _check_copied_ids(segments, windows, flat, into, row_tokens, source, hits)
+    if into is not None:
+        hits = [(int(into[r]), bad) for r, bad in hits]
     return hits
 
 
@@ -208,8 +233,7 @@ def _check_copied_ids(
     segments: list[Segment],
     windows: dict[int, WindowData],
     flat: np.ndarray,
-    size: int,
-    places: RowPlaces | None,
+    into: np.ndarray | None,
     row_tokens: int,
     source: ShardSource,
     hits: list[Hit],
@@ -226,7 +250,7 @@ def _check_copied_ids(
     limit = source.id_limit
     if limit is None:
         return
-    block = flat[:size] if places is None else flat.reshape(-1, row_tokens)[places.into]
+    block = flat if into is None else flat.reshape(-1, row_tokens)[into]
     rows = block.reshape(-1, row_tokens)
     if hits:
         rows = np.delete(rows, sorted({r for r, _ in hits}), axis=0)

@@ -1,0 +1,159 @@
+"""A mixture's rows into a chunk in one pass: one copy loop over every source's segments.
+
+The rows of a chunk come from several sources. Each source's rows among them are runs of
+consecutive rows of one of its epochs (a run ends where the rank's rows skip other ranks'
+and at the source's epoch end). Every run's segments are cut by its source's global order,
+each naming its window as ``tag | w`` with a tag per run (which names its source and
+epoch), and one :func:`~wdstream.read.order.window_data.copy_rows` copies them all, straight
+into their rows of the chunk::
+
+    chunk rows     0    1    2    3    4    5    6    7
+    source         web  code web  code web  web  code web
+    runs           web 0-4 -> rows [0 2 4 5 7]   code 0-2 -> rows [1 3 6]
+    one copy       segments of web's run, then code's, filled rows [0 2 4 5 7 1 3 6]
+
+Filling each source on its own (a fill per run) paid each fill's set-up per source: the
+window lookups, the read-ahead checks, the row places, the copy loop's entry and exit.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from wdstream.read.order.global_order import GlobalOrder
+from wdstream.read.order.row_places import RowPlaces
+from wdstream.read.order.window_data import (
+    WINDOW_MASK,
+    WINDOW_TAG,
+    Hit,
+    Segment,
+    WindowData,
+    copy_rows,
+    finish_copy,
+    mask_rows,
+)
+from wdstream.read.sources.packed import ShardSource
+
+__all__ = ["Run", "fill_runs", "source_runs"]
+
+Run = tuple[int, int, int, np.ndarray]  # (source, epoch, first row in it, rows of the chunk)
+
+
+def source_runs(
+    src: np.ndarray, idx: np.ndarray, rows_per_epoch: list[int]
+) -> tuple[list[Run], np.ndarray]:
+    """The runs of rows whose sources are ``src`` and indices in them ``idx`` (increasing
+    per source), source by source, each run's rows in order; and all their rows in that
+    order (the runs' rows one after the other: where the copy's filled rows go)."""
+    order = np.argsort(src, kind="stable")
+    counts = np.bincount(src, minlength=len(rows_per_epoch)).tolist()
+    firsts = idx[order].tolist()
+    runs: list[Run] = []
+    a = 0
+    for s, m in enumerate(counts):
+        if not m:
+            continue
+        b, r = a + m, rows_per_epoch[s]
+        first, last = firsts[a], firsts[b - 1]
+        if last - first == m - 1 and first // r == last // r:  # one run: the rule
+            runs.append((s, first // r, first % r, order[a:b]))
+        else:
+            runs += _split(s, idx[order[a:b]], order[a:b], r)
+        a = b
+    return runs, order
+
+
+def _split(s: int, idx: np.ndarray, into: np.ndarray, r: int) -> list[Run]:
+    """Source ``s``'s rows ``idx`` (at chunk rows ``into``) as runs of consecutive rows of
+    one of its epochs (``r`` rows each)."""
+    epoch = idx // r
+    cut = np.flatnonzero((np.diff(idx) != 1) | (np.diff(epoch) != 0)) + 1
+    bounds = [0, *cut.tolist(), len(idx)]
+    return [(s, *divmod(int(idx[a]), r), into[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def fill_runs(
+    orders: list[GlobalOrder],
+    runs: list[Run],
+    rows: np.ndarray,
+    tokens: np.ndarray,
+    doc_start: np.ndarray | None,
+) -> list[Hit]:
+    """Fill ``runs`` (:func:`source_runs`: covering every row of ``tokens``, at ``rows``)
+    into ``tokens`` ([n, T + 1]) with one :func:`copy_rows`; ``doc_start`` as
+    :meth:`GlobalOrder.fill`.
+
+    Returns:
+        The rows masked (``on_corrupt="mask"``), with the stand-in sample each holds.
+    """
+    if len(runs) == 1:  # one run: all the chunk's rows, in order
+        s, e, k, _ = runs[0]
+        return orders[s].fill(e, k, tokens, doc_start)
+    T1, with_docs = tokens.shape[1], doc_start is not None
+    run_of = [(orders[s], e) for s, e, _, _ in runs]  # by tag: the run's order and epoch
+    cut = [
+        orders[s].fill_segments(e, k, len(into), j * WINDOW_TAG)
+        for j, (s, e, k, into) in enumerate(runs)
+    ]
+    windows, alone = _read_alone(runs, run_of, cut, with_docs)
+    segments = cut[0] if len(cut) == 1 else [x for part in cut for x in part]
+
+    def load(key: int) -> WindowData:
+        order, epoch = run_of[key // WINDOW_TAG]
+        return order.window_data(epoch, key & WINDOW_MASK, with_docs)
+
+    def source_of(key: int) -> ShardSource:
+        return run_of[key // WINDOW_TAG][0].source
+
+    flat = tokens.reshape(-1)
+    flat_ds = None
+    if doc_start is not None:
+        doc_start[:] = False
+        flat_ds = doc_start.reshape(-1)
+    got = copy_rows(segments, windows, load, flat, flat_ds, T1, source_of,
+                    run_of[0][0].quarantine, RowPlaces(rows, T1))  # fmt: skip
+    for order, epoch, ws in alone:  # their whole reads, once these rows are copied
+        order.start_reads(epoch, ws, with_docs)
+    if not got and all(d.unverified is None for d in windows.values()):
+        return []  # nothing masked, every id checked as read
+    hits: list[Hit] = []
+    a = 0
+    for (order, _), part, (_, _, _, into) in zip(run_of, cut, runs, strict=True):
+        b = a + len(into)
+        mine = [(r - a, bad) for r, bad in got if a <= r < b]
+        done = finish_copy(part, windows, flat, into, T1, order.source, mine)
+        if done:
+            mask_rows(tokens, doc_start, done, order.neutral)
+            hits += done
+        a = b
+    return hits
+
+
+def _read_alone(
+    runs: list[Run],
+    run_of: list[tuple[GlobalOrder, int]],
+    cut: list[list[Segment]],
+    with_docs: bool,
+) -> tuple[dict[int, WindowData], list[tuple[GlobalOrder, int, list[int]]]]:
+    """The samples read alone (:meth:`GlobalOrder.samples_alone`) for the runs' windows not
+    read yet, asked once per source and epoch for all its runs (a window read alone holds
+    only the samples asked for), and given to each of those runs' tags; and per source and
+    epoch the windows so read (their whole reads are started after the copy)."""
+    windows: dict[int, WindowData] = {}
+    alone_in: list[tuple[GlobalOrder, int, list[int]]] = []
+    j = 0
+    while j < len(runs):
+        group = j + 1
+        while group < len(runs) and runs[group][:2] == runs[j][:2]:
+            group += 1
+        order, epoch = run_of[j]
+        segs = cut[j] if group == j + 1 else [x for part in cut[j:group] for x in part]
+        alone = order.samples_alone(epoch, segs, with_docs)
+        if alone:
+            alone_in.append((order, epoch, list(alone)))
+        for tag in range(j, group):
+            windows.update({tag * WINDOW_TAG | w: data for w, data in alone.items()})
+        j = group
+    return windows, alone_in
