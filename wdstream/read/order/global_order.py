@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wdstream.read.order.plan import EpochPlan, OrderWindow, WindowGeometry
+from wdstream.read.order.plan import EpochPlan, OrderWindow, WindowGeometry, joined
 from wdstream.read.order.read_ahead import WindowCache, WindowKey
 from wdstream.read.order.row_places import RowPlaces
 from wdstream.read.order.window_data import (
@@ -383,7 +383,7 @@ class GlobalOrder:
 
     def _load_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         plan, win = self.plan(epoch), self.window(epoch, w)
-        pieces = [pc for p, q in self.geometry.spans(w) for pc in plan.pieces(p, q)]
+        pieces = joined([pc for p, q in self.geometry.spans(w) for pc in plan.pieces(p, q)])
         order = win.order
         sizes = [b - a for _, a, b in pieces]
         shares = self._sharing

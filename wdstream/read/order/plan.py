@@ -33,7 +33,7 @@ from numpy.random import default_rng
 
 from wdstream.read.sources.packed import ShardSource
 
-__all__ = ["EpochPlan", "OrderWindow", "WindowGeometry"]
+__all__ = ["EpochPlan", "OrderWindow", "WindowGeometry", "joined"]
 
 
 @dataclass(frozen=True)
@@ -170,3 +170,17 @@ class OrderWindow:
     def end(self) -> int:
         """Token offset of the window's end in the epoch's stream."""
         return self.begin + self.bounds[-1]
+
+
+def joined(pieces: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """``pieces`` (``(shard, a, b)``, in order) with each run of adjacent pieces of one shard
+    (``(s, a, b), (s, b, c)``) as one: a window holding whole lanes (a dataset smaller than
+    a window: a small source in a mixture, every epoch) reads each shard's samples with one
+    ranged read instead of one per lane. The samples and their order are the same."""
+    out: list[tuple[int, int, int]] = []
+    for s, a, b in pieces:
+        if out and out[-1][0] == s and out[-1][2] == a:
+            out[-1] = (s, out[-1][1], b)
+        else:
+            out.append((s, a, b))
+    return out
