@@ -304,9 +304,12 @@ class GlobalOrder:
     def _needs(self, epoch: int, w: int) -> bool:
         """Whether this process will cut rows from window ``w`` (always, but where its
         chunks are known: past the iteration's end, or in a window of other workers'
-        chunks only, its read-ahead would be fetched for nothing)."""
+        chunks only, its read-ahead would be fetched for nothing). Where every window is
+        needed the window's metadata is left to its read (a read-ahead thread's)."""
+        if self._reads is None:
+            return True
         win = self.window(epoch, w)
-        return self._reads is None or self._reads(epoch, win.begin, win.end)
+        return self._reads(epoch, win.begin, win.end)
 
     def samples_alone(
         self, epoch: int, segments: list[Segment], with_docs: bool
