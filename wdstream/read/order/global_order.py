@@ -278,7 +278,7 @@ class GlobalOrder:
 
     def window_data(self, epoch: int, w: int, with_docs: bool) -> WindowData:
         """The sample views of window ``w``, read with one ranged read per lane and shard
-        (concurrently from remote stores) and kept while rows are cut from it; the next
+        (a shard's adjacent lanes as one, :func:`joined`; concurrently from remote stores) and kept while rows are cut from it; the next
         windows this process needs are read ahead (:mod:`~wdstream.read.order.read_ahead`).
 
         The window the last fill cut from is at hand without the cache (its lock, the
