@@ -463,7 +463,8 @@ class GlobalOrder:
     ) -> list[Hit]:
         """Write rows ``[row, row + n)`` of ``epoch`` into ``tokens`` ([n, T + 1]), or with
         ``into`` (``n`` increasing rows of ``tokens``) row ``row + j`` into ``tokens[into[j]]``:
-        a mixture writes each source's rows straight into their places in the batch.
+        rows straight into their places in a block (a mixture fills all its sources' runs
+        this way in one copy, :mod:`~wdstream.read.mixture.fill`).
 
         ``doc_start`` (bool, shaped as ``tokens``), when given, is True where a document
         piece begins: at every sample start (the next sample of a shuffled stream is
