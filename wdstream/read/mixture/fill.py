@@ -112,10 +112,10 @@ def fill_runs(
     if doc_start is not None:
         doc_start[:] = False
         flat_ds = doc_start.reshape(-1)
+    for order, epoch, ws in alone:  # their whole reads, before the copy (GlobalOrder.fill)
+        order.start_reads(epoch, ws, with_docs)
     got = copy_rows(segments, windows, load, flat, flat_ds, T1, source_of,
                     run_of[0][0].quarantine, RowPlaces(rows, T1))  # fmt: skip
-    for order, epoch, ws in alone:  # their whole reads, once these rows are copied
-        order.start_reads(epoch, ws, with_docs)
     if not got and all(d.unverified is None for d in windows.values()):
         return []  # nothing masked, every id checked as read
     hits: list[Hit] = []
