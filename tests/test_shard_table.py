@@ -139,8 +139,8 @@ import sys, wdstream
 url, cache, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
 loader = wdstream.Loader(url, seq_len=16, batch_size=4, num_workers=2, rank=rank, epochs=1,
                          world_size=2, cache_dir=cache)
-batches = iter(loader)
-next(batches)
+for _ in loader:  # the whole epoch: what a rank reads is then the same at every start
+    pass
 """
 
 
