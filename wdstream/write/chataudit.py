@@ -42,10 +42,11 @@ PROBLEM_KINDS = ("straddle", "relocated", "unlocated", "special_text")
 EXAMPLES = 3  # example locations kept per problem kind
 _TAGS = ADDED_TAG + 1
 _DETAIL_CHARS = 160
+_REFUSAL_CHARS = 480
 
 
-def _clip(text: str) -> str:
-    return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
+def _clip(text: str, limit: int = _DETAIL_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class ChatAudit:
@@ -102,7 +103,8 @@ class ChatAudit:
         """Count a conversation the template refused (skipped with ``--on-error skip``)."""
         self._refused += 1
         if len(self._refused_at) < EXAMPLES:
-            self._refused_at = (*self._refused_at, f"{where}: {_clip(why)}")
+            # Room for the refusal's two paths (input and template) and the template's reason.
+            self._refused_at = (*self._refused_at, f"{where}: {_clip(why, _REFUSAL_CHARS)}")
 
     def stats(self) -> dict[str, Any]:
         """The audit for ``index.json``'s ``stats.chat`` (module docstring)."""
