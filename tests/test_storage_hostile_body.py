@@ -175,3 +175,21 @@ def test_s3_lying_answers_are_clear_errors(
         monkeypatch.setenv("AWS_ENDPOINT_URL", server.base_url)
         store = open_store("s3://b/p", **LIMITS)
         assert all(store.read_range("s.tar", a, b) == DATA[a:b] for a, b in RANGES)
+
+
+@pytest.mark.timeout(60)  # a hang guard
+@pytest.mark.parametrize("plan", ["splice", "slow_headers"])
+def test_s3_splices_and_trickled_heads_end_in_clear_errors(
+    plan: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """From an S3 endpoint: a retry from another version is refused (was: spliced); a head
+    trickled a byte at a time meets the deadline (was: a GET that never ended)."""
+    for var, value in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+                       "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_CONFIG_FILE": str(tmp_path / "none")}.items():  # fmt: skip
+        monkeypatch.setenv(var, value)
+    mode = (lambda n, first, last: "cut" if n == 0 else "changed") if plan == "splice" else plan
+    with HostileServer(DATA, mode) as server:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.base_url)
+        with pytest.raises(RemoteReadError, match="changed during" if plan == "splice" else ""):
+            open_store("s3://b/p", **LIMITS).read_range_view("s.tar", 1000, 101_000)

@@ -16,7 +16,8 @@ Socket timeouts bound each read, not an answer: a server that sends its status l
 headers a byte at a time restarts the read timeout with every byte and never ends (the
 body's bytes are bounded by the retrier's deadline, but the headers arrive before the body
 exists). The pool's connections therefore read an answer's head under a deadline
-(:class:`_HeadDeadline`): past it, the read times out like a silent server.
+(:class:`_HeadDeadline`): past it, the read times out like a silent server. The S3 store's
+botocore client gets the same connections (:func:`head_deadline`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from urllib3.exceptions import (
     ReadTimeoutError,
 )
 
-__all__ = ["DirectGet", "Reply"]
+__all__ = ["DirectGet", "Reply", "head_deadline"]
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
@@ -169,8 +170,10 @@ class _HeadDeadline(http.client.HTTPResponse):
 
     def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
         super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # http.client's reader, unread: ours replaces it
+        sock._io_refs += 1  # type: ignore[attr-defined]  # as sock.makefile("rb") does
         self._io = _DeadlineIO(sock, time.monotonic() + self.deadline)
-        self.fp = io.BufferedReader(self._io)  # as sock.makefile("rb") makes it
+        self.fp = io.BufferedReader(self._io)
 
     def begin(self) -> None:
         try:
@@ -180,9 +183,28 @@ class _HeadDeadline(http.client.HTTPResponse):
 
 
 def _with_head_deadline(cls: Any, deadline: float) -> Any:
-    """Connection class ``cls`` whose answers' heads have ``deadline`` seconds."""
+    """Connection class ``cls`` whose answers' heads have ``deadline`` seconds (botocore's
+    swaps in its own response class only after a ``100 Continue``, for uploads)."""
     response = type("_HeadDeadline", (_HeadDeadline,), {"deadline": deadline})
     return type(cls.__name__, (cls,), {"response_class": response})
+
+
+def head_deadline(client: Any, deadline: float) -> None:
+    """Make botocore ``client``'s new connections read each answer's head under ``deadline``
+    seconds, as :class:`DirectGet`'s do. botocore's pools are urllib3's, their classes in
+    its session's ``_pool_classes_by_scheme``; where that is missing (another botocore), the
+    client is left as it is."""
+    from botocore import awsrequest
+
+    classes = getattr(
+        getattr(client._endpoint, "http_session", None), "_pool_classes_by_scheme", None
+    )
+    if not isinstance(classes, dict):
+        return
+    for scheme, pool in (("http", awsrequest.AWSHTTPConnectionPool),
+                         ("https", awsrequest.AWSHTTPSConnectionPool)):  # fmt: skip
+        conn = _with_head_deadline(pool.ConnectionCls, deadline)
+        classes[scheme] = type(pool.__name__, (pool,), {"ConnectionCls": conn})
 
 
 def _requests_error(err: MaxRetryError) -> requests.RequestException:

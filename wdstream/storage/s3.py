@@ -32,6 +32,7 @@ import botocore.exceptions as bce
 from botocore.config import Config
 
 from wdstream.storage.body import iter_stream, socket_body
+from wdstream.storage.http_get import head_deadline
 from wdstream.storage.ranges import promised_by_range
 from wdstream.storage.remote import RemoteStore
 from wdstream.storage.retry import (
@@ -157,6 +158,7 @@ class S3Store(RemoteStore):
                         region_name=self.region,
                         config=config,
                     )
+                    head_deadline(self._client, self.policy.deadline)
                     self._client_pid = os.getpid()
         return self._client
 
