@@ -93,9 +93,9 @@ class HostileServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        conn.settimeout(5)
-        f = conn.makefile("rb")
         try:
+            conn.settimeout(5)
+            f = conn.makefile("rb")
             while not self._stop.is_set():
                 line = f.readline()
                 if not line:
