@@ -79,7 +79,11 @@ class ListingNotSupportedError(WdstreamError, NotImplementedError):
 class RemoteStoreError(WdstreamError, OSError):
     """A remote store operation failed after its retries; names the URL and the cause."""
 
-    def __init__(self, message: str, url: str, cause: str, offset: int | None = None) -> None:
+    # ``url`` and ``cause`` have defaults so the error can be made from its message alone,
+    # as a torch DataLoader does to raise a worker's error in the parent (else: RuntimeError).
+    def __init__(
+        self, message: str, url: str = "", cause: str = "", offset: int | None = None
+    ) -> None:
         super().__init__(message)
         self.url = url
         self.cause = cause

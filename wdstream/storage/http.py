@@ -28,6 +28,7 @@ from wdstream.errors import ListingNotSupportedError
 from wdstream.storage.body import iter_limited, iter_stream, socket_body
 from wdstream.storage.http_errors import HttpStatusError, check_read, check_status, is_transient
 from wdstream.storage.http_get import DirectGet, Reply
+from wdstream.storage.ranges import bad_answer, promised_by_range
 from wdstream.storage.remote import RemoteStore
 from wdstream.storage.retry import (
     Readable,
@@ -171,7 +172,8 @@ class HttpStore(RemoteStore):
                 direct = self._direct
             if direct is None or direct[0] != pid:
                 session = self._new_session(pool=_POOL)
-                direct = (pid, DirectGet(session, self._object_url(""), self._timeout))
+                get = DirectGet(session, self._object_url(""), self._timeout, self.policy.deadline)
+                direct = (pid, get)
                 with self._lock:
                     self._direct = direct
         return direct[1]
@@ -226,36 +228,45 @@ class HttpStore(RemoteStore):
         if start > 0 or end is not None:
             headers["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
         resp = self._get(name, headers)
+        url = self.child_url(name)
         if resp.status_code == 416:  # start at or past the end: nothing to read
             resp.close()
+            total = resp.headers.get("Content-Range", "").rpartition("/")[2]
+            if total.isdigit() and start < int(total):
+                raise bad_answer(url, start, f"416 for a range inside its {total} bytes")
             return 0, ()
-        check_read(resp, self.child_url(name))
-        length = resp.headers.get("Content-Length")
+        check_read(resp, url)
+        encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            resp.close()  # asked for identity: an encoded body is not the object's bytes
+            raise bad_answer(url, start, f"Content-Encoding {encoding!r} (identity asked)")
+        sent = resp.headers.get("Content-Length")
+        if sent is not None and not sent.strip().isdigit():
+            resp.close()
+            raise bad_answer(url, start, f"Content-Length {sent!r}")
+        length = int(sent) if sent is not None else None
         chunks = iter_stream(resp.raw, self.chunk_size)
         if resp.status_code == 206:
-            first, last = _content_range(resp.headers.get("Content-Range", ""))
-            if first is not None and first != start:
+            value = resp.headers.get("Content-Range")
+            try:
+                promised = promised_by_range(url, start, end, value, length)
+            except RemoteReadError:
                 resp.close()
-                raise RemoteReadError(
-                    f"{self.child_url(name)}: asked for byte {start}, got Content-Range "
-                    f"starting at {first}",
-                    self.child_url(name), "bad Content-Range", start,
-                )  # fmt: skip
-            if length is not None:
-                promised = int(length)
-            else:
-                promised = last - first + 1 if first is not None and last is not None else 0
+                raise
             body = socket_body(resp.raw) if end is not None else None
-            return promised, body if body is not None else _Response(resp, chunks)
+            return promised, _versioned(
+                body if body is not None else _Response(resp, chunks), resp.headers
+            )
         # 200: the server ignored Range and sends the whole object from byte 0.
-        total = int(length) if length is not None else None
+        total = length
         limit = None if end is None else max(0, end - start)
         if total is None:
             promised = 0  # unknown length: trust the stream (truncation shows as an error)
         else:
             stop = total if end is None else min(end, total)
             promised = max(0, stop - start)
-        return promised, _Response(resp, iter_limited(chunks, start, limit))
+        whole = _Response(resp, iter_limited(chunks, start, limit))
+        return promised, _versioned(whole, resp.headers)
 
     def _head(self, name: str) -> requests.Response:
         url = self.child_url(name)
@@ -361,11 +372,8 @@ class HttpStore(RemoteStore):
         self._local = threading.local()
 
 
-def _content_range(value: str) -> tuple[int | None, int | None]:
-    """``"bytes 10-19/100"`` -> ``(10, 19)``; anything else -> ``(None, None)``."""
-    unit, _, rest = value.partition(" ")
-    span = rest.partition("/")[0]
-    first, _, last = span.partition("-")
-    if unit != "bytes" or not first.isdigit() or not last.isdigit():
-        return None, None
-    return int(first), int(last)
+def _versioned(body: Any, headers: Any) -> Any:
+    """``body`` marked with the object's version in this answer (ETag, else Last-Modified),
+    which every answer of one read must share (``RemoteStore``)."""
+    body.version = headers.get("ETag") or headers.get("Last-Modified")
+    return body

@@ -11,10 +11,21 @@ What the shortcut cannot do exactly as ``requests`` does, it leaves to ``request
 with a proxy for the host never takes it, and an answer that redirects or sets a cookie
 switches the session to ``requests`` for good (that GET is sent again through it, which then
 follows the redirect and keeps the cookie as before).
+
+Socket timeouts bound each read, not an answer: a server that sends its status line and
+headers a byte at a time restarts the read timeout with every byte and never ends (the
+body's bytes are bounded by the retrier's deadline, but the headers arrive before the body
+exists). The pool's connections therefore read an answer's head under a deadline
+(:class:`_HeadDeadline`): past it, the read times out like a silent server. The S3 store's
+botocore client gets the same connections (:func:`head_deadline`).
 """
 
 from __future__ import annotations
 
+import http.client
+import io
+import socket
+import time
 from typing import Any
 
 import requests
@@ -30,7 +41,7 @@ from urllib3.exceptions import (
     ReadTimeoutError,
 )
 
-__all__ = ["DirectGet", "Reply"]
+__all__ = ["DirectGet", "Reply", "head_deadline"]
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
@@ -63,9 +74,13 @@ class DirectGet:
         session: the store's session of this thread and process, fully configured.
         root: the store's root URL (any object URL of the store has its host).
         timeout: ``(connect, read)`` seconds.
+        head_deadline: seconds an answer's status line and headers may take to arrive.
     """
 
-    def __init__(self, session: requests.Session, root: str, timeout: tuple[float, float]):
+    def __init__(
+        self, session: requests.Session, root: str, timeout: tuple[float, float],
+        head_deadline: float = 30.0,
+    ) -> None:  # fmt: skip
         self._session = session
         self.enabled = select_proxy(root, session.proxies) is None and not session.cookies
         prepared = session.prepare_request(requests.Request("GET", root))
@@ -77,6 +92,7 @@ class DirectGet:
                 prepared, session.verify, proxies=session.proxies, cert=session.cert
             )
             adapter.cert_verify(self._pool, root, session.verify, session.cert)
+            self._pool.ConnectionCls = _with_head_deadline(self._pool.ConnectionCls, head_deadline)
             self._retries = adapter.max_retries
         else:
             self.enabled = False  # a mounted custom adapter: only requests knows it
@@ -120,6 +136,75 @@ class DirectGet:
             self.enabled = False
             return None
         return reply
+
+
+class _DeadlineIO(socket.SocketIO):
+    """A connection's socket reads, under a deadline until ``stop`` is set to None: each
+    read waits at most the time left (and the read timeout), so a trickle ends there."""
+
+    def __init__(self, sock: socket.socket, stop: float) -> None:
+        super().__init__(sock, "rb")
+        self._socket = sock
+        self.stop: float | None = stop
+        self._timeout = sock.gettimeout()
+
+    def readinto(self, b: Any) -> int | None:
+        if self.stop is not None:
+            left = self.stop - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the answer's head took past its deadline")
+            t = self._timeout
+            self._socket.settimeout(left if t is None else min(t, left))
+        return super().readinto(b)
+
+    def end_deadline(self) -> None:
+        self.stop = None
+        self._socket.settimeout(self._timeout)
+
+
+class _HeadDeadline(http.client.HTTPResponse):
+    """An answer whose status line and headers must arrive within ``deadline`` seconds (a
+    class attribute, set per pool); its body is read as usual."""
+
+    deadline = 30.0
+
+    def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # http.client's reader, unread: ours replaces it
+        sock._io_refs += 1  # type: ignore[attr-defined]  # as sock.makefile("rb") does
+        self._io = _DeadlineIO(sock, time.monotonic() + self.deadline)
+        self.fp = io.BufferedReader(self._io)
+
+    def begin(self) -> None:
+        try:
+            super().begin()
+        finally:
+            self._io.end_deadline()
+
+
+def _with_head_deadline(cls: Any, deadline: float) -> Any:
+    """Connection class ``cls`` whose answers' heads have ``deadline`` seconds (botocore's
+    swaps in its own response class only after a ``100 Continue``, for uploads)."""
+    response = type("_HeadDeadline", (_HeadDeadline,), {"deadline": deadline})
+    return type(cls.__name__, (cls,), {"response_class": response})
+
+
+def head_deadline(client: Any, deadline: float) -> None:
+    """Make botocore ``client``'s new connections read each answer's head under ``deadline``
+    seconds, as :class:`DirectGet`'s do. botocore's pools are urllib3's, their classes in
+    its session's ``_pool_classes_by_scheme``; where that is missing (another botocore), the
+    client is left as it is."""
+    from botocore import awsrequest
+
+    classes = getattr(
+        getattr(client._endpoint, "http_session", None), "_pool_classes_by_scheme", None
+    )
+    if not isinstance(classes, dict):
+        return
+    for scheme, pool in (("http", awsrequest.AWSHTTPConnectionPool),
+                         ("https", awsrequest.AWSHTTPSConnectionPool)):  # fmt: skip
+        conn = _with_head_deadline(pool.ConnectionCls, deadline)
+        classes[scheme] = type(pool.__name__, (pool,), {"ConnectionCls": conn})
 
 
 def _requests_error(err: MaxRetryError) -> requests.RequestException:

@@ -13,8 +13,9 @@ from typing import Any
 
 import urllib3
 
+from wdstream.errors import RemoteReadError
 from wdstream.storage.base import Store
-from wdstream.storage.retry import Readable, Retrier, TransientError
+from wdstream.storage.retry import Fetch, Readable, Retrier, TransientError
 
 __all__ = ["NETWORK_ERRORS", "RemoteStore"]
 
@@ -63,9 +64,7 @@ class RemoteStore(Store):
         the caller's buffer."""
 
     def read(self, name: str) -> bytes:
-        return self._retrier.read(
-            lambda a, b: self._fetch(name, a, b), self.child_url(name), 0, None
-        )
+        return self._retrier.read(self._one_version(name), self.child_url(name), 0, None)
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         return self.read_range_view(name, start, end).tobytes()
@@ -78,7 +77,32 @@ class RemoteStore(Store):
         if end == start:
             return memoryview(b"")
 
-        def fetch(a: int, b: int | None) -> tuple[int, Iterable[bytes] | Readable]:
-            return self._fetch(name, a, b)
+        return self._retrier.read_range(
+            self._one_version(name), self.child_url(name), start, end
+        ).toreadonly()
 
-        return self._retrier.read_range(fetch, self.child_url(name), start, end).toreadonly()
+    def _one_version(self, name: str) -> Fetch:
+        """``_fetch`` of ``name`` for the attempts of one read, which must all answer from one
+        version of the object (a body's ``version``: its ETag or Last-Modified, where the
+        backend gives one): a retry that resumes in another version would splice the two.
+
+        Raises:
+            RemoteReadError: naming the object, the byte offset and both versions.
+        """
+        seen: list[object] = []
+
+        def fetch(a: int, b: int | None) -> tuple[int, Iterable[bytes] | Readable]:
+            promised, body = self._fetch(name, a, b)
+            version = getattr(body, "version", None)
+            if version is not None:
+                if seen and seen[0] != version:
+                    close = getattr(body, "close", None)
+                    if close is not None:
+                        close()
+                    url = self.child_url(name)
+                    why = f"the object changed during the read ({seen[0]} -> {version})"
+                    raise RemoteReadError(f"{url} at byte {a}: {why}", url, why, a)
+                seen.append(version)
+            return promised, body
+
+        return fetch

@@ -32,9 +32,12 @@ import botocore.exceptions as bce
 from botocore.config import Config
 
 from wdstream.storage.body import iter_stream, socket_body
+from wdstream.storage.http_get import head_deadline
+from wdstream.storage.ranges import promised_by_range
 from wdstream.storage.remote import RemoteStore
 from wdstream.storage.retry import (
     Readable,
+    RemoteReadError,
     RemoteWriteError,
     Retrier,
     RetryPolicy,
@@ -155,6 +158,7 @@ class S3Store(RemoteStore):
                         region_name=self.region,
                         config=config,
                     )
+                    head_deadline(self._client, self.policy.deadline)
                     self._client_pid = os.getpid()
         return self._client
 
@@ -193,8 +197,19 @@ class S3Store(RemoteStore):
                 raise PermissionError(f"access denied: {self.child_url(name)}") from None
             raise
         body = resp["Body"]
+        promised = int(resp["ContentLength"])
+        if "ContentRange" in resp or start > 0:  # a range must answer with its own bytes
+            try:
+                promised = promised_by_range(
+                    self.child_url(name), start, end, resp.get("ContentRange"), promised
+                )
+            except RemoteReadError:
+                body.close()
+                raise
         raw = socket_body(getattr(body, "_raw_stream", None)) if end is not None else None
-        return int(resp["ContentLength"]), raw if raw is not None else _Chunks(body, _CHUNK)
+        out: Any = raw if raw is not None else _Chunks(body, _CHUNK)
+        out.version = resp.get("ETag")  # one version per read (RemoteStore)
+        return promised, out
 
     def head(self, name: str) -> dict[str, Any] | None:
         """The object's HEAD response, or None when it is missing."""

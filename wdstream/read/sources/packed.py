@@ -316,7 +316,16 @@ class ShardSource:
         pool = self._fetch_pool
         order = shared.taken_first() if shared is not None else range(len(pieces))
         jobs = {j: pool.submit(one, j) for j in order}
-        return [jobs[j].result() for j in range(len(pieces))]  # the first failure in order
+        try:
+            return [jobs[j].result() for j in range(len(pieces))]  # the first failure in order
+        except CancelledError:
+            # A read not made because another failed (which may come later in this order,
+            # e.g. workers' shared pieces taken first): raise that failure, not the cancel.
+            for j in range(len(pieces)):
+                err = jobs[j].exception()
+                if err is not None and not isinstance(err, CancelledError):
+                    raise err from None
+            raise
 
     def _held(self, pieces: list[tuple[int, int, int]]) -> bool:
         """Whether the stores hold every piece's bytes at hand (a node cache's mapped
