@@ -19,6 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from tests.servers import RawServer
+
 # What each mode does to a GET of bytes [a, b] (inclusive, as asked):
 MODES = {
     "ok": "a correct 206",
@@ -50,7 +52,7 @@ def other(data: bytes) -> bytes:
     return bytes(b ^ 0x5A for b in data)
 
 
-class HostileServer:
+class HostileServer(RawServer):
     """Threaded raw HTTP/1.1 server on 127.0.0.1 (a context manager).
 
     Args:
@@ -70,27 +72,10 @@ class HostileServer:
         self.gets = 0
         self.seen: list[tuple[str, str | None]] = []  # (mode, Range header) per GET
         self._lock = threading.Lock()
-        self._sock = socket.create_server(("127.0.0.1", 0), backlog=128)
-        self._sock.settimeout(0.05)
-        self._stop = threading.Event()
-        self._conns: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self._conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def _accepted(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
@@ -229,22 +214,6 @@ class HostileServer:
                 time.sleep(0.2)
             return False
         raise ValueError(f"unknown mode {mode!r}")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self._sock.close()
-        for conn in self._conns:
-            try:
-                conn.close()
-            except OSError:
-                pass
-
-    def __enter__(self) -> HostileServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _head(status: int, headers: dict[str, object]) -> bytes:

@@ -26,6 +26,7 @@ from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 _R = TypeVar("_R", bound="_Running")
+_Raw = TypeVar("_Raw", bound="RawServer")
 
 SLOWDOWN_XML = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -433,21 +434,20 @@ class FaultProxy(_Running):
         self.forwarding = server.forwarding
 
 
-class SilentServer:
-    """Accept TCP connections on 127.0.0.1 and never answer: a hung endpoint (a stuck
-    proxy, a process stopped under SIGSTOP). The connection succeeds and small requests fit
-    in the socket buffers, so a client waits only on its read timeout. A context manager.
+class RawServer:
+    """A TCP server on 127.0.0.1 whose accept loop hands each connection to
+    :meth:`_accepted`; :meth:`stop` closes the connections it kept. A context manager.
 
-    Attributes:
-        connections: how many connections were accepted (one per request attempt).
+    Args:
+        backlog: connections the kernel queues before accept (bursts of read-ahead
+            connections overflowed socketserver's 5).
     """
 
-    def __init__(self) -> None:
-        self._sock = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, backlog: int = 128) -> None:
+        self._sock = socket.create_server(("127.0.0.1", 0), backlog=backlog)
         self._sock.settimeout(0.05)  # the accept loop checks for stop() this often
         self._stop = threading.Event()
-        self._held: list[socket.socket] = []
-        self.connections = 0
+        self._conns: list[socket.socket] = []
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -463,18 +463,41 @@ class SilentServer:
                 continue
             except OSError:
                 return  # closed by stop()
-            self.connections += 1
-            self._held.append(conn)  # kept open, never written to
+            self._conns.append(conn)
+            self._accepted(conn)
+
+    def _accepted(self, conn: socket.socket) -> None:
+        """What the server does with a new connection (kept, closed by :meth:`stop`)."""
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
         self._sock.close()
-        for conn in self._held:
-            conn.close()
+        for conn in self._conns:
+            try:
+                conn.close()
+            except OSError:
+                pass
 
-    def __enter__(self) -> SilentServer:
+    def __enter__(self: _Raw) -> _Raw:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class SilentServer(RawServer):
+    """Accept TCP connections on 127.0.0.1 and never answer: a hung endpoint (a stuck
+    proxy, a process stopped under SIGSTOP). The connection succeeds and small requests fit
+    in the socket buffers, so a client waits only on its read timeout. A context manager.
+
+    Attributes:
+        connections: how many connections were accepted (one per request attempt).
+    """
+
+    def __init__(self) -> None:
+        self.connections = 0
+        super().__init__()
+
+    def _accepted(self, conn: socket.socket) -> None:
+        self.connections += 1  # kept open, never written to
