@@ -25,7 +25,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.assemble import mesh_coordinates
@@ -36,17 +35,13 @@ from wdstream.read.options import ReadOptions
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset, chunk_to_batches, resolve_order
 from wdstream.read.torch.device import pinned, to_device
-from wdstream.read.torch.handoff import WorkerHandoff, forked_workers, worker_start
 from wdstream.read.torch.host_buffers import HostBuffers
+from wdstream.read.torch.workers import TorchWorkers
 
 if TYPE_CHECKING:
     from wdstream.tokenizers.base import Tokenizer
 
 __all__ = ["Loader"]
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 def _usable_cores() -> int:
@@ -211,13 +206,11 @@ class Loader:
         self.num_workers = num_workers
         self.device = torch.device(device) if device is not None else None
         self.pin_memory = pin_memory or (self.device is not None and self.device.type == "cuda")
-        self._dl_options = {
+        self._workers = TorchWorkers(self.dataset, num_workers, {
             "prefetch_factor": prefetch_factor,
             "persistent_workers": persistent_workers,
             "multiprocessing_context": multiprocessing_context,
-        }
-        self._dl: DataLoader | None = None
-        self._handoff: WorkerHandoff | None = None
+        })  # fmt: skip
         self._iterating = 0  # iterators of this loader not yet finished or closed
         # The position after the last batch handed to the caller: the dataset runs ahead of
         # it by the chunks prefetched or being sliced, so this is the loader's own.
@@ -377,23 +370,6 @@ class Loader:
         if self._buckets is not None:
             raise TypeError(f"{method}: max_tokens batches are counted per epoch, not globally")
 
-    def _torch_loader(self) -> DataLoader:
-        if self._dl is None:
-            ds, c = self.dataset, self.dataset.cfg
-            self._handoff = WorkerHandoff(
-                self.num_workers, (self._dl_options["prefetch_factor"] or 2) + 2,
-                c.chunk_batches * c.batch_size, c.seq_len, c.doc_boundaries, c.streams,
-                schedule=ds.mixture is not None,
-                forked=forked_workers(self._dl_options["multiprocessing_context"]),
-            )  # fmt: skip
-            ds.use(self._handoff)
-            opts = {k: v for k, v in self._dl_options.items() if v is not None}
-            self._dl = DataLoader(
-                ds, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
-                worker_init_fn=worker_start, **opts,
-            )  # fmt: skip
-        return self._dl
-
     def _chunks(self) -> Iterator[Chunk]:
         """The chunks from the handed position on: read here, or by the workers."""
         self.dataset.begin(self._handed)  # a state taken mid-iteration keeps this stop
@@ -404,17 +380,7 @@ class Loader:
         # here once, so the forked workers share it instead of each digesting every shard
         # for its first cursor (1M shards: ~3 s and ~30 MB of each worker's memory).
         self.state_dict()
-        dl = self._torch_loader()
-        assert self._handoff is not None
-        self._handoff.publish(position)
-        return self._resolve(iter(dl))
-
-    def _resolve(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
-        """Turn the workers' ring-slot references into tensor views of the slot."""
-        assert self._handoff is not None
-        for s, ref, _, cursors in chunks:
-            tokens, positions = self._handoff.resolve(ref)
-            yield s, tokens, positions, cursors
+        return self._workers.chunks(position)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self._iterating += 1  # skip_steps refuses to run under a live iterator

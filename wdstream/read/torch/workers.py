@@ -1,0 +1,70 @@
+"""A ``Loader``'s torch workers: the ``DataLoader`` that runs them and the hand-off they share.
+
+The ``DataLoader`` and the :class:`~wdstream.read.torch.handoff.WorkerHandoff` are made at
+the first iteration that needs workers; each ``iter()`` publishes the position the workers
+start from, and the chunks they send (ring-slot references) come back as tensor views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from wdstream.read.order.base import SequencePosition
+from wdstream.read.torch.dataset import Chunk, TokenDataset
+from wdstream.read.torch.handoff import WorkerHandoff, forked_workers, worker_start
+
+__all__ = ["TorchWorkers"]
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class TorchWorkers:
+    """The torch workers of a ``Loader`` over ``dataset``.
+
+    Args:
+        dataset: the loader's dataset (its chunks are made in the workers).
+        workers: torch workers (>= 1).
+        options: the torch ``DataLoader`` options ``prefetch_factor``,
+            ``persistent_workers`` and ``multiprocessing_context`` (None: torch's default).
+    """
+
+    def __init__(self, dataset: TokenDataset, workers: int, options: dict[str, Any]) -> None:
+        self.dataset, self.workers, self.options = dataset, workers, options
+        self._dl: DataLoader | None = None
+        self._handoff: WorkerHandoff | None = None
+
+    def _torch_loader(self) -> DataLoader:
+        if self._dl is None:
+            ds, c = self.dataset, self.dataset.cfg
+            self._handoff = WorkerHandoff(
+                self.workers, (self.options["prefetch_factor"] or 2) + 2,
+                c.chunk_batches * c.batch_size, c.seq_len, c.doc_boundaries, c.streams,
+                schedule=ds.mixture is not None,
+                forked=forked_workers(self.options["multiprocessing_context"]),
+            )  # fmt: skip
+            ds.use(self._handoff)
+            opts = {k: v for k, v in self.options.items() if v is not None}
+            self._dl = DataLoader(
+                ds, batch_size=None, num_workers=self.workers, collate_fn=_identity,
+                worker_init_fn=worker_start, **opts,
+            )  # fmt: skip
+        return self._dl
+
+    def chunks(self, position: SequencePosition) -> Iterator[Chunk]:
+        """The chunks the workers make from ``position`` on (an ``iter()`` of the loader)."""
+        dl = self._torch_loader()
+        assert self._handoff is not None
+        self._handoff.publish(position)
+        return self._resolve(iter(dl))
+
+    def _resolve(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+        """Turn the workers' ring-slot references into tensor views of the slot."""
+        assert self._handoff is not None
+        for s, ref, _, cursors in chunks:
+            tokens, positions = self._handoff.resolve(ref)
+            yield s, tokens, positions, cursors
