@@ -9,12 +9,17 @@ the batches of ``K``-step chunks is what the golden-order tests pin.)
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing as mp
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.servers import FileServer
 from wdstream import Loader
 from wdstream.errors import CorruptShardError
 from wdstream.read.order import global_order
@@ -150,3 +155,79 @@ def test_workers_forked_or_spawned_give_the_same_batches(many_shards: Path, cont
     assert len(got) == len(want) == 12
     for a, b in zip(got, want, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "labels"))
+
+
+def _fork_watch(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """``os.fork`` recording, at each call, the reader's threads then alive."""
+    seen: list[list[str]] = []
+    fork = os.fork
+
+    def watched() -> int:
+        alive = [t.name for t in threading.enumerate() if t.name.startswith("wdstream-")]
+        seen.append(alive)
+        # A child forked beside them would wait forever on threads it does not have.
+        assert not alive, f"forked with the reader's threads alive: {alive}"
+        return fork()
+
+    monkeypatch.setattr(os, "fork", watched)
+    return seen
+
+
+def test_with_workers_the_first_batch_is_made_before_any_worker_starts(
+    many_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training process makes the first step itself (forking costs it 10-25 ms a
+    worker); the workers are forked at the second batch, with no reader thread alive (a
+    forked child would wait on a thread it does not have), and go on from there: the
+    batches are those of no workers."""
+    forks = _fork_watch(monkeypatch)
+    want = _batches(_loader(many_shards, chunk_batches=4), 12)
+    loader = Loader(str(many_shards), seq_len=16, batch_size=4, seed=3, num_workers=2,
+                    epochs=1, chunk_batches=4)  # fmt: skip
+    it = iter(loader)
+    got = [{k: v.clone() for k, v in next(it).items()}]
+    assert forks == [] and mp.active_children() == []
+    got += [{k: v.clone() for k, v in b.items()} for b in itertools.islice(it, 11)]
+    assert forks == [[], []]  # two workers, forked with no reader thread alive
+    for a, b in zip(got, want, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "labels"))
+    state = loader.state_dict()
+    rest = [b["input_ids"].clone() for b in it]
+    resumed = Loader(str(many_shards), seq_len=16, batch_size=4, seed=3, num_workers=2,
+                     epochs=1, chunk_batches=4)  # fmt: skip
+    resumed.load_state_dict(state)
+    again = [b["input_ids"] for b in resumed]
+    assert len(again) == len(rest) > 0
+    assert all(torch.equal(a, b) for a, b in zip(again, rest, strict=True))
+
+
+def test_over_http_the_first_step_leaves_no_fetch_thread_to_the_workers(
+    many_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a remote store the first step's samples are fetched concurrently, by threads
+    that are stopped before the workers are forked; the batches equal the local ones."""
+    want = _batches(_loader(many_shards, chunk_batches=4), 10)
+    with FileServer(many_shards) as server:
+        forks = _fork_watch(monkeypatch)
+        got = _batches(Loader(server.base_url, seq_len=16, batch_size=4, seed=3, num_workers=2,
+                              epochs=1, chunk_batches=4), 10)  # fmt: skip
+    assert forks == [[], []]
+    for a, b in zip(got, want, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "labels"))
+
+
+def test_persistent_workers_make_every_epoch_after_the_first(many_shards: Path) -> None:
+    """Persistent workers run on from the first ``iter()``: the next epochs' first steps
+    are theirs, and the two epochs are those of no workers."""
+    plain = Loader(str(many_shards), seq_len=16, batch_size=4, seed=3, num_workers=0,
+                   epochs=2, chunk_batches=4)  # fmt: skip
+    want = [b["input_ids"].clone() for b in plain]
+    loader = Loader(str(many_shards), seq_len=16, batch_size=4, seed=3, num_workers=2,
+                    epochs=1, chunk_batches=4, persistent_workers=True)  # fmt: skip
+    got = [b["input_ids"].clone() for b in loader]
+    running = mp.active_children()
+    assert len(running) == 2
+    got += [b["input_ids"].clone() for b in loader]
+    assert mp.active_children() == running  # the same workers made the second epoch
+    assert len(got) == len(want)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -304,6 +304,16 @@ class MixtureReader:
         for order in self.orders:
             order.release()
 
+    def read_in_background(self, on: bool) -> None:
+        for order in self.orders:
+            order.read_in_background(on)
+
+    def first_chunk(
+        self, position: GlobalPosition, buffers: ChunkBuffers, epochs: int | None
+    ) -> FilledChunk | None:
+        """The iteration's first chunk made here, no thread left (:meth:`StepChunks.first_chunk`)."""
+        return self.steps.first_chunk(position, buffers, epochs)
+
     def fill_step(
         self, step: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
     ) -> np.ndarray:

@@ -134,5 +134,15 @@ class BatchSequence(Protocol[P]):
             TypeError: for an order without global steps (per-rank streams).
         """
 
+    def first_chunk(
+        self, position: P, buffers: ChunkBuffers, epochs: int | None
+    ) -> FilledChunk | None:
+        """The first chunk (one step) of an iteration from ``position``, made in this
+        process with no thread left behind, advancing ``position`` (None: no step left).
+
+        Raises:
+            TypeError: for an order without global steps (per-rank streams).
+        """
+
     def release(self) -> None:
         """Drop cached window data (the end of an iteration)."""

@@ -349,10 +349,16 @@ class GlobalOrder:
             self._cache.start((epoch, w & WINDOW_MASK, with_docs))
 
     def release(self) -> None:
-        """Drop the windows' sample views (they pin the mapped shards' file descriptors) and
-        any read-ahead: called when an iteration ends or is abandoned."""
+        """Drop the windows' sample views (they pin the mapped shards' file descriptors), any
+        read-ahead and the threads reading: called when an iteration ends or is abandoned."""
         self._hot = None
         self._cache.release()
+        self.source.end_fetches()
+
+    def read_in_background(self, on: bool) -> None:
+        """Whether windows are read ahead in background threads (else each is read when
+        its rows are cut, and no thread is made: :meth:`StepChunks.first_chunk`)."""
+        self._cache.background = on
 
     def check_only(self, read_spans: ReadSpans | None) -> None:
         """Make this order a torch worker's, one of several (``None``: the only consumer).

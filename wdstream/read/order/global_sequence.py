@@ -324,6 +324,16 @@ class GlobalReader:
         """Drop cached window data (the end of an iteration)."""
         self.order.release()
 
+    def read_in_background(self, on: bool) -> None:
+        """Whether windows are read ahead in background threads."""
+        self.order.read_in_background(on)
+
+    def first_chunk(
+        self, position: GlobalPosition, buffers: ChunkBuffers, epochs: int | None
+    ) -> FilledChunk | None:
+        """The iteration's first chunk made here, no thread left (:meth:`StepChunks.first_chunk`)."""
+        return self.steps.first_chunk(position, buffers, epochs)
+
 
 class _OwnRows:
     """The epoch token ranges one torch worker's chunks will read, known ahead of the reads.

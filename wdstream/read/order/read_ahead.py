@@ -48,6 +48,9 @@ class WindowCache:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self.ahead = 1  # windows read ahead of the rows (see AHEAD_MAX)
+        # False: no read starts in the background (no thread is made): a training process
+        # making its first step itself before it forks its workers (``first_chunk``).
+        self.background = True
 
     def get(
         self, key: WindowKey, following: Callable[[WindowKey, int], Iterable[WindowKey]]
@@ -81,8 +84,9 @@ class WindowCache:
             fut.exception()  # waits; a failed read raises below
             if self._deepen and time.perf_counter() - t0 > DEEPEN_WAIT_S:
                 self.ahead = min(self.ahead + 1, AHEAD_MAX)  # the latency was not hidden
-        for nxt in following(key, self.ahead):
-            self.start(nxt)
+        if self.background:
+            for nxt in following(key, self.ahead):
+                self.start(nxt)
         return fut.result()
 
     def cold(self, key: WindowKey) -> bool:
@@ -91,7 +95,10 @@ class WindowCache:
             return key not in self._data
 
     def start(self, key: WindowKey) -> None:
-        """Start reading window ``key`` in the background unless it is read or being read."""
+        """Start reading window ``key`` in the background unless it is read or being read
+        (or nothing is read in the background: :attr:`background`)."""
+        if not self.background:
+            return
         with self._lock:
             if key not in self._data:
                 self._submit(key)
@@ -107,11 +114,14 @@ class WindowCache:
         self._data[key] = self._pool.submit(self._load, *key)
 
     def release(self) -> None:
-        """Drop the windows' data (it pins the mapped shards' file descriptors) and any
-        read-ahead: called when an iteration ends or is abandoned."""
+        """Drop the windows' data (it pins the mapped shards' file descriptors), any
+        read-ahead and its threads: called when an iteration ends or is abandoned."""
         with self._lock:
             futures = list(self._data.values())
             self._data.clear()
+            pool, self._pool = self._pool, None
         for fut in futures:
             if not fut.cancel():
                 fut.exception()  # a read still running: wait, so no view outlives this call
+        if pool is not None:  # an iteration leaves no thread behind (a process may fork next)
+            pool.shutdown(wait=True)

@@ -153,6 +153,11 @@ class StreamsSequence:
     def release(self) -> None:
         """Nothing is cached across iterations (each stream closes its own reads)."""
 
+    def first_chunk(
+        self, position: StreamsPosition, buffers: ChunkBuffers, epochs: int | None
+    ) -> FilledChunk | None:
+        raise TypeError("per-rank streams make their first chunks in their workers")
+
     def _schedule(
         self, position: StreamsPosition, worker: Worker, epochs: int | None
     ) -> tuple[list[int], int | None]:

@@ -181,6 +181,14 @@ class ShardSource:
         """Release the stores' cached file handles / connections."""
         self._stores.close()
 
+    def end_fetches(self) -> None:
+        """Stop the threads of concurrent remote reads (made again when next needed): a
+        process about to fork leaves none behind, which its children would wait on."""
+        with self._lock:
+            pool, self._fetch_pool = self._fetch_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
     def __del__(self) -> None:
         try:
             self.close()

@@ -234,6 +234,17 @@ class TokenDataset(IterableDataset):
             else:
                 yield s, tokens, positions, cursors
 
+    def first_chunk(self, position: SequencePosition) -> Chunk | None:
+        """The first chunk (one step) of an iteration from ``position``, made in this
+        process with no thread left behind, ``position`` advanced past it; None where the
+        iteration has no step (:meth:`BatchSequence.first_chunk`: global order only)."""
+        buffers = FreshBuffers(self.cfg.seq_len, self.cfg.doc_boundaries, shared=False)
+        made = self.sequence.first_chunk(position, buffers, self.epochs)
+        if made is None:
+            return None
+        s, _, tokens, positions, cursors = made
+        return s, tokens, positions, cursors
+
     def __iter__(self) -> Iterator[Any]:
         if not self.yields_chunks:
             return self._batches()

@@ -37,6 +37,7 @@ class TorchWorkers:
         self.dataset, self.workers, self.options = dataset, workers, options
         self._dl: DataLoader | None = None
         self._handoff: WorkerHandoff | None = None
+        self._running = False  # persistent workers started by an earlier iter()
 
     def _torch_loader(self) -> DataLoader:
         if self._dl is None:
@@ -56,11 +57,32 @@ class TorchWorkers:
         return self._dl
 
     def chunks(self, position: SequencePosition) -> Iterator[Chunk]:
-        """The chunks the workers make from ``position`` on (an ``iter()`` of the loader)."""
+        """The chunks of an ``iter()`` of the loader from ``position`` on: the first made
+        here where no worker runs yet (:meth:`_first_here`), the rest by the workers, which
+        are started only when the chunk after it is asked for."""
+        if self._first_here():
+            first = self.dataset.first_chunk(position)  # advances position past it
+            if first is None:
+                return
+            yield first
         dl = self._torch_loader()
         assert self._handoff is not None
         self._handoff.publish(position)
-        return self._resolve(iter(dl))
+        self._running = bool(self.options["persistent_workers"])
+        yield from self._resolve(iter(dl))
+
+    def _first_here(self) -> bool:
+        """Whether this process makes the iteration's first chunk (one step) itself.
+
+        Starting a worker costs the training process 10-25 ms of its own time (forking a
+        process of torch's size, more with a model's imports), and torch starts them all
+        before it asks any for a chunk: the first batch waited for every fork. Made here,
+        it waits for its own rows only (as without workers), and the workers are started
+        as the training step on it runs, going on from the position after it, as from a
+        state taken there. Only in the global order (a step's rows have a place without
+        reading what precedes them) and where the workers are not already running
+        (persistent workers of an earlier ``iter()``)."""
+        return self.dataset.random_access and not self._running
 
     def _resolve(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
         """Turn the workers' ring-slot references into tensor views of the slot."""
