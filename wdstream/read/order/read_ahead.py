@@ -41,9 +41,12 @@ class WindowCache:
             windows in flight would not help).
     """
 
-    def __init__(self, load: Callable[[int, int, bool], WindowData], deepen: bool) -> None:
+    def __init__(
+        self, load: Callable[[int, int, bool], WindowData], deepen: bool, read_ahead: bool = True
+    ) -> None:
         self._load = load
         self._deepen = deepen
+        self._read_ahead = read_ahead
         self._data: OrderedDict[WindowKey, Future[WindowData]] = OrderedDict()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -75,13 +78,13 @@ class WindowCache:
             # The next windows' reads go out before this wait, not after it: from a remote
             # store, waiting first left the next window's round trips unstarted until this
             # one had arrived (a fresh loader's second window started only then).
-            for nxt in following(key, self.ahead):
+            for nxt in following(key, self.ahead) if self._read_ahead else ():
                 self.start(nxt)
             t0 = time.perf_counter()
             fut.exception()  # waits; a failed read raises below
             if self._deepen and time.perf_counter() - t0 > DEEPEN_WAIT_S:
                 self.ahead = min(self.ahead + 1, AHEAD_MAX)  # the latency was not hidden
-        for nxt in following(key, self.ahead):
+        for nxt in following(key, self.ahead) if self._read_ahead else ():
             self.start(nxt)
         return fut.result()
 
