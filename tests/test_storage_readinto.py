@@ -237,3 +237,28 @@ def test_next_windows_are_started_before_waiting_for_this_one() -> None:
     cache.release()
     assert overlapped == [True]  # window 1 started while window 0 was still being read
     assert started[0] == 0 and 1 in started
+
+
+def test_local_windows_are_read_in_line_and_kept_bounded() -> None:
+    """Without read-ahead (a local source) each window is read where the rows ask for it, in
+    the asking thread, none ahead; only a window started explicitly (an iteration's first,
+    behind its rows read alone) is read in the background; and the windows kept stay within
+    the cache's bound however many are read (they hold views of mapped shards)."""
+    readers: list[tuple[int, str]] = []
+
+    def load(epoch: int, w: int, docs: bool) -> WindowData:
+        readers.append((w, threading.current_thread().name))
+        return WindowData([], [], [], [])
+
+    def following(key: tuple[int, int, bool], n: int) -> list[tuple[int, int, bool]]:
+        return [(0, key[1] + i, False) for i in range(1, n + 1)]
+
+    cache = WindowCache(load, deepen=False, read_ahead=False)
+    cache.start((0, 0, False))
+    here = threading.current_thread().name
+    for w in range(40):
+        cache.get((0, w, False), following)
+        assert len(cache._data) <= 3, len(cache._data)
+    cache.release()
+    assert [w for w, _ in readers] == list(range(40))  # each read once, none ahead
+    assert readers[0][1] != here and all(name == here for _, name in readers[1:])

@@ -129,7 +129,7 @@ class RowLabels:
         if rows.device.type == "cpu":
             # Through numpy: one thread, the caller's. torch's CPU ops wake their intra-op
             # thread team, which cost ~10 ms per [256, 513] chunk on a busy 2-core host (the
-            # whole read then ran 3-4x slower; see _long in read/torch/dataset.py).
+            # whole read then ran 3-4x slower; see long_copy in read/torch/casts.py).
             tokens = rows.numpy()
             if tokens.dtype == np.int32 and int(tokens.min(initial=0)) >= 0:
                 return rows, None  # no token carries the bit (one pass, no copies)

@@ -141,7 +141,7 @@ class GlobalOrder:
         self._last_window: tuple[tuple[int, int], OrderWindow] | None = None
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
-        self._cache = WindowCache(self._load_data, deepen=source.remote)
+        self._cache = WindowCache(self._load_data, deepen=source.remote, read_ahead=source.remote)
         self._hot: tuple[WindowKey, WindowData] | None = None  # the window last cut from
         # None: the only consumer, verifying every sample read; else a worker of several
         # (see check_only).

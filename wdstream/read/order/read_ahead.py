@@ -10,6 +10,14 @@ bounded (``AHEAD_MAX + KEEP`` windows: 48 MB for windows of 1,024 samples of 8 K
     rows at window   5                      ahead = 1: 6 read ahead
     waited 20 ms for 6                      ahead = 2: 7, 8 read ahead
     windows behind the rows go first        kept: 5, 6 (the rows), 7, 8 (ahead)
+
+A local window is read where its rows need it, not ahead (``read_ahead=False``): its read is
+bound by the CPU and memory (checksums, the ids check, mapping the pages), and a read-ahead
+thread beside the copying one cost more than it hid: a 0-worker steady read's process CPU was
+95-100 us a batch with it, 64-72 us reading in line, on a 2-core host (issue 35,
+``docs/READER.md``). Only the window of an
+iteration's first rows, read alone, is read whole in the background (behind the first batch,
+while the caller uses it).
 """
 
 from __future__ import annotations
@@ -39,11 +47,16 @@ class WindowCache:
         deepen: whether waits for a read-ahead deepen it (a remote source: latency to
             hide; locally a wait means the reads are bound by the CPU, which more
             windows in flight would not help).
+        read_ahead: read the next windows in background threads (a remote source); else
+            only those :meth:`start` names.
     """
 
-    def __init__(self, load: Callable[[int, int, bool], WindowData], deepen: bool) -> None:
+    def __init__(
+        self, load: Callable[[int, int, bool], WindowData], deepen: bool, read_ahead: bool = True
+    ) -> None:
         self._load = load
         self._deepen = deepen
+        self._read_ahead = read_ahead
         self._data: OrderedDict[WindowKey, Future[WindowData]] = OrderedDict()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -67,27 +80,36 @@ class WindowCache:
             if fut is not None:
                 self._data.move_to_end(key)
         if fut is None:
-            fut = Future()
-            try:
-                fut.set_result(self._load(*key))
-            except Exception as exc:  # kept, as the read-ahead keeps a failed read
-                fut.set_exception(exc)
-            with self._lock:
-                self._data[key] = fut
+            fut = self._read_here(key)
         elif not fut.done():
             # The next windows' reads go out before this wait, not after it: from a remote
             # store, waiting first left the next window's round trips unstarted until this
-            # one had arrived (a fresh loader's second window started only then).
-            for nxt in following(key, self.ahead):
+            # one had arrived (a fresh loader's second window started only then). Locally
+            # (the wait is for the first window of an iteration, started behind the rows
+            # read alone) the next is not read here meanwhile: two windows read at once
+            # took 10 ms of CPU each, against 6.6 and 2.7 ms one after the other.
+            for nxt in following(key, self.ahead) if self._read_ahead else ():
                 self.start(nxt)
             t0 = time.perf_counter()
             fut.exception()  # waits; a failed read raises below
             if self._deepen and time.perf_counter() - t0 > DEEPEN_WAIT_S:
                 self.ahead = min(self.ahead + 1, AHEAD_MAX)  # the latency was not hidden
-        if self.background:
-            for nxt in following(key, self.ahead):
-                self.start(nxt)
+        for nxt in following(key, self.ahead) if self._read_ahead and self.background else ():
+            self.start(nxt)
         return fut.result()
+
+    def _read_here(self, key: WindowKey) -> Future[WindowData]:
+        """Read window ``key`` in this thread and keep it (a failed read too: asked again,
+        it raises again)."""
+        fut: Future[WindowData] = Future()
+        try:
+            fut.set_result(self._load(*key))
+        except Exception as exc:  # kept, as the read-ahead keeps a failed read
+            fut.set_exception(exc)
+        with self._lock:
+            self._data[key] = fut
+            self._bound()
+        return fut
 
     def cold(self, key: WindowKey) -> bool:
         """Whether window ``key`` is neither read nor being read."""
@@ -102,10 +124,14 @@ class WindowCache:
         with self._lock:
             if key not in self._data:
                 self._submit(key)
-            while len(self._data) > KEEP + self.ahead:
-                # The earliest window goes, not the least recently used: rows move forward,
-                # and a window read ahead is used after the ones they are in.
-                del self._data[min(self._data, key=lambda k: k[:2])]
+            self._bound()
+
+    def _bound(self) -> None:
+        """Keep at most ``KEEP + ahead`` windows (under the lock)."""
+        while len(self._data) > KEEP + self.ahead:
+            # The earliest window goes, not the least recently used: rows move forward,
+            # and a window read ahead is used after the ones they are in.
+            del self._data[min(self._data, key=lambda k: k[:2])]
 
     def _submit(self, key: WindowKey) -> None:
         """Read window ``key`` in a background thread (under the lock)."""

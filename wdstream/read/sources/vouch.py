@@ -136,14 +136,25 @@ class IdLimit:
 
 
 def _sample_max(tokens: LocatedTokens, masked: bool) -> np.ndarray:
-    """The largest id (without the loss bit when ``masked``) of each sample, vectorised:
-    one ``maximum.reduceat`` over the spans of every sample and the gaps between them."""
+    """The largest id (without the loss bit when ``masked``) of each sample, vectorised.
+
+    Samples of one length at one stride (a packed shard's, read in place) are the rows of
+    one strided view, and its row maxima one ``max``. Else one ``maximum.reduceat`` over
+    the spans of every sample and the gaps between them; in place, the tokens lie at an
+    odd byte phase (after each tar and msgpack header), and ``reduceat`` copied the whole
+    unaligned buffer into an aligned one first (window 0 of a fresh process's epoch: 3.0
+    ms and 800 page faults for the check; in the cache, 1.1 ms against 0.5 ms strided for
+    1,024 samples of 2,049 tokens, measured).
+    """
     first, count = tokens.first.astype(np.int64), tokens.count.astype(np.int64)
     base = tokens.base
     if masked:
         lo, hi = int(first.min()), int((first + count).max())
         base = base[lo:hi] & base.dtype.type(ID_BITS)
         first = first - lo
+    rows = _strided_rows(base, first, count)
+    if rows is not None:
+        return rows.max(axis=1).astype(np.int64)
     nonempty = count > 0
     bounds = np.empty(2 * len(first), dtype=np.int64)
     bounds[0::2], bounds[1::2] = first, first + count
@@ -158,6 +169,22 @@ def _sample_max(tokens: LocatedTokens, masked: bool) -> np.ndarray:
     picked = tops[0::2][: len(first)].astype(np.int64)
     out[: len(picked)] = picked
     return np.where(nonempty, out, 0)
+
+
+def _strided_rows(base: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray | None:
+    """The samples as rows of one read-only view of ``base``, when they are all of one
+    length (not empty), evenly spaced and inside it, else None."""
+    n = len(first)
+    if n == 0 or int(count[0]) == 0 or not (count == count[0]).all():
+        return None
+    step = int(first[1] - first[0]) if n > 1 else int(count[0])
+    if step < 0 or (n > 2 and not (np.diff(first) == step).all()):
+        return None
+    start, size = int(first[0]), base.itemsize
+    if start < 0 or start + (n - 1) * step + int(count[0]) > len(base):
+        return None  # (as_strided checks nothing: never a row past the buffer)
+    return np.lib.stride_tricks.as_strided(base[start:], shape=(n, int(count[0])),
+                                           strides=(step * size, size), writeable=False)  # fmt: skip
 
 
 def id_limit(index: DatasetIndex | None) -> IdLimit | None:

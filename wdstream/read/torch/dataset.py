@@ -33,7 +33,6 @@ from wdstream.read.batches.quarantine import QuarantineLog
 from wdstream.read.batches.rows import (
     IGNORE_INDEX,
     RowLabels,
-    copy_ids,
     doc_ids,
     position_ids,
 )
@@ -43,8 +42,9 @@ from wdstream.read.order.base import SequencePosition
 from wdstream.read.order.global_order import Origin
 from wdstream.read.order.steps import masked_rows
 from wdstream.read.order.streams_context import ReaderConfig
+from wdstream.read.torch.casts import batch_casts, long_copy
 from wdstream.read.torch.handoff import FreshBuffers, WorkerHandoff
-from wdstream.read.torch.host_buffers import HostBuffers
+from wdstream.read.torch.host_buffers import HostBuffers, ReusedChunks
 
 if TYPE_CHECKING:
     from wdstream.read.sources.packed import ShardSource
@@ -221,11 +221,14 @@ class TokenDataset(IterableDataset):
         elif position is None:
             position = self.position
         handoff = self.handoff if info is not None else None
-        buffers: Any = (
-            handoff.buffers(info.id)
-            if handoff is not None and info is not None
-            else FreshBuffers(self.cfg.seq_len, self.cfg.doc_boundaries, shared=info is not None)
-        )
+        c = self.cfg
+        buffers: Any
+        if handoff is not None and info is not None:
+            buffers = handoff.buffers(info.id)
+        elif info is not None:  # a torch worker's chunks go to shared memory
+            buffers = FreshBuffers(c.seq_len, c.doc_boundaries, shared=True)
+        else:  # sliced in this process: reused once their batches are cut
+            buffers = ReusedChunks(c.chunk_batches * c.batch_size, c.seq_len, c.doc_boundaries)
         for s, i, tokens, positions, cursors in self.sequence.chunks(
             position, worker, buffers, self.epochs
         ):
@@ -302,46 +305,6 @@ def _raising(exc: Exception) -> Iterator[Chunk]:
     raise exc
 
 
-def _long(x: torch.Tensor, pin: bool, buffers: HostBuffers | None = None) -> torch.Tensor:
-    """A contiguous int64 copy of ``x`` (page-locked if ``pin``; else in an array of
-    ``buffers`` if given).
-
-    On the CPU the cast goes through numpy: one thread, in the caller's. torch's own cast
-    splits a chunk over its intra-op OpenMP threads, and on a busy 2-core host waking that
-    team cost 10-45x the copy (12 ms instead of 0.26 ms for a [128, 2048] chunk, measured).
-    """
-    if x.device.type != "cpu":
-        return x.to(torch.int64, memory_format=torch.contiguous_format)
-    out = _long_empty(x, pin, buffers)
-    np.copyto(out.numpy(), x.numpy())
-    return out
-
-
-def _long_empty(x: torch.Tensor, pin: bool, buffers: HostBuffers | None) -> torch.Tensor:
-    """An uninitialised int64 CPU tensor shaped as ``x`` (page-locked if ``pin``; else an
-    array of ``buffers`` if given), for :func:`chunk_to_batches` to fill batch by batch."""
-    if buffers is not None and not pin:
-        return torch.from_numpy(buffers.int64(tuple(x.shape)))
-    return torch.empty(tuple(x.shape), dtype=torch.int64, pin_memory=pin)
-
-
-def _cast_rows(
-    out_ids: torch.Tensor,
-    out_targets: torch.Tensor,
-    ids: torch.Tensor,
-    targets: torch.Tensor,
-    stored: np.ndarray | None,
-) -> None:
-    """Cast rows of a chunk into their int64 ``input_ids`` and ``labels``; with ``stored``
-    (the rows as stored, int32, carrying the no-loss bit) the bit is stripped in the copy
-    and the targets it marks set to -100 (:meth:`RowLabels.split_chunk`)."""
-    strip = stored is not None
-    copy_ids(out_ids.numpy(), ids.numpy(), strip)
-    copy_ids(out_targets.numpy(), targets.numpy(), strip)
-    if stored is not None:
-        np.copyto(out_targets.numpy(), IGNORE_INDEX, where=stored[:, 1:] < 0)
-
-
 def chunk_to_batches(
     tokens: torch.Tensor,
     positions: torch.Tensor | None,
@@ -367,16 +330,8 @@ def chunk_to_batches(
     no_loss = stored = None
     if labels is not None:
         tokens, no_loss, stored = labels.split_chunk(tokens[:n])
-    # One int64 array per chunk, each batch a contiguous row slice of it. On the CPU the first
-    # batch's rows are cast before it goes, the rest of the chunk's in one call as the second
-    # is asked for: the first batch waits for its own rows, not the chunk's (a first chunk's
-    # arrays are fresh: 128 rows cost ~1,000 page faults before a first batch of 8 could go),
-    # and the casts stay two calls per chunk plus two (a cast per batch cost a 0-worker
-    # epoch ~14 us a batch, measured).
     ids, targets = tokens[:n, :-1], tokens[:n, 1:]
-    lazy = ids.device.type == "cpu"  # (``stored`` is only ever a CPU chunk's)
-    all_ids = _long_empty(ids, pin, buffers) if lazy else _long(ids, pin, buffers)
-    all_targets = _long_empty(targets, pin, buffers) if lazy else _long(targets, pin, buffers)
+    casts = batch_casts(ids, targets, stored, batch_size, pin, buffers)
     # The padding and document-end rules, where any row follows them (a stored mask decides
     # its rows alone) or document ids need the padding.
     rules = labels is not None and (labels.rules_apply() or positions is not None)
@@ -385,11 +340,8 @@ def chunk_to_batches(
     for j in range(n // batch_size):
         part = slice(j * batch_size, (j + 1) * batch_size)
         rows = tokens[part]
-        if lazy and j < 2:
-            cast = part if j == 0 else slice(batch_size, n)
-            _cast_rows(all_ids[cast], all_targets[cast], ids[cast], targets[cast],
-                       None if stored is None else stored[cast])  # fmt: skip
-        batch = {"input_ids": all_ids[part], "labels": all_targets[part]}
+        input_ids, target_ids = next(casts)
+        batch = {"input_ids": input_ids, "labels": target_ids}
         padding = labels.padding(rows) if labels is not None and rules else None
         masked = None
         if labels is not None and (rules or no_loss is not None):
@@ -398,7 +350,7 @@ def chunk_to_batches(
         if masked is not None:
             batch["labels"].masked_fill_(masked, IGNORE_INDEX)
         if positions is not None:
-            pos = _long(positions[part], pin, buffers)
+            pos = long_copy(positions[part], pin, buffers)
             flat = pos.reshape(-1)
             starts = torch.nonzero(flat == 0).reshape(-1)
             batch["position_ids"] = pos
