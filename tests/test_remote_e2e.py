@@ -22,7 +22,7 @@ from tests.servers import FaultProxy, FileServer
 from wdstream import Loader
 from wdstream.cli import main
 from wdstream.storage import open_store
-from wdstream.testing import assert_resumes_exactly
+from wdstream.testing import assert_resumes_exactly, write_synthetic_dataset
 
 pytest_plugins = ["tests.fixtures_remote"]
 
@@ -273,3 +273,21 @@ def test_one_epoch_over_http_asks_no_range_of_a_shard_twice(tmp_path: Path) -> N
     assert batches > 1_000 and len(tar) > 1_000
     repeated = len(tar) - len(set(tar))
     assert repeated == 0, f"{repeated} of {len(tar)} ranged GETs of shards were repeats"
+
+
+def test_two_workers_fetch_what_no_workers_fetch(tmp_path: Path) -> None:
+    """With workers, a rank's epoch asks the server for the same shard ranges as without:
+    the training process reads the first step's samples alone, and the workers' first
+    chunks run to a multiple of ``K`` (one-step chunks read their few samples alone before
+    their windows whole: a GET per sample more, 8 of ~50 an epoch in the bench)."""
+    write_synthetic_dataset(str(tmp_path / "ds"), n_docs=600, sample_tokens=65,
+                            samples_per_shard=100)  # fmt: skip
+    kw = {"seq_len": 64, "batch_size": 4, "seed": 1, "epochs": 1, "chunk_batches": 4}
+    asked = {}
+    with FileServer(tmp_path / "ds") as server:
+        for workers in (0, 2):
+            server.faults.reset()
+            n = sum(1 for _ in Loader(server.base_url, num_workers=workers, **kw))
+            asked[workers] = sorted(r for r in server.faults.requests if r[1].endswith(".tar"))
+            assert n > 100
+    assert asked[2] == asked[0]

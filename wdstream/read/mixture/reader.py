@@ -70,7 +70,8 @@ class MixturePosition(GlobalPosition):
     def from_dict(cls, d: dict[str, Any]) -> MixturePosition:
         worker = tuple(d["worker"]) if d["worker"] is not None else None
         pieces = tuple(SchedulePiece(s, r, tuple(w)) for s, r, w in d["pieces"])
-        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces=pieces)
+        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces=pieces,
+                   first_made=d["first_made"])  # fmt: skip
 
 
 class MixtureReader:
@@ -304,9 +305,9 @@ class MixtureReader:
         for order in self.orders:
             order.release()
 
-    def read_in_background(self, on: bool) -> None:
+    def read_mode(self, background: bool = True, alone: bool = True) -> None:
         for order in self.orders:
-            order.read_in_background(on)
+            order.read_mode(background, alone)
 
     def first_chunk(
         self, position: GlobalPosition, buffers: ChunkBuffers, epochs: int | None
@@ -401,7 +402,7 @@ class MixtureReader:
             check_identity(state, list(_ORDER_VERSION), lambda: self.next_rows(row, saved.pieces))
         pieces = (*saved.pieces, *self.future_pieces(step, origin))
         return MixturePosition(step, origin, stop, saved.worker, saved.skips, saved.quarantined,
-                               pieces)  # fmt: skip
+                               pieces=pieces)  # fmt: skip
 
     def skip_steps(self, position: GlobalPosition, n: int) -> MixturePosition:
         """``position`` with ``n`` data steps skipped (:meth:`GlobalPosition.skip`)."""

@@ -142,6 +142,7 @@ class GlobalOrder:
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
         self._cache = WindowCache(self._load_data, deepen=source.remote, read_ahead=source.remote)
+        self._alone = True  # a cold window's few samples read alone first (read_mode)
         self._hot: tuple[WindowKey, WindowData] | None = None  # the window last cut from
         # None: the only consumer, verifying every sample read; else a worker of several
         # (see check_only).
@@ -321,6 +322,8 @@ class GlobalOrder:
         (:meth:`start_reads`)."""
         # Segments run through windows in order; most fills touch only windows already
         # read or being read, and then no segment needs looking at.
+        if not self._alone:
+            return {}
         first, last = (segments[0][0], segments[-1][0]) if segments else (0, -1)
         hot = self._hot
         if first == last and hot is not None and hot[0] == (epoch, first & WINDOW_MASK, with_docs):
@@ -355,10 +358,14 @@ class GlobalOrder:
         self._cache.release()
         self.source.end_fetches()
 
-    def read_in_background(self, on: bool) -> None:
-        """Whether windows are read ahead in background threads (else each is read when
-        its rows are cut, and no thread is made: :meth:`StepChunks.first_chunk`)."""
-        self._cache.background = on
+    def read_mode(self, background: bool = True, alone: bool = True) -> None:
+        """How windows are read: ahead in background threads (else each where its rows
+        are cut, and no thread is made: :meth:`StepChunks.first_chunk`); the few samples of
+        a cold window's rows alone before the window whole (:meth:`samples_alone`), which
+        only a first batch waits for (else: a torch worker after the training process made
+        the first step, whose every chunk needs its windows whole anyway)."""
+        self._cache.background = background
+        self._alone = alone
 
     def check_only(self, read_spans: ReadSpans | None) -> None:
         """Make this order a torch worker's, one of several (``None``: the only consumer).

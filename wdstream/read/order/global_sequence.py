@@ -324,9 +324,9 @@ class GlobalReader:
         """Drop cached window data (the end of an iteration)."""
         self.order.release()
 
-    def read_in_background(self, on: bool) -> None:
-        """Whether windows are read ahead in background threads."""
-        self.order.read_in_background(on)
+    def read_mode(self, background: bool = True, alone: bool = True) -> None:
+        """How windows are read (:meth:`GlobalOrder.read_mode`)."""
+        self.order.read_mode(background, alone)
 
     def first_chunk(
         self, position: GlobalPosition, buffers: ChunkBuffers, epochs: int | None

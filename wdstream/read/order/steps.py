@@ -54,6 +54,9 @@ class GlobalPosition:
     worker: tuple[int, int] | None = None  # (id, num_workers) of one torch worker's share
     skips: tuple[tuple[int, int], ...] = ()
     quarantined: int = 0
+    # The training process made this iteration's first step (StepChunks.first_chunk): no
+    # chunk of its workers is a first batch (handed to them, not in a state).
+    first_made: bool = False
 
     def copy(self: _P) -> _P:
         return copy.copy(self)
@@ -88,12 +91,14 @@ class GlobalPosition:
         o = self.origin
         worker = list(self.worker) if self.worker is not None else None
         return {"step": self.step, "origin": [o.step, o.epoch, o.row],
-                "iter_stop": self.iter_stop, "worker": worker}  # fmt: skip
+                "iter_stop": self.iter_stop, "worker": worker,
+                "first_made": self.first_made}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GlobalPosition:
         worker = tuple(d["worker"]) if d["worker"] is not None else None
-        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker)
+        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker,
+                   first_made=d["first_made"])  # fmt: skip
 
     def state(
         self, version: int, order: str, config: dict[str, Any], origin: dict[str, int], **more: Any
@@ -187,8 +192,9 @@ class StepRows(Protocol):
     def release(self) -> None:
         """Drop cached window data (the end of an iteration)."""
 
-    def read_in_background(self, on: bool) -> None:
-        """Whether windows are read ahead in background threads (else none is made)."""
+    def read_mode(self, background: bool = True, alone: bool = True) -> None:
+        """How windows are read: ahead in background threads (else no thread is made);
+        the few samples of a cold window's rows alone first (else windows whole only)."""
 
     def fill_chunk(
         self, first: int, n: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
@@ -233,11 +239,14 @@ class StepChunks:
         steps'. The chunk after it (the next worker's) runs to the next multiple of ``K``,
         as every chunk does, so the batches and their order are the same; every worker
         walks the same chunks. A worker's own saved share continues mid-iteration, as its
-        chunks were.
+        chunks were. Where the training process made the first step (``first_made``), no
+        chunk of the workers is a first batch: the first runs to the next multiple of ``K``
+        too (a one-step chunk would read its few samples alone, then their windows whole:
+        from a remote store, a GET per sample more).
         """
         own_share = workers > 1 and position.worker == (worker, workers)
         position.worker = (worker, workers) if workers > 1 else None
-        short = not own_share
+        short = not own_share and not position.first_made
         if not self.skip(position, 0 if own_share else worker, short):
             return
         short = short and worker == 0
@@ -275,13 +284,15 @@ class StepChunks:
         go on from ``position`` as from a state taken there: forking a training process
         costs 10-25 ms of its time per worker, which the first batch no longer waits for.
         """
-        self.rows.read_in_background(False)
+        self.rows.read_mode(background=False)
         chunks = self.iterate(position, None, buffers, epochs)
         try:
-            return next(chunks, None)
+            made = next(chunks, None)
+            position.first_made = made is not None
+            return made
         finally:
             chunks.close()  # the iteration's end for this process: its windows dropped
-            self.rows.read_in_background(True)
+            self.rows.read_mode()
 
     def chunks(
         self, position: GlobalPosition, worker: int, workers: int, buffers: ChunkBuffers
@@ -298,6 +309,9 @@ class StepChunks:
         r = self.rows
         B, T1 = r.batch_size, r.row_tokens
         scope = r.verify_own_rows(position, worker, workers)
+        first_made = position.first_made
+        if first_made:  # no chunk here is a first batch: its windows are read whole
+            r.read_mode(alone=False)
         try:
             for mine, (first, n) in enumerate(self.own(position, worker, workers)):
                 if scope is not None:
@@ -312,3 +326,5 @@ class StepChunks:
         finally:
             if scope is not None:
                 r.verify_all_rows()
+            if first_made:
+                r.read_mode()
