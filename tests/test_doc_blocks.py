@@ -128,26 +128,41 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _checkpoint(folder: Path) -> None:
-    """``ckpt-41000.pt``: a run's checkpoint at step 41,000 (data state by skipping there)."""
-    code = (
-        "import torch, wdstream\n" + PLACEHOLDERS + "\n"
-        "loader = wdstream.Loader('data/', seq_len=2048, batch_size=8)\n"
-        "loader.skip_steps(41_000)\n"
-        "torch.save({'model': model.state_dict(), 'optim': optim.state_dict(),\n"
-        "            'data': loader.state_dict()}, 'ckpt-41000.pt')\n"
-    )
-    res = _python(code, folder)
-    assert res.returncode == 0, res.stderr
+    """``ckpt-41000.pt``: a run's checkpoint at step 41,000 (data state by skipping there),
+    of the placeholders' model and optimizer. Made here, not in a python of its own: it is
+    a fixture of the page, not what the page shows (a fresh python and torch: ~2 s of CPU)."""
+    import torch
+
+    import wdstream
+
+    names: dict[str, object] = {}
+    exec(PLACEHOLDERS, names)  # the page's ``model`` and ``optim``
+    model, optim = names["model"], names["optim"]
+    assert isinstance(model, torch.nn.Module) and isinstance(optim, torch.optim.Optimizer)
+    loader = wdstream.Loader(str(folder / "data"), seq_len=2048, batch_size=8)
+    loader.skip_steps(41_000)
+    torch.save({"model": model.state_dict(), "optim": optim.state_dict(),
+                "data": loader.state_dict()}, folder / "ckpt-41000.pt")  # fmt: skip
 
 
-def _python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+def _spike(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``spike.jsonl``: what ``wdstream explain data/ --steps 0:3 ... --format jsonl`` writes
+    in the page's folder (the CLI's own command, called here rather than in a fresh python)."""
+    from click.testing import CliRunner
+
+    from wdstream.cli import main
+
+    monkeypatch.chdir(folder)
+    args = ["explain", "data/", "--steps", "0:3", "--batch-size", "8", "--format", "jsonl"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    (folder / "spike.jsonl").write_text(res.stdout)
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)[0]])
-def test_page_blocks_run(page: str, fixtures: Path, tmp_path: Path) -> None:
+def test_page_blocks_run(
+    page: str, fixtures: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run, _ = blocks(page)
     for name in ("data", "sft", "corpus", "path", "OUTPUT"):
         shutil.copytree(fixtures / name, tmp_path / name)
@@ -158,10 +173,7 @@ def test_page_blocks_run(page: str, fixtures: Path, tmp_path: Path) -> None:
     if "ckpt-41000.pt" in code:
         _checkpoint(tmp_path)
     if "spike.jsonl" in code:
-        spike = _python("from wdstream.cli import main; main()", tmp_path, "explain", "data/",
-                        "--steps", "0:3", "--batch-size", "8", "--format", "jsonl")  # fmt: skip
-        assert spike.returncode == 0, spike.stderr
-        (tmp_path / "spike.jsonl").write_text(spike.stdout)
+        _spike(tmp_path, monkeypatch)
     script = PLACEHOLDERS + "".join(f"\n# {page}:{line}\n{code}" for line, code in run)
     (tmp_path / "page.py").write_text(script)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
