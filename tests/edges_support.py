@@ -5,22 +5,21 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import msgpack
 import numpy as np
 
+from tests import cli_server
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``wdstream ARGS`` in a child process (a process abort shows as its exit status)."""
-    return subprocess.run(
-        [sys.executable, "-m", "wdstream.cli", *args], capture_output=True, text=True,
-        timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    """``wdstream ARGS`` in a child process (a process abort shows as its exit status),
+    forked from :mod:`tests.cli_server`'s server rather than a fresh python."""
+    return cli_server.run_cli(*args, timeout=timeout, cwd=ROOT)
 
 
 def one_error(proc: subprocess.CompletedProcess[str]) -> str:

@@ -1,8 +1,9 @@
 """Chat templates that would hang or fill memory (issue 33, items 10 and 12): each one is
 refused by ``wdstream pack --chat`` in a child process, naming the record's file:line and the
 template, within the test's time limit and with a small peak memory (the child's
-``ru_maxrss``, measured by a wrapper process of its own); with ``--on-error skip`` the
-conversations it refuses are counted and the others packed.
+``ru_maxrss`` as ``wait4`` reports it; the child is forked from :mod:`tests.cli_server`'s
+server, which imported the CLI's modules: ~8 MB below a fresh process's peak); with
+``--on-error skip`` the conversations it refuses are counted and the others packed.
 
 The bounds are counts (steps, characters), not a clock: which conversations are refused does
 not depend on the machine, and no test here measures speed (the limit only tells a hang).
@@ -11,13 +12,12 @@ not depend on the machine, and no test here measures speed (the limit only tells
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.chat_support import CHATML
+from tests.cli_server import run_cli_peak
 from wdstream.chat import ChatEncoder, ChatTemplate
 from wdstream.errors import ConversationError
 from wdstream.tokenizers import load_tokenizer
@@ -61,28 +61,20 @@ BOMBS = {
     "{% for i in range(100000) %}{% set y = s[1:] %}{% endfor %}",
 }
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-RSS_LIMIT_MB = 1024  # the child measured ~115 MB on a refused bomb; 'x' * 10**9 was 5 GB
-
-_WRAPPER = """
-import json, resource, subprocess, sys
-proc = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=240)
-peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
-print(json.dumps({"rc": proc.returncode, "stderr": proc.stderr, "peak_mb": peak}))
-"""
+RSS_LIMIT_MB = 1024  # a refused bomb's child: ~105 MB (a fresh process ~113); 'x' * 10**9: 5 GB
 
 
 def _pack(tmp: Path, template: str, lines: list[str], *extra: str) -> dict:
-    """``wdstream pack --chat`` in a child, its exit code, stderr and peak RSS (MB)."""
+    """``wdstream pack --chat`` in a child, its exit code, stderr and peak RSS (MB, as
+    ``wait4`` reports it: the child is forked from :mod:`tests.cli_server`'s server)."""
     tmp.mkdir(parents=True, exist_ok=True)
     src, tpl = tmp / "in.jsonl", tmp / "bomb.jinja"
     src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     tpl.write_text(template, encoding="utf-8")
-    args = [sys.executable, "-m", "wdstream.cli", "pack", str(src), "-o", str(tmp / "out"),
-            "--chat", "--tokenizer", "cl100k_base", "--chat-template", str(tpl), "--mode",
-            "docs", "--workers", "0", "-q", *extra]  # fmt: skip
-    got = subprocess.run([sys.executable, "-c", _WRAPPER, *args], capture_output=True,
-                         text=True, timeout=300, check=True)  # fmt: skip
-    return {**json.loads(got.stdout), "src": src, "tpl": tpl}
+    args = ["pack", str(src), "-o", str(tmp / "out"), "--chat", "--tokenizer", "cl100k_base",
+            "--chat-template", str(tpl), "--mode", "docs", "--workers", "0", "-q", *extra]  # fmt: skip
+    rc, stderr, peak_mb = run_cli_peak(*args, timeout=240)
+    return {"rc": rc, "stderr": stderr, "peak_mb": peak_mb, "src": src, "tpl": tpl}
 
 
 @pytest.mark.parametrize("name", sorted(BOMBS))
