@@ -152,14 +152,17 @@ class _Server:
 _SERVER = _Server()
 
 
-def run_cli(*args: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """``python -m wdstream.cli ARGS`` in a child process (forked from the server), as
-    ``subprocess.run(..., capture_output=True, text=True, stdin=DEVNULL)`` returns it."""
-    rc, out, err, _ = _SERVER.run(list(args), cwd, timeout)
+def run_cli(
+    *args: str, timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m wdstream.cli ARGS`` in a child process (forked from the server) in ``cwd``
+    (this process's by default), as ``subprocess.run(..., capture_output=True, text=True,
+    stdin=DEVNULL)`` returns it."""
+    rc, out, err, _ = _SERVER.run(list(args), cwd or Path.cwd(), timeout)
     return subprocess.CompletedProcess([sys.executable, "-m", "wdstream.cli", *args], rc, out, err)
 
 
-def run_cli_peak(*args: str, timeout: float = 120, cwd: Path = ROOT) -> tuple[int, str, int]:
+def run_cli_peak(*args: str, timeout: float = 120) -> tuple[int, str, int]:
     """``(returncode, stderr, peak RSS in MiB)`` of ``wdstream ARGS`` in a child process."""
-    rc, _, err, peak_kb = _SERVER.run(list(args), cwd, timeout)
+    rc, _, err, peak_kb = _SERVER.run(list(args), Path.cwd(), timeout)
     return rc, err, peak_kb // 1024

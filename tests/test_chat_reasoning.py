@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from tests.chat_reasoning_support import (
     turn_texts,
 )
 from tests.chat_support import CHATML, build_chat_hf, chat_texts
+from tests.cli_server import run_cli
 from tests.test_pack import raw_samples
 from tests.tokenizer_files import build_hf_bpe
 
@@ -44,10 +44,9 @@ def _pack(tmp: Path, convs: list[Conv], template: str, tokenizer: str, *extra: s
                        (tpl, template)):  # fmt: skip
         if not path.exists() or path.read_text(encoding="utf-8") != text:  # a rerun resumes
             path.write_text(text, encoding="utf-8")
-    args = [sys.executable, "-m", "wdstream.cli", "pack", str(src), "-o", str(tmp / out),
-            "--chat", "--tokenizer", tokenizer, "--chat-template", str(tpl), "--mode", "docs",
-            "--workers", "0", "-q", *extra]  # fmt: skip
-    return subprocess.run(args, capture_output=True, text=True, timeout=600)
+    args = ["pack", str(src), "-o", str(tmp / out), "--chat", "--tokenizer", tokenizer,
+            "--chat-template", str(tpl), "--mode", "docs", "--workers", "0", "-q", *extra]  # fmt: skip
+    return run_cli(*args, timeout=600)
 
 
 def _stored(root: Path) -> list[tuple[list[int], list[int]]]:
@@ -166,10 +165,8 @@ TWO_TURNS: Conv = [
 
 
 def _stats(root: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    text = subprocess.run([sys.executable, "-m", "wdstream.cli", "stats", str(root)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    data = subprocess.run([sys.executable, "-m", "wdstream.cli", "stats", str(root), "--json"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    text = run_cli("stats", str(root), timeout=300)
+    data = run_cli("stats", str(root), "--json", timeout=300)
     assert text.returncode == 0 and data.returncode == 0, text.stderr + data.stderr
     return text, json.loads(data.stdout)
 
@@ -255,8 +252,7 @@ def test_an_end_of_sequence_the_template_writes_is_not_doubled(tmp_path: Path) -
     assert chat["added_tokens"] == 1
     text, data = _stats(tmp_path / "out")  # the roles and the pack's EOS add up to the shards
     assert data["loss_mask"]["chat"]["roles_agree"] and "Warning" not in text.stderr
-    verify = subprocess.run([sys.executable, "-m", "wdstream.cli", "verify", str(tmp_path / "out")],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    verify = run_cli("verify", str(tmp_path / "out"), timeout=300)
     assert verify.returncode == 0, verify.stderr
     # Best-fit rows: the conversations back to back, the first ending with its own EOS only.
     fit = _pack(tmp_path, convs, template, "cl100k_base", "--mode", "bestfit", "--seq-len", "63",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import tiktoken
 import tokenizers
 
 from tests.chat_support import CHAT_SPECIALS, CHATML, build_chat_hf
+from tests.cli_server import run_cli
 
 Conv = list[dict[str, Any]]
 EOT = 100257  # cl100k's <|endoftext|>, the pack's EOS
@@ -92,10 +92,9 @@ def _pack(tmp: Path, convs: list[Conv], template: str, *extra: str,
     src, tpl, out = tmp / "in.jsonl", tmp / "template.jinja", tmp / "out"
     src.write_text("".join(json.dumps({"messages": m}) + "\n" for m in convs), encoding="utf-8")
     tpl.write_text(template, encoding="utf-8")
-    args = [sys.executable, "-m", "wdstream.cli", "pack", str(src), "-o", str(out), "--chat",
-            "--tokenizer", tokenizer, "--chat-template", str(tpl), "--mode", "docs",
-            "--workers", "0", "-q", *extra]  # fmt: skip
-    return subprocess.run(args, capture_output=True, text=True, timeout=300), src, tpl
+    args = ["pack", str(src), "-o", str(out), "--chat", "--tokenizer", tokenizer,
+            "--chat-template", str(tpl), "--mode", "docs", "--workers", "0", "-q", *extra]  # fmt: skip
+    return run_cli(*args, timeout=300), src, tpl
 
 
 def _stored(root: Path) -> list[tuple[list[int], list[int]]]:

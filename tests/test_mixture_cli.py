@@ -5,8 +5,6 @@ re-tokenise to exactly the Loader's rows."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ import torch
 from click.testing import CliRunner
 
 import wdstream
+from tests.cli_server import run_cli
 from wdstream.cli import main
 from wdstream.read.mixture.inspect import explain_mixture
 from wdstream.tokenizers import load_tokenizer
@@ -88,8 +87,8 @@ def test_explain_names_sources_and_lines_that_retokenise_to_the_rows(spec: Path)
     shown = [ln.split("  ")[1].split(" ")[0] for ln in res.output.splitlines()
              if ln.startswith("row ")]  # fmt: skip
     assert shown == [loader.sources[int(i)] for i in nxt["source"]]
-    real = subprocess.run([sys.executable, "-m", "wdstream.cli", *args], capture_output=True,
-                          text=True, check=True)  # fmt: skip
+    real = run_cli(*args)
+    assert real.returncode == 0, real.stderr
     assert real.stdout == res.output
 
 

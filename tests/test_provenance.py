@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from click.testing import CliRunner
 
 import wdstream
 import wdstream.read.provenance as provenance_module
+from tests.cli_server import run_cli
 from tests.conftest import make_corpus
 from tests.test_pack_resume import _files, _interrupted_writer
 from wdstream.cli import main
@@ -250,9 +249,8 @@ def test_cli_exact_output(tiny: Path) -> None:
 
 def test_cli_subprocess_and_errors(tiny: Path, root: Path) -> None:
     args = ["explain", str(tiny / "ds"), "--step", "0", "--batch-size", "2", "--text"]
-    done = subprocess.run(
-        [sys.executable, "-m", "wdstream.cli", *args], capture_output=True, text=True, check=True
-    )
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr
     assert done.stdout == CliRunner().invoke(main, args).output
     assert done.stdout.splitlines()[0].startswith("step 0: epoch 0, rows 0-1 of the epoch;")
     bad = CliRunner().invoke(main, ["explain", str(root), "--step", "0"])

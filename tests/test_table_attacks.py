@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from crc32c import crc32c
 
+from tests.cli_server import run_cli
 from wdstream.errors import IndexValidationError
 from wdstream.format.shard_table import ShardRows
 from wdstream.inspect import verify_dataset
@@ -90,12 +91,7 @@ def test_verify_of_a_refused_table_prints_no_traceback(clean: Path, tmp_path: Pa
     root = _copy(clean, tmp_path / "ds")
     with open(root / TABLE, "ab") as f:
         f.write(b"x")  # one byte more than index.json says
-    proc = subprocess.run(
-        [sys.executable, "-m", "wdstream.cli", "verify", str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli("verify", str(root), timeout=120)
     assert proc.returncode != 0
     assert "index.shards" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.cli_server import run_cli
 from wdstream import Loader
 from wdstream.read.order.global_seal import SEALED, seal
 from wdstream.testing import write_synthetic_dataset
@@ -197,9 +198,8 @@ def test_static_specs_that_read_nothing_are_refused(
     spec = _spec(tmp_path, {"sources": resolved, "weights": weights})
     with pytest.raises(ValueError, match=rf"mix.json: .*{message}"):
         Loader(str(spec), batch_size=4, **OPTS)
-    cmd = [sys.executable, "-m", "wdstream.cli", "explain", str(spec), "--step", "0",
-           "--batch-size", "4", "--seq-len", "16"]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    res = run_cli("explain", str(spec), "--step", "0", "--batch-size", "4", "--seq-len", "16",
+                  timeout=300)  # fmt: skip
     assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
     assert message in res.stderr + res.stdout
 

@@ -21,7 +21,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import numpy as np
 import pytest
 
 import wdstream
+from tests.cli_server import run_cli
 from wdstream import Loader
 from wdstream.errors import IndexValidationError
 
@@ -191,8 +191,7 @@ def test_a_mixture_source_with_a_bos_id_past_the_vocabulary_is_refused(
 
 
 def _pack(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "wdstream.cli", "pack", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+    return run_cli("pack", *args, cwd=cwd, timeout=300)
 
 
 @pytest.mark.parametrize("bos", [str(2**31), str(2**32), str(2**64), "-1", str(N_VOCAB)])
