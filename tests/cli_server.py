@@ -40,7 +40,7 @@ def _run_child(req: dict[str, Any]) -> None:
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
+    for fd, path, flags in ((0, req["stdin"], os.O_RDONLY),
                             (1, req["out"], os.O_WRONLY | os.O_TRUNC),
                             (2, req["err"], os.O_WRONLY | os.O_TRUNC)):  # fmt: skip
         new = os.open(path, flags)
@@ -125,16 +125,24 @@ class _Server:
         answer: dict[str, Any] = json.loads(line)
         return answer
 
-    def run(self, argv: list[str], cwd: Path, timeout: float) -> tuple[int, str, str, int]:
-        """``(returncode, stdout, stderr, peak RSS in KiB)`` of one command."""
+    def run(
+        self,
+        argv: list[str],
+        cwd: Path,
+        timeout: float,
+        stdin: str = os.devnull,
+        env: dict[str, str] | None = None,
+    ) -> tuple[int, str, str, int]:
+        """``(returncode, stdout, stderr, peak RSS in KiB)`` of one command: in ``cwd``, with
+        this process's environment and ``env``, reading the file ``stdin``."""
         with self.lock, tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp, "out"), Path(tmp, "err")
             out.touch()
             err.touch()
             proc = self._started()
             assert proc.stdin is not None and proc.stdout is not None
-            req = {"argv": argv, "cwd": str(cwd), "env": dict(os.environ), "out": str(out),
-                   "err": str(err)}  # fmt: skip
+            req = {"argv": argv, "cwd": str(cwd), "env": {**os.environ, **(env or {})},
+                   "stdin": stdin, "out": str(out), "err": str(err)}  # fmt: skip
             proc.stdin.write(json.dumps(req).encode() + b"\n")
             proc.stdin.flush()
             fd = proc.stdout.fileno()
@@ -153,12 +161,16 @@ _SERVER = _Server()
 
 
 def run_cli(
-    *args: str, timeout: float = 120, cwd: Path | None = None
+    *args: str,
+    timeout: float = 120,
+    cwd: Path | None = None,
+    stdin: str = os.devnull,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m wdstream.cli ARGS`` in a child process (forked from the server) in ``cwd``
-    (this process's by default), as ``subprocess.run(..., capture_output=True, text=True,
-    stdin=DEVNULL)`` returns it."""
-    rc, out, err, _ = _SERVER.run(list(args), cwd or Path.cwd(), timeout)
+    (this process's by default), reading the file ``stdin``, with this process's environment
+    and ``env``: as ``subprocess.run(..., capture_output=True, text=True)`` returns it."""
+    rc, out, err, _ = _SERVER.run(list(args), cwd or Path.cwd(), timeout, stdin, env)
     return subprocess.CompletedProcess([sys.executable, "-m", "wdstream.cli", *args], rc, out, err)
 
 

@@ -16,12 +16,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import zstandard
 
 import wdstream
+from tests.cli_server import run_cli
 from wdstream.errors import InputError
 from wdstream.inputs import DocumentReader, expand_inputs
 from wdstream.inputs.lines import DEFAULT_MAX_RECORD_BYTES
@@ -35,17 +35,11 @@ def _line(i: int) -> bytes:
     return json.dumps({"text": f"document {i}: " + "y" * 40}).encode() + b"\n"
 
 
-def _cli(*args: str, timeout: float = 60, stdin: Any = subprocess.DEVNULL) -> tuple[int, str]:
-    """``wdstream ARGS`` in a fresh process (this checkout first on the path)."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "wdstream.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        stdin=stdin,
-    )
+def _cli(*args: str, timeout: float = 60, stdin: str = os.devnull) -> tuple[int, str]:
+    """``wdstream ARGS`` in a child process (this checkout first on the path), reading the
+    file ``stdin``: forked from :mod:`tests.cli_server`'s server."""
+    env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = run_cli(*args, timeout=timeout, stdin=stdin, env=env)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -202,10 +196,9 @@ def test_line_at_the_limit_is_kept(tmp_path: Path) -> None:
 
 def test_long_line_from_stdin(tmp_path: Path) -> None:
     src = _write(tmp_path / "bomb.jsonl", _bomb_lines(1 << 20))
-    with open(src, "rb") as fh:
-        code, output = _cli(
-            *_pack_args(["-"], tmp_path / "out", "--max-record-bytes", "4KiB"), stdin=fh
-        )
+    code, output = _cli(
+        *_pack_args(["-"], tmp_path / "out", "--max-record-bytes", "4KiB"), stdin=str(src)
+    )
     assert code == 1
     assert _one_error(output).startswith("Error: <stdin>:4: record longer than the limit of 4,096")
 
