@@ -45,7 +45,8 @@ def test_section_ratios_to_litdata_per_round() -> None:
         for m in fresh.MEASURES:
             out[f"{m}/{name}"] = [
                 {"round": r, "first_batch_s": scale * (r + 1) * 0.01,
-                 "tokens_per_s": 1e8 / scale, "batches": 428, "heavy": ["json"]}
+                 "follow_s": scale * (r + 1) * 0.1, "tokens_per_s": 1e8 / scale,
+                 "batches": 428, "heavy": ["json"]}
                 for r in range(3)
             ]  # fmt: skip
         return out
@@ -62,10 +63,12 @@ def test_section_ratios_to_litdata_per_round() -> None:
     row = next(line for line in text.splitlines() if line.startswith("| wdstream `Loader` |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "1.25x (1.25–1.25)"  # tokens/s: 1e8/0.8 over 1e8
-    assert cells[4] == cells[6] == cells[8] == "0.80x (0.80–0.80)"  # times, per round
+    # first batch at 0 and 2 workers, batch 16 at 2 workers, resume: times, per round
+    assert cells[4] == cells[6] == cells[8] == cells[10] == "0.80x (0.80–0.80)"
     assert (
         "steady tokens/s, 0 workers, wdstream / LitData 1.25x (1.25–1.25) (goal ≥ 1.0x: met)"
         in text
     )
     assert "first batch, 2 workers, heavy script, wdstream / LitData 0.80x" in text
+    assert "batch 16, 2 workers, heavy script, wdstream / LitData 0.80x" in text
     assert "batch 385 of 428" in text and notes == []
