@@ -68,6 +68,8 @@ class TorchWorkers:
         dl = self._torch_loader()
         assert self._handoff is not None
         self._handoff.publish(position)
+        if not self._running:  # the workers start now: no reader thread may be left to them
+            self._end_reads()
         self._running = bool(self.options["persistent_workers"])
         yield from self._resolve(iter(dl))
 
@@ -83,6 +85,13 @@ class TorchWorkers:
         reading what precedes them) and where the workers are not already running
         (persistent workers of an earlier ``iter()``)."""
         return self.dataset.random_access and not self._running
+
+    def _end_reads(self) -> None:
+        """Drop this process's windows and stop its reader threads before the workers are
+        forked: what the caller read between the first batch and the second (``batch_at``
+        reads windows ahead in threads) would leave a forked child waiting on a read-ahead
+        thread it does not have (it hung)."""
+        self.dataset.sequence.release()
 
     def _resolve(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
         """Turn the workers' ring-slot references into tensor views of the slot."""
