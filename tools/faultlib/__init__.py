@@ -13,5 +13,7 @@ states, reader options and ``--plot`` paths, blank-line bombs, all-corrupt data)
 found again from ``pack_cwd`` or given, recorded template variables), ``holdout`` (``pack
 --holdout`` killed at every commit step and in either dataset's shards, leftovers at
 ``OUTPUT/holdout``), ``holdout_edges`` (hostile fractions, an HTTP output failing a PUT,
-readers of the pair, the shard size chosen from the input's size).
+readers of the pair, the shard size chosen from the input's size), ``first_step`` (the
+first step a Loader with workers makes in its training process: corrupt samples it reads,
+calls between the first and second batch, an HTTP store failing during it).
 """
