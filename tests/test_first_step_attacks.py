@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from tests.servers import FileServer
 from wdstream import Loader
 from wdstream.errors import CorruptShardError
 from wdstream.format.sidecar import ShardSidecar
+from wdstream.read.torch.device import one_ahead
 from wdstream.testing import write_synthetic_dataset
 
 OPTS: dict[str, Any] = dict(seq_len=20, batch_size=2, seed=3, chunk_batches=2)
@@ -118,3 +120,19 @@ def test_a_corrupt_sample_of_the_first_step(data: Path, tmp_path: Path) -> None:
     assert got_state == want_state and len(got_b) == len(want)
     for a, b in zip(got_b, want, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_device_copies_hand_the_first_chunk_before_asking_for_the_second() -> None:
+    """``device=`` copies chunks one ahead of their use, but the first is handed over before
+    the second is asked for: asking first would fork the workers before the first batch."""
+    pulled: list[int] = []
+
+    def items() -> Iterator[int]:
+        for i in range(4):
+            pulled.append(i)
+            yield i
+
+    it = one_ahead(items(), lambda x: x * 10, lambda y: y // 10)
+    assert next(it) == 0 and pulled == [0]
+    assert next(it) == 1 and pulled == [0, 1, 2]  # from here one ahead of its use
+    assert list(it) == [2, 3] and pulled == [0, 1, 2, 3]

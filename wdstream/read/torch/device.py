@@ -5,13 +5,17 @@ Used by :class:`~wdstream.read.torch.loader.Loader` with ``device=``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 
 from wdstream.read.torch.dataset import Chunk
 
-__all__ = ["pinned", "to_device"]
+__all__ = ["one_ahead", "pinned", "to_device"]
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 
 def pinned(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
@@ -21,7 +25,8 @@ def pinned(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
 
 
 def to_device(chunks: Iterator[Chunk], device: torch.device) -> Iterator[Chunk]:
-    """Copy each chunk to ``device`` on a side stream, one chunk ahead of its use."""
+    """Copy each chunk to ``device`` on a side stream, one chunk ahead of its use (the
+    first at once: :func:`one_ahead`)."""
     side = torch.cuda.Stream(device)
 
     def send(chunk: Chunk) -> tuple[Chunk, torch.cuda.Event]:
@@ -42,9 +47,20 @@ def to_device(chunks: Iterator[Chunk], device: torch.device) -> Iterator[Chunk]:
             p.record_stream(main)
         return s, t, p, c
 
+    return one_ahead(chunks, send, ready)
+
+
+def one_ahead(items: Iterator[A], send: Callable[[A], B], ready: Callable[[B], A]) -> Iterator[A]:
+    """``ready(send(item))`` for each item, each sent when the one before it is yielded
+    (so its copy overlaps that one's use), except the first, yielded as soon as it is sent:
+    asking for the second first would, with a ``Loader``'s workers, fork them before the
+    first batch (the training process makes the first step itself)."""
     pending = None
-    for chunk in chunks:
-        sent = send(chunk)
+    for i, item in enumerate(items):
+        sent = send(item)
+        if i == 0:
+            yield ready(sent)
+            continue
         if pending is not None:
             yield ready(pending)
         pending = sent
