@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-import os
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.fork_watch import watch_forks
 from tests.servers import FileServer
 from wdstream import Loader
 from wdstream.errors import CorruptShardError
@@ -157,25 +156,6 @@ def test_workers_forked_or_spawned_give_the_same_batches(many_shards: Path, cont
         assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "labels"))
 
 
-def _fork_watch(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """``os.fork`` recording, at each call, the reader's threads then alive that were not
-    alive before (an earlier test's loader in this process may hold its own)."""
-    seen: list[list[str]] = []
-    fork = os.fork
-    before = set(threading.enumerate())
-
-    def watched() -> int:
-        alive = [t.name for t in threading.enumerate()
-                 if t.name.startswith("wdstream-") and t not in before]  # fmt: skip
-        seen.append(alive)
-        # A child forked beside them would wait forever on threads it does not have.
-        assert not alive, f"forked with the reader's threads alive: {alive}"
-        return fork()
-
-    monkeypatch.setattr(os, "fork", watched)
-    return seen
-
-
 def test_with_workers_the_first_batch_is_made_before_any_worker_starts(
     many_shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -183,7 +163,7 @@ def test_with_workers_the_first_batch_is_made_before_any_worker_starts(
     worker); the workers are forked at the second batch, with no reader thread alive (a
     forked child would wait on a thread it does not have), and go on from there: the
     batches are those of no workers."""
-    forks = _fork_watch(monkeypatch)
+    forks = watch_forks(monkeypatch)
     want = _batches(_loader(many_shards, chunk_batches=4), 12)
     loader = Loader(str(many_shards), seq_len=16, batch_size=4, seed=3, num_workers=2,
                     epochs=1, chunk_batches=4)  # fmt: skip
@@ -212,7 +192,7 @@ def test_over_http_the_first_step_leaves_no_fetch_thread_to_the_workers(
     that are stopped before the workers are forked; the batches equal the local ones."""
     want = _batches(_loader(many_shards, chunk_batches=4), 10)
     with FileServer(many_shards) as server:
-        forks = _fork_watch(monkeypatch)
+        forks = watch_forks(monkeypatch)
         got = _batches(Loader(server.base_url, seq_len=16, batch_size=4, seed=3, num_workers=2,
                               epochs=1, chunk_batches=4), 10)  # fmt: skip
     assert forks == [[], []]

@@ -13,9 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing as mp
-import os
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.fork_watch import watch_forks
 from tests.servers import FileServer
 from wdstream import Loader
 from wdstream.errors import CorruptShardError
@@ -45,21 +44,6 @@ def _ids(loader: Loader | Any, n: int | None = None) -> list[torch.Tensor]:
     return [b["input_ids"].clone() for b in itertools.islice(loader, n)]
 
 
-def _no_thread_at_fork(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """``os.fork`` refusing to fork beside a reader thread (the child would wait on it)."""
-    seen: list[list[str]] = []
-    fork = os.fork
-
-    def watched() -> int:
-        alive = [t.name for t in threading.enumerate() if t.name.startswith("wdstream-")]
-        seen.append(alive)
-        assert not alive, f"forked with the reader's threads alive: {alive}"
-        return fork()
-
-    monkeypatch.setattr(os, "fork", watched)
-    return seen
-
-
 @pytest.mark.parametrize("remote", [False, True])
 def test_batch_at_between_the_first_and_second_batch_leaves_no_thread_to_the_workers(
     data: Path, monkeypatch: pytest.MonkeyPatch, remote: bool
@@ -70,7 +54,7 @@ def test_batch_at_between_the_first_and_second_batch_leaves_no_thread_to_the_wor
     want = _ids(Loader(str(data), num_workers=0, epochs=2, **OPTS))
     with FileServer(data) as server:
         root = server.base_url if remote else str(data)
-        forks = _no_thread_at_fork(monkeypatch)
+        forks = watch_forks(monkeypatch)
         loader = Loader(root, num_workers=2, epochs=2, **OPTS)
         it = iter(loader)
         got = _ids(it, 1)
