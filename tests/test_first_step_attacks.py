@@ -89,9 +89,10 @@ def test_a_corrupt_sample_of_the_first_step(data: Path, tmp_path: Path) -> None:
     masked, the rows, the events and the state are those of no workers."""
     root, name = _first_step_sample(data, tmp_path / "bad")
     loader = Loader(str(root), num_workers=2, epochs=1, **OPTS)
+    children = set(mp.active_children())  # an earlier test's in this process
     with pytest.raises(CorruptShardError, match=rf"{name}: sample \d+ at byte \d+") as got:
         next(iter(loader))
-    assert "worker" not in str(got.value) and mp.active_children() == []
+    assert "worker" not in str(got.value) and set(mp.active_children()) <= children
     runs = []
     for workers in (0, 2):
         masked = Loader(str(root), num_workers=workers, epochs=1, on_corrupt="mask",

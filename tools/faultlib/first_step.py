@@ -143,12 +143,13 @@ def first_step_corruption(work: Path, scale: float) -> Iterator[Attempt]:
             context = contexts[i % 3]
             loader = Loader(str(dst), num_workers=workers, epochs=1,
                             multiprocessing_context=context, **OPTS)  # fmt: skip
+            children = set(mp.active_children())  # an earlier attempt's, still exiting
             try:
                 got = [b["input_ids"].clone() for b in loader]
             except CorruptShardError as exc:
                 said = str(exc)
                 # the first step's sample: raised by the training process, before any fork
-                here = "worker" not in said and not mp.active_children()
+                here = "worker" not in said and set(mp.active_children()) <= children
                 if shard["name"] not in said or "byte" not in said or (first and not here):
                     return f"crash: not the training process's error naming the shard: {said}"[:300]
                 return "clear error"
