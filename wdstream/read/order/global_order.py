@@ -318,11 +318,11 @@ class GlobalOrder:
         """The windows of ``segments`` (of ``epoch``, any tags) neither read nor being read of
         which these rows hold few samples (at most 1/16): those samples alone
         (:func:`samples_alone`), by window (untagged); :meth:`fill` (a mixture's fill too)
-        starts each window's whole read behind them before the rows are copied
-        (:meth:`start_reads`)."""
+        starts each window's whole read behind them before the rows are copied (start_reads);
+        a local source only for an iteration's first rows (later read whole in line, as ever)."""
         # Segments run through windows in order; most fills touch only windows already
         # read or being read, and then no segment needs looking at.
-        if not self._alone:
+        if not self._alone or not (self.source.remote or self._cache.empty()):
             return {}
         first, last = (segments[0][0], segments[-1][0]) if segments else (0, -1)
         hot = self._hot

@@ -116,6 +116,11 @@ class WindowCache:
         with self._lock:
             return key not in self._data
 
+    def empty(self) -> bool:
+        """Whether no window is read or being read (none since :meth:`release`)."""
+        with self._lock:
+            return not self._data
+
     def start(self, key: WindowKey) -> None:
         """Start reading window ``key`` in the background unless it is read or being read
         (or nothing is read in the background: :attr:`background`)."""
