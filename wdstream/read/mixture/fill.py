@@ -116,8 +116,9 @@ def fill_runs(
         order.start_reads(epoch, ws, with_docs)
     got = copy_rows(segments, windows, load, flat, flat_ds, T1, source_of,
                     run_of[0][0].quarantine, RowPlaces(rows, T1))  # fmt: skip
-    if not got and all(d.unverified is None for d in windows.values()):
-        return []  # nothing masked, every id checked as read
+    verified = all(d.unverified is None for d in windows.values())
+    if not got and (verified or _admitted(run_of, tokens)):
+        return []  # nothing masked, every id checked as read or in the whole block at once
     hits: list[Hit] = []
     a = 0
     for (order, _), part, (_, _, _, into) in zip(run_of, cut, runs, strict=True):
@@ -129,6 +130,17 @@ def fill_runs(
             hits += done
         a = b
     return hits
+
+
+def _admitted(run_of: list[tuple[GlobalOrder, int]], tokens: np.ndarray) -> bool:
+    """Whether every id of the filled block ``tokens`` is of the vocabulary all the runs'
+    sources share (the same ``id_limit``: one max over the block, in place, where checking
+    run by run gathered each run's rows first, :func:`finish_copy`); False also where their
+    limits differ, and then each run is checked on its own."""
+    limits = [order.source.id_limit for order, _ in run_of]
+    if len({None if x is None else (x.n_vocab, x.masked) for x in limits}) != 1:
+        return False
+    return limits[0] is None or limits[0].admits(tokens)
 
 
 def _read_alone(
