@@ -3,13 +3,15 @@
 The convention (say it the same way in README.md, "Code in these pages"):
 
 - A page's blocks run in order as one script (later blocks use what earlier ones made, as in
-  a notebook), in a fresh ``python`` process whose working directory is a new folder holding
-  the fixtures the pages name: ``data/`` (a text dataset: cl100k, ``seq_len`` 2048, 100
-  shards ``data-000000.tar`` .. ``data-000099.tar``), ``sft/`` (a chat dataset packed
-  best-fit at 4096; on docs/PACK.md, where it is read by token budget, one conversation per
-  sample), ``path/to/tokenizer_folder/`` (a small byte-level BPE with a ChatML template),
-  ``corpus/part-000.jsonl.zst`` .. ``part-063.jsonl.zst`` and ``OUTPUT/`` (the text of
-  ``data/`` packed with ``holdout=0.2``: ``OUTPUT/holdout/`` beside it).
+  a notebook), in a ``python`` process of its own (forked from :mod:`tests.script_server`'s
+  server, which imported what :data:`PLACEHOLDERS` imports before a page's first line:
+  torch, ``torch._dynamo`` as its optimizer does, pandas) whose working directory is a new
+  folder holding the fixtures the pages name: ``data/`` (a text dataset: cl100k, ``seq_len``
+  2048, 100 shards ``data-000000.tar`` .. ``data-000099.tar``), ``sft/`` (a chat dataset
+  packed best-fit at 4096; on docs/PACK.md, where it is read by token budget, one
+  conversation per sample), ``path/to/tokenizer_folder/`` (a small byte-level BPE with a
+  ChatML template), ``corpus/part-000.jsonl.zst`` .. ``part-063.jsonl.zst`` and ``OUTPUT/``
+  (the text of ``data/`` packed with ``holdout=0.2``: ``OUTPUT/holdout/`` beside it).
 - The names a page leaves to its reader are the placeholders of :data:`PLACEHOLDERS`,
   defined before the page's first block: ``max_steps`` (your step budget; 3 here),
   ``model``, ``optim``, ``train_step``, ``log``, ``losses``, ``line``, ``docs``, ``rows``,
@@ -27,14 +29,13 @@ Shell blocks are not run (they name corpora and clusters the pages imagine); eac
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_server import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
@@ -62,6 +63,10 @@ try:
 except ImportError:
     pass
 """
+
+# What PLACEHOLDERS imports, the optimizer's ``torch._dynamo`` included: imported by the
+# server the pages' processes are forked from (tests/script_server.py), ~3 s of CPU a page.
+PRELOAD = ("io", "json", "torch", "torch._dynamo", "pandas")
 
 
 def blocks(page: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
@@ -176,9 +181,8 @@ def test_page_blocks_run(
         _spike(tmp_path, monkeypatch)
     script = PLACEHOLDERS + "".join(f"\n# {page}:{line}\n{code}" for line, code in run)
     (tmp_path / "page.py").write_text(script)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "page.py"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    res = run_python("page.py", preload=PRELOAD, cwd=tmp_path, env={"PYTHONPATH": str(ROOT)},
+                     timeout=600)  # fmt: skip
     assert res.returncode == 0, f"{page}:\n{res.stderr[-3000:]}"
 
 
