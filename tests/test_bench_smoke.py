@@ -433,7 +433,9 @@ def test_trace_summary_measures_copy_time_under_compute_and_its_stream() -> None
     assert gpu_trace.summarize({"traceEvents": []})["h2d_overlap_frac"] is None
 
 
-def test_gpu_part_runs_tiny_on_the_cpu_and_fills_its_report(tmp_path: Path) -> None:
+def test_gpu_part_runs_tiny_on_the_cpu_and_fills_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import math
 
     from benchlib import gpu
@@ -444,6 +446,9 @@ def test_gpu_part_runs_tiny_on_the_cpu_and_fills_its_report(tmp_path: Path) -> N
     write_synthetic_dataset(str(root), doc_lens=[65] * 96, sample_tokens=65, samples_per_shard=24)
     args = cli.parse_args(["--gpu", "--gpu-device", "cpu", "--gpu-tiny", "--repeats", "1"])
     assert "gpu" in args.parts and args.gpu_steps < 20
+    # The child's torch on one thread: with two, its ~50 small steps took 12-13 s of CPU
+    # here (threads spinning on a shared 2-core machine) instead of 5-6 s.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     res = runner.run_child("gpu", timeout=300, root=str(root), device="cpu", tiny=True,
                            workers=list(gpu.WORKERS), steps=args.gpu_steps,
                            warmup=args.gpu_warmup, repeats=1,

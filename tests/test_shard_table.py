@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import numpy as np
 import pytest
 
 import wdstream
+from tests.processes import start_rank_server, start_ranks
 from tools.scale import serve_counting
 from wdstream.inspect import verify_dataset
 from wdstream.testing import write_synthetic_dataset
@@ -134,26 +133,29 @@ def test_an_index_edited_without_its_table_is_refused(tmp_path: Path) -> None:
         wdstream.Loader(str(root), **OPTS)
 
 
-_RANK = """
-import sys, wdstream
-url, cache, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
-loader = wdstream.Loader(url, seq_len=16, batch_size=4, num_workers=2, rank=rank, epochs=1,
-                         world_size=2, cache_dir=cache)
-for _ in loader:  # the whole epoch: what a rank reads is then the same at every start
-    pass
-"""
+def _rank(url: str, cache: str, rank: int) -> None:
+    """One rank of two on one node (a process of its own): read the whole epoch, so what a
+    rank reads is then the same at every start."""
+    loader = wdstream.Loader(url, seq_len=16, batch_size=4, num_workers=2, rank=rank, epochs=1,
+                             world_size=2, cache_dir=cache)  # fmt: skip
+    for _ in loader:
+        pass
 
 
 def test_two_ranks_of_two_workers_fetch_the_table_once_per_node(tmp_path: Path) -> None:
+    """The ranks are processes of their own, started together from tests/processes.py's fork
+    server (torch and wdstream imported there once, not by each of the four ranks)."""
+    start_rank_server()
     root = tmp_path / "ds"
     _dataset(root, 400)
     server, url = serve_counting(str(root))
     try:
         for start in ("first", "second"):
             server.handler.counts.clear()  # type: ignore[attr-defined]
-            procs = [subprocess.Popen([sys.executable, "-c", _RANK, url, str(tmp_path / "c"),
-                                       str(r)]) for r in range(2)]  # fmt: skip
-            assert [p.wait(timeout=300) for p in procs] == [0, 0]
+            procs = start_ranks(_rank, [(url, str(tmp_path / "c"), r) for r in range(2)])
+            for p in procs:
+                p.join(timeout=300)
+            assert [p.exitcode for p in procs] == [0, 0]
             counts = server.handler.counts  # type: ignore[attr-defined]
             if start == "first":
                 assert counts[("index.shards", "gets")] == 1
