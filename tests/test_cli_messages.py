@@ -1,6 +1,8 @@
 """The CLI's messages in a real process: one ``Error:`` line (``--debug``: the traceback),
 the advice a read-only HTTP server needs, progress lines off a terminal, the one-shard
-warning. Subprocesses, so stderr is not a terminal and a missing package is really missing.
+warning. Subprocesses, so stderr is not a terminal and a missing package is really missing:
+a fresh ``python`` where a package is blocked on its path, else forked from
+:mod:`tests.cli_server`'s server (a process of its own, its stderr a file).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli_server import run_cli
 from tests.servers import FileServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,8 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def _cli(
     *args: str, extra_path: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m wdstream.cli ARGS`` in a fresh process, this checkout first on the path
-    (``extra_path`` before it: a folder of modules that shadow installed ones)."""
+    """``python -m wdstream.cli ARGS`` in a process of its own: with ``extra_path`` (a folder
+    of modules that shadow installed ones) a fresh one with it first on the path, then this
+    checkout; else forked from the CLI server, whose modules are this checkout's."""
+    if extra_path is None:
+        return run_cli(*args, env=env)
     path = [str(p) for p in (extra_path, ROOT) if p is not None]
     run_env = {
         **os.environ,

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from click.testing import CliRunner
 import wdstream
 from tests.chat_pack_support import conversations, write_conversations
 from tests.chat_support import BOS, CHATML_GENERATION, build_chat_hf
+from tests.cli_server import run_cli
 from tests.test_pack_resume import _interrupted_writer
 from wdstream.cli import main
 from wdstream.errors import WdstreamError
@@ -33,15 +33,12 @@ TEMPLATE = ("{%- if flag is defined and flag is false %}[off]{% elif flag is def
             + CHATML_GENERATION)  # fmt: skip
 FIRST: dict[str, Any] = {"flag": False, "opts": {"a": 1, "b": 2}}
 EXPLAIN = ["--step", "0", "--batch-size", "2", "--no-shuffle", "--seq-len", "255"]
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``wdstream ARGS`` in a real process (a hang fails the test at ``timeout``)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "wdstream.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+    """``wdstream ARGS`` in a real process, forked from :mod:`tests.cli_server`'s server (a
+    hang fails the test at ``timeout``: the child is killed, ``TimeoutExpired`` raised)."""
+    return run_cli(*args, cwd=cwd, timeout=timeout)
 
 
 def _one_error(text: str, *says: str) -> None:
