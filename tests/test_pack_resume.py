@@ -17,6 +17,7 @@ import pytest
 
 import wdstream
 import wdstream.write.journal as journal_module
+from tests.cli_server import run_cli
 from tests.conftest import make_corpus
 from wdstream.format.shard_table import ShardRows
 from wdstream.storage import LocalStore
@@ -38,6 +39,13 @@ def _cmd(src: Path, out: Path, workers: int) -> list[str]:
         str(workers),
         *OPTS,
     ]
+
+
+def _pack(src: Path, out: Path, workers: int) -> None:
+    """An uninterrupted ``wdstream pack`` (``_cmd``'s), in a process forked from
+    :mod:`tests.cli_server`'s server; the packs to kill are fresh processes of their own."""
+    done = run_cli(*_cmd(src, out, workers)[3:])
+    assert done.returncode == 0, done.stderr
 
 
 def _committed(out: Path) -> int:
@@ -154,7 +162,7 @@ def big_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path, big_input: Path) -> None:
     ref = tmp_path / "ref"
-    subprocess.run(_cmd(big_input, ref, 0), check=True)
+    _pack(big_input, ref, 0)
     expected = _files(ref)
     n_shards = len(json.loads(expected["index.json"])["shards"])
     assert n_shards > 30
@@ -170,7 +178,7 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path, big_input: Path) -
         assert _committed(out) >= k
     assert kills == 3, "pack finished before it could be killed"
     # Leftover partial files are swept; the rerun (with other workers) completes identically.
-    subprocess.run(_cmd(big_input, out, 2), check=True)
+    _pack(big_input, out, 2)
     assert _files(out) == expected
     assert not (out / JOURNAL_NAME).exists()
     assert not [p for p in out.iterdir() if p.name.endswith(".partial")]
