@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchlib import gpt, gpu_trace
+from benchlib import gpu_trace
 from benchlib.common import BATCH, SEQ_LEN
 from benchlib.rounds import first_error, interleave, ratio_spread, value_spread
 from benchlib.runner import run_child
@@ -145,6 +145,7 @@ def child_gpu(root: str, device: str, tiny: bool, workers: list[int], steps: int
     import torch
 
     import wdstream
+    from benchlib import gpt  # imports torch: here, not where the bench's CLI imports this module
 
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
