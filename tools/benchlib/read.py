@@ -71,9 +71,10 @@ def child_read(
     seconds of the whole process tree (this process and its workers) over the same batches,
     for the CPU each delivered row costs.
     """
+    module = readers.MODULES[reader]  # an unknown reader fails here, before torch is imported
     import torch  # noqa: F401  (imports are not part of the loader's start-up)
 
-    importlib.import_module(readers.MODULES[reader])
+    importlib.import_module(module)
     t0 = time.perf_counter()
     loader = readers.make_loader(reader, root, workers, **(options or {}))
     first = None
