@@ -5,9 +5,13 @@ LitData inside a round (median and min–max over rounds, not a ratio of medians
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -16,7 +20,12 @@ from benchlib import fresh, runner  # noqa: E402
 from benchlib.common import SAMPLE  # noqa: E402
 
 
-def test_children_time_a_real_loader_in_a_new_process(tmp_path: Path) -> None:
+def test_children_time_a_real_loader_in_a_new_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first-batch child after the heavy imports, transformers' Llama code among them
+    where installed; the resumed one without transformers (blocked on its path as a missing
+    package is missing: ~4 s of CPU here), its other heavy imports kept."""
     from wdstream.testing import write_synthetic_dataset
 
     root = str(tmp_path / "ds")
@@ -31,12 +40,22 @@ def test_children_time_a_real_loader_in_a_new_process(tmp_path: Path) -> None:
     assert made == {"at": 10, "epoch_batches": 12, "wall_s": made["wall_s"]}
     assert json.loads(state.read_text())["step"] == 10  # the Loader's own state, as JSON
     first = runner.run_child("fresh_first", timeout=180, reader="wdstream", root=root)
+    blocker = tmp_path / "blocker" / "transformers"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'transformers'\", name='transformers')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(blocker.parent), *filter(None, [os.environ.get("PYTHONPATH")])]))  # fmt: skip
     resumed = runner.run_child("fresh_first", timeout=180, reader="wdstream", root=root,
                                state=str(state))  # fmt: skip
     for res in (first, resumed):
         assert "error" not in res, res
         assert res["first_batch_s"] > 0
         assert {"json", "email", "asyncio", "unittest"} <= set(res["heavy"])
+    installed = importlib.util.find_spec("transformers") is not None
+    assert ("transformers.models.llama.modeling_llama" in first["heavy"]) == installed
+    assert "transformers" not in resumed["heavy"]
 
 
 def test_section_ratios_to_litdata_per_round() -> None:
