@@ -12,7 +12,7 @@ imports would not have brought in could hide a missing import in that script.
 
 One server at a time in each test process, for one preload list and environment, started at
 the first run that asks for them, reading one JSON request a line on stdin and answering on
-stdout with the child's pid, then its ``wait4`` status; it ends when the test process closes
+stdout with the child's pid, then its wait status; it ends when the test process closes
 its stdin (and is waited for, so its children's CPU time is counted in the test process's as
 a fresh child's would be).
 """
@@ -85,7 +85,7 @@ def _run_child(req: dict[str, Any]) -> None:
 
 def _serve(preload: list[str]) -> None:
     """The server: import ``preload``, then fork one child per request line, answering its
-    pid at once and its ``wait4`` status when it ends."""
+    pid at once and its wait status when it ends."""
     import importlib
 
     for name in preload:
@@ -114,10 +114,15 @@ class _Server:
         atexit.register(self.close)
 
     def close(self) -> None:
-        """End the server (its stdin closed) and wait for it."""
+        """End the server (its stdin closed) and wait for it; kill it if a child it waits for
+        (left by an interrupted run) does not end within 30 s."""
         assert self.proc.stdin is not None
         self.proc.stdin.close()
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
     def _answer(self, timeout: float | None) -> dict[str, Any] | None:
         """The server's next line as JSON; None if none came within ``timeout`` seconds."""
