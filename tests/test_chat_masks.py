@@ -14,7 +14,6 @@ import pytest
 import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import PreTrainedTokenizerFast
 
 from tests.chat_support import (
     BOS,
@@ -42,6 +41,8 @@ def tokenizers_by_name(hf_path: Path) -> dict[str, Tokenizer]:
 
 
 def test_ids_and_masks_equal_transformers(hf_path: Path) -> None:
+    from transformers import PreTrainedTokenizerFast  # here, not at collection (~0.7 CPU-s)
+
     tok = load_tokenizer(str(hf_path.parent))
     encoder = ChatEncoder(load_chat_template(tok), tok)
     ref = PreTrainedTokenizerFast(tokenizer_file=str(hf_path), **SPECIAL)

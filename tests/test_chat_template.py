@@ -7,15 +7,17 @@ import json
 import random
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from transformers import PreTrainedTokenizerFast
 
 from tests.chat_support import BOS, TEMPLATES, build_chat_hf, random_conversation
 from wdstream.chat import ChatTemplate, load_chat_template
 from wdstream.errors import ChatTemplateError, ConversationError
 from wdstream.tokenizers import load_tokenizer
+
+if TYPE_CHECKING:  # imported by the fixture, not at collection (~0.7 CPU-s on every worker)
+    from transformers import PreTrainedTokenizerFast
 
 # Exercises what the environment provides: namespace, loop controls, dict(), tojson with its
 # options (non-ASCII kept), whitespace control under trim_blocks/lstrip_blocks, tools, and
@@ -37,6 +39,8 @@ SPECIAL = {"bos_token": BOS, "eos_token": "<|im_end|>"}
 @pytest.fixture(scope="module")
 def transformers_tok(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerFast:
     """transformers' own tokenizer class, whose apply_chat_template is the reference."""
+    from transformers import PreTrainedTokenizerFast
+
     path = build_chat_hf(tmp_path_factory.mktemp("hf"))
     return PreTrainedTokenizerFast(tokenizer_file=str(path), **SPECIAL)
 

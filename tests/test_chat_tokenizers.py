@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sentencepiece
-from transformers import PreTrainedTokenizerFast
 
 from tests.chat_support import BOS, build_chat_hf, build_chat_spm
 from wdstream.tokenizers import load_tokenizer
@@ -54,6 +53,8 @@ def hf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_hf_ids_and_offsets_equal_transformers(hf_path: Path) -> None:
+    from transformers import PreTrainedTokenizerFast  # here, not at collection (~0.7 CPU-s)
+
     tok = load_tokenizer(str(hf_path))
     ref = PreTrainedTokenizerFast(tokenizer_file=str(hf_path), bos_token=BOS, eos_token="</s>")
     want = ref(TEXT, add_special_tokens=False, return_offsets_mapping=True)

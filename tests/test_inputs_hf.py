@@ -14,12 +14,12 @@ import wdstream
 from tests.conftest import make_corpus
 from tests.writer_support import assert_same_dataset, cli_pack
 
-datasets = pytest.importorskip("datasets")
-
 OPTS = {"seq_len": 31, "shard_size": "8KB", "workers": 0}
 
 
 def test_datasets_objects_pack_as_their_rows(tmp_path: Path) -> None:
+    # here, not at collection, which every xdist worker does for every file (~0.8 CPU-s)
+    datasets = pytest.importorskip("datasets")
     docs = make_corpus(n_docs=40, seed=9, stdlib_files=0)
     rows = [{"text": t, "id": i} for i, t in enumerate(docs)]
     wdstream.pack_records(rows, str(tmp_path / "list"), source="corpus", **OPTS)

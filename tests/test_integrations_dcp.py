@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 import wdstream
 from tests.integrations_support import (
@@ -25,8 +23,9 @@ from tests.integrations_support import (
     state_after,
     tiny_loader,
 )
-from wdstream.integrations.dcp import LoaderState
 
+# torch.distributed.checkpoint and the integration are imported by the tests that use them
+# (~0.8 CPU-s), not at collection, which every xdist worker does for every file.
 STEPS, STOP_AT = 14, 6
 
 
@@ -43,6 +42,9 @@ def _run(data: Path, ckpt: Path, steps: int, *extra: str) -> list[dict[str, Any]
 
 @pytest.mark.timeout(120)
 def test_dcp_loop_resume_sees_the_same_batches(packed: Path, tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     full = _run(packed, tmp_path / "full", STEPS, "--save-steps", str(STEPS))
     first = _run(packed, tmp_path / "split", STOP_AT, "--save-steps", str(STOP_AT))
     second = _run(packed, tmp_path / "split", STEPS, "--save-steps", str(STOP_AT), "--resume")
@@ -67,6 +69,10 @@ def test_dcp_loop_resume_sees_the_same_batches(packed: Path, tmp_path: Path) -> 
 
 def test_round_trip_in_one_process(packed: Path, tmp_path: Path) -> None:
     """dcp.save / dcp.load of the loader alone: a fresh loader continues where one stopped."""
+    import torch.distributed.checkpoint as dcp
+
+    from wdstream.integrations.dcp import LoaderState
+
     loader = tiny_loader(packed)
     it = iter(loader)
     for _ in range(3):
@@ -81,12 +87,16 @@ def test_round_trip_in_one_process(packed: Path, tmp_path: Path) -> None:
 
 
 def test_state_too_large_for_capacity_is_refused(packed: Path) -> None:
+    from wdstream.integrations.dcp import LoaderState
+
     size = len(json.dumps(tiny_loader(packed).state_dict(), separators=(",", ":")))
     with pytest.raises(ValueError, match=f"{size} bytes of JSON, more than capacity=100"):
         LoaderState(tiny_loader(packed), capacity=100).state_dict()
 
 
 def test_per_rank_state_is_kept_per_rank(packed: Path) -> None:
+    from wdstream.integrations.dcp import LoaderState
+
     streams = wdstream.Loader(str(packed), seq_len=SEQ, batch_size=BATCH, num_workers=0,
                               order="streams", rank=1, world_size=2)  # fmt: skip
     assert list(LoaderState(streams).state_dict()) == ["json_rank1"]
@@ -94,6 +104,8 @@ def test_per_rank_state_is_kept_per_rank(packed: Path) -> None:
 
 
 def test_bytes_that_are_not_json_are_refused(packed: Path) -> None:
+    from wdstream.integrations.dcp import LoaderState
+
     with pytest.raises(ValueError, match="LoaderState json: not a JSON loader state"):
         LoaderState(tiny_loader(packed)).load_state_dict(
             {"json": torch.full((8,), 0xFF, dtype=torch.uint8)}

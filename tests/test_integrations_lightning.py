@@ -21,8 +21,9 @@ from tests.integrations_support import (
     state_after,
     tiny_loader,
 )
-from wdstream.integrations.lightning import LoaderDataModule
 
+# Lightning is imported by the tests that use it (~3 CPU-s), not at collection, which every
+# xdist worker does for every file.
 ACCUM, STEPS = 2, 7
 
 
@@ -84,6 +85,8 @@ def test_epoch_based_resume_at_an_epoch_end(packed: Path, tmp_path: Path) -> Non
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from wdstream.integrations.lightning import LoaderDataModule
+
     example = load_example("lightning_datamodule")
     seen: list[str] = []
     for epochs in (1, 2):
@@ -97,20 +100,21 @@ def test_epoch_based_resume_at_an_epoch_end(packed: Path, tmp_path: Path) -> Non
     assert seen == oracle(packed, 2 * EPOCH_BATCHES)
 
 
-class _Prefetching(LoaderDataModule):
-    """The loader without a length, so Lightning's fetcher draws a batch ahead."""
-
-    def train_dataloader(self) -> Any:
-        batches = super().train_dataloader()
-        return (b for b in batches)
-
-
 @pytest.mark.timeout(60)
 def test_a_batch_drawn_ahead_is_not_counted_as_trained(packed: Path, tmp_path: Path) -> None:
     """Lightning fetches one batch ahead of training when the loader has no length: the
     checkpoint still holds the state after the last batch trained, not the last drawn."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from wdstream.integrations.lightning import LoaderDataModule
+
+    class _Prefetching(LoaderDataModule):
+        """The loader without a length, so Lightning's fetcher draws a batch ahead."""
+
+        def train_dataloader(self) -> Any:
+            batches = super().train_dataloader()
+            return (b for b in batches)
 
     example = load_example("lightning_datamodule")
     model = example.TinyLM(1000)  # more than the 446 ids of the tiny BPE
@@ -121,7 +125,7 @@ def test_a_batch_drawn_ahead_is_not_counted_as_trained(packed: Path, tmp_path: P
     trainer.fit(model, datamodule=dm)
     assert dm.loader.state_dict() == state_after(packed, 4)  # drawn: one more than trained
     ckpt = torch.load(tmp_path / "epoch=0-step=3.ckpt", weights_only=True)
-    assert ckpt["_Prefetching"] == {"loader": state_after(packed, 3)}
+    assert ckpt[_Prefetching.__qualname__] == {"loader": state_after(packed, 3)}  # its key
 
 
 @pytest.mark.timeout(60)
@@ -136,6 +140,7 @@ def test_resuming_without_datamodule_state_is_refused(packed: Path, tmp_path: Pa
 
 def test_per_rank_state_on_several_ranks_is_refused(packed: Path) -> None:
     from wdstream import Loader
+    from wdstream.integrations.lightning import LoaderDataModule
 
     dm = LoaderDataModule(lambda: Loader(str(packed), seq_len=SEQ, batch_size=BATCH,
                                          num_workers=0, order="streams", rank=0, world_size=2))  # fmt: skip

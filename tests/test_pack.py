@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import bpe_openai
 import msgpack
 import numpy as np
 import pytest
@@ -350,7 +349,11 @@ def test_bos_no_eos_and_o200k_uint32(tmp_path: Path, write_jsonl: Callable[..., 
         [str(src)], str(tmp_path / "b"), tokenizer="o200k_base", bos=True, bos_id=5, workers=0
     ).index
     assert idx.bos_id == 5 and idx.dtype == "uint32"
-    # o200k's ids from bpe_openai's own encoder (a second implementation), EOS 199999.
+    # o200k's ids from bpe_openai's own encoder (a second implementation), EOS 199999;
+    # imported here: importing it reads all its bundled vocabularies (~0.5 CPU-s), which
+    # every xdist worker would pay at collection
+    import bpe_openai
+
     o200k = bpe_openai.get_encoding("o200k_base")
     want = [[5, *o200k.encode_ordinary(t), 199999] for t in texts]
     assert [d.tolist() for d in wdstream.documents(str(tmp_path / "b"))] == want

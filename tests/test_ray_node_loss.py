@@ -31,9 +31,9 @@ from tests.ray_support import (
     write_corpus,
 )
 
-# Read by Ray when it is imported: "0" keeps every address on the loopback interface.
+# Read by Ray when it is imported: "0" keeps every address on the loopback interface. Ray is
+# imported by the tests (~0.3 CPU-s), not at collection, which every xdist worker does.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-import ray  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +62,8 @@ def _node_running(cluster: Any, worker_pid: int) -> Any:
 
 
 def _wait_alive_nodes(n: int, timeout: float = 60) -> None:
+    import ray
+
     deadline = time.monotonic() + timeout
     while len([x for x in ray.nodes() if x["Alive"]]) != n:
         assert time.monotonic() < deadline, f"Ray still counts {ray.nodes()} nodes"

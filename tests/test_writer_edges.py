@@ -19,8 +19,6 @@ import wdstream
 from tests.edges_support import index_stats, one_error, run_cli, stored_samples
 from wdstream.errors import InputError, StateMismatchError
 from wdstream.integrations.base import MAX_STATE_DEPTH
-from wdstream.integrations.dcp import LoaderState
-from wdstream.integrations.hf import LOADER_STATE_FILE, load_loader_state
 from wdstream.testing import write_synthetic_dataset
 
 OPTS = {"seq_len": 31, "workers": 0, "progress": False}
@@ -150,6 +148,8 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(root)
 
 
+# The integrations are imported by the tests that use them (transformers, accelerate,
+# torch.distributed.checkpoint: ~4 CPU-s), not at collection, which every xdist worker does.
 def _loader(root: str) -> wdstream.Loader:
     return wdstream.Loader(root, seq_len=32, batch_size=2, num_workers=0, seed=3)
 
@@ -158,6 +158,8 @@ def _loader(root: str) -> wdstream.Loader:
 def test_a_hf_checkpoint_state_that_is_no_state_is_refused_naming_the_file(
     tmp_path: Path, label: str
 ) -> None:
+    from wdstream.integrations.hf import LOADER_STATE_FILE, load_loader_state
+
     (tmp_path / LOADER_STATE_FILE).write_bytes(HOSTILE[label])
     with pytest.raises(StateMismatchError, match=f"{tmp_path / LOADER_STATE_FILE}.*: not a JSON"):
         load_loader_state(str(tmp_path), 0)
@@ -165,6 +167,8 @@ def test_a_hf_checkpoint_state_that_is_no_state_is_refused_naming_the_file(
 
 @pytest.mark.parametrize("label", list(HOSTILE))
 def test_a_dcp_state_that_is_no_state_is_refused(dataset: str, label: str) -> None:
+    from wdstream.integrations.dcp import LoaderState
+
     raw = HOSTILE[label].ljust(130_000)  # space-padded, as LoaderState stores the JSON
     tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     with pytest.raises(StateMismatchError, match=r"LoaderState json(:1)?: not a JSON loader"):
@@ -172,6 +176,9 @@ def test_a_dcp_state_that_is_no_state_is_refused(dataset: str, label: str) -> No
 
 
 def test_a_good_state_still_resumes_where_the_clean_run_goes(dataset: str, tmp_path: Path) -> None:
+    from wdstream.integrations.dcp import LoaderState
+    from wdstream.integrations.hf import LOADER_STATE_FILE, load_loader_state
+
     clean = _loader(dataset)
     it = iter(clean)
     for _ in range(3):
