@@ -245,21 +245,29 @@ def test_loader_over_faulty_s3_equals_local(
     knobs = {"fail_every": 5, "cut_every": 3, "cut_at": 700}
     s3_proxy.faults.reset(**knobs)
     opts: dict[str, Any] = {"endpoint_url": s3_proxy.base_url, "retries": 8, "backoff": 0.001}
-    assert _batches(Loader(url, num_workers=0, **LOADER_KW, **opts)) == want
-    failed, cuts = _assert_faults_recovered(list(s3_proxy.faults.requests), local_pack, **knobs)
-    assert failed >= 3 and cuts >= 3, (failed, cuts)
-    items = assert_resumes_exactly(
-        lambda: Loader(url, num_workers=0, **LOADER_KW, **opts), check_at=[0, 3, len(want)]
-    )
+    made: list[int] = []  # the request log's length as each loader is made
+
+    def make() -> Loader:
+        made.append(len(s3_proxy.faults.requests))
+        return Loader(url, num_workers=0, **LOADER_KW, **opts)
+
+    # The uninterrupted pass (the first loader made) is the faulty read checked: its batches
+    # and the faults of its requests (those logged before the second loader was made).
+    items = assert_resumes_exactly(make, check_at=[0, 3, len(want)])
     assert [(x["input_ids"], x["labels"]) for x in items] == want
+    first_pass = list(s3_proxy.faults.requests)[: made[1]]
+    failed, cuts = _assert_faults_recovered(first_pass, local_pack, **knobs)
+    assert failed >= 3 and cuts >= 3, (failed, cuts)
 
 
 def test_one_epoch_over_http_asks_no_range_of_a_shard_twice(tmp_path: Path) -> None:
     """The server's request log of one epoch at 0 workers holds each ranged GET of a shard
     once: a window's whole read must not be dropped by the window cache and its samples read
-    alone again by the next fill (once 1,872 of 5,665 such GETs here were repeats)."""
+    alone again by the next fill (with the whole read started after the copy, 461 of these
+    1,411 GETs were repeats, about one a batch; 1,872 of 5,665 with the 400 documents this
+    test had, for ~4x its CPU)."""
     docs = "".join(
-        json.dumps({"text": " ".join(f"w{i}x{j}" for j in range(300))}) + "\n" for i in range(400)
+        json.dumps({"text": " ".join(f"w{i}x{j}" for j in range(300))}) + "\n" for i in range(100)
     )
     (tmp_path / "in.jsonl").write_text(docs)
     args = ["--seq-len", "64", "--shard-size", "40KB", "--workers", "0", "-q"]
@@ -270,7 +278,7 @@ def test_one_epoch_over_http_asks_no_range_of_a_shard_twice(tmp_path: Path) -> N
         server.faults.reset()
         batches = sum(1 for _ in Loader(server.base_url, num_workers=0, **LOADER_KW))
         tar = [r for r in server.faults.requests if r[1].endswith(".tar")]
-    assert batches > 1_000 and len(tar) > 1_000
+    assert batches > 400 and len(tar) > 900  # 49 shards, 461 batches
     repeated = len(tar) - len(set(tar))
     assert repeated == 0, f"{repeated} of {len(tar)} ranged GETs of shards were repeats"
 
