@@ -309,7 +309,7 @@ def test_remote_outputs_hold_both_datasets(
 ) -> None:
     """Packed to S3 (moto) and to an HTTP server with PUT: both datasets' objects are the
     local pack's, byte for byte, each under its own root, and the held-out one verifies."""
-    args = ["--seq-len", "31", "--shard-size", "16KB", "--workers", "0", "-q", "--holdout",
+    args = ["--seq-len", "31", "--shard-size", "32KB", "--workers", "0", "-q", "--holdout",
             str(FRACTION)]  # fmt: skip
     local = tmp_path / "local"
     assert CliRunner().invoke(main, ["pack", str(corpus), "-o", str(local), *args]).exit_code == 0
