@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +31,19 @@ PACK_ARGS = ["--seq-len", "64", "--shard-size", "48KB", "--workers", "0", "-q"]
 LOADER_KW: dict[str, Any] = {"seq_len": 64, "batch_size": 4, "epochs": 1, "shuffle_window": 16}
 
 
-@pytest.fixture
-def corpus(tmp_path: Path, corpus_docs: list[str], write_jsonl: Callable[..., Path]) -> Path:
-    return write_jsonl(tmp_path / "in.jsonl", corpus_docs[:80])
+# The corpus and its local pack, once for the file: the tests only read them (each packs
+# to a bucket or server of its own).
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory, corpus_docs: list[str]) -> Path:
+    path = tmp_path_factory.mktemp("e2e") / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": t, "meta": {"n": len(t)}}) + "\n"
+                            for t in corpus_docs[:80]))  # fmt: skip
+    return path
 
 
-@pytest.fixture
-def local_pack(tmp_path: Path, corpus: Path) -> Path:
-    out = tmp_path / "local"
+@pytest.fixture(scope="module")
+def local_pack(corpus: Path) -> Path:
+    out = corpus.parent / "local"
     result = CliRunner().invoke(main, ["pack", str(corpus), "--output", str(out), *PACK_ARGS])
     assert result.exit_code == 0, result.output
     return out
