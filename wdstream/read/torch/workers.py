@@ -94,8 +94,21 @@ class TorchWorkers:
         self.dataset.sequence.release()
 
     def _resolve(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
-        """Turn the workers' ring-slot references into tensor views of the slot."""
+        """Turn the workers' ring-slot references into tensor views of the slot.
+
+        An error (a worker's, re-raised here) ends the workers at once: the caller's
+        traceback holds this generator, so torch's iterator would otherwise be ended by the
+        cyclic garbage collector, which closes its index queues before the iterator's own
+        ``__del__`` sends each worker its end; the workers never get it, and every one is
+        waited for 5 s, then killed (plain torch does the same). Persistent workers are
+        torch's to keep (its ``DataLoader`` reuses that iterator)."""
         assert self._handoff is not None
-        for s, ref, _, cursors in chunks:
-            tokens, positions = self._handoff.resolve(ref)
-            yield s, tokens, positions, cursors
+        try:
+            for s, ref, _, cursors in chunks:
+                tokens, positions = self._handoff.resolve(ref)
+                yield s, tokens, positions, cursors
+        except Exception:
+            end = getattr(chunks, "_shutdown_workers", None)  # torch's own end of an iterator
+            if end is not None and not self.options["persistent_workers"]:
+                end()
+            raise
