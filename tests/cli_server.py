@@ -13,9 +13,7 @@ request a line on stdin and answers on stdout with the child's pid, then its sta
 from __future__ import annotations
 
 import atexit
-import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -23,6 +21,8 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+from tests.server_lines import ServerLines, enter_child, exit_status, flush_std_streams, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a CLI child imports anyway (the commands' own modules, the tokenizers' and templates'
@@ -37,15 +37,7 @@ def _run_child(req: dict[str, Any]) -> None:
     import runpy
     import traceback
 
-    os.chdir(req["cwd"])
-    os.environ.clear()
-    os.environ.update(req["env"])
-    for fd, path, flags in ((0, req["stdin"], os.O_RDONLY),
-                            (1, req["out"], os.O_WRONLY | os.O_TRUNC),
-                            (2, req["err"], os.O_WRONLY | os.O_TRUNC)):  # fmt: skip
-        new = os.open(path, flags)
-        os.dup2(new, fd)
-        os.close(new)
+    enter_child(req, req["stdin"])
     sys.argv = [str(ROOT / "wdstream" / "cli.py"), *req["argv"]]
     sys.path[0] = req["cwd"]  # as ``python -m`` puts the working directory first
     # as in ``python -m``: the package imported, its ``cli`` module not (it runs as __main__)
@@ -54,11 +46,7 @@ def _run_child(req: dict[str, Any]) -> None:
     try:
         runpy.run_module("wdstream.cli", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
+        code = exit_status(exc)
     except KeyboardInterrupt:
         traceback.print_exc()
         code = -signal.SIGINT
@@ -66,11 +54,7 @@ def _run_child(req: dict[str, Any]) -> None:
         traceback.print_exc()
         code = 1
     atexit._run_exitfuncs()  # as a process ending normally does
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    flush_std_streams()
     if code < 0:  # as Python ends on an uncaught KeyboardInterrupt: by the signal
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
@@ -78,20 +62,8 @@ def _run_child(req: dict[str, Any]) -> None:
 
 
 def _serve() -> None:
-    """The server: preload, then fork one child per request line, answering its pid at once
-    and its ``wait4`` status and peak RSS when it ends."""
-    import importlib
-
-    for name in PRELOAD:
-        importlib.import_module(name)
-    for line in sys.stdin:
-        req = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _run_child(req)
-        print(json.dumps({"pid": pid}), flush=True)
-        _, status, usage = os.wait4(pid, 0)
-        print(json.dumps({"status": status, "maxrss_kb": usage.ru_maxrss}), flush=True)
+    """The server: preload, then fork one child per request line."""
+    serve(PRELOAD, _run_child)
 
 
 class _Server:
@@ -99,31 +71,18 @@ class _Server:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.pending = b""  # read from the server, not yet a whole line
+        self.lines: ServerLines | None = None
 
-    def _started(self) -> subprocess.Popen[bytes]:
-        if self.proc is None or self.proc.poll() is not None:
+    def _started(self) -> ServerLines:
+        if self.lines is None or self.lines.proc.poll() is not None:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(
                 [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
             code = "from tests.cli_server import _serve; _serve()"
-            self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, cwd=ROOT, env=env)  # fmt: skip
-            self.pending = b""
-            atexit.register(self.proc.kill)
-        return self.proc
-
-    def _answer(self, fd: int, timeout: float | None) -> dict[str, Any] | None:
-        """The server's next line as JSON; None if none came within ``timeout`` seconds."""
-        while b"\n" not in self.pending:
-            if timeout is not None and not select.select([fd], [], [], timeout)[0]:
-                return None
-            chunk = os.read(fd, 4096)
-            assert chunk, "the CLI server ended"
-            self.pending += chunk
-        line, self.pending = self.pending.split(b"\n", 1)
-        answer: dict[str, Any] = json.loads(line)
-        return answer
+            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, cwd=ROOT, env=env)  # fmt: skip
+            atexit.register(proc.kill)
+            self.lines = ServerLines(proc)
+        return self.lines
 
     def run(
         self,
@@ -139,20 +98,9 @@ class _Server:
             out, err = Path(tmp, "out"), Path(tmp, "err")
             out.touch()
             err.touch()
-            proc = self._started()
-            assert proc.stdin is not None and proc.stdout is not None
             req = {"argv": argv, "cwd": str(cwd), "env": {**os.environ, **(env or {})},
                    "stdin": stdin, "out": str(out), "err": str(err)}  # fmt: skip
-            proc.stdin.write(json.dumps(req).encode() + b"\n")
-            proc.stdin.flush()
-            fd = proc.stdout.fileno()
-            started = self._answer(fd, None)
-            assert started is not None
-            done = self._answer(fd, timeout)
-            if done is None:
-                os.kill(started["pid"], signal.SIGKILL)
-                self._answer(fd, None)
-                raise subprocess.TimeoutExpired(["wdstream", *argv], timeout)
+            done = self._started().run(req, timeout, ["wdstream", *argv])
             rc = os.waitstatus_to_exitcode(done["status"])
             return rc, out.read_text(), err.read_text(), done["maxrss_kb"]
 

@@ -20,16 +20,15 @@ a fresh child's would be).
 from __future__ import annotations
 
 import atexit
-import json
 import os
-import select
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+from tests.server_lines import ServerLines, enter_child, exit_status, flush_std_streams, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,15 +38,7 @@ def _run_child(req: dict[str, Any]) -> None:
     import traceback
     import types
 
-    os.chdir(req["cwd"])
-    os.environ.clear()
-    os.environ.update(req["env"])
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
-                            (1, req["out"], os.O_WRONLY | os.O_TRUNC),
-                            (2, req["err"], os.O_WRONLY | os.O_TRUNC)):  # fmt: skip
-        new = os.open(path, flags)
-        os.dup2(new, fd)
-        os.close(new)
+    enter_child(req, os.devnull)
     argv = req["argv"]
     main = types.ModuleType("__main__")
     if argv[0] == "-c":
@@ -65,39 +56,19 @@ def _run_child(req: dict[str, Any]) -> None:
     try:
         exec(compile(source, filename, "exec"), main.__dict__)
     except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
+        code = exit_status(exc)
     except BaseException:
         traceback.print_exc()
         code = 1
     threading._shutdown()  # type: ignore[attr-defined]  # as interpreter exit joins threads
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    flush_std_streams()
     os._exit(code)
 
 
 def _serve(preload: list[str]) -> None:
-    """The server: import ``preload``, then fork one child per request line, answering its
-    pid at once and its wait status when it ends."""
-    import importlib
-
-    for name in preload:
-        importlib.import_module(name)
-    for line in sys.stdin:
-        req = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _run_child(req)
-        print(json.dumps({"pid": pid}), flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"status": status}), flush=True)
+    """The server: import ``preload``, then fork one child per request line."""
+    serve(preload, _run_child)
 
 
 class _Server:
@@ -110,7 +81,7 @@ class _Server:
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, cwd=ROOT,
                                      env={**env, "PYTHONPATH": path})  # fmt: skip
-        self.pending = b""  # read from the server, not yet a whole line
+        self.lines = ServerLines(self.proc)
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -124,20 +95,6 @@ class _Server:
             self.proc.kill()
             self.proc.wait()
 
-    def _answer(self, timeout: float | None) -> dict[str, Any] | None:
-        """The server's next line as JSON; None if none came within ``timeout`` seconds."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.pending:
-            if timeout is not None and not select.select([fd], [], [], timeout)[0]:
-                return None
-            chunk = os.read(fd, 4096)
-            assert chunk, "the script server ended"
-            self.pending += chunk
-        line, self.pending = self.pending.split(b"\n", 1)
-        answer: dict[str, Any] = json.loads(line)
-        return answer
-
     def run(
         self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> tuple[int, str, str]:
@@ -146,17 +103,8 @@ class _Server:
             out, err = Path(tmp, "out"), Path(tmp, "err")
             out.touch()
             err.touch()
-            assert self.proc.stdin is not None
             req = {"argv": argv, "cwd": str(cwd), "env": env, "out": str(out), "err": str(err)}
-            self.proc.stdin.write(json.dumps(req).encode() + b"\n")
-            self.proc.stdin.flush()
-            started = self._answer(None)
-            assert started is not None
-            done = self._answer(timeout)
-            if done is None:
-                os.kill(started["pid"], signal.SIGKILL)
-                self._answer(None)
-                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
+            done = self.lines.run(req, timeout, [sys.executable, *argv])
             rc = os.waitstatus_to_exitcode(done["status"])
             return rc, out.read_text(), err.read_text()
 
