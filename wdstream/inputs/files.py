@@ -50,6 +50,26 @@ class InputFile:
     def fingerprint(self) -> list[Any]:
         return [self.path, self.size, self.mtime_ns]
 
+    def changed(self) -> str | None:
+        """How the file on disk differs from the one the pack started on (its size and
+        modification time when the inputs were expanded), or None where it does not (or
+        nothing was recorded: stdin, iterables). A file rewritten or appended to while it is
+        packed yields records of neither version: a bad record there is the change's
+        doing, and records read without error are not the file's either."""
+        if self.size is None or self.mtime_ns is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            return f"{self.path} is gone while it was being packed ({exc.strerror})"
+        if (st.st_size, st.st_mtime_ns) == (self.size, self.mtime_ns):
+            return None
+        sizes = f"{self.size:,} -> {st.st_size:,} bytes" if st.st_size != self.size else "rewritten"
+        return (
+            f"{self.path} changed while it was being packed ({sizes}): pack a copy that "
+            "nothing writes to"
+        )
+
 
 class InputPosition(NamedTuple):
     """Where a record starts, plus the reader's counters before it (for exact resume)."""

@@ -228,7 +228,10 @@ class DocumentReader:
             self.bad_locations.append(f"{name}:{base + k + 1}: {why}")
         if parsed.fatal is not None:
             line, why = parsed.fatal
-            raise InputError(why if line is None else f"{name}:{base + line + 1}: {why}")
+            raise _with_change(
+                InputError(why if line is None else f"{name}:{base + line + 1}: {why}"),
+                self.files[file],
+            )
         return positions
 
     def _name(self, file: int) -> str:
@@ -247,7 +250,26 @@ class DocumentReader:
     def _read_file(
         self, i: int, resume: InputPosition | None, block_bytes: int | None = None
     ) -> Iterator[Any]:
-        """Input ``i``'s documents, or with ``block_bytes`` its raw blocks of lines."""
+        """Input ``i``'s documents, or with ``block_bytes`` its raw blocks of lines; an
+        InputError once it is read if the file changed meanwhile (see
+        :meth:`InputFile.changed`), whatever ``on_error`` says: what was read is no version
+        of the file."""
+        info = self.files[i]
+        try:
+            yield from self._read_stored(i, resume, block_bytes)
+        except InputError as exc:
+            told = _with_change(exc, info)
+            if told is exc:
+                raise
+            raise told from exc
+        note = info.changed()
+        if note is not None:
+            raise InputError(note)
+
+    def _read_stored(
+        self, i: int, resume: InputPosition | None, block_bytes: int | None
+    ) -> Iterator[Any]:
+        """:meth:`_read_file` without the check that the file stayed the same."""
         info = self.files[i]
         path = info.path
         name = "<stdin>" if path == STDIN else path
@@ -359,3 +381,10 @@ class DocumentReader:
                 if text is None:
                     continue
             yield from self.counted(text, pos)
+
+
+def _with_change(exc: InputError, info: InputFile) -> InputError:
+    """``exc``, or where ``info``'s file changed since the pack began, an InputError that
+    also says so: its bad record may be one the change made."""
+    note = info.changed()
+    return exc if note is None else InputError(f"{exc}; {note}")
