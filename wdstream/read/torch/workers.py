@@ -7,6 +7,7 @@ start from, and the chunks they send (ring-slot references) come back as tensor 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,12 +55,20 @@ class TorchWorkers:
                 ds, batch_size=None, num_workers=self.workers, collate_fn=_identity,
                 worker_init_fn=worker_start, **opts,
             )  # fmt: skip
+            if self.options["persistent_workers"]:
+                # Ended with this object, not by the cyclic garbage collector: in a cycle (a
+                # trainer's, a traceback's) it closed the iterator's index queues first, and
+                # torch waited 5 s for each worker. The finalizer holds the DataLoader, so its
+                # queues are not garbage before the workers are sent their end.
+                weakref.finalize(self, _end_workers, self._dl).atexit = False
         return self._dl
 
     def chunks(self, position: SequencePosition) -> Iterator[Chunk]:
         """The chunks of an ``iter()`` of the loader from ``position`` on: the first made
         here where no worker runs yet (:meth:`_first_here`), the rest by the workers, which
         are started only when the chunk after it is asked for."""
+        if self._running and self._dl is not None and not _all_alive(self._dl):
+            self._end()  # persistent workers of which one died (killed) since they last ran
         if self._first_here():
             first = self.dataset.first_chunk(position)  # advances position past it
             if first is None:
@@ -71,7 +80,12 @@ class TorchWorkers:
         if not self._running:  # the workers start now: no reader thread may be left to them
             self._end_reads()
         self._running = bool(self.options["persistent_workers"])
-        yield from self._resolve(iter(dl))
+        try:
+            running = iter(dl)  # persistent workers: torch's reset of the running ones
+        except BaseException:  # one of them died since the last iteration
+            self._end()
+            raise
+        yield from self._resolve(running)
 
     def _first_here(self) -> bool:
         """Whether this process makes the iteration's first chunk (one step) itself.
@@ -96,19 +110,47 @@ class TorchWorkers:
     def _resolve(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
         """Turn the workers' ring-slot references into tensor views of the slot.
 
-        An error (a worker's, re-raised here) ends the workers at once: the caller's
-        traceback holds this generator, so torch's iterator would otherwise be ended by the
-        cyclic garbage collector, which closes its index queues before the iterator's own
-        ``__del__`` sends each worker its end; the workers never get it, and every one is
-        waited for 5 s, then killed (plain torch does the same). Persistent workers are
-        torch's to keep (its ``DataLoader`` reuses that iterator)."""
+        An error raised here (a worker's, re-raised by torch; a worker's death; a
+        ``KeyboardInterrupt`` while waiting) ends the workers at once (:meth:`_end`): the
+        caller's traceback holds this generator, so torch's iterator would otherwise be
+        ended by the cyclic garbage collector, which closes its index queues before the
+        iterator's own ``__del__`` sends each worker its end; the workers never get it, and
+        every one is waited for 5 s, then killed (plain torch does the same). Persistent
+        workers are ended too: torch's ``DataLoader`` would hand the same iterator, and a
+        dead worker's, to the next ``iter()``. A ``break`` (the generator closed) keeps them."""
         assert self._handoff is not None
         try:
             for s, ref, _, cursors in chunks:
                 tokens, positions = self._handoff.resolve(ref)
                 yield s, tokens, positions, cursors
-        except Exception:
-            end = getattr(chunks, "_shutdown_workers", None)  # torch's own end of an iterator
-            if end is not None and not self.options["persistent_workers"]:
-                end()
+        except GeneratorExit:  # a break: persistent workers are kept, unless one has died
+            if self._running and self._dl is not None and not _all_alive(self._dl):
+                self._end()  # (torch's SIGCHLD handler raised its error in the caller's code)
             raise
+        except BaseException:
+            end = getattr(chunks, "_shutdown_workers", None)  # torch's own end of an iterator
+            if end is not None:
+                end()
+            self._end()
+            raise
+
+    def _end(self) -> None:
+        """End persistent workers after an error, so that the next ``iter()`` starts new
+        ones from the loader's position (as a first iteration does: the same batches)."""
+        if self._running and self._dl is not None:
+            _end_workers(self._dl)
+            self._running = False
+
+
+def _all_alive(dl: DataLoader) -> bool:
+    """Whether every worker of ``dl``'s persistent iterator is alive."""
+    return all(w.is_alive() for w in getattr(dl._iterator, "_workers", ()))
+
+
+def _end_workers(dl: DataLoader) -> None:
+    """End the workers of ``dl``'s persistent iterator, if it has one, and drop it (torch
+    makes a new one, with new workers, at the next ``iter()``)."""
+    it, dl._iterator = dl._iterator, None
+    end = getattr(it, "_shutdown_workers", None)
+    if end is not None:
+        end()
