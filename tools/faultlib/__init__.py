@@ -15,5 +15,7 @@ found again from ``pack_cwd`` or given, recorded template variables), ``holdout`
 ``OUTPUT/holdout``), ``holdout_edges`` (hostile fractions, an HTTP output failing a PUT,
 readers of the pair, the shard size chosen from the input's size), ``first_step`` (the
 first step a Loader with workers makes in its training process: corrupt samples it reads,
-calls between the first and second batch, an HTTP store failing during it).
+calls between the first and second batch, an HTTP store failing during it), ``worker_errors``
+(a torch worker failing: corrupt bytes, a missing shard, SIGKILL, ^C; the workers' end and
+the next ``iter()``).
 """

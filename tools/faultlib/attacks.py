@@ -49,6 +49,7 @@ from faultlib.trust import (
     stored_mask_targets,
     token_ids,
 )
+from faultlib.worker_errors import worker_errors
 from faultlib.writer import python_writer
 
 ATTACKS = [
@@ -122,4 +123,5 @@ ATTACKS = [
     Attack("first step made by the training process: corrupt samples", "a Loader with workers makes the iteration's first step itself and forks its workers at the second batch: a byte flipped in each sample that step reads (and 4 others), on_corrupt raise at 1-3 workers (fork, spawn, forkserver): the training process's CorruptShardError naming shard and byte, before any fork; mask at 2-3 workers: rows, quarantine events and state those of no workers; every fork watched (a reader thread alive at it is a hang)", first_step_corruption),
     Attack("first step made by the training process: between batch 1 and 2", "state and resume at 0-3 workers, a break and a new iter(), skip_steps, batch_at (before, and between the first and second batch), len, whole epochs; over one epoch, two with document boundaries, rank 1 of 3, a 1-step and 2-step epochs, persistent and spawned workers, a mixture; oracle: the same calls without workers (equal tensors, states, lengths); every fork watched", between_batches),
     Attack("first step made by the training process: HTTP failing", "a FileServer answering 503 (2, 50, every 3rd), 404, cut or stalled bodies, a delay, a 1 byte / 0.3 s trickle, ranges ignored, aimed at the first step's shards or at every request; 2-3 workers, the epoch read; oracle: the local rows; every fork watched", first_step_http),
+    Attack("torch workers failing: the error, their end, the next iter()", "a token byte flipped in a sample of the first, second, a middle or the last batch, its shard moved away under a live loader, a worker SIGKILLed, a KeyboardInterrupt while the loader waits on its workers; 1, 2, 4 workers, persistent or not, prefetch 1 or torch's; the caller keeps the error and its traceback, the data is put right, then iter() again or a new loader resumed from the state; oracle: the run without workers (batches before the error and the whole epoch after the fix), the shard and byte offset from the sidecar, psutil's children of the attempt: a worker alive 2 s after the error or a zombie is a hang", worker_errors),
 ]  # fmt: skip
