@@ -1,7 +1,7 @@
 """A fresh loader's first batch waits for its own rows only, and they are the same rows.
 
 The first chunk of an iteration is one step (made by the only process, or by torch worker
-0, which makes it as it starts, before it is asked), and its rows read their few samples alone (``GlobalOrder._samples_alone``) with the window's whole read started behind
+0, which makes it as it starts, before it is asked), and its rows read their few samples alone (``WindowReads.samples_alone``) with the window's whole read started behind
 them. The oracle is the whole-window path (every window read whole): every batch must be
 equal, tokens, labels and document boundaries alike. (That the one-step first chunk gives
 the batches of ``K``-step chunks is what the golden-order tests pin.)
@@ -21,7 +21,7 @@ from tests.fork_watch import watch_forks
 from tests.servers import FileServer
 from wdstream import Loader
 from wdstream.errors import CorruptShardError
-from wdstream.read.order import global_order
+from wdstream.read.order import window_reads
 from wdstream.read.order.steps import GlobalPosition
 from wdstream.read.torch import dataset
 from wdstream.testing import write_synthetic_dataset
@@ -54,7 +54,7 @@ def test_the_first_batches_equal_the_whole_window_path(
 ) -> None:
     fast = _batches(_loader(many_shards, return_doc_boundaries=boundaries), 40)
     with monkeypatch.context() as m:
-        m.setattr(global_order, "_ALONE_SHARE", 10**9)  # no rows few enough: whole windows
+        m.setattr(window_reads, "_ALONE_SHARE", 10**9)  # no rows few enough: whole windows
         whole = _batches(_loader(many_shards, return_doc_boundaries=boundaries), 40)
     assert len(fast) == len(whole) == 40
     for a, b in zip(fast, whole, strict=True):
@@ -68,12 +68,12 @@ def test_the_first_batch_reads_its_rows_shards_only(
     loader = _loader(many_shards)
     order = loader.dataset.sequence.order  # type: ignore[attr-defined]
     started: list[tuple[int, int, bool]] = []
-    monkeypatch.setattr(order._cache, "_submit", started.append)  # no read-ahead runs
+    monkeypatch.setattr(order.data._cache, "_submit", started.append)  # no read-ahead runs
     batch = next(iter(loader))
     assert batch["input_ids"].shape == (4, 16)
     # 4 rows of one sample each (seq_len + 1 = sample_tokens): at most 4 shards read, of
     # the 128 the first window spans; the window's whole read was started behind them.
-    assert 1 <= len(order.source._cache) <= 4
+    assert 1 <= len(order.source.sidecars) <= 4
     assert started == [(0, 0, False)]
     assert len(order.window(0, 0).positions) == 1024
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import wdstream.read.order.global_order as global_order
+import wdstream.read.order.window_reads as window_reads
 from wdstream import Loader
 from wdstream.read.mixture.fill import _admitted
 from wdstream.read.sources.vouch import IdLimit
@@ -38,13 +38,13 @@ def test_a_local_source_reads_samples_alone_only_for_the_first_rows(
     sources: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
-    alone = global_order.samples_alone
+    alone = window_reads.samples_alone
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(len(args[3]))  # the emitted samples read alone
         return alone(*args, **kwargs)
 
-    monkeypatch.setattr(global_order, "samples_alone", counted)
+    monkeypatch.setattr(window_reads, "samples_alone", counted)
     loader = Loader(sources, weights={"web": 0.5, "code": 0.5}, seq_len=16, batch_size=2,
                     chunk_batches=2, shuffle_window=128, shuffle_lanes=2, seed=3,
                     num_workers=0)  # fmt: skip

@@ -152,7 +152,7 @@ def test_kept_token_spans_never_skip_the_checksums(
     s3 = boto3.client("s3")
     key = "flip/" + remote.urls[0][1]
     data = bytearray(s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read())
-    sidecar, _ = remote._sidecar(0)
+    sidecar, _ = remote.sidecars.get(0)
     at = int(sidecar.offsets[3]) + int(sidecar.sizes[3]) // 2  # inside sample 3's tokens
     data[at] ^= 0x10
     s3.put_object(Bucket=s3_bucket, Key=key, Body=bytes(data))

@@ -240,7 +240,7 @@ def test_copy_time_checks_cut_samples_and_a_failed_check_stays_pending(tmp_path:
     def rows(root: Path, worker: bool) -> list[np.ndarray]:
         order = Loader(str(root), **opts).dataset.sequence.order  # type: ignore[arg-type, union-attr]
         if worker:
-            order.check_only(lambda epoch, a, b: [])  # a torch worker of several
+            order.data.check_only(lambda epoch, a, b: [])  # a torch worker of several
         out = []
         for row in range(0, order.rows_per_epoch - 4, 5):  # fills of 5 rows, any alignment
             tokens = np.empty((5, 17), dtype=np.int32)
@@ -259,7 +259,7 @@ def test_copy_time_checks_cut_samples_and_a_failed_check_stays_pending(tmp_path:
     data[int(sidecar.offsets[4]) + 90] ^= 0x10  # a token byte in the sample's second row
     (bad / entry.name).write_bytes(bytes(data))
     order = Loader(str(bad), **opts).dataset.sequence.order  # type: ignore[arg-type, union-attr]
-    order.check_only(lambda epoch, a, b: [])
+    order.data.check_only(lambda epoch, a, b: [])
     tokens = np.empty((5, 17), dtype=np.int32)
     failed = None
     for row in range(0, order.rows_per_epoch - 4, 5):

@@ -2,7 +2,7 @@
 
 A source's window is read whole by every worker that cuts rows from it; each worker checksums
 only the samples behind its own rows, and together the workers check every row read (see
-``GlobalOrder.check_only``). A mixture's chunks are arithmetic: chunk ``c`` is steps
+``WindowReads.check_only``). A mixture's chunks are arithmetic: chunk ``c`` is steps
 ``[cK, (c + 1)K)`` (the iteration's first chunk may begin inside one) and worker ``w`` of
 ``W`` makes the chunks ``c0 + w + jW`` (``c0 + jW`` when it resumes its own saved share), so
 the rows a worker reads from a window follow from the schedule without walking the chunks.

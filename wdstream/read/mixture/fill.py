@@ -102,7 +102,7 @@ def fill_runs(
 
     def load(key: int) -> WindowData:
         order, epoch = run_of[key // WINDOW_TAG]
-        return order.window_data(epoch, key & WINDOW_MASK, with_docs)
+        return order.data.window_data(epoch, key & WINDOW_MASK, with_docs)
 
     def source_of(key: int) -> ShardSource:
         return run_of[key // WINDOW_TAG][0].source
@@ -113,7 +113,7 @@ def fill_runs(
         doc_start[:] = False
         flat_ds = doc_start.reshape(-1)
     for order, epoch, ws in alone:  # their whole reads, before the copy (GlobalOrder.fill)
-        order.start_reads(epoch, ws, with_docs)
+        order.data.start_reads(epoch, ws, with_docs)
     got = copy_rows(segments, windows, load, flat, flat_ds, T1, source_of,
                     run_of[0][0].quarantine, RowPlaces(rows, T1))  # fmt: skip
     verified = all(d.unverified is None for d in windows.values())
@@ -149,7 +149,7 @@ def _read_alone(
     cut: list[list[Segment]],
     with_docs: bool,
 ) -> tuple[dict[int, WindowData], list[tuple[GlobalOrder, int, list[int]]]]:
-    """The samples read alone (:meth:`GlobalOrder.samples_alone`) for the runs' windows not
+    """The samples read alone (:meth:`WindowReads.samples_alone`) for the runs' windows not
     read yet, asked once per source and epoch for all its runs (a window read alone holds
     only the samples asked for), and given to each of those runs' tags; and per source and
     epoch the windows so read (their whole reads are started after the copy)."""
@@ -162,7 +162,7 @@ def _read_alone(
             group += 1
         order, epoch = run_of[j]
         segs = cut[j] if group == j + 1 else [x for part in cut[j:group] for x in part]
-        alone = order.samples_alone(epoch, segs, with_docs)
+        alone = order.data.samples_alone(epoch, segs, with_docs)
         if alone:
             alone_in.append((order, epoch, list(alone)))
         for tag in range(j, group):

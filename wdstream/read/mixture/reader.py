@@ -294,20 +294,20 @@ class MixtureReader:
             return None
         scope = MixtureOwnRows(self, position, worker, workers)
         for i, order in enumerate(self.orders):
-            order.check_only(functools.partial(scope.spans, i))
+            order.data.check_only(functools.partial(scope.spans, i))
         return scope
 
     def verify_all_rows(self) -> None:
         for order in self.orders:
-            order.check_only(None)
+            order.data.check_only(None)
 
     def release(self) -> None:
         for order in self.orders:
-            order.release()
+            order.data.release()
 
     def read_mode(self, background: bool = True, alone: bool = True) -> None:
         for order in self.orders:
-            order.read_mode(background, alone)
+            order.data.read_mode(background, alone)
 
     def first_chunk(
         self, position: GlobalPosition, buffers: ChunkBuffers, epochs: int | None

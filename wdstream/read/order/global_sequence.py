@@ -269,19 +269,19 @@ class GlobalReader:
             if not self.order.source.remote:
                 return None
             own = _OwnRows(self, position.copy(), worker, 1)
-            self.order.read_ahead_only(lambda e, a, b: bool(own.spans(e, a, b)))
+            self.order.data.read_ahead_only(lambda e, a, b: bool(own.spans(e, a, b)))
             return own
         every = [_OwnRows(self, position.copy(), w, workers) for w in range(workers)]
-        self.order.check_only(every[worker].spans)
+        self.order.data.check_only(every[worker].spans)
         cfg = self.order.cfg
         rows = _WorkerRows(every, worker, 4 * cfg.shuffle_window // cfg.global_batch + 1)
         if self.order.source.shares_reads:
-            self.order.share_reads(worker, rows.needers)
+            self.order.data.share_reads(worker, rows.needers)
         return rows
 
     def verify_all_rows(self) -> None:
         """Back to verifying every sample read (the iteration ended)."""
-        self.order.check_only(None)
+        self.order.data.check_only(None)
 
     def rank_spans(self, first: int, n: int, origin: Origin) -> list[tuple[int, int, int]]:
         """``(epoch, t0, t1)``: the epoch token ranges of this rank's rows of steps
@@ -322,11 +322,11 @@ class GlobalReader:
 
     def release(self) -> None:
         """Drop cached window data (the end of an iteration)."""
-        self.order.release()
+        self.order.data.release()
 
     def read_mode(self, background: bool = True, alone: bool = True) -> None:
-        """How windows are read (:meth:`GlobalOrder.read_mode`)."""
-        self.order.read_mode(background, alone)
+        """How windows are read (:meth:`WindowReads.read_mode`)."""
+        self.order.data.read_mode(background, alone)
 
     def first_chunk(
         self, position: GlobalPosition, buffers: ChunkBuffers, epochs: int | None

@@ -99,7 +99,7 @@ class CopyTimeChecks:
         checks = self.reads[read]
         assert checks is not None, "only samples of checked reads are verified"
         if bad is None:
-            source.report_corrupt(checks, start)
+            source.ranges.report_corrupt(checks, start)
         k = checks.first + int(np.searchsorted(checks.offsets, start))
         bad[i] = BadSample(source.where(checks.shard), k, checks.begin + start, CHECKSUM_REASON)
 

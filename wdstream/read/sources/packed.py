@@ -14,21 +14,17 @@ are loaded lazily, only for the shards actually read), a brace pattern of shard 
 from __future__ import annotations
 
 import threading
-import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from functools import cached_property, partial
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
-from wdstream.errors import CorruptShardError
-from wdstream.format.checksum import Corruption, find_corruption, spot_check
 from wdstream.format.index import DatasetIndex, ShardEntry, ShardTable
 from wdstream.format.sample import LocatedTokens, Sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
-from wdstream.read.sources.damage import corruption_message, scanned_sidecar
+from wdstream.read.sources.checked_ranges import CheckedRanges
 from wdstream.read.sources.exchange import SharedPieces
 from wdstream.read.sources.identity import DatasetIdentity, packed_identity
 from wdstream.read.sources.layouts import KeptLayouts
@@ -38,12 +34,12 @@ from wdstream.read.sources.shards import (
     decode_span,
     drop_short_last_sample,
     infer_mode,
-    parse_sidecar,
     read_index,
     sibling_index,
 )
+from wdstream.read.sources.sidecars import ShardSidecars
 from wdstream.read.sources.stores import StoreCache, expand_urls
-from wdstream.read.sources.vouch import IdLimit, check_index_ids, id_limit, refuse_missing_sidecar
+from wdstream.read.sources.vouch import IdLimit, check_index_ids, id_limit
 from wdstream.storage import Store
 from wdstream.storage.urls import is_dataset_root, split_url
 
@@ -80,10 +76,8 @@ class ShardSource:
         self, source: str | Sequence[str], checksums: bool = True, **store_options: Any
     ) -> None:
         self.checksums = checksums
-        self._unchecked_warned = False
         self._stores = StoreCache(**store_options)
         self._fetch_pool: ThreadPoolExecutor | None = None
-        self._cache: OrderedDict[int, tuple[ShardSidecar, np.ndarray]] = OrderedDict()
         # Where each sample's tokens lie in its shard (None: not the writer's layout; a
         # remote shard's start of -1: not searched yet), see _token_spans.
         self._layouts = KeptLayouts(_SIDECAR_CACHE)
@@ -108,6 +102,7 @@ class ShardSource:
             self.tokens = np.array(self.index.column("tokens"), dtype=np.int64)
             self.mode = self.index.mode
             self.sample_tokens = self.index.sample_tokens
+            self.sidecars = self._sidecars()
             roots = {source}  # every shard under the root: not a Python call per shard
         else:
             self.urls = [split_url(u) for u in expand_urls(source, **store_options)]
@@ -119,7 +114,8 @@ class ShardSource:
             found = sibling_index(self.urls, self._store)
             if found is not None:
                 self.index, self._entries = found
-            loaded = [self._load_sidecar(i) for i in range(len(self.urls))]
+            self.sidecars = self._sidecars()
+            loaded = [self.sidecars.load(i) for i in range(len(self.urls))]
             counts = [entry[0].tokens for entry, _ in loaded]
             self._records = [(len(c), int(c.sum(dtype=np.int64)), sha)
                              for c, (_, sha) in zip(counts, loaded, strict=True)]  # fmt: skip
@@ -130,6 +126,7 @@ class ShardSource:
                 (ix.mode, ix.sample_tokens) if ix else infer_mode(counts)
             )
             roots = {r for r, _ in self.urls}
+        self.ranges = CheckedRanges(self._stores, self.urls, checksums, self.where)
         drop_short_last_sample(self.samples, self.tokens, self.mode, self.sample_tokens)
         check_index_ids(self.index, self._stores.url(self.urls[0][0], "index.json"))
         self._ids = id_limit(self.index)  # every read's ids are checked against it (vouch.py)
@@ -167,7 +164,6 @@ class ShardSource:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_cache"] = OrderedDict()
         state["_fetch_pool"] = None  # threads are per process
         state.pop("identity", None)  # made again where asked (states are the loader's)
         del state["_lock"]
@@ -195,6 +191,11 @@ class ShardSource:
         except Exception:  # noqa: S110 - interpreter shutdown; nothing left to release
             pass
 
+    def _sidecars(self) -> ShardSidecars:
+        """The shards' sidecars, read as shards are (once ``urls``, the index are known)."""
+        return ShardSidecars(self._stores, self.urls, self.sidecar_names, self.index,
+                             self._entries, self.checksums, self.where, _SIDECAR_CACHE)  # fmt: skip
+
     def _store(self, root: str) -> Store:
         return self._stores.get(root)
 
@@ -208,42 +209,7 @@ class ShardSource:
         Raises:
             CorruptShardError, OSError: it cannot be read, or fails its checks.
         """
-        return self._sidecar(shard)[0]
-
-    def _sidecar(self, shard: int) -> tuple[ShardSidecar, np.ndarray]:
-        with self._lock:
-            hit = self._cache.get(shard)
-            if hit is not None:
-                self._cache.move_to_end(shard)
-                return hit
-        return self._load_sidecar(shard)[0]
-
-    def _load_sidecar(self, shard: int) -> tuple[tuple[ShardSidecar, np.ndarray], str]:
-        """Read shard ``shard``'s sidecar (or scan the tar without one) into the cache;
-        returns the cache entry and the sha256 of the bytes read (sidecar, else tar)."""
-        root, name = self.urls[shard]
-        store = self._store(root)
-        index_entry = self._entries[shard] if self._entries is not None else None
-        try:
-            version = self.index.version if self.index is not None else None
-            sidecar, sha = parse_sidecar(store, self.sidecar_names[shard], index_entry, version)
-        except FileNotFoundError:
-            refuse_missing_sidecar(self.index, store.child_url(self.sidecar_names[shard]))
-            sidecar, sha = scanned_sidecar(store.read(name), self.where(shard))
-        if sidecar.crc32c is None and self.checksums and not self._unchecked_warned:
-            self._unchecked_warned = True
-            warnings.warn(
-                f"{self.where(shard)}: format v1 shard (or no sidecar): samples carry no "
-                "checksum and are read unchecked; repack with this wdstream to get per-sample "
-                "CRC32C checks",
-                stacklevel=2,
-            )
-        entry = (sidecar, np.concatenate([[0], np.cumsum(sidecar.tokens, dtype=np.int64)]))
-        with self._lock:
-            self._cache[shard] = entry
-            while len(self._cache) > _SIDECAR_CACHE:
-                self._cache.popitem(last=False)
-        return entry, sha
+        return self.sidecars.get(shard)[0]
 
     def tokens_before(self, shard: int, k: int) -> int:
         """Tokens in samples ``[0, k)`` of ``shard`` (no read for regular concat shards)."""
@@ -253,13 +219,13 @@ class ShardSource:
             return int(self.tokens[shard])
         if self._regular[shard]:
             return k * int(self.sample_tokens or 0)
-        return int(self._sidecar(shard)[1][k])
+        return int(self.sidecars.get(shard)[1][k])
 
     def token_counts(self, shard: int, a: int, b: int) -> np.ndarray:
         """Token count of each sample ``[a, b)`` of ``shard`` (no read for regular shards)."""
         if self._regular[shard]:
             return np.full(b - a, int(self.sample_tokens or 0), dtype=np.int64)
-        return self._sidecar(shard)[0].tokens[a:b].astype(np.int64)
+        return self.sidecars.get(shard)[0].tokens[a:b].astype(np.int64)
 
     def read(
         self,
@@ -343,8 +309,7 @@ class ShardSource:
         for shard, a, b in pieces:
             if b <= a:
                 continue
-            with self._lock:
-                hit = self._cache.get(shard)
+            hit = self.sidecars.held(shard)
             if hit is None:
                 return False
             root, name = self.urls[shard]
@@ -357,12 +322,13 @@ class ShardSource:
         shared: SharedPieces | None = None, j: int = 0,
     ) -> PieceRead:  # fmt: skip
         """One piece of :meth:`read` (piece ``j`` of ``shared``)."""
-        buf, begin, sidecar = self._checked_range(shard, a, b, check, verify, shared, j)
+        sidecar = self.sidecars.get(shard)[0]
+        buf, begin = self.ranges.read(shard, a, b, sidecar, check, verify, shared, j)
         if docs:
-            # Verified by _checked_range as asked: not a second CRC pass per sample here.
+            # Verified by ranges.read as asked: not a second CRC pass per sample here.
             samples = list(decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False))
             tokens = LocatedTokens.of_arrays([s.tokens for s in samples])
-            self._check_counts(shard, sidecar.tokens[a:b], tokens.count)
+            self.ranges.check_counts(shard, sidecar.tokens[a:b], tokens.count)
             if self._ids is not None:
                 where = partial(self.where, shard)
                 self._ids.check(tokens, where, a, lambda k: self.read_sample(shard, k))
@@ -379,7 +345,7 @@ class ShardSource:
             # already, or are the caller's to verify).
             odd = decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False)
             tokens = LocatedTokens.of_arrays([s.tokens for s in odd])
-        self._check_counts(shard, sidecar.tokens[a:b], tokens.count)
+        self.ranges.check_counts(shard, sidecar.tokens[a:b], tokens.count)
         crcs = sidecar.crc32c
         if verify or not self.checksums or crcs is None:
             if self._ids is not None:  # unverified bytes: a bad id's sample is verified first
@@ -420,68 +386,3 @@ class ShardSource:
             return self._store(root).read_range_view(name, 0, end)
 
         return first
-
-    def report_corrupt(self, checks: CopyChecks, start: int) -> NoReturn:
-        """Raise for the sample of ``checks``' read that begins at byte ``start`` of its
-        buffer, which failed its checksum.
-
-        Raises:
-            CorruptShardError: always, naming the shard, the sample and its byte offset.
-        """
-        i = int(np.searchsorted(checks.offsets, start))
-        bad = Corruption(checks.first + i, checks.begin + start)
-        root, name = self.urls[checks.shard]
-        at = checks.begin + start, checks.begin + start + int(checks.sizes[i])
-        dropped = self._store(root).forget_range(name, *at)  # a rerun fetches them again
-        raise CorruptShardError(corruption_message(self.where(checks.shard), bad, dropped))
-
-    def _checked_range(
-        self, shard: int, a: int, b: int, check: np.ndarray | None, verify: bool = True,
-        shared: SharedPieces | None = None, j: int = 0,
-    ) -> tuple[memoryview, int, ShardSidecar]:  # fmt: skip
-        """The bytes of samples ``[a, b)`` (one ranged read, or piece ``j`` of ``shared``),
-        verified against their checksums (those ``check`` marks; none without ``verify``);
-        returns ``(buffer, its shard offset, sidecar)``."""
-        sidecar, _ = self._sidecar(shard)
-        verify = verify and self.checksums and sidecar.crc32c is not None
-        verify = verify and (check is None or bool(check.any()))
-        by_run = verify and sidecar.crc32c_run is not None
-        # A run check starts at the end of the previous sample's data: a header earlier.
-        begin, end = sidecar.run_check(a, b)[:2] if by_run else sidecar.byte_range(a, b)
-        root, name = self.urls[shard]
-        store = self._store(root)
-        if shared is None:
-            buf = store.read_range_view(name, begin, end)
-        else:
-            # Workers differ in which samples they verify: all share the widest range.
-            wide = begin if by_run or sidecar.crc32c_run is None else sidecar.run_check(a, b)[0]
-            got = shared.fetch(j, lambda: store.read_range_view(name, wide, end))
-            buf = got[begin - wide :]
-        bad = self._bad_bytes(shard, buf, begin, sidecar, a, b, check, verify)
-        dropped = store.forget_range(name, begin, end) if bad is not None else []
-        if dropped:  # a node cache's bytes failed: fetched once more, from the source
-            warnings.warn(f"{self.where(shard)}: cached bytes failed their checksums; the "
-                          f"node cache's blocks {', '.join(dropped)} were dropped and fetched again",
-                          stacklevel=3)  # fmt: skip
-            buf = store.read_source_range(name, begin, end)
-            bad = self._bad_bytes(shard, buf, begin, sidecar, a, b, check, verify)
-        if bad is not None:
-            raise CorruptShardError(corruption_message(self.where(shard), bad, dropped))
-        return buf, begin, sidecar
-
-    def _bad_bytes(
-        self, shard: int, buf: memoryview, begin: int, sidecar: ShardSidecar, a: int, b: int,
-        check: np.ndarray | None, verify: bool,
-    ) -> Corruption | None:  # fmt: skip
-        """Where the bytes of samples ``[a, b)`` fail their checksums (all, when asked to
-        verify; else, with ``checksums=False``, the first and last sample: a check that stays
-        on, see :func:`spot_check`), or None."""
-        if len(buf) != sidecar.byte_range(a, b)[1] - begin:  # the range asked, exactly
-            raise CorruptShardError(f"{self.where(shard)}: short read at byte {begin + len(buf)}")
-        if verify:
-            return find_corruption(buf, begin, sidecar, a, b, check)
-        return None if self.checksums else spot_check(buf, begin, sidecar, a, b)
-
-    def _check_counts(self, shard: int, want: np.ndarray, got: np.ndarray) -> None:
-        if not np.array_equal(want, got):
-            raise CorruptShardError(f"{self.where(shard)}: token counts disagree with the sidecar")
