@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import numpy as np
 import pytest
 import tiktoken
 
 from wdstream import Loader
+from wdstream.read.torch.handoff import FreshBuffers
 from wdstream.testing import assert_resumes_exactly
 
 SEQ, B, K, W = 24, 2, 2, 9
@@ -90,3 +92,31 @@ def test_resumes_exactly_inside_pieces(src: str) -> None:
     want = _expected(5, 0, True)
     items = assert_resumes_exactly(lambda: _loader(src, 5, True))
     assert len(items) == len(want) // PER_BATCH > 30
+
+
+@pytest.mark.parametrize("worker", [0, 1])
+def test_worker_0_tokenizes_the_first_chunk_with_every_workers_threads(
+    src: str, worker: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first batch waits for worker 0's first chunk alone: its first tokenizer call uses
+    the threads of all the workers (``tokenize_threads`` is per worker); every later call,
+    and every call of the other workers, the worker's own."""
+    ld = Loader(src, tokenizer="cl100k_base", seq_len=SEQ, batch_size=B, num_workers=2,
+                tokenize_threads=1, shuffle_window=W, chunk_batches=K, epochs=1)  # fmt: skip
+    seq = ld.dataset.sequence
+    tok = seq.ctx.source.tokenizer  # type: ignore[attr-defined]
+    threads: list[int] = []
+    encode = tok.encode_ordinary_batch
+
+    def counted(texts: list[str], num_threads: int) -> list[list[int]]:
+        threads.append(num_threads)
+        return encode(texts, num_threads=num_threads)
+
+    monkeypatch.setattr(tok, "encode_ordinary_batch", counted)
+    buffers = FreshBuffers(SEQ, False, shared=False)
+    chunks: Any = seq.chunks(ld.dataset.position.copy(), (worker, 2), buffers, 1)
+    for _ in range(3):
+        next(chunks)
+    chunks.close()
+    assert len(threads) >= 2
+    assert threads == [2 if worker == 0 else 1] + [1] * (len(threads) - 1)

@@ -114,6 +114,9 @@ class ReaderContext:
                     del self._plans[next(iter(self._plans))]
         return plan
 
+    def lead(self, workers: int) -> None:
+        """Nothing to give a first chunk: packed streams' reads run no threads of their own."""
+
     def batches_per_stream(self, epoch: int) -> int:
         """Batches every stream of every rank yields in ``epoch``.
 

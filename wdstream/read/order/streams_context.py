@@ -108,3 +108,8 @@ class StreamContext(Protocol):
     def check_cursor(self, stream: int, cursor: dict[str, int]) -> None:
         """Raise StateMismatchError unless ``cursor`` is a position stream ``stream`` reaches."""
         ...
+
+    def lead(self, workers: int) -> None:
+        """This process, worker 0 of ``workers``, makes the iteration's first chunk (the
+        first batch waits for it alone): its first fill may use all the workers' threads."""
+        ...

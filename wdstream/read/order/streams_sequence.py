@@ -187,6 +187,8 @@ class StreamsSequence:
     ) -> Iterator[FilledChunk]:
         """This process's chunks in round-robin order, advancing ``position``."""
         order, stop = self._schedule(position, worker, epochs)
+        if worker is not None and worker[0] == 0 and worker[1] > 1:
+            self.ctx.lead(worker[1])  # its first chunk is the iteration's first batch
         pos, cfg = position, self.cfg
         streams = {s: self.ctx.stream(s, pos.cursors[s]) for s in order}
         try:
