@@ -32,6 +32,7 @@ from wdstream.write.resume import ResumePoint
 from wdstream.write.shards import ShardWriter
 from wdstream.write.sources import open_reader
 from wdstream.write.tokenpool import TokenPool
+from wdstream.write.worker_shards import run_in_workers, workers_can_write
 
 __all__ = ["LocalEngine"]
 
@@ -68,6 +69,15 @@ class LocalEngine:
         """
         start = earliest(resume, holdout.resume) if holdout is not None else resume
         reader = open_reader(job, start)
+        blocks = reader.block_parser() is not None
+        if holdout is None and workers_can_write(
+            job, resume, journal, self.workers, self.pool, blocks
+        ):
+            bar = Progress(job.progress, reader.source_total, lambda: len(journal.entries))
+            try:
+                return run_in_workers(job, journal, reader, self.workers, bar)
+            finally:
+                bar.close()
         builder = job.new_builder(DTYPES[job.dtype], job.pad_id)
         encoder = job.document_encoder()
         masked = holdout is not None and encoder.masked

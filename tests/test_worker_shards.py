@@ -1,0 +1,94 @@
+"""Shards built in the token pool's workers (``wdstream/write/worker_shards.py``): the same
+bytes as the packing process's own pipeline, no shard built in the packing process, a killed
+pack resumes exactly and leaves no shared memory behind."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import wdstream
+import wdstream.write.local as local_engine
+from tests.conftest import make_corpus
+from tests.test_pack_resume import _cmd, _files, _kill_after, _pack
+
+pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
+
+
+def _inputs(tmp_path: Path) -> list[str]:
+    """Two JSONL files with blank, empty and malformed lines among the documents."""
+    docs = make_corpus(n_docs=90, seed=3, stdlib_files=1)
+    paths = []
+    for k, part in enumerate((docs[:50], docs[50:])):
+        lines = [json.dumps({"text": t}) for t in part]
+        lines[7:7] = ["", "   ", '{"text": ""}', "{not json", '{"other": 1}']
+        path = tmp_path / f"in{k}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(mode="concat", seq_len=100, shard_size="20KB"),
+        dict(mode="docs", seq_len=4000, shard_size="30KB", shard_samples=5),
+        dict(mode="concat", seq_len=63, shard_size="8KB", bos=True, eos=False),
+    ],
+)
+def test_workers_write_the_packing_processes_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    """A fresh 2-worker pack builds no shard in the packing process, and its files (shards,
+    sidecars, provenance, index.json, the shard table) equal a 0-worker pack's."""
+    inputs = _inputs(tmp_path)
+    kw: dict[str, Any] = dict(backend="tiktoken", batch_bytes=4096, on_error="skip", **options)
+    wdstream.pack(inputs, str(tmp_path / "ref"), workers=0, **kw)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the packing process built a shard")
+
+    monkeypatch.setattr(local_engine, "ShardWriter", refused)
+    res = wdstream.pack(inputs, str(tmp_path / "out"), workers=2, **kw)
+    assert res.pool == "processes"
+    ref, out = _files(tmp_path / "ref"), _files(tmp_path / "out")
+    assert len(ref) > 9
+    assert out == ref
+
+
+def test_a_bad_record_stops_it_naming_the_line(tmp_path: Path) -> None:
+    """``on_error="raise"``: the first bad line in input order is the error, as ever."""
+    inputs = _inputs(tmp_path)
+    with pytest.raises(wdstream.InputError, match=r"in0\.jsonl:11: "):
+        wdstream.pack(inputs, str(tmp_path / "out"), workers=2, seq_len=100,
+                      shard_size="8KB", backend="tiktoken", batch_bytes=4096)  # fmt: skip
+
+
+def _segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("wds")}
+
+
+def test_killed_fresh_pack_resumes_exactly_and_leaves_no_segments(tmp_path: Path) -> None:
+    """SIGKILL a fresh 2-worker pack after some commits: its token segments go with it, and
+    the rerun (which resumes) ends byte-identical to an uninterrupted pack."""
+    src = tmp_path / "in.jsonl"
+    with open(src, "w", encoding="utf-8") as f:
+        for t in make_corpus(n_docs=150, seed=1, stdlib_files=1):
+            f.write(json.dumps({"text": t}) + "\n")
+    ref = tmp_path / "ref"
+    _pack(src, ref, 0)
+    expected = _files(ref)
+    before = _segments()
+    out = tmp_path / "out"
+    assert _kill_after(_cmd(src, out, 2), out, 5), "pack finished before it could be killed"
+    assert not (out / "index.json").exists()
+    deadline = time.monotonic() + 10
+    while _segments() - before and time.monotonic() < deadline:
+        time.sleep(0.05)  # the killed pack's resource tracker unlinks them
+    assert not _segments() - before
+    _pack(src, out, 2)
+    assert _files(out) == expected
