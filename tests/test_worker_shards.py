@@ -5,6 +5,7 @@ pack resumes exactly and leaves no shared memory behind."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 import wdstream
 import wdstream.write.local as local_engine
 from tests.conftest import make_corpus
+from tests.test_pack_faults import _corpus, small_disk  # noqa: F401 - a fixture
 from tests.test_pack_resume import _cmd, _files, _kill_after, _pack
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
@@ -91,4 +93,28 @@ def test_killed_fresh_pack_resumes_exactly_and_leaves_no_segments(tmp_path: Path
         time.sleep(0.05)  # the killed pack's resource tracker unlinks them
     assert not _segments() - before
     _pack(src, out, 2)
+    assert _files(out) == expected
+
+
+def test_full_disk_in_a_worker_names_the_shard_then_rerun(
+    tmp_path: Path,
+    small_disk: Path,  # noqa: F811 - the fixture imported above
+) -> None:
+    """A worker's write that runs out of space: the error names the shard, nothing
+    half-written stays, and the rerun (with room again) resumes to the same bytes."""
+    src = _corpus(tmp_path / "in.jsonl", 400)
+    kw: dict[str, Any] = dict(seq_len=7, shard_size="256KB", backend="tiktoken", batch_bytes=4096)
+    wdstream.pack([str(src)], str(tmp_path / "ref"), workers=0, **kw)
+    expected = _files(tmp_path / "ref")
+    out = small_disk / "out"
+    with pytest.raises(wdstream.WdstreamError) as info:
+        wdstream.pack([str(src)], str(out), workers=2, **kw)
+    message = str(info.value)
+    assert message.startswith(f"no space left on device while writing {out}/data-0000"), message
+    assert message.endswith("it resumes from the last complete shard")
+    left = _files(out)
+    assert left and all(expected[name] == data for name, data in left.items())
+    assert not [p for p in out.iterdir() if p.name.endswith(".partial")]
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    assert wdstream.pack([str(src)], str(out), workers=2, **kw).resumed_shards >= 1
     assert _files(out) == expected
