@@ -55,6 +55,7 @@ from wdstream.write.journal import Journal
 from wdstream.write.progress import Progress
 from wdstream.write.resume import ResumePoint
 from wdstream.write.shards import shard_names
+from wdstream.write.tokenpool import Starter, TokenPool
 
 __all__ = ["run_in_workers", "workers_can_write"]
 
@@ -156,6 +157,7 @@ def run_in_workers(
     try:
         run.pack()
     finally:
+        run.starter.thread.join()  # never shut the pool down under a submitting thread
         executor.shutdown(wait=True, cancel_futures=True)
         for name in run.segments.values():
             _unlink(name)
@@ -181,6 +183,7 @@ class _Run:
             job, journal, reader, executor, bar,
         )  # fmt: skip
         self.ahead = 2 * workers + 1
+        self.starter = Starter(executor, workers)
         self.shard_job = ShardJob(
             job.output, job.store_options, job.name, job.shard_bytes, job.shard_samples,
             job.provenance, job.dtype, job.pad_id,
@@ -199,17 +202,30 @@ class _Run:
         self.tokens = self.docs = 0
 
     def pack(self) -> None:
+        """Encode the blocks, lay out and hand out shards, commit them; while the workers
+        start, blocks are encoded here (as :class:`TokenPool` does, unless its
+        ``inline_while_starting`` is off), their tokens into segments of this process."""
         batches: deque[tuple[int, tuple[int, int | None], Future[tuple[bytes, Any]]]] = deque()
+        starter: Starter | None = self.starter
+        inline = TokenPool.inline_while_starting
         try:
             for i, block in enumerate(self.reader.blocks(self.job.batch_bytes)):
                 name = f"wds{os.getpid()}_{next(_names)}"
                 self.segments[i] = name
-                fut = self._submit(_encode_block, block, name)
-                batches.append((i, (block.file, block.record), fut))
+                meta = (block.file, block.record)
+                if starter is not None and inline and not batches and not starter.ready():
+                    self._lay_out(i, meta, self._encode_here(block, name))
+                    continue
+                if starter is not None:
+                    starter.join()
+                    starter = None
+                batches.append((i, meta, self._submit(_encode_block, block, name)))
                 if len(batches) >= self.ahead:
-                    self._lay_out(*batches.popleft())
+                    j, m, fut = batches.popleft()
+                    self._lay_out(j, m, _result(fut))
             while batches:
-                self._lay_out(*batches.popleft())
+                j, m, fut = batches.popleft()
+                self._lay_out(j, m, _result(fut))
             self.reader.finished()
             for cut in self.layout.close(self.piece_starts):
                 self._hand_out(cut)
@@ -218,17 +234,25 @@ class _Run:
             self._finish_handed_out()
             raise
 
+    def _encode_here(self, block: LineBlock, name: str) -> tuple[bytes, Any]:
+        """:func:`_encode_block` in this process, with the pack's own tokenizer."""
+        job = self.job
+        out, parsed = tokenpool._run_task(
+            job.tokenizer, job.document_encoder(), self.reader.block_parser(), block
+        )
+        _segment(name, out.flat)
+        return out.lens.tobytes(), parsed
+
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         try:
             return self.executor.submit(fn, *args)
         except BrokenProcessPool as exc:
             raise WdstreamError(tokenpool._BROKEN_POOL) from exc
 
-    def _lay_out(
-        self, i: int, meta: tuple[int, int | None], fut: Future[tuple[bytes, Any]]
-    ) -> None:
-        """Number batch ``i``'s documents, lay them out, hand out the shards they close."""
-        lens_bytes, parsed = _result(fut)
+    def _lay_out(self, i: int, meta: tuple[int, int | None], encoded: tuple[bytes, Any]) -> None:
+        """Number batch ``i``'s documents (``encoded``: their lengths and the block's
+        numbering), lay them out, hand out the shards they close."""
+        lens_bytes, parsed = encoded
         positions = self.reader.settle(meta, parsed)
         lens = np.frombuffer(lens_bytes, dtype=np.int64)
         ntok = int(lens.sum())
