@@ -5,6 +5,7 @@ pack resumes exactly and leaves no shared memory behind."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +16,9 @@ import pytest
 import wdstream
 import wdstream.write.local as local_engine
 from tests.conftest import make_corpus
+from tests.fixtures_remote import aws_env, moto_endpoint, s3_bucket  # noqa: F401 - fixtures
 from tests.test_pack_faults import _corpus, small_disk  # noqa: F401 - a fixture
+from tests.test_pack_lock import _s3_files
 from tests.test_pack_resume import _cmd, _files, _kill_after, _pack
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
@@ -118,3 +121,40 @@ def test_full_disk_in_a_worker_names_the_shard_then_rerun(
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
     assert wdstream.pack([str(src)], str(out), workers=2, **kw).resumed_shards >= 1
     assert _files(out) == expected
+
+
+def test_s3_output_keeps_the_usual_pipeline(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    s3_bucket: str,  # noqa: F811 - the fixture imported above
+) -> None:
+    """An object store as the output is written by the packing process, as before: the
+    pool's workers fork from a server that may predate the credentials (here it is started
+    without them, by a local pack), and would fail to write with the server's environment."""
+    inputs = _inputs(tmp_path)
+    kw: dict[str, Any] = dict(
+        seq_len=63, shard_size="16KB", backend="tiktoken", on_error="skip", batch_bytes=4096
+    )
+    wdstream.pack(inputs, str(tmp_path / "ref"), workers=0, **kw)
+    creds = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    saved = {k: os.environ[k] for k in creds}
+    for k in creds:
+        monkeypatch.delenv(k)
+    wdstream.pack(inputs, str(tmp_path / "local"), workers=2, **kw)  # the fork server starts
+    for k, v in saved.items():
+        monkeypatch.setenv(k, v)
+    wdstream.pack(inputs, f"s3://{s3_bucket}/ds", workers=2, **kw)
+    assert _s3_files(s3_bucket, "ds/") == _files(tmp_path / "ref")
+
+
+def test_relative_output_after_a_chdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative output is the packing process's: the workers, forked from a server
+    started in another directory, write under the absolute path it resolves to."""
+    inputs = _inputs(tmp_path)
+    kw: dict[str, Any] = dict(seq_len=100, shard_size="20KB", backend="tiktoken", batch_bytes=4096)
+    wdstream.pack(inputs, str(tmp_path / "ref"), workers=2, on_error="skip", **kw)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    wdstream.pack(inputs, "out", workers=2, on_error="skip", **kw)
+    assert _files(here / "out") == _files(tmp_path / "ref")

@@ -75,7 +75,7 @@ class LocalEngine:
         ):
             bar = Progress(job.progress, reader.source_total, lambda: len(journal.entries))
             try:
-                return run_in_workers(job, journal, reader, self.workers, bar)
+                return run_in_workers(job, store, journal, reader, self.workers, bar)
             finally:
                 bar.close()
         builder = job.new_builder(DTYPES[job.dtype], job.pad_id)

@@ -19,8 +19,8 @@ and :class:`~wdstream.write.shards.ShardWriter`, so the bytes are the usual pipe
 on an error the shards already handed to workers finish and commit first, as the shard
 writer's queue does. A segment is unlinked once every shard reading it is written; a
 killed pack's segments are unlinked by its resource tracker. Everything else (resume,
-rules, a held-out split, masks, best-fit rows, records from Python, threads) takes the
-usual pipeline.
+rules, a held-out split, masks, best-fit rows, records from Python, threads, an object
+store as the output) takes the usual pipeline.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from wdstream.inputs.blocks import LineBlock
 from wdstream.ray.layout import CutShard
 from wdstream.ray.spans import SpanLayout, driver_layout
 from wdstream.ray.tasks import ShardJob, write_shard
-from wdstream.storage import open_store
+from wdstream.storage import Store
 from wdstream.write import tokenpool
 from wdstream.write.encoders import TextEncoder
 from wdstream.write.engine import InputTotals, PackJob
@@ -73,7 +73,7 @@ def workers_can_write(
         return False
     if resume.start is not None or journal.entries or job.new_rules is not None:
         return False
-    if type(job.document_encoder()) is not TextEncoder:
+    if type(job.document_encoder()) is not TextEncoder or _local_path(job.output) is None:
         return False
     if not isinstance(driver_layout(job, (0, 0, 0), 0, lambda d: None), SpanLayout):
         return False
@@ -83,6 +83,16 @@ def workers_can_write(
         return False
     # In flight at most: the batches being encoded and the pieces of the shards out.
     return room.f_bavail * room.f_frsize >= 4 * job.shard_bytes + (256 << 20)
+
+
+def _local_path(output: str) -> str | None:
+    """``output``'s absolute path when it is a local folder, else None. Object stores keep
+    the usual pipeline: the workers fork from a server started with the environment of the
+    pack's start (or of an earlier pack), so credentials set since would not reach them."""
+    scheme = output.split("://", 1)[0].lower() if "://" in output else ""
+    if scheme not in ("", "file"):
+        return None
+    return os.path.abspath(output[len("file://") :] if scheme == "file" else output)
 
 
 def _segment(name: str, flat: np.ndarray) -> None:
@@ -110,16 +120,18 @@ def _encode_block(block: LineBlock, name: str) -> tuple[bytes, Any]:
     return out.lens.tobytes(), parsed
 
 
-def _write_shard(job: ShardJob, plan: Any, names: list[str], sizes: list[int]) -> dict[str, Any]:
-    """In a worker: write one laid-out shard from the segments holding its tokens."""
+def _write_shard(
+    job: ShardJob, plan: Any, names: list[str], sizes: list[int], shown: str
+) -> dict[str, Any]:
+    """In a worker: write one laid-out shard from the segments holding its tokens (a full
+    disk named ``shown``, the tar's URL as the packing process shows it)."""
     shms = [shared_memory.SharedMemory(n) for n in names]
     arrays = [
         np.frombuffer(_buffer(s), dtype=DTYPES[job.dtype], count=k)
         for s, k in zip(shms, sizes, strict=True)
     ]
     try:
-        tar = shard_names(job.name, plan.index)[0]
-        with naming_full_disk(open_store(job.url, **job.store_options).child_url(tar)):
+        with naming_full_disk(shown):
             return write_shard(job, plan, *arrays)
     finally:
         arrays.clear()
@@ -143,9 +155,15 @@ def _unlink(name: str) -> None:
 
 
 def run_in_workers(
-    job: PackJob, journal: Journal, reader: DocumentReader, workers: int, bar: Progress
+    job: PackJob,
+    store: Store,
+    journal: Journal,
+    reader: DocumentReader,
+    workers: int,
+    bar: Progress,
 ) -> InputTotals:
-    """Pack ``reader``'s blocks with shards built in ``workers`` processes (see the module)."""
+    """Pack ``reader``'s blocks with shards built in ``workers`` processes (see the module);
+    ``store`` is the output as this process opened it (only its URLs are used here)."""
     encoder = job.document_encoder()
     parser = reader.block_parser()
     executor = ProcessPoolExecutor(
@@ -153,7 +171,7 @@ def run_in_workers(
         initargs=(tokenpool._worker_tokenizer(job.tokenizer, encoder), encoder, parser),
     )  # fmt: skip
     tokenpool._widen_pipes(executor)
-    run = _Run(job, journal, reader, executor, workers, bar)
+    run = _Run(job, store, journal, reader, executor, workers, bar)
     try:
         run.pack()
     finally:
@@ -173,6 +191,7 @@ class _Run:
     def __init__(
         self,
         job: PackJob,
+        store: Store,
         journal: Journal,
         reader: DocumentReader,
         executor: ProcessPoolExecutor,
@@ -184,8 +203,11 @@ class _Run:
         )  # fmt: skip
         self.ahead = 2 * workers + 1
         self.starter = Starter(executor, workers)
+        self.store = store
+        path = _local_path(job.output)
+        assert path is not None, "workers_can_write checked the output"
         self.shard_job = ShardJob(
-            job.output, job.store_options, job.name, job.shard_bytes, job.shard_samples,
+            path, job.store_options, job.name, job.shard_bytes, job.shard_samples,
             job.provenance, job.dtype, job.pad_id,
         )  # fmt: skip
         layout = driver_layout(job, (0, 0, 0), 0, self._position)
@@ -288,7 +310,8 @@ class _Run:
                 self.positions.pop(p, None)
         names = [self.segments[p] for p in cut.pieces]
         sizes = [self.sizes[p] for p in cut.pieces]
-        fut = self._submit(_write_shard, self.shard_job, cut.plan, names, sizes)
+        shown = self.store.child_url(shard_names(self.job.name, cut.plan.index)[0])
+        fut = self._submit(_write_shard, self.shard_job, cut.plan, names, sizes, shown)
         self.shards[cut.plan.index] = (fut, cut)
         while len(self.shards) >= self.ahead:
             self._commit(wait=True, one=True)
