@@ -26,6 +26,7 @@ import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from itertools import chain
 from typing import Any
 
@@ -33,6 +34,7 @@ import numpy as np
 
 from wdstream.errors import TokenizerError
 from wdstream.tokenizers.base import Tokenizer, read_pinned
+from wdstream.tokenizers.hf_bytes import ByteOffsets
 
 _PLACEHOLDER = "\ue000"  # stands for a spelled-out special token in a check
 
@@ -268,7 +270,25 @@ class HFTokenizer(Tokenizer):
             )
         return got
 
+    @cached_property
+    def _byte_offsets(self) -> ByteOffsets | None:
+        """The byte table of a byte-level BPE (None for any other), made on first use:
+        ~0.1 s for a 100k vocabulary, in a process that encodes chat."""
+        return ByteOffsets.of(self._tok)
+
     def _native(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and spans of ``text``, special tokens recognised: a byte-level BPE's from its
+        tokens' bytes (:mod:`wdstream.tokenizers.hf_bytes`), encoded without ``tokenizers``'
+        offsets (~20 % of its time); any other's, or text whose ids' bytes are not its own,
+        with them."""
+        offsets = self._byte_offsets
+        if offsets is not None:
+            with self._special.set_to(False) as tok:
+                ids = tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
+            id_array = np.fromiter(ids, dtype=np.int64, count=len(ids))
+            spans = offsets.spans(text, ids, id_array)
+            if spans is not None:
+                return id_array, spans
         with self._special.set_to(False) as tok:
             enc = tok.encode(text, add_special_tokens=False)
         n = len(enc.ids)
