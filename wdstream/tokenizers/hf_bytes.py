@@ -2,9 +2,10 @@
 ``tokenizers``' offset tracking.
 
 ``tokenizers`` tracks every token's character offsets through the normalizer, the
-pre-tokenizer and the model; that bookkeeping is ~20 % of encoding a rendered chat (cl100k
-on the bench's conversations: 1.90 ms per conversation with offsets, 1.55 ms with
-``encode_batch_fast``, which skips them). A byte-level BPE needs none of it: its tokens'
+pre-tokenizer and the model; that bookkeeping, and turning the offsets into numpy, is a
+fifth of encoding a rendered chat (cl100k on the bench's conversations: ~1.75 ms a
+conversation with them, ~1.3 ms ids alone from ``encode_batch_fast``, ~1.55 ms with the
+spans this module adds, ``docs/CHAT.md``). A byte-level BPE needs none of it: its tokens'
 bytes, in order, *are* the text's UTF-8 bytes, and ``tokenizers`` maps a token's bytes to
 the characters holding its first and last byte, which is :func:`char_spans` of the byte
 spans (a character split between two tokens is covered by both; an added token covers its
