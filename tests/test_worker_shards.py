@@ -158,3 +158,24 @@ def test_relative_output_after_a_chdir(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(here)
     wdstream.pack(inputs, "out", workers=2, on_error="skip", **kw)
     assert _files(here / "out") == _files(tmp_path / "ref")
+
+
+def _shm_full(*args: object, **kwargs: object) -> None:
+    raise OSError(28, "No space left on device")  # what SemLock raises on a full /dev/shm
+
+
+@pytest.mark.parametrize("pool", ["workers' shards", "usual pipeline"])
+def test_a_full_dev_shm_at_the_pool_start_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: str
+) -> None:
+    """A /dev/shm with no room for the pool's semaphores (found by the faults harness: a
+    bare ``OSError`` and ``multiprocessing``'s traceback) is a WdstreamError naming it,
+    whichever pipeline the pack takes."""
+    import wdstream.write.tokenpool as tokenpool
+
+    if pool == "usual pipeline":
+        monkeypatch.setattr(local_engine, "workers_can_write", lambda *a: False)
+    monkeypatch.setattr(tokenpool, "ProcessPoolExecutor", _shm_full)
+    with pytest.raises(wdstream.WdstreamError, match=r"/dev/shm.*full.*workers=0"):
+        wdstream.pack(_inputs(tmp_path), str(tmp_path / "out"), workers=2, pool="processes",
+                      seq_len=100, backend="tiktoken", on_error="skip")  # fmt: skip

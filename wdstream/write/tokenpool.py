@@ -182,6 +182,27 @@ def _ready() -> None:
 
 # A worker process that dies (killed, out of memory, or a script without a main guard whose
 # re-import in the worker runs the pack again) breaks the whole pool: say what to check.
+def process_pool(
+    workers: int, tok: Tokenizer, encoder: DocumentEncoder, parser: BlockParser | None
+) -> ProcessPoolExecutor:
+    """The token pool's process pool, its pipes widened. A full ``/dev/shm`` (where
+    ``multiprocessing`` keeps the pool's semaphores) is a :class:`WdstreamError` saying so,
+    not ``multiprocessing``'s bare ``OSError`` and traceback."""
+    initargs = (_worker_tokenizer(tok, encoder), encoder, parser)
+    try:
+        executor = ProcessPoolExecutor(
+            workers, mp_context=_process_context(), initializer=_init_worker, initargs=initargs
+        )
+    except OSError as exc:
+        raise WdstreamError(
+            f"cannot start the tokenizer process pool ({exc}): /dev/shm, where its "
+            "semaphores live, is full or unwritable; free room there, or pass workers=0 "
+            "or pool='threads'"
+        ) from exc
+    _widen_pipes(executor)
+    return executor
+
+
 _BROKEN_POOL = (
     "a tokenizer worker process died (killed, out of memory, or it failed to start); if "
     "this is a script calling pack() or Writer at its top level, put the call under "
@@ -284,12 +305,7 @@ class TokenPool:
         self._executor: Executor | None = None
         self._starter: Starter | None = None
         if self.kind == "processes":
-            ctx = _process_context()
-            initargs = (_worker_tokenizer(tok, encoder), encoder, parser)
-            self._executor = ProcessPoolExecutor(
-                workers, mp_context=ctx, initializer=_init_worker, initargs=initargs
-            )
-            _widen_pipes(self._executor)
+            self._executor = process_pool(workers, tok, encoder, parser)
         elif self.kind == "threads":
             self._executor = ThreadPoolExecutor(workers, thread_name_prefix="wdstream-encode")
 

@@ -166,11 +166,7 @@ def run_in_workers(
     ``store`` is the output as this process opened it (only its URLs are used here)."""
     encoder = job.document_encoder()
     parser = reader.block_parser()
-    executor = ProcessPoolExecutor(
-        workers, mp_context=tokenpool._process_context(), initializer=tokenpool._init_worker,
-        initargs=(tokenpool._worker_tokenizer(job.tokenizer, encoder), encoder, parser),
-    )  # fmt: skip
-    tokenpool._widen_pipes(executor)
+    executor = tokenpool.process_pool(workers, job.tokenizer, encoder, parser)
     run = _Run(job, store, journal, reader, executor, workers, bar)
     try:
         run.pack()
