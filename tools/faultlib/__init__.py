@@ -17,5 +17,6 @@ readers of the pair, the shard size chosen from the input's size), ``first_step`
 first step a Loader with workers makes in its training process: corrupt samples it reads,
 calls between the first and second batch, an HTTP store failing during it), ``worker_errors``
 (a torch worker failing: corrupt bytes, a missing shard, SIGKILL, ^C; the workers' end and
-the next ``iter()``).
+the next ``iter()``), ``worker_shards`` (a pack whose shards the token pool's workers build:
+kills, ^C, a full ``/dev/shm`` or disk; the rerun against the usual pipeline's bytes).
 """

@@ -50,6 +50,7 @@ from faultlib.trust import (
     token_ids,
 )
 from faultlib.worker_errors import worker_errors
+from faultlib.worker_shards import worker_shards
 from faultlib.writer import python_writer
 
 ATTACKS = [
@@ -124,4 +125,5 @@ ATTACKS = [
     Attack("first step made by the training process: between batch 1 and 2", "state and resume at 0-3 workers, a break and a new iter(), skip_steps, batch_at (before, and between the first and second batch), len, whole epochs; over one epoch, two with document boundaries, rank 1 of 3, a 1-step and 2-step epochs, persistent and spawned workers, a mixture; oracle: the same calls without workers (equal tensors, states, lengths); every fork watched", between_batches),
     Attack("first step made by the training process: HTTP failing", "a FileServer answering 503 (2, 50, every 3rd), 404, cut or stalled bodies, a delay, a 1 byte / 0.3 s trickle, ranges ignored, aimed at the first step's shards or at every request; 2-3 workers, the epoch read; oracle: the local rows; every fork watched", first_step_http),
     Attack("torch workers failing: the error, their end, the next iter()", "a token byte flipped in a sample of the first, second, a middle or the last batch, its shard moved away under a live loader, a worker SIGKILLed, a KeyboardInterrupt while the loader waits on its workers; 1, 2, 4 workers, persistent or not, prefetch 1 or torch's; the caller keeps the error and its traceback, the data is put right, then iter() again or a new loader resumed from the state; oracle: the run without workers (batches before the error and the whole epoch after the fix), the shard and byte offset from the sidecar, psutil's children of the attempt: a worker alive 2 s after the error or a zombie is a hang", worker_errors),
+    Attack("shards built in the pack's workers: kills, full /dev/shm, full disk", "a fresh pack whose shards the token pool's workers build (2 workers, 2 KB batches; concat EOS, concat BOS over a .gz and files with bad lines skipped, docs mode): the packing process SIGKILLed after 0-12 commits, a pool worker SIGKILLed, ^C to the process group, /dev/shm filled mid-pack (a 300 MB tmpfs in the pack's own mount namespace), the output on a 2 MB tmpfs; then the same pack rerun (with room again); oracle: the same pack at workers=0 (sha256 of every file), /dev/shm (a segment of the pack's pid left 10 s after it is a crash), /proc (a pool process alive 10 s after the pack is a hang)", worker_shards),
 ]  # fmt: skip
