@@ -5,6 +5,7 @@ same ids and spans as ``tokenizers``' own offsets, used only where they are exac
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ def _own(tok: HFTokenizer, text: str) -> tuple[list[int], list[list[int]]]:
 def _changed(path: Path, folder: Path, change: str) -> HFTokenizer:
     """The tokenizer at ``path`` with one part changed, saved in ``folder``."""
     import tokenizers
-    from tokenizers import normalizers, processors
+    from tokenizers import normalizers, pre_tokenizers, processors
 
     tok = tokenizers.Tokenizer.from_file(str(path))
     if change == "trim_offsets":
@@ -43,6 +44,13 @@ def _changed(path: Path, folder: Path, change: str) -> HFTokenizer:
     elif change == "nfc":
         tok.normalizer = normalizers.NFC()
     elif change == "rstrip":
+        tok.add_special_tokens([tokenizers.AddedToken("<|tool|>", rstrip=True, special=True)])
+    elif change in ("prefix_space", "metaspace"):  # a space added, made up by an rstrip
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=change == "prefix_space")
+        tok.pre_tokenizer = byte_level
+        if change == "metaspace":
+            meta = pre_tokenizers.Metaspace(" ", prepend_scheme="always", split=False)
+            tok.pre_tokenizer = pre_tokenizers.Sequence([meta, byte_level])
         tok.add_special_tokens([tokenizers.AddedToken("<|tool|>", rstrip=True, special=True)])
     folder.mkdir()
     tok.save(str(folder / "tokenizer.json"))
@@ -83,3 +91,48 @@ def test_other_offsets_are_tokenizers_own(hf_path: Path, tmp_path: Path, change:
         assert tok._byte_offsets is not None
         text = texts[-1]
         assert tok._byte_offsets.spans(text, _own(tok, text)[0], tok._native(text)[0]) is None
+
+
+ADDS_SPACE = ("prefix_space", "metaspace")
+# Each added token's text then a space it takes, then text the pre-tokenizer puts a space
+# before: the ids' bytes are the text's, but tokenizers puts the space in the added token.
+SPACE_TAKEN = "<|tool|> b<|im_start|> user<|tool|> x y"
+
+
+@pytest.mark.parametrize("change", ADDS_SPACE)
+def test_a_pre_tokenizer_that_adds_a_space_is_read_from_offsets(
+    hf_path: Path, tmp_path: Path, change: str
+) -> None:
+    tok = _changed(hf_path, tmp_path / change, change)
+    want_ids, want_spans = _own(tok, SPACE_TAKEN)
+    assert want_spans[:2] == [[0, 9], [9, 10]]  # "<|tool|> " and "b" (not " b")
+    ids, spans = tok.encode_chat(SPACE_TAKEN)
+    assert (ids.tolist(), spans.tolist()) == (want_ids, want_spans)
+    assert tok._byte_offsets is None
+
+
+def test_a_space_taken_by_an_added_token_masks_as_transformers_does(
+    hf_path: Path, tmp_path: Path
+) -> None:
+    """The same through a whole conversation: a generation region that starts with the
+    space an rstrip token takes supervises that token in transformers, so here too."""
+    from transformers import PreTrainedTokenizerFast
+
+    from wdstream.chat import ChatEncoder, ChatTemplate
+
+    template = (
+        "{% for m in messages %}<|tool|> {{ m.role }}:{% if m.role == 'assistant' %}"
+        "<|tool|>{% generation %} {{ m.content }}<|im_end|>{% endgeneration %}"
+        "{% else %} {{ m.content }}<|im_end|>{% endif %}{% endfor %}"
+    )
+    special = {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}
+    tok = _changed(hf_path, tmp_path / "prefix", "prefix_space")
+    messages = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "yes"}]
+    ref = PreTrainedTokenizerFast(tokenizer_file=tok.path, **special)
+    want: Any = ref.apply_chat_template(
+        messages, chat_template=template, tokenize=True, return_dict=True,
+        return_assistant_tokens_mask=True,
+    )  # fmt: skip
+    got = ChatEncoder(ChatTemplate(template, special), tok).encode(messages)
+    assert got.ids.tolist() == want["input_ids"]
+    assert got.supervised.astype(int).tolist() == want["assistant_masks"]

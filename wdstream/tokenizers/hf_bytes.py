@@ -12,8 +12,9 @@ spans (a character split between two tokens is covered by both; an added token c
 own text).
 
 :class:`ByteOffsets` is made only for a tokenizer whose offsets are exactly that: a BPE
-model behind a ``ByteLevel`` pre-tokenizer, no normalizer but NFC (and then only for text
-NFC leaves as it is), and no post-processor that moves offsets (``ByteLevel`` or
+model behind a ``ByteLevel`` pre-tokenizer without ``add_prefix_space`` (in a ``Sequence``,
+only with pre-tokenizers that cut or drop, never add: ``_CUTS_ONLY``), no normalizer but NFC
+(and then only for text NFC leaves as it is), and no post-processor that moves offsets (``ByteLevel`` or
 ``RobertaProcessing`` with ``trim_offsets``; ``TemplateProcessing``/``BertProcessing`` add
 nothing with ``add_special_tokens=False``). Each encoding is then checked: the ids' bytes
 joined must be the text's bytes, else (an added token that strips the spaces beside it, a
@@ -36,6 +37,24 @@ __all__ = ["ByteOffsets"]
 
 # Post-processors that leave offsets as the model made them (add_special_tokens=False).
 _KEEPS_OFFSETS = frozenset({"TemplateProcessing", "BertProcessing"})
+# Pre-tokenizers that only cut the text or drop characters from it, never add or replace
+# any: a dropped byte makes the ids' bytes shorter than the text's, so the check sees it.
+# One that adds a space (Metaspace's prepend, ByteLevel's add_prefix_space) can make up
+# for the spaces an added token with rstrip takes: "<|r|> b" is then "<|r|>" over
+# "<|r|> " and "Ġb" over "b", whose bytes joined are the text's all the same.
+_CUTS_ONLY = frozenset(
+    {
+        "Split",
+        "Digits",
+        "Punctuation",
+        "Whitespace",
+        "WhitespaceSplit",
+        "CharDelimiterSplit",
+        "UnicodeScripts",
+        "BertPreTokenizer",
+        "FixedLength",
+    }
+)
 
 
 def _byte_chars() -> dict[int, int]:
@@ -69,6 +88,12 @@ def _members(state: Any, key: str) -> list[dict[str, Any]]:
     return [state]
 
 
+def _cuts_only(part: dict[str, Any]) -> bool:
+    """Whether a pre-tokenizer keeps every byte of the text, in order, adding none."""
+    kind = part.get("type")
+    return kind in _CUTS_ONLY or (kind == "ByteLevel" and part.get("add_prefix_space") is False)
+
+
 def _keeps_offsets(part: dict[str, Any]) -> bool:
     """Whether a post-processor leaves the model's offsets as they are."""
     kind = part.get("type")
@@ -97,6 +122,8 @@ class ByteOffsets:
             return None
         pre = _members(_state(tok.pre_tokenizer), "pretokenizers")
         if type(tok.model).__name__ != "BPE" or not any(p.get("type") == "ByteLevel" for p in pre):
+            return None
+        if not all(map(_cuts_only, pre)):
             return None
         if not all(map(_keeps_offsets, _members(_state(tok.post_processor), "processors"))):
             return None
