@@ -45,6 +45,9 @@ def _changed(path: Path, folder: Path, change: str) -> HFTokenizer:
         tok.normalizer = normalizers.NFC()
     elif change == "rstrip":
         tok.add_special_tokens([tokenizers.AddedToken("<|tool|>", rstrip=True, special=True)])
+    elif change == "rstrip_spaces":  # and a run of spaces as an added token (CodeGen's)
+        tok.add_special_tokens([tokenizers.AddedToken("<|tool|>", rstrip=True, special=True)])
+        tok.add_tokens([tokenizers.AddedToken("  ", normalized=False)])
     elif change in ("prefix_space", "metaspace"):  # a space added, made up by an rstrip
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=change == "prefix_space")
         tok.pre_tokenizer = byte_level
@@ -136,3 +139,14 @@ def test_a_space_taken_by_an_added_token_masks_as_transformers_does(
     got = ChatEncoder(ChatTemplate(template, special), tok).encode(messages)
     assert got.ids.tolist() == want["input_ids"]
     assert got.supervised.astype(int).tolist() == want["assistant_masks"]
+
+
+def test_spaces_an_added_token_strips_and_the_next_token_has(hf_path: Path, tmp_path: Path) -> None:
+    """tokenizers gives an rstrip token the spaces after it even where the next token, an
+    added run of spaces, has them too: overlapping offsets, the bytes joined the text's."""
+    tok = _changed(hf_path, tmp_path / "rstrip_spaces", "rstrip_spaces")
+    text = "<|im_start|>tool\n<|tool|>  x<|im_end|>"
+    want_ids, want_spans = _own(tok, text)
+    assert want_spans[-4:-2] == [[17, 27], [25, 27]]
+    ids, spans = tok.encode_chat(text)
+    assert (ids.tolist(), spans.tolist()) == (want_ids, want_spans)

@@ -17,8 +17,8 @@ only with pre-tokenizers that cut or drop, never add: ``_CUTS_ONLY``), no normal
 (and then only for text NFC leaves as it is), and no post-processor that moves offsets (``ByteLevel`` or
 ``RobertaProcessing`` with ``trim_offsets``; ``TemplateProcessing``/``BertProcessing`` add
 nothing with ``add_special_tokens=False``). Each encoding is then checked: the ids' bytes
-joined must be the text's bytes, else (an added token that strips the spaces beside it, a
-prefix space, a byte-fallback token...) :meth:`ByteOffsets.spans` gives None and the caller
+joined must be the text's bytes, else (an added token that strips the spaces beside it,
+which has no bytes in the table, a byte-fallback token...) :meth:`ByteOffsets.spans` gives None and the caller
 encodes again with ``tokenizers``' own offsets. So the spans it returns are always
 ``tokenizers``' (tests/test_tokenizer_hf_bytes.py compares them on multi-byte text).
 """
@@ -137,7 +137,11 @@ class ByteOffsets:
                 continue
         for token, added in tok.get_added_tokens_decoder().items():
             table.extend([None] * (token + 1 - len(table)))
-            table[token] = added.content.encode("utf-8")
+            # One that strips the spaces beside it has no bytes of its own: its offsets take
+            # them even where the next token has them too (" sp " after "<|r|>": overlapping
+            # offsets, the bytes joined still the text's).
+            strips = added.lstrip or added.rstrip
+            table[token] = None if strips else added.content.encode("utf-8")
         return cls([b or None for b in table], normalizer is not None)
 
     def spans(self, text: str, ids: list[int], id_array: np.ndarray) -> np.ndarray | None:
