@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.chat_support import build_chat_hf
 from wdstream.tokenizers import load_tokenizer
@@ -150,3 +152,29 @@ def test_spaces_an_added_token_strips_and_the_next_token_has(hf_path: Path, tmp_
     assert want_spans[-4:-2] == [[17, 27], [25, 27]]
     ids, spans = tok.encode_chat(text)
     assert (ids.tolist(), spans.tolist()) == (want_ids, want_spans)
+
+
+# Pieces of adversarial chat text: added tokens (one that strips, one of spaces), characters
+# of 2-4 bytes, combining marks (NFC and not), ZWJ emoji, controls, line separators.
+PIECES = ["<|im_start|>", "<|im_end|>", "<|tool|>", "<|tool|>  ", "  ", " ", "\n", "\r\n", "\t", "\u200b",
+          "\u2028", "\u3000", "e", "\u0301", "\u0323", "é", "日本", "🙂", "\u200d", "\U0001f9d1", "12",
+          "Ġ", "ÄŁ", "\x00", "\ufeff", "x", "\u1100\u1161"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def changed_toks(hf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> list[HFTokenizer]:
+    folder = tmp_path_factory.mktemp("p")
+    return [_changed(hf_path, folder / change, change) for change in ("rstrip_spaces", "nfc")]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(PIECES) | st.text(max_size=2), max_size=16).map("".join))
+def test_any_text_gets_tokenizers_ids_and_offsets(
+    changed_toks: list[HFTokenizer], text: str
+) -> None:
+    """The property the fast path promises, on random text, for a tokenizer with an added
+    token that strips and an NFC one: ids and spans are tokenizers'. Most texts take the
+    fast path, so a wrong byte-to-character step or a missed fallback fails."""
+    for tok in changed_toks:
+        ids, spans = tok.encode_chat(text)
+        assert (ids.tolist(), spans.tolist()) == _own(tok, text)
