@@ -21,6 +21,7 @@ from tests.cli_server import run_cli
 from tests.conftest import make_corpus
 from wdstream.format.shard_table import ShardRows
 from wdstream.storage import LocalStore
+from wdstream.testing import alive, live_descendants
 from wdstream.write.pack import JOURNAL_NAME
 
 OPTS = ["--seq-len", "31", "--shard-size", "8KB", "--quiet"]
@@ -56,31 +57,6 @@ def _committed(out: Path) -> int:
         return 0
 
 
-def _descendants(pid: int) -> set[int]:
-    """Live descendants of ``pid`` (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(d.name))
-    found, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            found.add(c)
-            todo.append(c)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 # ``python -c`` running the CLI with every journal commit followed by a pause: the pack's
 # output is unchanged, but each commit lasts long enough to be seen and killed after.
 # Unslowed, a small pack ended a few ms after the commit the test waited for, and a poll
@@ -113,13 +89,13 @@ def _kill_after(cmd: list[str], out: Path, shards: int, timeout: float = 120) ->
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             if _committed(out) >= shards:
-                helpers = _descendants(proc.pid)
+                helpers = live_descendants(proc.pid)
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
                 gone_by = time.monotonic() + 10
-                while any(_alive(p) for p in helpers) and time.monotonic() < gone_by:
+                while any(alive(p) for p in helpers) and time.monotonic() < gone_by:
                     time.sleep(0.05)
-                assert not [p for p in helpers if _alive(p)], "pool processes outlived pack"
+                assert not [p for p in helpers if alive(p)], "pool processes outlived pack"
                 return True
             time.sleep(0.002)
         return False

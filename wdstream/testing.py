@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -31,7 +32,9 @@ from wdstream.write.commit import write_index as publish_index
 from wdstream.write.shards import ShardWriter
 
 __all__ = [
+    "alive",
     "assert_resumes_exactly",
+    "live_descendants",
     "restored_after",
     "rewrite_index",
     "synthetic_doc_lengths",
@@ -263,3 +266,30 @@ def assert_resumes_exactly(
             next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
         )
     return items
+
+
+def live_descendants(pid: int) -> set[int]:
+    """Live (not zombie) descendants of ``pid``, from Linux's ``/proc`` (empty elsewhere):
+    what a killed pack or loader must not leave behind (its pool, its fork server)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(d.name))
+    found, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (``/proc``; False elsewhere)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

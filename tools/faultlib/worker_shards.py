@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlib.common import Attempt, corpus_lines
+from wdstream.testing import alive, live_descendants
 from wdstream.write.journal import SEGMENT
 from wdstream.write.pack import JOURNAL_NAME
 
@@ -92,31 +93,6 @@ def _committed(out: Path) -> int:
         return 0
 
 
-def _tree(pid: int) -> set[int]:
-    """Live descendants of ``pid`` (from /proc)."""
-    kids: dict[int, list[int]] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            kids.setdefault(int(fields[1]), []).append(int(d.name))
-    found, todo = set(), [pid]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            found.add(c)
-            todo.append(c)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _inputs(root: Path) -> list[str]:
     """A JSONL file with blank, empty and malformed lines, its .gz, a plain JSONL file."""
     lines = corpus_lines(300)
@@ -143,13 +119,13 @@ def _fault(
     elif fault == "interrupt":
         os.killpg(proc.pid, signal.SIGINT)
     else:  # a pool worker: a grandchild (the forkserver's child)
-        pool = [p for p in _tree(proc.pid) if p not in _children(proc.pid)]
+        pool = [p for p in live_descendants(proc.pid) if p not in _children(proc.pid)]
         if pool:
             os.kill(rng.choice(sorted(pool)), signal.SIGKILL)
 
 
 def _children(pid: int) -> set[int]:
-    return {p for p in _tree(pid) if _parent(p) == pid}
+    return {p for p in live_descendants(pid) if _parent(p) == pid}
 
 
 def _parent(pid: int) -> int:
@@ -202,16 +178,16 @@ def _attempt(fault: str, inputs: list[str], out: Path, kw: dict[str, Any], after
                             stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
     helpers: set[int] = set()
     while proc.poll() is None and not helpers and _committed(out) < after:
-        helpers = _tree(proc.pid)
+        helpers = live_descendants(proc.pid)
         time.sleep(0.01)
     _fault(fault, proc, out, after, rng)
-    helpers |= _tree(proc.pid)
+    helpers |= live_descendants(proc.pid)
     _, err = proc.communicate()
     said = err.decode(errors="replace")
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in helpers) and time.monotonic() < deadline:
+    while any(alive(p) for p in helpers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if [p for p in helpers if _alive(p)]:
+    if [p for p in helpers if alive(p)]:
         return "hang: pool processes alive 10 s after the pack ended"
     if fault != "shm full":
         while time.monotonic() < deadline + 10 and _segments(proc.pid):
