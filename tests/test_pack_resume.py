@@ -21,7 +21,7 @@ from tests.cli_server import run_cli
 from tests.conftest import make_corpus
 from wdstream.format.shard_table import ShardRows
 from wdstream.storage import LocalStore
-from wdstream.testing import alive, live_descendants
+from wdstream.testing import alive, committed_shards, live_descendants
 from wdstream.write.pack import JOURNAL_NAME
 
 OPTS = ["--seq-len", "31", "--shard-size", "8KB", "--quiet"]
@@ -47,14 +47,6 @@ def _pack(src: Path, out: Path, workers: int) -> None:
     :mod:`tests.cli_server`'s server; the packs to kill are fresh processes of their own."""
     done = run_cli(*_cmd(src, out, workers)[3:])
     assert done.returncode == 0, done.stderr
-
-
-def _committed(out: Path) -> int:
-    try:
-        live = json.loads((out / JOURNAL_NAME).read_bytes())
-        return live.get("sealed", 0) * journal_module.SEGMENT + len(live["shards"])
-    except (FileNotFoundError, ValueError):
-        return 0
 
 
 # ``python -c`` running the CLI with every journal commit followed by a pause: the pack's
@@ -88,7 +80,7 @@ def _kill_after(cmd: list[str], out: Path, shards: int, timeout: float = 120) ->
     deadline = time.monotonic() + timeout
     try:
         while proc.poll() is None and time.monotonic() < deadline:
-            if _committed(out) >= shards:
+            if committed_shards(out) >= shards:
                 helpers = live_descendants(proc.pid)
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -151,7 +143,7 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path: Path, big_input: Path) -
     for k, workers in ((1, 0), (n_shards // 3, 2), ((2 * n_shards) // 3, 0)):
         kills += _kill_after(_cmd(big_input, out, workers), out, k)
         assert not (out / "index.json").exists()
-        assert _committed(out) >= k
+        assert committed_shards(out) >= k
     assert kills == 3, "pack finished before it could be killed"
     # Leftover partial files are swept; the rerun (with other workers) completes identically.
     _pack(big_input, out, 2)
@@ -184,7 +176,7 @@ def test_resume_in_process_after_interrupt(
             patch.setattr(LocalStore, "writer", _interrupted_writer("data-000006.tar"))
             with pytest.raises(KeyboardInterrupt):
                 wdstream.pack([str(messy)], str(out), **kw)  # type: ignore[arg-type]
-        assert _committed(out) == 6 and not (out / "index.json").exists()
+        assert committed_shards(out) == 6 and not (out / "index.json").exists()
         assert not (out / "data-000006.tar").exists() and not (out / "data-000007.tar").exists()
         res = wdstream.pack([str(messy)], str(out), **kw)  # type: ignore[arg-type]
         assert res.resumed_shards == 6

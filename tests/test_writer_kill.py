@@ -15,6 +15,7 @@ from pathlib import Path
 import wdstream
 from tests.conftest import make_corpus
 from tests.writer_support import assert_same_dataset, visible
+from wdstream.testing import committed_shards
 from wdstream.write.pack import JOURNAL_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,13 +34,6 @@ if __name__ == "__main__":
 """
 
 
-def _committed(out: Path) -> int:
-    try:
-        return len(json.loads((out / JOURNAL_NAME).read_bytes())["shards"])
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
 def _writer(script: Path, out: Path, pause: float) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(script), str(out), str(pause)]
@@ -55,7 +49,7 @@ def test_killed_writer_leaves_no_half_shard_and_resumes(tmp_path: Path) -> None:
 
     proc = _writer(script, out, 0.01)
     deadline = time.monotonic() + 120
-    while _committed(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
+    while committed_shards(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     assert proc.poll() is None, "the writer finished before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)

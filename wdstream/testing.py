@@ -25,15 +25,17 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from wdstream.format.checksum import CHECKSUM_NAME
-from wdstream.format.index import FORMAT_VERSION, DatasetIndex, ShardEntry
+from wdstream.format.index import FORMAT_VERSION, JOURNAL_NAME, DatasetIndex, ShardEntry
 from wdstream.format.shard_table import TABLE_NAME, build_table
 from wdstream.storage import open_store
+from wdstream.write import journal
 from wdstream.write.commit import write_index as publish_index
 from wdstream.write.shards import ShardWriter
 
 __all__ = [
     "alive",
     "assert_resumes_exactly",
+    "committed_shards",
     "live_descendants",
     "restored_after",
     "rewrite_index",
@@ -293,3 +295,15 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def committed_shards(out: Path) -> int:
+    """Shards a running local pack into ``out`` has committed so far, read from its journal
+    (sealed segments count ``SEGMENT`` each): what a test or fault harness waits for before it
+    kills the pack. 0 before the journal exists, after the pack ends (the journal is removed)
+    or while a write of it is half-seen."""
+    try:
+        live = json.loads((out / JOURNAL_NAME).read_bytes())
+        return int(live.get("sealed", 0)) * journal.SEGMENT + len(live["shards"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0

@@ -28,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlib.common import Attempt, corpus_lines
-from wdstream.testing import alive, live_descendants
-from wdstream.write.journal import SEGMENT
-from wdstream.write.pack import JOURNAL_NAME
+from wdstream.testing import alive, committed_shards, live_descendants
 
 FAULTS = ("kill", "worker", "interrupt", "shm full", "disk full")
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -85,14 +83,6 @@ def _cmd(
     return cmd
 
 
-def _committed(out: Path) -> int:
-    try:
-        live = json.loads((out / JOURNAL_NAME).read_bytes())
-        return int(live.get("sealed", 0)) * SEGMENT + len(live["shards"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 def _inputs(root: Path) -> list[str]:
     """A JSONL file with blank, empty and malformed lines, its .gz, a plain JSONL file."""
     lines = corpus_lines(300)
@@ -109,7 +99,7 @@ def _fault(
     fault: str, proc: subprocess.Popen[bytes], out: Path, after: int, rng: random.Random
 ) -> None:
     """Wait for ``after`` commits, then strike (``shm full`` strikes from inside the pack)."""
-    while proc.poll() is None and _committed(out) < after:
+    while proc.poll() is None and committed_shards(out) < after:
         time.sleep(0.002)
     time.sleep(rng.uniform(0, 0.03))
     if proc.poll() is not None or fault in ("shm full", "disk full"):
@@ -177,7 +167,7 @@ def _attempt(fault: str, inputs: list[str], out: Path, kw: dict[str, Any], after
     proc = subprocess.Popen(_cmd(inputs, out, 2, kw, fill), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
     helpers: set[int] = set()
-    while proc.poll() is None and not helpers and _committed(out) < after:
+    while proc.poll() is None and not helpers and committed_shards(out) < after:
         helpers = live_descendants(proc.pid)
         time.sleep(0.01)
     _fault(fault, proc, out, after, rng)

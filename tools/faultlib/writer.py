@@ -20,6 +20,7 @@ from pathlib import Path
 from faultlib.common import Attempt, corpus_lines, labelled, stored_samples
 from faultlib.packs import same_tree
 from wdstream import WdstreamError, Writer, pack_records
+from wdstream.testing import committed_shards
 
 OPTS = {"seq_len": 31, "shard_size": "8KB", "workers": 0, "progress": False}
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,13 +80,6 @@ def caller_raises(work: Path, at: int, via_writer: bool) -> str:
     return "handled" if same_tree(out, ref) else "silent wrong: the resumed dataset differs"
 
 
-def _committed(out: Path) -> int:
-    try:
-        return len(json.loads((out / ".wdstream-pack.json").read_bytes())["shards"])
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
 def killed_writer(work: Path, shards: int, i: int) -> str:
     """A process writing through ``Writer``, SIGKILLed once ``shards`` are committed; the
     same script again must finish byte-identical to the uninterrupted pack."""
@@ -101,7 +95,7 @@ def killed_writer(work: Path, shards: int, i: int) -> str:
 
     proc = run(0.004)
     deadline = time.monotonic() + 40
-    while _committed(out) < shards and proc.poll() is None and time.monotonic() < deadline:
+    while committed_shards(out) < shards and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
