@@ -23,6 +23,7 @@ from wdstream.errors import (
     StateMismatchError,
     TokenizerError,
     WdstreamError,
+    WorkerTimeoutError,
 )
 from wdstream.format.index import DatasetIndex, ShardEntry
 from wdstream.format.wds import wds_decoder
@@ -83,6 +84,7 @@ __all__ = [
     "TokenDataset",
     "TokenizerError",
     "WdstreamError",
+    "WorkerTimeoutError",
     "Writer",
     "__version__",
     "documents",

@@ -23,6 +23,7 @@ __all__ = [
     "StateMismatchError",
     "TokenizerError",
     "WdstreamError",
+    "WorkerTimeoutError",
 ]
 
 
@@ -96,3 +97,9 @@ class RemoteReadError(RemoteStoreError):
 
 class RemoteWriteError(RemoteStoreError):
     """A remote write (PUT, multipart upload, DELETE) failed after its retry budget."""
+
+
+class WorkerTimeoutError(WdstreamError, TimeoutError):
+    """The ``Loader``'s torch workers sent no chunk within its ``timeout``: names each
+    worker's pid and state (a stopped or hung process); the workers have been ended, and the
+    next ``iter()`` starts new ones from the position after the last batch handed out."""

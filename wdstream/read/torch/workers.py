@@ -7,12 +7,17 @@ start from, and the chunks they send (ring-slot references) come back as tensor 
 
 from __future__ import annotations
 
+import os
+import signal
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from torch.utils.data import DataLoader
+from torch.utils.data._utils.signal_handling import _remove_worker_pids
 
+from wdstream.errors import WorkerTimeoutError
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.torch.dataset import Chunk, TokenDataset
 from wdstream.read.torch.handoff import WorkerHandoff, forked_workers, worker_start
@@ -31,7 +36,8 @@ class TorchWorkers:
         dataset: the loader's dataset (its chunks are made in the workers).
         workers: torch workers (>= 1).
         options: the torch ``DataLoader`` options ``prefetch_factor``,
-            ``persistent_workers`` and ``multiprocessing_context`` (None: torch's default).
+            ``persistent_workers``, ``multiprocessing_context`` (None: torch's default) and
+            ``timeout`` (0: wait for a chunk forever).
     """
 
     def __init__(self, dataset: TokenDataset, workers: int, options: dict[str, Any]) -> None:
@@ -127,12 +133,27 @@ class TorchWorkers:
             if self._running and self._dl is not None and not _all_alive(self._dl):
                 self._end()  # (torch's SIGCHLD handler raised its error in the caller's code)
             raise
-        except BaseException:
-            end = getattr(chunks, "_shutdown_workers", None)  # torch's own end of an iterator
-            if end is not None:
-                end()
-            self._end()
+        except RuntimeError as exc:
+            timed_out = self.options.get("timeout", 0) > 0 and "timed out" in str(exc)
+            states = _kill_workers(chunks) if timed_out else ""
+            self._end_iterator(chunks)
+            if timed_out:
+                raise WorkerTimeoutError(
+                    f"torch workers sent no chunk for {self.options['timeout']} s "
+                    f"(workers {states}); they were killed, and the next iter() "
+                    "starts new workers after the last batch handed out"
+                ) from exc
             raise
+        except BaseException:
+            self._end_iterator(chunks)
+            raise
+
+    def _end_iterator(self, chunks: Iterator[Chunk]) -> None:
+        """End torch's iterator ``chunks`` and, if persistent, this object's workers."""
+        end = getattr(chunks, "_shutdown_workers", None)  # torch's own end of an iterator
+        if end is not None:
+            end()
+        self._end()
 
     def _end(self) -> None:
         """End persistent workers after an error, so that the next ``iter()`` starts new
@@ -154,3 +175,35 @@ def _end_workers(dl: DataLoader) -> None:
     end = getattr(it, "_shutdown_workers", None)
     if end is not None:
         end()
+
+
+def _kill_workers(it: Any) -> str:
+    """SIGKILL the workers of torch's iterator ``it`` after a timeout and say what state
+    each was in (``/proc``: T stopped, S sleeping, R running, D in uninterruptible I/O).
+
+    A stopped worker never takes torch's end (SIGTERM stays pending until it is
+    continued), and a hung one costs torch's 5 s join each: neither holds anything the next
+    ``iter()`` needs (it starts from the batches handed out). Their pids are first taken off
+    torch's SIGCHLD watch, which would otherwise raise "worker killed" in the caller."""
+    if getattr(it, "_worker_pids_set", False):
+        _remove_worker_pids(id(it))
+        it._worker_pids_set = False
+    states = []
+    for w in getattr(it, "_workers", ()):
+        if w.pid is None or not w.is_alive():
+            continue
+        try:
+            state = Path(f"/proc/{w.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "?"
+        states.append(f"{w.pid}: {_STATES.get(state, state)}")
+        try:
+            os.kill(w.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        w.join(timeout=5)
+    return ", ".join(states) or "none alive"
+
+
+_STATES = {"T": "stopped", "t": "stopped by a tracer", "S": "sleeping", "R": "running",
+           "D": "in uninterruptible I/O"}  # fmt: skip

@@ -1,0 +1,71 @@
+"""A Loader's ``timeout``: a stopped torch worker is a clear error, not a hang.
+
+Oracles outside the code under test: the uninterrupted run without workers (its batches),
+the test process's live children (``multiprocessing.active_children``) and ``/proc`` (the
+stopped worker's state), and time. A worker stopped with SIGSTOP mid-epoch (as a debugger,
+a cgroup freeze or a swapped-out node leaves it) made the loader wait forever: with
+``timeout`` it raises :class:`~wdstream.WorkerTimeoutError` naming the worker and its
+state, leaves no worker behind (a stopped process never takes torch's SIGTERM), and the
+next ``iter()`` gives exactly the uninterrupted run's batches after the last one handed out.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from wdstream import Loader, WorkerTimeoutError
+from wdstream.testing import write_synthetic_dataset
+
+OPTS = dict(seq_len=16, batch_size=6, seed=7, chunk_batches=2, shuffle_window=70,
+            shuffle_lanes=3, epochs=1, prefetch_factor=1)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = str(tmp_path_factory.mktemp("data"))
+    write_synthetic_dataset(d, n_docs=400, sample_tokens=17, samples_per_shard=20)
+    return d
+
+
+@pytest.fixture(scope="module")
+def clean(root: str) -> list[torch.Tensor]:
+    """The uninterrupted run's input_ids (one epoch)."""
+    loader = Loader(root, num_workers=0, **OPTS)  # type: ignore[arg-type]
+    return [b["input_ids"].clone() for b in loader]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_stopped_worker_times_out_and_the_next_iter_resumes(
+    root: str, clean: list[torch.Tensor], persistent: bool
+) -> None:
+    before = set(mp.active_children())
+    loader = Loader(root, num_workers=2, timeout=2, persistent_workers=persistent, **OPTS)  # type: ignore[arg-type]
+    got, stopped = [], 0
+    t = 0.0
+    with pytest.raises(WorkerTimeoutError) as info:
+        for i, b in enumerate(loader):
+            got.append(b["input_ids"].clone())
+            if i == 3:
+                stopped = min(p.pid for p in set(mp.active_children()) - before if p.pid)
+                os.kill(stopped, signal.SIGSTOP)
+                t = time.monotonic()
+    waited = time.monotonic() - t
+    assert 0 < len(got) < len(clean) - 4, "the stopped worker's turn never came"
+    assert f"{stopped}: stopped" in str(info.value) and "2 s" in str(info.value)
+    assert waited < 15, f"the timeout took {waited:.1f} s"
+    assert set(mp.active_children()) <= before  # the stopped worker was killed, not left
+    rest = [b["input_ids"].clone() for b in loader]
+    assert len(got) + len(rest) == len(clean)
+    assert all(torch.equal(a, b) for a, b in zip(got + rest, clean, strict=True))
+
+
+def test_a_timeout_does_not_change_a_healthy_epoch(root: str, clean: list[torch.Tensor]) -> None:
+    loader = Loader(root, num_workers=2, timeout=30, **OPTS)  # type: ignore[arg-type]
+    got = [b["input_ids"].clone() for b in loader]
+    assert all(torch.equal(a, b) for a, b in zip(got, clean, strict=True))
