@@ -22,6 +22,7 @@ import itertools
 
 import numpy as np
 
+from wdstream.read.mixture.interleave import Block
 from wdstream.read.order.global_order import GlobalOrder
 from wdstream.read.order.row_places import RowPlaces
 from wdstream.read.order.window_data import (
@@ -36,7 +37,7 @@ from wdstream.read.order.window_data import (
 )
 from wdstream.read.sources.packed import ShardSource
 
-__all__ = ["Run", "fill_runs", "source_runs"]
+__all__ = ["Run", "block_runs", "fill_runs", "source_runs"]
 
 Run = tuple[int, int, int, np.ndarray]  # (source, epoch, first row in it, rows of the chunk)
 
@@ -65,6 +66,25 @@ def source_runs(
     return runs, order
 
 
+def block_runs(block: Block, rows_per_epoch: list[int]) -> list[Run]:
+    """:func:`source_runs` of consecutive rows (``block``: their sources, grouped; the
+    same runs, in the same order), from each source's count and first index alone: a
+    source's rows of consecutive mixture rows are consecutive rows of it."""
+    runs: list[Run] = []
+    a = 0
+    for s, (m, first) in enumerate(zip(block.counts, block.firsts, strict=True)):
+        if not m:
+            continue
+        b, r = a + m, rows_per_epoch[s]
+        if first // r == (first + m - 1) // r:  # one run: the rule
+            runs.append((s, first // r, first % r, block.order[a:b]))
+        else:
+            idx = np.arange(first, first + m, dtype=np.int64)
+            runs += _split(s, idx, block.order[a:b], r)
+        a = b
+    return runs
+
+
 def _split(s: int, idx: np.ndarray, into: np.ndarray, r: int) -> list[Run]:
     """Source ``s``'s rows ``idx`` (at chunk rows ``into``) as runs of consecutive rows of
     one of its epochs (``r`` rows each)."""
@@ -77,13 +97,13 @@ def _split(s: int, idx: np.ndarray, into: np.ndarray, r: int) -> list[Run]:
 def fill_runs(
     orders: list[GlobalOrder],
     runs: list[Run],
-    rows: np.ndarray,
+    places: RowPlaces,
     tokens: np.ndarray,
     doc_start: np.ndarray | None,
 ) -> list[Hit]:
-    """Fill ``runs`` (:func:`source_runs`: covering every row of ``tokens``, at ``rows``)
-    into ``tokens`` ([n, T + 1]) with one :func:`copy_rows`; ``doc_start`` as
-    :meth:`GlobalOrder.fill`.
+    """Fill ``runs`` (:func:`source_runs`: covering every row of ``tokens``, at the rows
+    ``places`` names) into ``tokens`` ([n, T + 1]) with one :func:`copy_rows`;
+    ``doc_start`` as :meth:`GlobalOrder.fill`.
 
     Returns:
         The rows masked (``on_corrupt="mask"``), with the stand-in sample each holds.
@@ -98,7 +118,7 @@ def fill_runs(
         for j, (s, e, k, into) in enumerate(runs)
     ]
     windows, alone = _read_alone(runs, run_of, cut, with_docs)
-    segments = cut[0] if len(cut) == 1 else [x for part in cut for x in part]
+    segments = cut[0] if len(cut) == 1 else list(itertools.chain.from_iterable(cut))
 
     def load(key: int) -> WindowData:
         order, epoch = run_of[key // WINDOW_TAG]
@@ -115,7 +135,7 @@ def fill_runs(
     for order, epoch, ws in alone:  # their whole reads, before the copy (GlobalOrder.fill)
         order.data.start_reads(epoch, ws, with_docs)
     got = copy_rows(segments, windows, load, flat, flat_ds, T1, source_of,
-                    run_of[0][0].quarantine, RowPlaces(rows, T1))  # fmt: skip
+                    run_of[0][0].quarantine, places)  # fmt: skip
     verified = all(d.unverified is None for d in windows.values())
     if not got and (verified or _admitted(run_of, tokens)):
         return []  # nothing masked, every id checked as read or in the whole block at once

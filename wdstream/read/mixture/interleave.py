@@ -23,11 +23,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["MAX_PERIOD", "MIXTURE_ORDER_VERSION", "Interleave", "exact_weights"]
+from wdstream.read.order.row_places import RowPlaces
+
+__all__ = ["MAX_PERIOD", "MIXTURE_ORDER_VERSION", "Block", "Interleave", "exact_weights"]
 
 # The version of the interleave above (with the sources' ``ORDER_VERSION``, a mixture
 # state's ``order_version``). Bump it with any change to which source gives a row.
@@ -36,6 +39,30 @@ MIXTURE_ORDER_VERSION = 1
 # Rows of one period: its tables (5 bytes a row) are built in Python once per weight vector.
 MAX_PERIOD = 1 << 16
 _SIMPLE_DENOMINATOR = 10**6
+_BLOCKS = 1024  # blocks kept per interleave (:meth:`Interleave.block`; ~2 KB each at n=128)
+
+
+class Block(NamedTuple):
+    """``n`` consecutive rows, by source: ``source[t]`` gives row ``t``; ``order`` the rows
+    grouped by source (a stable argsort of ``source``); ``counts[i]`` rows of source ``i``
+    among them; ``firsts[i]`` the index in source ``i`` of its first row there (its rows'
+    indices are consecutive: the interleave gives each source's rows in index order).
+    ``source`` and ``order`` are read-only, shared by every block at the same place in the
+    period, as is ``memo`` (what a caller derives from ``order``: :meth:`places`)."""
+
+    source: np.ndarray
+    order: np.ndarray
+    counts: list[int]
+    firsts: list[int]
+    memo: dict[int, RowPlaces]
+
+    def places(self, row_tokens: int) -> RowPlaces:
+        """Where the rows grouped by source go in a block of rows of ``row_tokens``
+        tokens (``RowPlaces(order, row_tokens)``, made once per place in the period)."""
+        places = self.memo.get(row_tokens)
+        if places is None:
+            places = self.memo[row_tokens] = RowPlaces(self.order, row_tokens)
+        return places
 
 
 def exact_weights(weights: Sequence[float | int], names: Sequence[str]) -> tuple[int, ...]:
@@ -130,11 +157,36 @@ class Interleave:
         self._within = self.within.astype(np.int64)
         # Per source: where its rows fall inside the period (for counts and inverses).
         self.offsets = [np.flatnonzero(self.source == i) for i in range(len(weights))]
+        # Per (place in the period, n): the block's sources, their stable argsort, counts
+        # and the indices before it within the period (:meth:`block`).
+        self._blocks: dict[tuple[int, int], Block] = {}
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Source and index inside that source of each row (counted from the start)."""
         q, r = np.divmod(rows, self.period)
         return self._source[r], q * self._step[r] + self._within[r]
+
+    def block(self, row: int, n: int) -> Block:
+        """Rows ``[row, row + n)`` by source (:class:`Block`): what :meth:`locate` and a
+        stable argsort of its sources give, with the arrays cached per place in the period
+        (a chunk of a fixed size meets a few places, ``period / gcd(period, n)``), so a
+        chunk costs a few integer operations rather than a lookup and a sort."""
+        q, r = divmod(row, self.period)
+        hit = self._blocks.get((r, n))
+        if hit is None:
+            src, _ = self.locate(np.arange(r, r + n, dtype=np.int64))
+            order = np.argsort(src, kind="stable")
+            counts = np.bincount(src, minlength=len(self.weights)).tolist()
+            before = [int(np.searchsorted(off, r)) for off in self.offsets]
+            src.setflags(write=False)
+            order.setflags(write=False)
+            if len(self._blocks) >= _BLOCKS:
+                self._blocks.clear()
+            hit = self._blocks[r, n] = Block(src, order, counts, before, {})
+        if not q:
+            return hit
+        firsts = [q * w + b for w, b in zip(self.weights, hit.firsts, strict=True)]
+        return Block(hit.source, hit.order, hit.counts, firsts, hit.memo)
 
     def counts(self, rows: int) -> np.ndarray:
         """Rows each source gives among the first ``rows`` rows (int64 [K])."""

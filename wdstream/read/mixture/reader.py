@@ -34,7 +34,7 @@ import numpy as np
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.checks import MixtureOwnRows, row_at
-from wdstream.read.mixture.fill import fill_runs, source_runs
+from wdstream.read.mixture.fill import block_runs, fill_runs, source_runs
 from wdstream.read.mixture.interleave import MIXTURE_ORDER_VERSION
 from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weights
 from wdstream.read.mixture.seal import mixture_seal
@@ -44,6 +44,7 @@ from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_sta
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.identity import check_identity, rows_fingerprint
+from wdstream.read.order.row_places import RowPlaces
 from wdstream.read.order.state_fields import SEAL_KEY
 from wdstream.read.order.step_check import check_step
 from wdstream.read.order.steps import GlobalPosition, StepChunks, step_cursors
@@ -271,16 +272,45 @@ class MixtureReader:
         """Mixture rows ``rows`` (increasing) into ``tokens`` ([len(rows), T + 1]) in one
         pass over all sources (:mod:`~wdstream.read.mixture.fill`); returns their sources
         and the rows masked (:meth:`GlobalOrder.fill`)."""
-        src, idx = self.schedule(position).locate(rows)
+        sched, n = self.schedule(position), len(rows)
+        if n and rows[-1] - rows[0] == n - 1:
+            return self._fill_block(int(rows[0]), n, position, tokens, doc_start)
+        src, idx = sched.locate(rows)
         runs, placed = source_runs(src, idx, self.rows_per_epoch)
-        return src, fill_runs(self.orders, runs, placed, tokens, doc_start)
+        places = RowPlaces(placed, self.row_tokens)
+        return src, fill_runs(self.orders, runs, places, tokens, doc_start)
+
+    def _fill_block(
+        self,
+        row: int,
+        n: int,
+        position: GlobalPosition,
+        tokens: np.ndarray,
+        doc_start: np.ndarray | None,
+    ) -> tuple[np.ndarray, list[Hit]]:
+        """:meth:`fill_rows` of the consecutive rows ``[row, row + n)`` (one rank's steps):
+        their runs from the schedule's cached :class:`Block` (counts and firsts, no search
+        or sort per chunk), the rows' places made once per place in the period."""
+        block = self.schedule(position).block(row, n)
+        if block is None:  # across two schedule pieces
+            src, idx = self.schedule(position).locate(np.arange(row, row + n, dtype=np.int64))
+            runs, placed = source_runs(src, idx, self.rows_per_epoch)
+            places = RowPlaces(placed, self.row_tokens)
+        else:
+            runs, places = block_runs(block, self.rows_per_epoch), block.places(self.row_tokens)
+            src = block.source.copy()  # the batches' own (the block's is shared)
+        return src, fill_runs(self.orders, runs, places, tokens, doc_start)
 
     def fill_chunk(
         self, first: int, n: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
     ) -> list[Cursor]:
-        rows = self.rank_rows(first, n, position.origin)
-        src, hits = self.fill_rows(rows, position, tokens, doc)
         b = self.batch_size
+        if b == self.cfg.global_batch:  # one rank: the steps' rows are consecutive
+            row = self.row_at(first, position.origin)
+            src, hits = self._fill_block(row, n * b, position, tokens, doc)
+        else:
+            rows = self.rank_rows(first, n, position.origin)
+            src, hits = self.fill_rows(rows, position, tokens, doc)
         cursors = step_cursors(first, n, b, self.rank, hits)
         for cursor, batch_src in zip(cursors, src.reshape(n, b), strict=True):
             cursor["source"] = batch_src

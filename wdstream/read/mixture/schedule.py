@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.read.mixture.interleave import Interleave, exact_weights
+from wdstream.read.mixture.interleave import Block, Interleave, exact_weights
 from wdstream.read.order.step_check import ROW_LIMIT
 
 __all__ = ["SchedulePiece", "Schedule", "parse_weights"]
@@ -135,6 +135,19 @@ class Schedule:
             s, i = self.parts[j].locate(local)
             src[sel], idx[sel] = s, i + self.base[j][s]
         return src, idx
+
+    def block(self, row: int, n: int) -> Block | None:
+        """Global rows ``[row, row + n)`` by source (:meth:`Interleave.block`, indices
+        counted from the schedule's start); None where they span two pieces."""
+        j = self.piece_at(row)
+        if j + 1 < len(self.starts) and row + n > self.starts[j + 1]:
+            return None
+        b = self.parts[j].block(row - self.starts[j], n)
+        if j:
+            base = self.base[j].tolist()
+            firsts = [f + x for f, x in zip(b.firsts, base, strict=True)]
+            return Block(b.source, b.order, b.counts, firsts, b.memo)
+        return b
 
     def counts(self, row: int) -> np.ndarray:
         """Rows of each source among global rows ``[0, row)`` (int64 [K])."""
