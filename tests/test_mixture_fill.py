@@ -16,10 +16,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import wdstream.read.order.window_reads as window_reads
 from wdstream import Loader
-from wdstream.read.mixture.fill import _admitted
+from wdstream.read.mixture.fill import _admitted, block_runs, source_runs
+from wdstream.read.mixture.schedule import Schedule, SchedulePiece
 from wdstream.read.sources.vouch import IdLimit
 from wdstream.testing import write_synthetic_dataset
 
@@ -87,3 +90,50 @@ def test_sources_sharing_a_vocabulary_read_with_workers_as_without(
     want = [b["input_ids"] for b in itertools.islice(Loader(sources, num_workers=0, **opts), 40)]
     got = [b["input_ids"] for b in itertools.islice(Loader(sources, num_workers=2, **opts), 40)]
     assert all(bool((a == b).all()) for a, b in zip(want, got, strict=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    weights=st.lists(st.integers(0, 9), min_size=2, max_size=4).filter(lambda w: sum(w) > 0),
+    later=st.lists(st.integers(1, 9), min_size=2, max_size=4),
+    boundary=st.integers(1, 40),
+    row=st.integers(0, 400),
+    n=st.integers(1, 130),
+    epoch_rows=st.integers(1, 60),
+)
+def test_a_blocks_runs_are_those_of_locating_every_row(
+    weights: list[int], later: list[int], boundary: int, row: int, n: int, epoch_rows: int
+) -> None:
+    """Consecutive rows' runs from the cached Block (``fill_block``: a chunk of one rank)
+    are those located row by row and sorted (``fill_rows`` of any rows), in a schedule's
+    first piece, its second (indices counted on from the first's) and across the two
+    (no block there), with runs split at sources' epoch ends; asked twice (the cache's
+    second answer)."""
+    k = len(weights)
+    later = (later * k)[:k]
+    sched = Schedule([SchedulePiece(0, 0, tuple(weights)),
+                      SchedulePiece(1, boundary, tuple(later))])  # fmt: skip
+    per_epoch = [epoch_rows + 7 * i for i in range(k)]
+    rows = np.arange(row, row + n, dtype=np.int64)
+    src, idx = sched.locate(rows)
+    want, placed = source_runs(src, idx, per_epoch)
+    for _ in range(2):
+        block = sched.block(row, n)
+        if row < boundary < row + n:
+            assert block is None
+            return
+        assert block is not None
+        got = block_runs(block, per_epoch)
+        assert [r[:3] for r in got] == [r[:3] for r in want]
+        assert [r[3].tolist() for r in got] == [r[3].tolist() for r in want]
+        assert block.order.tolist() == placed.tolist() and block.source.tolist() == src.tolist()
+        assert block.places(5).starts == (placed * 5).tolist()
+
+
+def test_a_block_is_cached_read_only_per_place_in_the_period() -> None:
+    """A block's arrays are shared by every chunk at its place in the period, so they
+    are read-only (``fill_block`` hands the batches a copy of the sources)."""
+    sched = Schedule([SchedulePiece(0, 0, (2, 1))])
+    block = sched.block(0, 6)
+    assert block is not None and not block.source.flags.writeable
+    assert sched.block(3 * 6, 6).source is block.source  # period 3: the same place

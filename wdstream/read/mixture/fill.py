@@ -23,6 +23,7 @@ import itertools
 import numpy as np
 
 from wdstream.read.mixture.interleave import Block
+from wdstream.read.mixture.schedule import Schedule
 from wdstream.read.order.global_order import GlobalOrder
 from wdstream.read.order.row_places import RowPlaces
 from wdstream.read.order.window_data import (
@@ -37,9 +38,59 @@ from wdstream.read.order.window_data import (
 )
 from wdstream.read.sources.packed import ShardSource
 
-__all__ = ["Run", "block_runs", "fill_runs", "source_runs"]
+__all__ = ["Run", "block_runs", "fill_block", "fill_rows", "fill_runs", "source_runs"]
 
 Run = tuple[int, int, int, np.ndarray]  # (source, epoch, first row in it, rows of the chunk)
+
+
+def fill_rows(
+    sched: Schedule,
+    orders: list[GlobalOrder],
+    rows: np.ndarray,
+    tokens: np.ndarray,
+    doc_start: np.ndarray | None,
+) -> tuple[np.ndarray, list[Hit]]:
+    """Mixture rows ``rows`` (increasing) of schedule ``sched`` over the sources' ``orders``
+    into ``tokens`` ([len(rows), T + 1]) with :func:`fill_runs`; returns their sources and
+    the rows masked. Consecutive rows go by :func:`fill_block`."""
+    n = len(rows)
+    if n and rows[-1] - rows[0] == n - 1:
+        return fill_block(sched, orders, int(rows[0]), n, tokens, doc_start)
+    return _fill_located(sched, orders, rows, tokens, doc_start)
+
+
+def _fill_located(
+    sched: Schedule,
+    orders: list[GlobalOrder],
+    rows: np.ndarray,
+    tokens: np.ndarray,
+    doc_start: np.ndarray | None,
+) -> tuple[np.ndarray, list[Hit]]:
+    """:func:`fill_rows` of any rows: each located in the schedule, then grouped in runs."""
+    src, idx = sched.locate(rows)
+    runs, placed = source_runs(src, idx, [o.rows_per_epoch for o in orders])
+    places = RowPlaces(placed, tokens.shape[1])
+    return src, fill_runs(orders, runs, places, tokens, doc_start)
+
+
+def fill_block(
+    sched: Schedule,
+    orders: list[GlobalOrder],
+    row: int,
+    n: int,
+    tokens: np.ndarray,
+    doc_start: np.ndarray | None,
+) -> tuple[np.ndarray, list[Hit]]:
+    """:func:`fill_rows` of the consecutive rows ``[row, row + n)`` (one rank's steps):
+    their runs from the schedule's cached :class:`Block` (counts and first indices: no
+    lookup or sort per chunk), the rows' places made once per place in the period."""
+    block = sched.block(row, n)
+    if block is None:  # across two schedule pieces
+        rows = np.arange(row, row + n, dtype=np.int64)
+        return _fill_located(sched, orders, rows, tokens, doc_start)
+    runs = block_runs(block, [o.rows_per_epoch for o in orders])
+    src = block.source.copy()  # the batches' own (the block's is shared)
+    return src, fill_runs(orders, runs, block.places(tokens.shape[1]), tokens, doc_start)
 
 
 def source_runs(
@@ -183,9 +234,9 @@ def _read_alone(
         order, epoch = run_of[j]
         segs = cut[j] if group == j + 1 else [x for part in cut[j:group] for x in part]
         alone = order.data.samples_alone(epoch, segs, with_docs)
-        if alone:
+        if alone:  # mostly not (a local source's, past an iteration's first rows)
             alone_in.append((order, epoch, list(alone)))
-        for tag in range(j, group):
-            windows.update({tag * WINDOW_TAG | w: data for w, data in alone.items()})
+            for tag in range(j, group):
+                windows.update({tag * WINDOW_TAG | w: data for w, data in alone.items()})
         j = group
     return windows, alone_in

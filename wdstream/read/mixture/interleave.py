@@ -23,8 +23,8 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
 from fractions import Fraction
+from typing import NamedTuple
 
 import numpy as np
 

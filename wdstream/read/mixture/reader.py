@@ -27,24 +27,26 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.checks import MixtureOwnRows, row_at
-from wdstream.read.mixture.fill import block_runs, fill_runs, source_runs
+from wdstream.read.mixture.fill import fill_block, fill_rows
 from wdstream.read.mixture.interleave import MIXTURE_ORDER_VERSION
 from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weights
 from wdstream.read.mixture.seal import mixture_seal
 from wdstream.read.mixture.sources import source_seed
 from wdstream.read.mixture.spec import MixtureSpec
-from wdstream.read.mixture.state import MIXTURE_STATE_VERSION, parse_mixture_state
+from wdstream.read.mixture.state import (
+    MIXTURE_STATE_VERSION,
+    MixturePosition,
+    parse_mixture_state,
+)
 from wdstream.read.order.base import ChunkBuffers, Cursor, DocStarts, FilledChunk, Worker
 from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderConfig, Origin
 from wdstream.read.order.identity import check_identity, rows_fingerprint
-from wdstream.read.order.row_places import RowPlaces
 from wdstream.read.order.state_fields import SEAL_KEY
 from wdstream.read.order.step_check import check_step
 from wdstream.read.order.steps import GlobalPosition, StepChunks, step_cursors
@@ -54,25 +56,6 @@ from wdstream.read.sources.packed import ShardSource
 __all__ = ["MixturePosition", "MixtureReader"]
 
 _ORDER_VERSION = (MIXTURE_ORDER_VERSION, ORDER_VERSION)  # a state's ``order_version``
-
-
-@dataclass
-class MixturePosition(GlobalPosition):
-    """A global position plus the schedule pieces it is read under (the pieces travel with
-    the position, so workers and resumed runs use the schedule the state holds)."""
-
-    pieces: tuple[SchedulePiece, ...] = field(default_factory=tuple)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(),
-                "pieces": [[p.step, p.row, list(p.weights)] for p in self.pieces]}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MixturePosition:
-        worker = tuple(d["worker"]) if d["worker"] is not None else None
-        pieces = tuple(SchedulePiece(s, r, tuple(w)) for s, r, w in d["pieces"])
-        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces=pieces,
-                   first_made=d["first_made"])  # fmt: skip
 
 
 class MixtureReader:
@@ -270,36 +253,9 @@ class MixtureReader:
         doc_start: np.ndarray | None,
     ) -> tuple[np.ndarray, list[Hit]]:
         """Mixture rows ``rows`` (increasing) into ``tokens`` ([len(rows), T + 1]) in one
-        pass over all sources (:mod:`~wdstream.read.mixture.fill`); returns their sources
-        and the rows masked (:meth:`GlobalOrder.fill`)."""
-        sched, n = self.schedule(position), len(rows)
-        if n and rows[-1] - rows[0] == n - 1:
-            return self._fill_block(int(rows[0]), n, position, tokens, doc_start)
-        src, idx = sched.locate(rows)
-        runs, placed = source_runs(src, idx, self.rows_per_epoch)
-        places = RowPlaces(placed, self.row_tokens)
-        return src, fill_runs(self.orders, runs, places, tokens, doc_start)
-
-    def _fill_block(
-        self,
-        row: int,
-        n: int,
-        position: GlobalPosition,
-        tokens: np.ndarray,
-        doc_start: np.ndarray | None,
-    ) -> tuple[np.ndarray, list[Hit]]:
-        """:meth:`fill_rows` of the consecutive rows ``[row, row + n)`` (one rank's steps):
-        their runs from the schedule's cached :class:`Block` (counts and firsts, no search
-        or sort per chunk), the rows' places made once per place in the period."""
-        block = self.schedule(position).block(row, n)
-        if block is None:  # across two schedule pieces
-            src, idx = self.schedule(position).locate(np.arange(row, row + n, dtype=np.int64))
-            runs, placed = source_runs(src, idx, self.rows_per_epoch)
-            places = RowPlaces(placed, self.row_tokens)
-        else:
-            runs, places = block_runs(block, self.rows_per_epoch), block.places(self.row_tokens)
-            src = block.source.copy()  # the batches' own (the block's is shared)
-        return src, fill_runs(self.orders, runs, places, tokens, doc_start)
+        pass over all sources (:func:`~wdstream.read.mixture.fill.fill_rows`); returns
+        their sources and the rows masked (:meth:`GlobalOrder.fill`)."""
+        return fill_rows(self.schedule(position), self.orders, rows, tokens, doc_start)
 
     def fill_chunk(
         self, first: int, n: int, position: GlobalPosition, tokens: np.ndarray, doc: DocStarts
@@ -307,7 +263,7 @@ class MixtureReader:
         b = self.batch_size
         if b == self.cfg.global_batch:  # one rank: the steps' rows are consecutive
             row = self.row_at(first, position.origin)
-            src, hits = self._fill_block(row, n * b, position, tokens, doc)
+            src, hits = fill_block(self.schedule(position), self.orders, row, n * b, tokens, doc)
         else:
             rows = self.rank_rows(first, n, position.origin)
             src, hits = self.fill_rows(rows, position, tokens, doc)

@@ -27,7 +27,7 @@ Every refusal is a :class:`StateMismatchError` naming the key.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from wdstream.errors import StateMismatchError
@@ -37,10 +37,30 @@ from wdstream.read.mixture.seal import check_mixture_seal, refuse_unsealed_mixtu
 from wdstream.read.order.global_order import Origin
 from wdstream.read.order.identity import IDENTITY_KEYS
 from wdstream.read.order.state_fields import SEAL_KEY, dict_field, int_field, mismatch, same_value
-from wdstream.read.order.steps import parse_skips
+from wdstream.read.order.steps import GlobalPosition, parse_skips
 from wdstream.read.sources.base import Source
 
-__all__ = ["MIXTURE_STATE_VERSION", "SavedMixture", "parse_mixture_state"]
+__all__ = ["MIXTURE_STATE_VERSION", "MixturePosition", "SavedMixture", "parse_mixture_state"]
+
+
+@dataclass
+class MixturePosition(GlobalPosition):
+    """A global position plus the schedule pieces it is read under (the pieces travel with
+    the position, so workers and resumed runs use the schedule the state holds)."""
+
+    pieces: tuple[SchedulePiece, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(),
+                "pieces": [[p.step, p.row, list(p.weights)] for p in self.pieces]}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MixturePosition:
+        worker = tuple(d["worker"]) if d["worker"] is not None else None
+        pieces = tuple(SchedulePiece(s, r, tuple(w)) for s, r, w in d["pieces"])
+        return cls(d["step"], Origin(*d["origin"]), d["iter_stop"], worker, pieces=pieces,
+                   first_made=d["first_made"])  # fmt: skip
+
 
 MIXTURE_STATE_VERSION = 1
 _KEYS = ("version", "order", "config", "step", "origin", "schedule", "iter_stop", "worker")
