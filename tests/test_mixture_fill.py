@@ -136,4 +136,5 @@ def test_a_block_is_cached_read_only_per_place_in_the_period() -> None:
     sched = Schedule([SchedulePiece(0, 0, (2, 1))])
     block = sched.block(0, 6)
     assert block is not None and not block.source.flags.writeable
-    assert sched.block(3 * 6, 6).source is block.source  # period 3: the same place
+    again = sched.block(3 * 6, 6)  # period 3: the same place
+    assert again is not None and again.source is block.source
