@@ -39,7 +39,7 @@ MIXTURE_ORDER_VERSION = 1
 # Rows of one period: its tables (5 bytes a row) are built in Python once per weight vector.
 MAX_PERIOD = 1 << 16
 _SIMPLE_DENOMINATOR = 10**6
-_BLOCKS = 1024  # blocks kept per interleave (:meth:`Interleave.block`; ~2 KB each at n=128)
+_BLOCKS = 1024  # blocks kept per interleave (:meth:`Interleave.block`; ~8 KB each at n=128)
 
 
 class Block(NamedTuple):
