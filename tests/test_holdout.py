@@ -26,9 +26,10 @@ from click.testing import CliRunner
 import wdstream
 from tests.conftest import make_corpus
 from tests.test_pack import expected_concat, expected_docs, raw_samples
-from tests.test_pack_resume import _committed, _interrupted_writer, _kill_after
+from tests.test_pack_resume import _interrupted_writer, _kill_after
 from wdstream.cli import main
 from wdstream.storage import LocalStore, open_store
+from wdstream.testing import committed_shards
 from wdstream.write.pack import JOURNAL_NAME
 
 pytest_plugins = ["tests.fixtures_remote"]
@@ -150,11 +151,11 @@ def test_interrupted_pack_resumes_both_datasets(
                 wdstream.pack([str(corpus)], str(out), **kw)
         assert not (out / "index.json").exists()
         assert not (out / "holdout" / "index.json").exists()
-        assert _committed(out) >= 1 and _committed(out / "holdout") >= 1, (mode, folder)
+        assert committed_shards(out) >= 1 and committed_shards(out / "holdout") >= 1, (mode, folder)
         keys = _resume_key(out), _resume_key(out / "holdout")
         assert keys[0] != keys[1]
         behind.add("train" if keys[0] < keys[1] else "holdout")
-        committed = _committed(out)
+        committed = committed_shards(out)
         res = wdstream.pack([str(corpus)], str(out), **kw)
         assert res.resumed_shards == committed
         assert _files(out) == _files(ref)
