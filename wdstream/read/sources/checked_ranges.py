@@ -66,10 +66,17 @@ class CheckedRanges:
     def read(
         self, shard: int, a: int, b: int, sidecar: ShardSidecar, check: np.ndarray | None,
         verify: bool = True, shared: SharedPieces | None = None, j: int = 0,
+        look: Callable[[memoryview, int], object] | None = None,
     ) -> tuple[memoryview, int]:  # fmt: skip
         """The bytes of samples ``[a, b)`` (one ranged read, or piece ``j`` of ``shared``),
         verified against their checksums (those ``check`` marks; none without ``verify``);
-        returns ``(buffer, its shard offset)``."""
+        returns ``(buffer, its shard offset)``.
+
+        ``look(buffer, offset)`` runs on the buffer first read, right before its checksums are
+        summed (only where they are): a pass over the same bytes that leaves them in the cache
+        for the sums. It sees unverified bytes, so it must not raise for them, and what it
+        finds holds only for the buffer returned if that is the one it saw (bytes a node cache
+        failed are fetched again, unseen)."""
         verify = verify and self._checksums and sidecar.crc32c is not None
         verify = verify and (check is None or bool(check.any()))
         by_run = verify and sidecar.crc32c_run is not None
@@ -84,6 +91,8 @@ class CheckedRanges:
             wide = begin if by_run or sidecar.crc32c_run is None else sidecar.run_check(a, b)[0]
             got = shared.fetch(j, lambda: store.read_range_view(name, wide, end))
             buf = got[begin - wide :]
+        if look is not None and verify:
+            look(buf, begin)
         bad = self._bad_bytes(shard, buf, begin, sidecar, a, b, check, verify)
         dropped = store.forget_range(name, begin, end) if bad is not None else []
         if dropped:  # a node cache's bytes failed: fetched once more, from the source

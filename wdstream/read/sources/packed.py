@@ -323,7 +323,18 @@ class ShardSource:
     ) -> PieceRead:  # fmt: skip
         """One piece of :meth:`read` (piece ``j`` of ``shared``)."""
         sidecar = self.sidecars.get(shard)[0]
-        buf, begin = self.ranges.read(shard, a, b, sidecar, check, verify, shared, j)
+        seen: list[tuple[memoryview, LocatedTokens | None, bool]] = []
+        look = None
+        if self._ids is not None and not docs and not self.remote:
+            ids = self._ids
+
+            def look(buf: memoryview, begin: int) -> None:
+                # The ids pass runs before the sums, which then find the bytes in the cache
+                # (docs/READER.md, "Checks at 0 workers"); only what it admits skips check().
+                tokens = self._in_place(shard, sidecar, a, b, buf, begin)
+                seen.append((buf, tokens, tokens is not None and ids.admits_samples(tokens)))
+
+        buf, begin = self.ranges.read(shard, a, b, sidecar, check, verify, shared, j, look)
         if docs:
             # Verified by ranges.read as asked: not a second CRC pass per sample here.
             samples = list(decode_span(buf, begin, sidecar, a, b, self.where(shard), verify=False))
@@ -333,13 +344,12 @@ class ShardSource:
                 where = partial(self.where, shard)
                 self._ids.check(tokens, where, a, lambda k: self.read_sample(shard, k))
             return PieceRead(tokens, [s.doc_lens for s in samples], None)
-        spans = (
-            self._layouts.of_remote(shard, sidecar, a, b, buf, begin)
-            if self.remote
-            else self._layouts.of_local(shard, sidecar, a, b, begin, self._mapped(shard))
-        )
-        if spans is not None:
-            tokens = LocatedTokens.in_buffer(buf, spans)
+        if seen and seen[0][0] is buf:  # what the look found holds: these bytes are verified
+            _, in_place, admitted = seen[0]
+        else:
+            in_place, admitted = self._in_place(shard, sidecar, a, b, buf, begin), False
+        if in_place is not None:
+            tokens = in_place
         else:
             # A layout other than the writer's: unpack each sample (the bytes are verified
             # already, or are the caller's to verify).
@@ -348,7 +358,7 @@ class ShardSource:
         self.ranges.check_counts(shard, sidecar.tokens[a:b], tokens.count)
         crcs = sidecar.crc32c
         if verify or not self.checksums or crcs is None:
-            if self._ids is not None:  # unverified bytes: a bad id's sample is verified first
+            if self._ids is not None and not admitted:  # unverified: a bad id's sample first
                 where = partial(self.where, shard)  # made for a message only
                 self._ids.check(tokens, where, a, lambda k: self.read_sample(shard, k))
             return PieceRead(tokens, [], None)
@@ -358,6 +368,18 @@ class ShardSource:
         offsets = sidecar.offsets[a:b].astype(np.int64) - begin
         checks = CopyChecks(buf, begin, shard, a, offsets, sidecar.sizes[a:b], crcs[a:b])
         return PieceRead(tokens, [], checks)
+
+    def _in_place(
+        self, shard: int, sidecar: ShardSidecar, a: int, b: int, buf: memoryview, begin: int
+    ) -> LocatedTokens | None:
+        """The tokens of samples ``[a, b)`` found in place in ``buf`` (shard bytes from
+        ``begin``), None where the shard is not in the writer's layout."""
+        spans = (
+            self._layouts.of_remote(shard, sidecar, a, b, buf, begin)
+            if self.remote
+            else self._layouts.of_local(shard, sidecar, a, b, begin, self._mapped(shard))
+        )
+        return None if spans is None else LocatedTokens.in_buffer(buf, spans)
 
     def read_sample(self, shard: int, k: int) -> Sample:
         """Sample ``k`` of ``shard`` alone, decoded, checked against its own CRC32C (not the

@@ -111,6 +111,15 @@ class IdLimit:
         url = shard_url() if callable(shard_url) else shard_url
         raise IndexValidationError(f"{url}: sample {first + k}, token {at}: " + self._why(got))
 
+    def admits_samples(self, tokens: LocatedTokens) -> bool:
+        """Whether every sample of ``tokens`` holds only ids of the vocabulary; names no
+        culprit and raises nothing, so it may run on bytes not verified yet: a local read
+        runs it before its CRC32C pass (``ShardSource._read_piece``), which then finds the
+        bytes in the cache, and a read it does not admit gets :meth:`check` once verified."""
+        if len(tokens) == 0 or self.n_vocab >= 1 << 32:
+            return True
+        return int(_sample_max(tokens, self.masked).max(initial=0)) < self.n_vocab
+
     def admits(self, ids: np.ndarray) -> bool:
         """Whether every id of ``ids`` is one of the vocabulary: ids as read (unsigned) or as
         copied into an int32 block (bit 31 then reads as the sign), one vectorised max."""
