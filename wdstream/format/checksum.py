@@ -112,12 +112,12 @@ def _first_failed_run(
 ) -> tuple[int, int] | None:
     """The first run of consecutive samples (those ``check`` marks, all by default) of
     ``[start, stop)`` whose bytes fail the sidecar's running checksums, as ``(first, stop)``."""
-    if check is None:
-        firsts, stops = np.array([start]), np.array([stop])
-    else:
-        # Where the mask flips: run starts and ends alternate.
-        flips = np.flatnonzero(np.diff(check, prepend=False, append=False)) + start
-        firsts, stops = flips[0::2], flips[1::2]
+    if check is None:  # one run: scalars, no arrays (a 0-worker window read, ~10 us less)
+        lo, hi, seed, want = sidecar.run_check(start, stop)
+        return None if crc32c(buf[lo - begin : hi - begin], seed) == want else (start, stop)
+    # Where the mask flips: run starts and ends alternate.
+    flips = np.flatnonzero(np.diff(check, prepend=False, append=False)) + start
+    firsts, stops = flips[0::2], flips[1::2]
     ends, values = sidecar.run_bounds
     runs = zip(
         (ends[firsts] - begin).tolist(), (ends[stops] - begin).tolist(),
