@@ -41,6 +41,8 @@ from urllib3.exceptions import (
     ReadTimeoutError,
 )
 
+from wdstream.storage import http_head
+
 __all__ = ["DirectGet", "Reply", "head_deadline"]
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -164,7 +166,8 @@ class _DeadlineIO(socket.SocketIO):
 
 class _HeadDeadline(http.client.HTTPResponse):
     """An answer whose status line and headers must arrive within ``deadline`` seconds (a
-    class attribute, set per pool); its body is read as usual."""
+    class attribute, set per pool); its body is read as usual. Its headers are parsed by
+    :func:`~wdstream.storage.http_head.begin` (``email``'s parser only for odd lines)."""
 
     deadline = 30.0
 
@@ -177,7 +180,7 @@ class _HeadDeadline(http.client.HTTPResponse):
 
     def begin(self) -> None:
         try:
-            super().begin()
+            http_head.begin(self)  # as super().begin(), headers without email's parser
         finally:
             self._io.end_deadline()
 
