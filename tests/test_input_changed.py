@@ -114,3 +114,48 @@ def test_pack_stops_with_one_error_line_when_its_input_grows(tmp_path: Path) -> 
         f"Error: {src} changed while it was being packed"
     )
     assert not (out / "index.json").exists()
+
+
+@pytest.mark.parametrize("how", ["in place", "renamed over"])
+def test_the_same_size_with_its_time_put_back_is_seen_by_its_ctime(
+    tmp_path: Path, how: str
+) -> None:
+    """Rewritten to the same size with the old mtime put back (``touch -d``), in place or
+    as a new file renamed over it: size and mtime match, the ctime (which no call sets
+    back) does not."""
+    src = _lines(tmp_path / "a.jsonl", 50)
+
+    def rewrite(p: Path) -> None:
+        st = p.stat()
+        time.sleep(0.05)  # past the clock's tick, which ctimes are taken from
+        data = p.read_bytes().replace(b"alpha", b"gamma")
+        new = p if how == "in place" else p.with_suffix(".new")
+        new.write_bytes(data)
+        os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+        if new != p:
+            os.replace(new, p)
+        assert (p.stat().st_size, p.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+    with pytest.raises(InputError, match=r"a\.jsonl changed while it was being packed \(same "
+                       r"size and mtime, new ctime"):  # fmt: skip
+        _read_changing(src, rewrite)
+
+
+def test_a_ray_range_of_a_rewritten_file_is_refused(tmp_path: Path) -> None:
+    """The Ray engine reads a large line file as byte ranges, each opened on its own: a
+    range read after the file was rewritten holds the new version, the ones before the old;
+    each range checks the file once read (``wdstream.ray.pieces.read_piece``)."""
+    from wdstream.ray.pieces import read_piece, split_pieces
+
+    src = _lines(tmp_path / "a.jsonl", 200)
+    files = expand_inputs([str(src)])
+    pieces = split_pieces(files, 1000, False, None)
+    assert len(pieces) > 2 and not pieces[1].whole
+    args = ("text", False, "raise", "strict", 1 << 20)
+    texts, docs = read_piece(files, pieces[0], *args)
+    assert docs.error is None and texts[0] == "alpha 0"
+    src.write_bytes(src.read_bytes().replace(b"alpha", b"gamma"))
+    os.utime(src, ns=(files[0].mtime_ns + 1_000_000,) * 2)  # coarse clocks
+    _, docs = read_piece(files, pieces[1], *args)
+    assert docs.error == f"{src} changed while it was being packed (rewritten): pack a copy " \
+        "that nothing writes to"  # fmt: skip

@@ -37,11 +37,14 @@ STDIN = "-"
 
 @dataclass(frozen=True)
 class InputFile:
-    """One input file (or stdin) and what identifies its content for the resume journal."""
+    """One input file (or stdin) and what identifies its content for the resume journal
+    (size, mtime), plus its status-change time, which only :meth:`changed` compares: a
+    journal must survive a copy of the inputs (``cp -a`` keeps the mtime, not the ctime)."""
 
     path: str
     size: int | None = None
     mtime_ns: int | None = None
+    ctime_ns: int | None = None
 
     @property
     def is_text(self) -> bool:
@@ -52,19 +55,28 @@ class InputFile:
 
     def changed(self) -> str | None:
         """How the file on disk differs from the one the pack started on (its size and
-        modification time when the inputs were expanded), or None where it does not (or
-        nothing was recorded: stdin, iterables). A file rewritten or appended to while it is
-        packed yields records of neither version: a bad record there is the change's
-        doing, and records read without error are not the file's either."""
+        modification time when the inputs were expanded, and its status-change time where
+        that was recorded), or None where it does not (or nothing was recorded: stdin,
+        iterables). A file rewritten or appended to while it is packed yields records of
+        neither version: a bad record there is the change's doing, and records read without
+        error are not the file's either. The ctime catches a rewrite of the same size whose
+        mtime was put back (``touch -d``, ``os.utime``, ``rsync -t``) and a file replaced by
+        a rename: no call can set it back (a chmod, chown or new hard link moves it too)."""
         if self.size is None or self.mtime_ns is None:
             return None
         try:
             st = os.stat(self.path)
         except OSError as exc:
             return f"{self.path} is gone while it was being packed ({exc.strerror})"
-        if (st.st_size, st.st_mtime_ns) == (self.size, self.mtime_ns):
+        same = (st.st_size, st.st_mtime_ns) == (self.size, self.mtime_ns)
+        if same and self.ctime_ns in (None, st.st_ctime_ns):
             return None
-        sizes = f"{self.size:,} -> {st.st_size:,} bytes" if st.st_size != self.size else "rewritten"
+        if st.st_size != self.size:
+            sizes = f"{self.size:,} -> {st.st_size:,} bytes"
+        elif not same:
+            sizes = "rewritten"
+        else:
+            sizes = "same size and mtime, new ctime: rewritten with its mtime put back, or replaced"
         return (
             f"{self.path} changed while it was being packed ({sizes}): pack a copy that "
             "nothing writes to"
@@ -203,7 +215,7 @@ def expand_inputs(
             kind = special_kind(st.st_mode)
             if kind is not None:
                 raise _not_regular(p, kind)
-            files.append(InputFile(p, st.st_size, st.st_mtime_ns))
+            files.append(InputFile(p, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     if not files:
         raise InputError("no input files given")
     return files

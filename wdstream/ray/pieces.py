@@ -156,7 +156,9 @@ def read_piece(
     """Read one piece: its documents' texts and what the driver needs to place them.
 
     A line longer than ``max_record_bytes`` is a bad record, as in the local engine; one
-    that starts in the range before and runs into this one is skipped over in chunks.
+    that starts in the range before and runs into this one is skipped over in chunks. A
+    file that changed since the inputs were expanded (:meth:`InputFile.changed`) is an
+    error once the piece is read: the ranges read before the change hold the old version.
     """
     reader = _PieceReader(
         [files[piece.file]], text_key, lines, on_error, errors, _origin(piece), [],
@@ -177,6 +179,10 @@ def read_piece(
         docs.error_line = (exc.line, exc.why)
     except InputError as exc:
         docs.error = str(exc)
+    note = files[piece.file].changed()  # a range is no whole file: _read_file never checks it
+    if note is not None and (docs.error is None or note not in docs.error):
+        docs.error = note if docs.error is None else f"{docs.error}; {note}"
+        docs.error_line = None  # the bad record may be the change's: the note names the file
     docs.records, docs.offsets, docs.empty, docs.bad, docs.input_bytes = (
         np.asarray(c, dtype=np.int64) for c in cols
     )
