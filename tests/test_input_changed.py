@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from wdstream.errors import InputError
+from wdstream.format.index import JOURNAL_NAME
 from wdstream.inputs import DocumentReader, expand_inputs
 
 
@@ -159,3 +160,25 @@ def test_a_ray_range_of_a_rewritten_file_is_refused(tmp_path: Path) -> None:
     _, docs = read_piece(files, pieces[1], *args)
     assert docs.error == f"{src} changed while it was being packed (rewritten): pack a copy " \
         "that nothing writes to"  # fmt: skip
+
+
+def test_the_rerun_after_an_input_changed_names_it(tmp_path: Path) -> None:
+    """A pack stopped (here by a bad record at its end) leaves its journal; the input then
+    grows, and the same command again is refused naming that file, not just "inputs"."""
+    import wdstream
+
+    src = _lines(tmp_path / "a.jsonl", 400)
+    other = _lines(tmp_path / "b.jsonl", 10)
+    with src.open("a") as f:
+        f.write("{not json\n")
+    opts = dict(seq_len=16, shard_size="1KB", workers=0, progress=False, batch_bytes=256)
+    with pytest.raises(InputError, match=r"a\.jsonl:401: malformed JSON"):
+        wdstream.pack([str(src), str(other)], str(tmp_path / "out"), **opts)
+    assert (tmp_path / "out" / JOURNAL_NAME).exists()
+    with src.open("a") as f:
+        f.write(json.dumps({"text": "late"}) + "\n")
+    with pytest.raises(wdstream.WdstreamError) as err:
+        wdstream.pack([str(src), str(other)], str(tmp_path / "out"), **opts)
+    assert f"(differs in: inputs): {src} changed since it (size or mtime); pack into" in str(
+        err.value
+    )

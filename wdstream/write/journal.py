@@ -89,9 +89,10 @@ class Journal:
                 for k in set(theirs) | set(self.fingerprint)
                 if theirs.get(k) != self.fingerprint.get(k)
             )
+            files = _changed_files(theirs.get("inputs"), self.fingerprint.get("inputs"))
             raise WdstreamError(
                 f"{self.store.url} holds an interrupted pack of a different command "
-                f"(differs in: {', '.join(changed)}); pack into a fresh output or pass --overwrite (overwrite=True in Python)"
+                f"(differs in: {', '.join(changed)}){files}; pack into a fresh output or pass --overwrite (overwrite=True in Python)"
             )
         for i, e in enumerate(entries):
             if (e.name, e.sidecar) != shard_names(self.name, i):
@@ -168,3 +169,17 @@ class Journal:
         self.entries.append(entry)
         self.position, self.sealed = position, sealed
         self._samples += entry.samples
+
+
+def _changed_files(theirs: Any, ours: Any) -> str:
+    """``": X changed since it (size, mtime)"`` naming the input files the refused journal
+    recorded with another size or mtime than they have now, so a rerun after an input
+    changed names the file as the pack that saw it change did; "" where none is."""
+    if not isinstance(theirs, list) or not isinstance(ours, list):
+        return ""
+    old = {str(f[0]): f for f in theirs if isinstance(f, list) and len(f) == 3}
+    names = [str(f[0]) for f in ours if str(f[0]) in old and old[str(f[0])] != list(f)]
+    if not names:
+        return ""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f": {', '.join(names[:3])}{more} changed since it (size or mtime)"
