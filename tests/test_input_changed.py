@@ -182,3 +182,25 @@ def test_the_rerun_after_an_input_changed_names_it(tmp_path: Path) -> None:
     assert f"(differs in: inputs): {src} changed since it (size or mtime); pack into" in str(
         err.value
     )
+
+
+def test_the_rerun_refuses_an_input_rewritten_with_its_mtime_put_back(tmp_path: Path) -> None:
+    """The journal keeps the inputs' ctimes beside its fingerprint: an input rewritten to the
+    same size with its mtime put back after the pack stopped (or while it ran, the pack
+    refusing it) is refused by the rerun, which resumed over the new bytes before."""
+    import wdstream
+
+    src = _lines(tmp_path / "a.jsonl", 400)
+    with src.open("a") as f:
+        f.write("{not json\n")
+    opts = dict(seq_len=16, shard_size="1KB", workers=0, progress=False, batch_bytes=256)
+    with pytest.raises(InputError, match=r"a\.jsonl:401: malformed JSON"):
+        wdstream.pack([str(src)], str(tmp_path / "out"), **opts)
+    st = src.stat()
+    time.sleep(0.05)  # past the clock's tick, which ctimes are taken from
+    src.write_bytes(src.read_bytes().replace(b"alpha", b"gamma").replace(b"{not json", b" " * 9))
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(wdstream.WdstreamError, match=r"holds an interrupted pack of .*a\.jsonl, "
+                       r"changed since it \(same size and mtime, new ctime"):  # fmt: skip
+        wdstream.pack([str(src)], str(tmp_path / "out"), **opts)
+    wdstream.pack([str(src)], str(tmp_path / "out"), overwrite=True, **opts)

@@ -48,10 +48,21 @@ class Journal:
         store: the output.
         fingerprint: everything that decides the output; a journal with another one is refused.
         name: the shard name prefix (``{name}-000000.tar``).
+        ctimes: the inputs' status-change times (``InputFile.ctime_ns``, in their order),
+            kept beside the fingerprint: a journal that recorded others is refused too
+            (an input rewritten with its size and mtime put back, or replaced), one that
+            recorded none (an older version's) is not.
     """
 
-    def __init__(self, store: Store, fingerprint: dict[str, Any], name: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        fingerprint: dict[str, Any],
+        name: str,
+        ctimes: list[int | None] | None = None,
+    ) -> None:
         self.store, self.fingerprint, self.name = store, fingerprint, name
+        self.ctimes = ctimes
         self.entries: list[ShardEntry] = []
         self.position: dict[str, Any] | None = None
         self.sealed = 0  # segments written (their entries: the first sealed * SEGMENT)
@@ -94,6 +105,7 @@ class Journal:
                 f"{self.store.url} holds an interrupted pack of a different command "
                 f"(differs in: {', '.join(changed)}){files}; pack into a fresh output or pass --overwrite (overwrite=True in Python)"
             )
+        self._check_ctimes(obj.get("input_ctimes"))
         for i, e in enumerate(entries):
             if (e.name, e.sidecar) != shard_names(self.name, i):
                 raise WdstreamError(
@@ -107,6 +119,25 @@ class Journal:
         self.entries, self.position = entries, position
         self.sealed, self._samples = sealed, sum(e.samples for e in entries)
         return True
+
+    def _check_ctimes(self, theirs: Any) -> None:
+        """Refuse a journal whose inputs, of the same size and mtime (the fingerprint
+        matched), have another ctime now: rewritten with the mtime put back, replaced by a
+        rename, or seen changing by the interrupted pack itself; its shards hold another
+        version of them. A chmod or a restore with ``cp -a`` is refused alike (rare)."""
+        ours = self.ctimes
+        if not isinstance(theirs, list) or ours is None or len(theirs) != len(ours):
+            return
+        paths = [str(f[0]) for f in self.fingerprint.get("inputs") or []]
+        moved = [p for p, a, b in zip(paths, theirs, ours, strict=False) if a != b]
+        if moved and len(paths) == len(ours):
+            more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+            raise WdstreamError(
+                f"{self.store.url} holds an interrupted pack of {', '.join(moved[:3])}{more}, "
+                "changed since it (same size and mtime, new ctime: rewritten with its mtime "
+                "put back, or replaced); pack into a fresh output or pass --overwrite "
+                "(overwrite=True in Python)"
+            )
 
     def _segment(self, k: int) -> list[ShardEntry]:
         """Segment ``k``'s entries (its shards ``k * SEGMENT`` on)."""
@@ -164,6 +195,7 @@ class Journal:
             "sealed": sealed,
             "shards": [e.__dict__ for e in live],
             "position": position,
+            **({"input_ctimes": self.ctimes} if self.ctimes is not None else {}),
         }
         self.store.write_bytes(JOURNAL_NAME, json.dumps(body, sort_keys=True).encode())
         self.entries.append(entry)

@@ -312,7 +312,7 @@ def pack(
             **({"chat": parts.chat.fingerprint()} if parts.chat is not None else {}),
             **({"holdout": fraction} if fraction is not None else {}),
         }
-        journal = Journal(store, fingerprint, name)
+        journal = Journal(store, fingerprint, name, [f.ctime_ns for f in sources.files])
         if overwrite:
             clear_output(store, name)
             if held_store is not None:
