@@ -18,5 +18,7 @@ first step a Loader with workers makes in its training process: corrupt samples 
 calls between the first and second batch, an HTTP store failing during it), ``worker_errors``
 (a torch worker failing: corrupt bytes, a missing shard, SIGKILL, ^C; the workers' end and
 the next ``iter()``), ``worker_shards`` (a pack whose shards the token pool's workers build:
-kills, ^C, a full ``/dev/shm`` or disk; the rerun against the usual pipeline's bytes).
+kills, ^C, a full ``/dev/shm`` or disk; the rerun against the usual pipeline's bytes),
+``changing_inputs`` (input files appended to, cut, rewritten, renamed over or deleted while
+packed or between a kill and the rerun; every format and pipeline, the Ray engine).
 """
