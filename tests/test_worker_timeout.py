@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from wdstream import Loader, WorkerTimeoutError
+from wdstream.read.torch import handoff
 from wdstream.testing import write_synthetic_dataset
 
 OPTS = dict(seq_len=16, batch_size=6, seed=7, chunk_batches=2, shuffle_window=70,
@@ -69,3 +70,49 @@ def test_a_timeout_does_not_change_a_healthy_epoch(root: str, clean: list[torch.
     loader = Loader(root, num_workers=2, timeout=30, **OPTS)  # type: ignore[arg-type]
     got = [b["input_ids"].clone() for b in loader]
     assert all(torch.equal(a, b) for a, b in zip(got, clean, strict=True))
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [("5", TypeError), (None, TypeError), (True, TypeError), (-1, ValueError),
+     (-0.5, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+     (1e308, ValueError), (2**31, ValueError)],
+)  # fmt: skip
+def test_a_timeout_that_is_no_wait_is_refused_before_any_worker(
+    root: str, value: object, error: type[Exception]
+) -> None:
+    """Before, torch checked it only as the workers started, after the first batch (made
+    here) was handed out: a str or a negative value raised then, inf and 1e308 raised an
+    OverflowError at the first wait, NaN waited forever, None broke the error path."""
+    before = set(mp.active_children())
+    for workers in (0, 2):
+        with pytest.raises(error, match="timeout"):
+            Loader(root, num_workers=workers, timeout=value, **OPTS)  # type: ignore[arg-type]
+    assert set(mp.active_children()) <= before
+
+
+def test_a_workers_own_timed_out_error_is_not_the_loaders_timeout(
+    root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's RuntimeError that says "timed out" (a socket's, a lock's) comes back as
+    itself, not as a WorkerTimeoutError claiming no chunk came for ``timeout`` seconds."""
+    take = handoff.RingBuffers.take
+
+    def failing(self: handoff.RingBuffers, i: int, rows: int) -> object:
+        if i == 1:  # (forked workers inherit the patch; the first chunk is made here)
+            raise RuntimeError("read of shard 3 timed out")
+        return take(self, i, rows)
+
+    monkeypatch.setattr(handoff.RingBuffers, "take", failing)
+    before = set(mp.active_children())
+    loader = Loader(root, num_workers=2, timeout=30, multiprocessing_context="fork", **OPTS)  # type: ignore[arg-type]
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match="read of shard 3 timed out") as info:
+        for _ in loader:
+            pass
+    assert not isinstance(info.value, WorkerTimeoutError)
+    assert time.monotonic() - t < 20
+    deadline = time.monotonic() + 5
+    while set(mp.active_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(mp.active_children()) <= before

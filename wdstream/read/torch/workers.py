@@ -7,6 +7,7 @@ start from, and the chunks they send (ring-slot references) come back as tensor 
 
 from __future__ import annotations
 
+import numbers
 import os
 import signal
 import weakref
@@ -38,9 +39,14 @@ class TorchWorkers:
         options: the torch ``DataLoader`` options ``prefetch_factor``,
             ``persistent_workers``, ``multiprocessing_context`` (None: torch's default) and
             ``timeout`` (0: wait for a chunk forever).
+
+    Raises:
+        TypeError: a ``timeout`` that is no real number (a string, None, a bool).
+        ValueError: a ``timeout`` below 0, NaN or past ~24 days (:data:`_MAX_TIMEOUT`).
     """
 
     def __init__(self, dataset: TokenDataset, workers: int, options: dict[str, Any]) -> None:
+        options = {**options, "timeout": _checked_timeout(options.get("timeout", 0))}
         self.dataset, self.workers, self.options = dataset, workers, options
         self._dl: DataLoader | None = None
         self._handoff: WorkerHandoff | None = None
@@ -134,12 +140,14 @@ class TorchWorkers:
                 self._end()  # (torch's SIGCHLD handler raised its error in the caller's code)
             raise
         except RuntimeError as exc:
-            timed_out = self.options.get("timeout", 0) > 0 and "timed out" in str(exc)
+            # torch's own message (a worker's re-raised error starts "Caught ..."): a
+            # worker's RuntimeError saying "timed out" is its own, not the loader's timeout.
+            timed_out = self.options["timeout"] > 0 and str(exc).startswith(_TIMED_OUT)
             states = _kill_workers(chunks) if timed_out else ""
             self._end_iterator(chunks)
             if timed_out:
                 raise WorkerTimeoutError(
-                    f"torch workers sent no chunk for {self.options['timeout']} s "
+                    f"torch workers sent no chunk for {self.options['timeout']:g} s "
                     f"(workers {states}); they were killed, and the next iter() "
                     "starts new workers after the last batch handed out"
                 ) from exc
@@ -161,6 +169,29 @@ class TorchWorkers:
         if self._running and self._dl is not None:
             _end_workers(self._dl)
             self._running = False
+
+
+# The longest wait torch's data queue takes: poll() counts int32 milliseconds (longer
+# raised OverflowError at the first wait, after the first batch).
+_MAX_TIMEOUT = 2**31 // 1000
+_TIMED_OUT = "DataLoader timed out after"  # torch's RuntimeError when no chunk came in time
+
+
+def _checked_timeout(timeout: Any) -> float:
+    """``timeout`` as seconds, refused before any worker starts: torch checked it only as
+    the workers were started (after the first batch, made here, was handed out), as a
+    ``TypeError`` comparing a string, an ``OverflowError`` for inf or 1e308 at its first
+    wait, and NaN waited forever; a ``None`` was taken for 0 but broke the error path."""
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(
+            f"timeout must be a number of seconds (0: wait forever), got {timeout!r:.60}"
+        )
+    if not 0 <= timeout <= _MAX_TIMEOUT:  # (NaN fails both)
+        raise ValueError(
+            f"timeout must be 0 (wait forever) or seconds up to {_MAX_TIMEOUT:,}, "
+            f"got {timeout!r:.60}"
+        )
+    return float(timeout)
 
 
 def _all_alive(dl: DataLoader) -> bool:
