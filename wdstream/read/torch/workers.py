@@ -186,12 +186,13 @@ def _checked_timeout(timeout: Any) -> float:
         raise TypeError(
             f"timeout must be a number of seconds (0: wait forever), got {timeout!r:.60}"
         )
-    if not 0 <= timeout <= _MAX_TIMEOUT:  # (NaN fails both)
+    seconds = float(timeout)
+    if not 0 <= seconds <= _MAX_TIMEOUT:  # (NaN fails both)
         raise ValueError(
             f"timeout must be 0 (wait forever) or seconds up to {_MAX_TIMEOUT:,}, "
             f"got {timeout!r:.60}"
         )
-    return float(timeout)
+    return seconds
 
 
 def _all_alive(dl: DataLoader) -> bool:
