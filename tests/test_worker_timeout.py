@@ -76,7 +76,7 @@ def test_a_timeout_does_not_change_a_healthy_epoch(root: str, clean: list[torch.
     "value, error",
     [("5", TypeError), (None, TypeError), (True, TypeError), (-1, ValueError),
      (-0.5, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
-     (1e308, ValueError), (2**31, ValueError)],
+     (1e308, ValueError), (2**31, ValueError), (10**400, ValueError)],
 )  # fmt: skip
 def test_a_timeout_that_is_no_wait_is_refused_before_any_worker(
     root: str, value: object, error: type[Exception]
@@ -116,3 +116,28 @@ def test_a_workers_own_timed_out_error_is_not_the_loaders_timeout(
     while set(mp.active_children()) - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert set(mp.active_children()) <= before
+
+
+def test_a_persistent_worker_stopped_between_iterations_times_out_at_iter(
+    root: str, clean: list[torch.Tensor]
+) -> None:
+    """Persistent workers, one stopped after a ``break``: torch's reset at the next
+    ``iter()`` waits for every worker, and timed out there with its own RuntimeError, after
+    a 5 s join per worker, the stopped worker left alive (a SIGTERM it never takes)."""
+    before = set(mp.active_children())
+    loader = Loader(root, num_workers=2, timeout=2, persistent_workers=True, **OPTS)  # type: ignore[arg-type]
+    got = []
+    for i, b in enumerate(loader):
+        got.append(b["input_ids"].clone())
+        if i == 3:
+            break
+    stopped = min(p.pid for p in set(mp.active_children()) - before if p.pid)
+    os.kill(stopped, signal.SIGSTOP)
+    t = time.monotonic()
+    with pytest.raises(WorkerTimeoutError, match=f"{stopped}: stopped"):
+        for b in loader:
+            got.append(b["input_ids"].clone())
+    assert time.monotonic() - t < 6, "the timeout waited on torch's joins"
+    assert set(mp.active_children()) <= before
+    rest = [b["input_ids"].clone() for b in loader]
+    assert all(torch.equal(a, b) for a, b in zip(got + rest, clean, strict=True))

@@ -13,7 +13,7 @@ import signal
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from torch.utils.data import DataLoader
 from torch.utils.data._utils.signal_handling import _remove_worker_pids
@@ -94,9 +94,8 @@ class TorchWorkers:
         self._running = bool(self.options["persistent_workers"])
         try:
             running = iter(dl)  # persistent workers: torch's reset of the running ones
-        except BaseException:  # one of them died since the last iteration
-            self._end()
-            raise
+        except BaseException as exc:  # one of them died, or stopped, since the last iteration
+            self._fail(exc, dl._iterator)
         yield from self._resolve(running)
 
     def _first_here(self) -> bool:
@@ -139,26 +138,33 @@ class TorchWorkers:
             if self._running and self._dl is not None and not _all_alive(self._dl):
                 self._end()  # (torch's SIGCHLD handler raised its error in the caller's code)
             raise
-        except RuntimeError as exc:
-            # torch's own message (a worker's re-raised error starts "Caught ..."): a
-            # worker's RuntimeError saying "timed out" is its own, not the loader's timeout.
-            timed_out = self.options["timeout"] > 0 and str(exc).startswith(_TIMED_OUT)
-            states = _kill_workers(chunks) if timed_out else ""
-            self._end_iterator(chunks)
-            if timed_out:
-                raise WorkerTimeoutError(
-                    f"torch workers sent no chunk for {self.options['timeout']:g} s "
-                    f"(workers {states}); they were killed, and the next iter() "
-                    "starts new workers after the last batch handed out"
-                ) from exc
-            raise
-        except BaseException:
-            self._end_iterator(chunks)
-            raise
+        except BaseException as exc:
+            self._fail(exc, chunks)
 
-    def _end_iterator(self, chunks: Iterator[Chunk]) -> None:
-        """End torch's iterator ``chunks`` and, if persistent, this object's workers."""
-        end = getattr(chunks, "_shutdown_workers", None)  # torch's own end of an iterator
+    def _fail(self, exc: BaseException, it: Any) -> NoReturn:
+        """End torch's iterator ``it`` after ``exc`` and raise it, or, for torch's timeout
+        (while a chunk was waited for, or persistent workers' reset at ``iter()``, where one
+        stopped between iterations), kill the workers and raise a WorkerTimeoutError."""
+        # torch's own message (a worker's re-raised error starts "Caught ..."): a
+        # worker's RuntimeError saying "timed out" is its own, not the loader's timeout.
+        timed_out = (
+            isinstance(exc, RuntimeError)
+            and self.options["timeout"] > 0
+            and str(exc).startswith(_TIMED_OUT)
+        )
+        states = _kill_workers(it) if timed_out else ""
+        self._end_iterator(it)
+        if timed_out:
+            raise WorkerTimeoutError(
+                f"torch workers sent no chunk for {self.options['timeout']:g} s "
+                f"(workers {states}); they were killed, and the next iter() "
+                "starts new workers after the last batch handed out"
+            ) from exc
+        raise exc
+
+    def _end_iterator(self, it: Any) -> None:
+        """End torch's iterator ``it`` (if any) and, if persistent, this object's workers."""
+        end = getattr(it, "_shutdown_workers", None)  # torch's own end of an iterator
         if end is not None:
             end()
         self._end()
@@ -186,7 +192,10 @@ def _checked_timeout(timeout: Any) -> float:
         raise TypeError(
             f"timeout must be a number of seconds (0: wait forever), got {timeout!r:.60}"
         )
-    seconds = float(timeout)
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int past a float's range (10**400)
+        seconds = float("inf")
     if not 0 <= seconds <= _MAX_TIMEOUT:  # (NaN fails both)
         raise ValueError(
             f"timeout must be 0 (wait forever) or seconds up to {_MAX_TIMEOUT:,}, "
