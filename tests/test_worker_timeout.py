@@ -59,6 +59,7 @@ def test_a_stopped_worker_times_out_and_the_next_iter_resumes(
     waited = time.monotonic() - t
     assert 0 < len(got) < len(clean) - 4, "the stopped worker's turn never came"
     assert f"{stopped}: stopped" in str(info.value) and "2 s" in str(info.value)
+    assert "start-up" not in str(info.value)  # chunks had come from the workers
     assert waited < 15, f"the timeout took {waited:.1f} s"
     assert set(mp.active_children()) <= before  # the stopped worker was killed, not left
     rest = [b["input_ids"].clone() for b in loader]
@@ -139,5 +140,31 @@ def test_a_persistent_worker_stopped_between_iterations_times_out_at_iter(
             got.append(b["input_ids"].clone())
     assert time.monotonic() - t < 6, "the timeout waited on torch's joins"
     assert set(mp.active_children()) <= before
+    rest = [b["input_ids"].clone() for b in loader]
+    assert all(torch.equal(a, b) for a, b in zip(got + rest, clean, strict=True))
+
+
+def test_a_timeout_before_any_workers_chunk_says_it_covers_start_up(
+    root: str, clean: list[torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers that never sent a chunk (hung here in a sleep; spawned workers importing
+    torch take 3-5 s on a busy host) are named as starting: the timeout covers start-up.
+    Workers that did send one are not (the caller's timeout is then about a chunk)."""
+    take = handoff.RingBuffers.take
+
+    def hung(self: handoff.RingBuffers, i: int, rows: int) -> object:
+        time.sleep(600)
+        return take(self, i, rows)
+
+    monkeypatch.setattr(handoff.RingBuffers, "take", hung)
+    before = set(mp.active_children())
+    loader = Loader(root, num_workers=2, timeout=1, multiprocessing_context="fork", **OPTS)  # type: ignore[arg-type]
+    got = []
+    with pytest.raises(WorkerTimeoutError, match="start-up") as info:
+        for b in loader:
+            got.append(b["input_ids"].clone())
+    assert "sleeping" in str(info.value) and len(got) == 1  # the first step, made here
+    assert set(mp.active_children()) <= before
+    monkeypatch.setattr(handoff.RingBuffers, "take", take)
     rest = [b["input_ids"].clone() for b in loader]
     assert all(torch.equal(a, b) for a, b in zip(got + rest, clean, strict=True))

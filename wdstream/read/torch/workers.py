@@ -89,14 +89,15 @@ class TorchWorkers:
         dl = self._torch_loader()
         assert self._handoff is not None
         self._handoff.publish(position)
-        if not self._running:  # the workers start now: no reader thread may be left to them
+        fresh = not self._running
+        if fresh:  # the workers start now: no reader thread may be left to them
             self._end_reads()
         self._running = bool(self.options["persistent_workers"])
         try:
             running = iter(dl)  # persistent workers: torch's reset of the running ones
         except BaseException as exc:  # one of them died, or stopped, since the last iteration
             self._fail(exc, dl._iterator)
-        yield from self._resolve(running)
+        yield from self._resolve(running, fresh)
 
     def _first_here(self) -> bool:
         """Whether this process makes the iteration's first chunk (one step) itself.
@@ -118,7 +119,7 @@ class TorchWorkers:
         thread it does not have (it hung)."""
         self.dataset.sequence.release()
 
-    def _resolve(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+    def _resolve(self, chunks: Iterator[Chunk], fresh: bool) -> Iterator[Chunk]:
         """Turn the workers' ring-slot references into tensor views of the slot.
 
         An error raised here (a worker's, re-raised by torch; a worker's death; a
@@ -128,10 +129,13 @@ class TorchWorkers:
         iterator's own ``__del__`` sends each worker its end; the workers never get it, and
         every one is waited for 5 s, then killed (plain torch does the same). Persistent
         workers are ended too: torch's ``DataLoader`` would hand the same iterator, and a
-        dead worker's, to the next ``iter()``. A ``break`` (the generator closed) keeps them."""
+        dead worker's, to the next ``iter()``. A ``break`` (the generator closed) keeps them.
+        ``fresh``: the workers were started for this iteration (a timeout before their first
+        chunk may be their start-up's)."""
         assert self._handoff is not None
         try:
             for s, ref, _, cursors in chunks:
+                fresh = False
                 tokens, positions = self._handoff.resolve(ref)
                 yield s, tokens, positions, cursors
         except GeneratorExit:  # a break: persistent workers are kept, unless one has died
@@ -139,12 +143,13 @@ class TorchWorkers:
                 self._end()  # (torch's SIGCHLD handler raised its error in the caller's code)
             raise
         except BaseException as exc:
-            self._fail(exc, chunks)
+            self._fail(exc, chunks, fresh)
 
-    def _fail(self, exc: BaseException, it: Any) -> NoReturn:
+    def _fail(self, exc: BaseException, it: Any, starting: bool = False) -> NoReturn:
         """End torch's iterator ``it`` after ``exc`` and raise it, or, for torch's timeout
         (while a chunk was waited for, or persistent workers' reset at ``iter()``, where one
-        stopped between iterations), kill the workers and raise a WorkerTimeoutError."""
+        stopped between iterations), kill the workers and raise a WorkerTimeoutError;
+        ``starting``: none had sent a chunk since they started, which the timeout covers."""
         # torch's own message (a worker's re-raised error starts "Caught ..."): a
         # worker's RuntimeError saying "timed out" is its own, not the loader's timeout.
         timed_out = (
@@ -159,6 +164,7 @@ class TorchWorkers:
                 f"torch workers sent no chunk for {self.options['timeout']:g} s "
                 f"(workers {states}); they were killed, and the next iter() "
                 "starts new workers after the last batch handed out"
+                + (_STARTING if starting else "")
             ) from exc
         raise exc
 
@@ -180,6 +186,8 @@ class TorchWorkers:
 # The longest wait torch's data queue takes: poll() counts int32 milliseconds (longer
 # raised OverflowError at the first wait, after the first batch).
 _MAX_TIMEOUT = 2**31 // 1000
+_STARTING = ("; none had sent a chunk since they started: the timeout covers their start-up "
+             "(spawned workers import torch: 3-5 s on a busy host)")  # fmt: skip
 _TIMED_OUT = "DataLoader timed out after"  # torch's RuntimeError when no chunk came in time
 
 
