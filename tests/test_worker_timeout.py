@@ -1,10 +1,10 @@
-"""A Loader's ``timeout``: a stopped torch worker is a clear error, not a hang.
+"""A Loader's ``worker_timeout``: a stopped torch worker is a clear error, not a hang.
 
 Oracles outside the code under test: the uninterrupted run without workers (its batches),
 the test process's live children (``multiprocessing.active_children``) and ``/proc`` (the
 stopped worker's state), and time. A worker stopped with SIGSTOP mid-epoch (as a debugger,
 a cgroup freeze or a swapped-out node leaves it) made the loader wait forever: with
-``timeout`` it raises :class:`~wdstream.WorkerTimeoutError` naming the worker and its
+``worker_timeout`` it raises :class:`~wdstream.WorkerTimeoutError` naming the worker and its
 state, leaves no worker behind (a stopped process never takes torch's SIGTERM), and the
 next ``iter()`` gives exactly the uninterrupted run's batches after the last one handed out.
 """
@@ -46,7 +46,7 @@ def test_a_stopped_worker_times_out_and_the_next_iter_resumes(
     root: str, clean: list[torch.Tensor], persistent: bool
 ) -> None:
     before = set(mp.active_children())
-    loader = Loader(root, num_workers=2, timeout=2, persistent_workers=persistent, **OPTS)  # type: ignore[arg-type]
+    loader = Loader(root, num_workers=2, worker_timeout=2, persistent_workers=persistent, **OPTS)  # type: ignore[arg-type]
     got, stopped = [], 0
     t = 0.0
     with pytest.raises(WorkerTimeoutError) as info:
@@ -68,7 +68,7 @@ def test_a_stopped_worker_times_out_and_the_next_iter_resumes(
 
 
 def test_a_timeout_does_not_change_a_healthy_epoch(root: str, clean: list[torch.Tensor]) -> None:
-    loader = Loader(root, num_workers=2, timeout=30, **OPTS)  # type: ignore[arg-type]
+    loader = Loader(root, num_workers=2, worker_timeout=30, **OPTS)  # type: ignore[arg-type]
     got = [b["input_ids"].clone() for b in loader]
     assert all(torch.equal(a, b) for a, b in zip(got, clean, strict=True))
 
@@ -87,8 +87,8 @@ def test_a_timeout_that_is_no_wait_is_refused_before_any_worker(
     OverflowError at the first wait, NaN waited forever, None broke the error path."""
     before = set(mp.active_children())
     for workers in (0, 2):
-        with pytest.raises(error, match="timeout"):
-            Loader(root, num_workers=workers, timeout=value, **OPTS)  # type: ignore[arg-type]
+        with pytest.raises(error, match="worker_timeout"):
+            Loader(root, num_workers=workers, worker_timeout=value, **OPTS)  # type: ignore[arg-type]
     assert set(mp.active_children()) <= before
 
 
@@ -106,7 +106,7 @@ def test_a_workers_own_timed_out_error_is_not_the_loaders_timeout(
 
     monkeypatch.setattr(handoff.RingBuffers, "take", failing)
     before = set(mp.active_children())
-    loader = Loader(root, num_workers=2, timeout=30, multiprocessing_context="fork", **OPTS)  # type: ignore[arg-type]
+    loader = Loader(root, num_workers=2, worker_timeout=30, multiprocessing_context="fork", **OPTS)  # type: ignore[arg-type]
     t = time.monotonic()
     with pytest.raises(RuntimeError, match="read of shard 3 timed out") as info:
         for _ in loader:
@@ -126,7 +126,7 @@ def test_a_persistent_worker_stopped_between_iterations_times_out_at_iter(
     ``iter()`` waits for every worker, and timed out there with its own RuntimeError, after
     a 5 s join per worker, the stopped worker left alive (a SIGTERM it never takes)."""
     before = set(mp.active_children())
-    loader = Loader(root, num_workers=2, timeout=2, persistent_workers=True, **OPTS)  # type: ignore[arg-type]
+    loader = Loader(root, num_workers=2, worker_timeout=2, persistent_workers=True, **OPTS)  # type: ignore[arg-type]
     got = []
     for i, b in enumerate(loader):
         got.append(b["input_ids"].clone())
@@ -158,7 +158,7 @@ def test_a_timeout_before_any_workers_chunk_says_it_covers_start_up(
 
     monkeypatch.setattr(handoff.RingBuffers, "take", hung)
     before = set(mp.active_children())
-    loader = Loader(root, num_workers=2, timeout=1, multiprocessing_context="fork", **OPTS)  # type: ignore[arg-type]
+    loader = Loader(root, num_workers=2, worker_timeout=1, multiprocessing_context="fork", **OPTS)  # type: ignore[arg-type]
     got = []
     with pytest.raises(WorkerTimeoutError, match="start-up") as info:
         for b in loader:

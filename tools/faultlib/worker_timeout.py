@@ -1,4 +1,4 @@
-"""A Loader's ``timeout`` against torch workers that stop, hang or come back.
+"""A Loader's ``worker_timeout`` against torch workers that stop, hang or come back.
 
 Attacked: one worker or all of them stopped (SIGSTOP) mid-epoch; one stopped and continued
 (SIGCONT) well before the timeout or just after it fired; one hung in a sleep inside its
@@ -157,7 +157,7 @@ def worker_timeouts(work: Path, scale: float) -> Iterator[Attempt]:
                     src = stack.enter_context(test_servers()[0](str(root))).base_url
                 clean = [b["input_ids"].clone() for b in Loader(src, num_workers=0, **kw)]
                 timeout = 10.0 if context == "spawn" else 1.5  # spawned: 3-5 s to start
-                kw.update(num_workers=workers, timeout=timeout, persistent_workers=persistent,
+                kw.update(num_workers=workers, worker_timeout=timeout, persistent_workers=persistent,
                           multiprocessing_context=context)  # fmt: skip
                 before = {p.pid for p in mp.active_children() if p.pid}
                 loader = Loader(src, **kw)

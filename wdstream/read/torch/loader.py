@@ -84,7 +84,7 @@ class Loader:
         pin_memory: pin chunks in page-locked memory.
         prefetch_factor: chunks each worker keeps ready (torch ``DataLoader`` option).
         persistent_workers: keep workers alive between ``iter()`` calls.
-        timeout: seconds to wait for the workers' next chunk (0: forever, as torch's
+        worker_timeout: seconds to wait for the workers' next chunk (0: forever, as torch's
             ``DataLoader``): past it a :class:`~wdstream.errors.WorkerTimeoutError` names
             each worker's state (a stopped or hung one) and the workers are ended.
         device: a CUDA device: chunks are copied there one ahead, on a side stream.
@@ -152,7 +152,7 @@ class Loader:
         pin_memory: bool = False,
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
-        timeout: float = 0,
+        worker_timeout: float = 0,
         device: str | torch.device | None = None,
         return_doc_boundaries: bool = False,
         drop_last: bool = True,
@@ -214,7 +214,7 @@ class Loader:
             "prefetch_factor": prefetch_factor,
             "persistent_workers": persistent_workers,
             "multiprocessing_context": multiprocessing_context,
-            "timeout": timeout,
+            "timeout": worker_timeout,
         })  # fmt: skip
         self._iterating = 0  # iterators of this loader not yet finished or closed
         # The position after the last batch handed to the caller: the dataset runs ahead of

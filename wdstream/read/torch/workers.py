@@ -198,7 +198,7 @@ def _checked_timeout(timeout: Any) -> float:
     wait, and NaN waited forever; a ``None`` was taken for 0 but broke the error path."""
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(
-            f"timeout must be a number of seconds (0: wait forever), got {timeout!r:.60}"
+            f"worker_timeout must be a number of seconds (0: wait forever), got {timeout!r:.60}"
         )
     try:
         seconds = float(timeout)
@@ -206,7 +206,7 @@ def _checked_timeout(timeout: Any) -> float:
         seconds = float("inf")
     if not 0 <= seconds <= _MAX_TIMEOUT:  # (NaN fails both)
         raise ValueError(
-            f"timeout must be 0 (wait forever) or seconds up to {_MAX_TIMEOUT:,}, "
+            f"worker_timeout must be 0 (wait forever) or seconds up to {_MAX_TIMEOUT:,}, "
             f"got {timeout!r:.60}"
         )
     return seconds
