@@ -131,9 +131,8 @@ class Journal:
         paths = [str(f[0]) for f in self.fingerprint.get("inputs") or []]
         moved = [p for p, a, b in zip(paths, theirs, ours, strict=False) if a != b]
         if moved and len(paths) == len(ours):
-            more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
             raise WdstreamError(
-                f"{self.store.url} holds an interrupted pack of {', '.join(moved[:3])}{more}, "
+                f"{self.store.url} holds an interrupted pack of {_first_three(moved)}, "
                 "changed since it (same size and mtime, new ctime: rewritten with its mtime "
                 "put back, or replaced); pack into a fresh output or pass --overwrite "
                 "(overwrite=True in Python)"
@@ -213,5 +212,10 @@ def _changed_files(theirs: Any, ours: Any) -> str:
     names = [str(f[0]) for f in ours if str(f[0]) in old and old[str(f[0])] != list(f)]
     if not names:
         return ""
+    return f": {_first_three(names)} changed since it (size or mtime)"
+
+
+def _first_three(names: list[str]) -> str:
+    """``names`` for a message: the first three, then how many more."""
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return f": {', '.join(names[:3])}{more} changed since it (size or mtime)"
+    return ", ".join(names[:3]) + more

@@ -170,9 +170,7 @@ class TorchWorkers:
 
     def _end_iterator(self, it: Any) -> None:
         """End torch's iterator ``it`` (if any) and, if persistent, this object's workers."""
-        end = getattr(it, "_shutdown_workers", None)  # torch's own end of an iterator
-        if end is not None:
-            end()
+        _shut_down(it)
         self._end()
 
     def _end(self) -> None:
@@ -221,6 +219,11 @@ def _end_workers(dl: DataLoader) -> None:
     """End the workers of ``dl``'s persistent iterator, if it has one, and drop it (torch
     makes a new one, with new workers, at the next ``iter()``)."""
     it, dl._iterator = dl._iterator, None
+    _shut_down(it)
+
+
+def _shut_down(it: Any) -> None:
+    """torch's own end of its iterator ``it`` (None, or a single-process one: nothing)."""
     end = getattr(it, "_shutdown_workers", None)
     if end is not None:
         end()
