@@ -20,6 +20,7 @@ from tests.conftest import make_corpus
 from tests.test_pack import assert_concat_exact
 from tests.writer_support import assert_same_dataset, cli_pack, visible
 from wdstream.errors import InputError, PackLockedError, WdstreamError
+from wdstream.write.journal import COMMAND_NAME
 from wdstream.write.pack import JOURNAL_NAME
 
 OPTS: dict[str, Any] = {"seq_len": 63, "shard_size": "16KB", "workers": 0}
@@ -162,7 +163,8 @@ def test_exception_in_with_block_leaves_an_interrupted_pack_that_resumes(
     # Only committed shards are visible, each as the uninterrupted pack wrote it; no index.
     assert journal["shards"] and set(files) == committed
     assert all(files[n] == (ref / n).read_bytes() for n in files)
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [JOURNAL_NAME]
+    hidden = sorted(p.name for p in out.iterdir() if p.name.startswith("."))
+    assert hidden == [COMMAND_NAME, JOURNAL_NAME]
 
     with wdstream.Writer(str(out), **opts) as w:  # the same records again, from the first
         for text in docs:

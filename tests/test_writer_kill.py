@@ -16,6 +16,7 @@ import wdstream
 from tests.conftest import make_corpus
 from tests.writer_support import assert_same_dataset, visible
 from wdstream.testing import committed_shards
+from wdstream.write.journal import COMMAND_NAME
 from wdstream.write.pack import JOURNAL_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +63,7 @@ def test_killed_writer_leaves_no_half_shard_and_resumes(tmp_path: Path) -> None:
     assert set(files) == committed and "index.json" not in files
     assert all(data == (ref / name).read_bytes() for name, data in files.items())
     hidden = [p.name for p in out.iterdir() if p.name.startswith(".")]
-    assert all(n in (JOURNAL_NAME, ".wdstream-pack.lock") or n.endswith(".partial")
+    assert all(n in (JOURNAL_NAME, COMMAND_NAME, ".wdstream-pack.lock") or n.endswith(".partial")
                for n in hidden), hidden  # fmt: skip
 
     rerun = _writer(script, out, 0.0)

@@ -11,7 +11,6 @@ whatever the vocabulary) and is part of the pack's resume fingerprint.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -20,7 +19,7 @@ from typing import Any
 from wdstream.chat.recorded import ChatSettings
 from wdstream.chat.records import ConversationFields
 from wdstream.chat.template import template_variables
-from wdstream.format.index import JOURNAL_NAME, ShardEntry
+from wdstream.format.index import ShardEntry
 from wdstream.format.loss import LOSS_MASK_KIND
 from wdstream.inputs.records import RecordDocument
 from wdstream.storage import Store
@@ -28,6 +27,7 @@ from wdstream.tokenizers import Tokenizer
 from wdstream.write.chatdocs import ChatDocumentEncoder, chat_tokenizer
 from wdstream.write.docrules import LONG_DOCS, DocumentRules
 from wdstream.write.encoders import DocumentEncoder, TextEncoder, TokenIdsEncoder, stored_id
+from wdstream.write.journal import journal_fingerprint
 from wdstream.write.token_records import CheckedTokenFields
 
 __all__ = ["DocumentParts", "PackDocuments", "interrupted_chat_now", "mask_stats"]
@@ -206,8 +206,7 @@ def interrupted_chat_now(store: Store) -> str | None:
     resume renders ``strftime_now`` as it did (None: no such pack, or its template never
     called it). A journal that does not parse is left to :meth:`Journal.load` to report."""
     try:
-        fingerprint = json.loads(store.read(JOURNAL_NAME)).get("fingerprint", {})
-        now = fingerprint.get("chat", {}).get("now")
+        now = journal_fingerprint(store).get("chat", {}).get("now")
     except (FileNotFoundError, ValueError, AttributeError):
         return None
     return now if isinstance(now, str) else None

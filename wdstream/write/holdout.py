@@ -44,7 +44,7 @@ from wdstream.words import count
 from wdstream.write.builders import SampleBuilder
 from wdstream.write.commit import Dataset
 from wdstream.write.documents import DocumentParts, mask_stats
-from wdstream.write.journal import Journal
+from wdstream.write.journal import Journal, journal_fingerprint
 from wdstream.write.resume import ResumePoint, drop_packed, resume_point
 from wdstream.write.shards import ShardWriter
 from wdstream.write.sizing import choose_shard_bytes
@@ -178,12 +178,15 @@ def _clearable(store: Store) -> bool:
     before its first commit). A dataset of any other kind there is left alone."""
     if not store.exists(INDEX_NAME) and not store.exists(JOURNAL_NAME):
         return True
-    marks = ((INDEX_NAME, ("stats", "holdout", "split")), (JOURNAL_NAME, ("fingerprint", "split")))
-    for name, keys in marks:
+    marks = (
+        (lambda: json.loads(store.read(INDEX_NAME)), ("stats", "holdout", "split")),
+        (lambda: journal_fingerprint(store), ("split",)),
+    )
+    for read, keys in marks:
         try:
-            value: Any = json.loads(store.read(name)) if store.exists(name) else None
+            value: Any = read()
         except (OSError, ValueError, WdstreamError):
-            continue  # unreadable: not a pack's
+            continue  # absent or unreadable: not a pack's
         for key in keys:
             value = value.get(key) if isinstance(value, dict) else None
         if value == "holdout":

@@ -13,10 +13,16 @@ write O(n^2) bytes (43 MB a commit at 100,000 shards: ~2 TB in all); now each co
 at most ~450 KB, and a segment once. A segment is written before the live journal that
 counts it, so a pack stopped in between resumes from the live journal as it was (the
 segment is written again, the same bytes).
+
+The command's fingerprint (every input's path, size and mtime, and the options) and the
+inputs' ctimes are written once, to ``.wdstream-pack-command.json`` before the first live
+journal; the live journal names it by its sha256. Written into every commit they made each
+commit O(input files): 9.2 MB and 52 ms of the writer's CPU a commit at 100,000 inputs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -26,10 +32,13 @@ from wdstream.inputs import InputPosition
 from wdstream.storage import Store
 from wdstream.write.shards import shard_names
 
-__all__ = ["JOURNAL_NAME", "JOURNAL_VERSION", "Journal"]
+__all__ = ["COMMAND_NAME", "JOURNAL_NAME", "JOURNAL_VERSION", "Journal", "journal_fingerprint"]
 
-JOURNAL_VERSION = 2  # 2: entries in segments (1: all in the live journal, still read)
+# 3: the fingerprint in COMMAND_NAME; 2: entries in segments; 1: all in the live journal.
+# All three are read.
+JOURNAL_VERSION = 3
 SEGMENT = 1024  # committed shards a journal segment holds
+COMMAND_NAME = ".wdstream-pack-command.json"  # the fingerprint and ctimes, written once
 
 
 def segment_name(k: int) -> str:
@@ -67,6 +76,12 @@ class Journal:
         self.position: dict[str, Any] | None = None
         self.sealed = 0  # segments written (their entries: the first sealed * SEGMENT)
         self._samples = 0  # samples in the committed shards
+        body: dict[str, Any] = {"fingerprint": fingerprint}
+        if ctimes is not None:
+            body["input_ctimes"] = ctimes
+        self._command = json.dumps(body, sort_keys=True).encode()
+        self._command_sha256 = hashlib.sha256(self._command).hexdigest()
+        self._command_written = False  # COMMAND_NAME holds self._command
 
     def load(self) -> bool:
         """Read an existing journal; True if it belongs to this command.
@@ -81,8 +96,11 @@ class Journal:
         where = self.store.child_url(JOURNAL_NAME)
         try:
             obj = json.loads(raw)
-            if obj.get("version") not in (1, JOURNAL_VERSION):
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+            if obj.get("version") not in (1, 2, JOURNAL_VERSION):
                 raise ValueError(f"journal version {obj.get('version')!r}")
+            command = _command(self.store, obj)
             sealed = obj.get("sealed", 0)
             if type(sealed) is not int or sealed < 0:
                 raise ValueError(f"sealed: {sealed!r}")
@@ -93,8 +111,8 @@ class Journal:
             raise WdstreamError(
                 f"{where}: unreadable pack journal ({exc}); use --overwrite (overwrite=True in Python)"
             ) from exc
-        if obj.get("fingerprint") != self.fingerprint:
-            theirs = obj.get("fingerprint") or {}
+        if command.get("fingerprint") != self.fingerprint:
+            theirs = command.get("fingerprint") or {}
             changed = sorted(
                 k
                 for k in set(theirs) | set(self.fingerprint)
@@ -105,7 +123,7 @@ class Journal:
                 f"{self.store.url} holds an interrupted pack of a different command "
                 f"(differs in: {', '.join(changed)}){files}; pack into a fresh output or pass --overwrite (overwrite=True in Python)"
             )
-        self._check_ctimes(obj.get("input_ctimes"))
+        self._check_ctimes(command.get("input_ctimes"))
         for i, e in enumerate(entries):
             if (e.name, e.sidecar) != shard_names(self.name, i):
                 raise WdstreamError(
@@ -118,6 +136,7 @@ class Journal:
                 )
         self.entries, self.position = entries, position
         self.sealed, self._samples = sealed, sum(e.samples for e in entries)
+        self._command_written = obj.get("command") == self._command_sha256
         return True
 
     def _check_ctimes(self, theirs: Any) -> None:
@@ -146,10 +165,11 @@ class Journal:
         return [ShardEntry(**e) for e in obj["shards"]]
 
     def remove(self) -> None:
-        """Delete the live journal, then its segments (the pack is committed)."""
+        """Delete the live journal, then its segments and command (the pack is committed)."""
         self.store.delete(JOURNAL_NAME)
         for k in range(self.sealed):
             self.store.delete(segment_name(k))
+        self.store.delete(COMMAND_NAME)
 
     def commit(
         self, entry: ShardEntry, end: tuple[InputPosition, int], bad_locations: list[str]
@@ -188,18 +208,49 @@ class Journal:
             segment = {"segment": sealed, "shards": [e.__dict__ for e in live]}
             self.store.write_bytes(segment_name(sealed), json.dumps(segment).encode())
             sealed, live = sealed + 1, []
+        if not self._command_written:  # before the first live journal that names it
+            self.store.write_bytes(COMMAND_NAME, self._command)
+            self._command_written = True
         body = {
             "version": JOURNAL_VERSION,
-            "fingerprint": self.fingerprint,
+            "command": self._command_sha256,
             "sealed": sealed,
             "shards": [e.__dict__ for e in live],
             "position": position,
-            **({"input_ctimes": self.ctimes} if self.ctimes is not None else {}),
         }
         self.store.write_bytes(JOURNAL_NAME, json.dumps(body, sort_keys=True).encode())
         self.entries.append(entry)
         self.position, self.sealed = position, sealed
         self._samples += entry.samples
+
+
+def journal_fingerprint(store: Store) -> dict[str, Any]:
+    """The fingerprint of the interrupted pack whose journal is at ``store`` ({} where it
+    records none).
+
+    Raises:
+        FileNotFoundError: there is no journal (or its command object is gone).
+        ValueError: the journal or its command object does not parse or do not match.
+    """
+    fingerprint = _command(store, json.loads(store.read(JOURNAL_NAME))).get("fingerprint")
+    return fingerprint if isinstance(fingerprint, dict) else {}
+
+
+def _command(store: Store, journal: Any) -> dict[str, Any]:
+    """The fingerprint and input ctimes a live journal records: in :data:`COMMAND_NAME`,
+    checked against the sha256 the journal names (version 3), or in the journal itself
+    (versions 1 and 2)."""
+    if not isinstance(journal, dict):
+        raise ValueError("not a JSON object")
+    if journal.get("version") in (1, 2):
+        return journal
+    raw = store.read(COMMAND_NAME)
+    if hashlib.sha256(raw).hexdigest() != journal.get("command"):
+        raise ValueError(f"{COMMAND_NAME} is not the command the journal names")
+    command = json.loads(raw)
+    if not isinstance(command, dict):
+        raise ValueError(f"{COMMAND_NAME}: not a JSON object")
+    return command
 
 
 def _changed_files(theirs: Any, ours: Any) -> str:

@@ -10,7 +10,7 @@ from wdstream.format.index import INDEX_NAME
 from wdstream.format.provenance import provenance_name
 from wdstream.format.shard_table import TABLE_NAME
 from wdstream.storage import Store
-from wdstream.write.journal import JOURNAL_NAME, segment_name
+from wdstream.write.journal import COMMAND_NAME, JOURNAL_NAME, segment_name
 from wdstream.write.shards import shard_names
 
 __all__ = ["clear_output", "delete_shards_from"]
@@ -34,7 +34,7 @@ def delete_shards_from(store: Store, name: str, first: int) -> None:
 
 def clear_output(store: Store, name: str) -> None:
     """Delete a dataset's every part at ``store`` (``--overwrite``): index.json, its shard
-    table, an interrupted pack's journal and segments, then the shards."""
+    table, an interrupted pack's journal, segments and command, then the shards."""
     store.delete(INDEX_NAME)
     store.delete(TABLE_NAME)
     store.delete(JOURNAL_NAME)
@@ -42,4 +42,5 @@ def clear_output(store: Store, name: str) -> None:
     while store.exists(segment_name(k)):  # an interrupted pack's journal segments
         store.delete(segment_name(k))
         k += 1
+    store.delete(COMMAND_NAME)
     delete_shards_from(store, name, 0)

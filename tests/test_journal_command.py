@@ -1,0 +1,143 @@
+"""The pack journal's command object: the fingerprint (every input file) and the inputs'
+ctimes are written once beside the live journal, which names them by sha256, so that a
+commit's journal write does not grow with the number of input files; a journal of the
+versions before (fingerprint inside) still resumes, and a command object that is gone or
+not the one named is refused with the journal's name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+
+import wdstream
+from tests.conftest import make_corpus
+from wdstream.storage import LocalStore
+from wdstream.write.journal import COMMAND_NAME, JOURNAL_NAME
+
+KW: dict[str, Any] = dict(seq_len=31, shard_size="8KB", workers=0, progress=False)
+
+
+def _inputs(root: Path, n: int) -> list[str]:
+    """``n`` JSONL files of a few documents each (the pack's inputs)."""
+    root.mkdir()
+    texts = make_corpus(n_docs=3 * n, seed=3)
+    paths = []
+    for i in range(n):
+        path = root / f"part-{i:04d}.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[3 * i : 3 * i + 3]))
+        paths.append(str(path))
+    return paths
+
+
+def _interrupted_writer(victim: str) -> Callable[..., AbstractContextManager[BinaryIO]]:
+    """``LocalStore.writer`` raising KeyboardInterrupt once ``victim``'s bytes are written."""
+    real = LocalStore.writer
+
+    @contextmanager
+    def writer(self: LocalStore, name: str) -> Iterator[BinaryIO]:
+        with real(self, name) as out:
+            yield out
+            if name == victim:
+                raise KeyboardInterrupt
+
+    return writer
+
+
+def _interrupt(inputs: list[str], out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalStore, "writer", _interrupted_writer("data-000004.tar"))
+        with pytest.raises(KeyboardInterrupt):
+            wdstream.pack(inputs, str(out), **KW)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if not p.name.startswith(".")}
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], dict[str, bytes]]:
+    """120 input files and the uninterrupted pack of them."""
+    root = tmp_path_factory.mktemp("journal_command")
+    inputs = _inputs(root / "in", 120)
+    wdstream.pack(inputs, str(root / "ref"), **KW)
+    return inputs, _files(root / "ref")
+
+
+def test_the_live_journal_names_the_command_and_does_not_grow_with_the_inputs(
+    tmp_path: Path, packed: tuple[list[str], dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inputs, expected = packed
+    out = tmp_path / "out"
+    _interrupt(inputs, out, monkeypatch)
+    raw = (out / JOURNAL_NAME).read_bytes()
+    live = json.loads(raw)
+    command_raw = (out / COMMAND_NAME).read_bytes()
+    command = json.loads(command_raw)
+    assert live["version"] == 3 and live["command"] == hashlib.sha256(command_raw).hexdigest()
+    assert "fingerprint" not in live and "input_ctimes" not in live
+    assert [f[0] for f in command["fingerprint"]["inputs"]] == inputs
+    assert len(command["input_ctimes"]) == len(inputs)
+    assert not any(p.encode() in raw for p in inputs)  # what a commit rewrites names no input
+    res = wdstream.pack(inputs, str(out), **KW)
+    assert res.resumed_shards == 4 and _files(out) == expected
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".wdstream-pack")]
+
+
+def test_a_journal_with_the_fingerprint_inside_still_resumes(
+    tmp_path: Path, packed: tuple[list[str], dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pack interrupted by the version before (journal version 2: the fingerprint and
+    ctimes in every live journal, no command object) resumes byte-identical."""
+    inputs, expected = packed
+    out = tmp_path / "out"
+    _interrupt(inputs, out, monkeypatch)
+    live = json.loads((out / JOURNAL_NAME).read_text())
+    command = json.loads((out / COMMAND_NAME).read_text())
+    del live["command"]
+    (out / JOURNAL_NAME).write_text(json.dumps({**live, **command, "version": 2}))
+    (out / COMMAND_NAME).unlink()
+    res = wdstream.pack(inputs, str(out), **KW)
+    assert res.resumed_shards == 4 and _files(out) == expected
+    again = tmp_path / "again"  # and its fingerprint is compared, not skipped
+    _interrupt(inputs, again, monkeypatch)
+    live = json.loads((again / JOURNAL_NAME).read_text())
+    fingerprint = json.loads((again / COMMAND_NAME).read_text())["fingerprint"]
+    old = {**live, "version": 2, "fingerprint": {**fingerprint, "seq_len": 63}}
+    (again / JOURNAL_NAME).write_text(json.dumps(old))
+    with pytest.raises(wdstream.WdstreamError, match=r"differs in: seq_len"):
+        wdstream.pack(inputs, str(again), **KW)
+
+
+@pytest.mark.parametrize("damage", ["gone", "other", "not an object"])
+def test_a_command_object_gone_or_not_the_one_named_is_refused(
+    tmp_path: Path,
+    packed: tuple[list[str], dict[str, bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+    damage: str,
+) -> None:
+    inputs, expected = packed
+    out = tmp_path / "out"
+    _interrupt(inputs, out, monkeypatch)
+    command = out / COMMAND_NAME
+    if damage == "gone":
+        command.unlink()
+    elif damage == "other":
+        command.write_text(command.read_text().replace('"seq_len": 31', '"seq_len": 63'))
+    else:
+        live = json.loads((out / JOURNAL_NAME).read_text())
+        command.write_text("[1, 2]")
+        live["command"] = hashlib.sha256(b"[1, 2]").hexdigest()
+        (out / JOURNAL_NAME).write_text(json.dumps(live))
+    with pytest.raises(
+        wdstream.WdstreamError, match=r"\.wdstream-pack\.json: unreadable pack journal"
+    ):
+        wdstream.pack(inputs, str(out), **KW)
+    res = wdstream.pack(inputs, str(out), overwrite=True, **KW)
+    assert res.resumed_shards == 0 and _files(out) == expected
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".wdstream-pack")]
