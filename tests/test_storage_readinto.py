@@ -241,9 +241,11 @@ def test_next_windows_are_started_before_waiting_for_this_one() -> None:
 
 def test_local_windows_are_read_in_line_and_kept_bounded() -> None:
     """Without read-ahead (a local source) each window is read where the rows ask for it, in
-    the asking thread, none ahead; only a window started explicitly (an iteration's first,
-    behind its rows read alone) is read in the background; and the windows kept stay within
-    the cache's bound however many are read (they hold views of mapped shards)."""
+    the asking thread, none ahead; a window started explicitly (an iteration's first, behind
+    its rows read alone) is only named: no longer cold, so the next rows do not read its
+    samples alone again, and read by the first get in that thread, with no thread made; and
+    the windows kept stay within the cache's bound however many are read (they hold views
+    of mapped shards)."""
     readers: list[tuple[int, str]] = []
 
     def load(epoch: int, w: int, docs: bool) -> WindowData:
@@ -254,11 +256,15 @@ def test_local_windows_are_read_in_line_and_kept_bounded() -> None:
         return [(0, key[1] + i, False) for i in range(1, n + 1)]
 
     cache = WindowCache(load, deepen=False, read_ahead=False)
+    threads = threading.active_count()
     cache.start((0, 0, False))
+    assert not cache.cold((0, 0, False)) and not cache.empty()
+    assert readers == [] and threading.active_count() == threads  # named, not read
     here = threading.current_thread().name
     for w in range(40):
         cache.get((0, w, False), following)
         assert len(cache._data) <= 3, len(cache._data)
     cache.release()
     assert [w for w, _ in readers] == list(range(40))  # each read once, none ahead
-    assert readers[0][1] != here and all(name == here for _, name in readers[1:])
+    assert all(name == here for _, name in readers)
+    assert cache._pool is None and threading.active_count() == threads

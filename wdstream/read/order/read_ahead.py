@@ -15,9 +15,11 @@ A local window is read where its rows need it, not ahead (``read_ahead=False``):
 bound by the CPU and memory (checksums, the ids check, mapping the pages), and a read-ahead
 thread beside the copying one cost more than it hid: a 0-worker steady read's process CPU was
 95-100 us a batch with it, 64-72 us reading in line, on a 2-core host (issue 35,
-``docs/READER.md``). Only the window of an
-iteration's first rows, read alone, is read whole in the background (behind the first batch,
-while the caller uses it).
+``docs/READER.md``). The window of an iteration's first rows, read alone, is
+read whole where the next rows need it too: :meth:`WindowCache.start` only names it (so the
+next fill does not read its samples alone again). Read in a thread started behind the first
+batch, it cost that batch ~1 ms (the thread's start and its GIL share while the batch was
+cut) and saved the second nothing where the caller asked for it at once.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ class WindowCache:
         deepen: whether waits for a read-ahead deepen it (a remote source: latency to
             hide; locally a wait means the reads are bound by the CPU, which more
             windows in flight would not help).
-        read_ahead: read the next windows in background threads (a remote source); else
-            only those :meth:`start` names.
+        read_ahead: read the next windows, and those :meth:`start` names, in background
+            threads (a remote source); else every window where a :meth:`get` needs it.
     """
 
     def __init__(
@@ -57,7 +59,8 @@ class WindowCache:
         self._load = load
         self._deepen = deepen
         self._read_ahead = read_ahead
-        self._data: OrderedDict[WindowKey, Future[WindowData]] = OrderedDict()
+        # None: named by start() without read-ahead, read by the first get() (in line).
+        self._data: OrderedDict[WindowKey, Future[WindowData] | None] = OrderedDict()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self.ahead = 1  # windows read ahead of the rows (see AHEAD_MAX)
@@ -79,7 +82,7 @@ class WindowCache:
             fut = self._data.get(key)
             if fut is not None:
                 self._data.move_to_end(key)
-        if fut is None:
+        if fut is None:  # not read, or named by start() to be read here
             fut = self._read_here(key)
         elif not fut.done():
             # The next windows' reads go out before this wait, not after it: from a remote
@@ -123,12 +126,17 @@ class WindowCache:
 
     def start(self, key: WindowKey) -> None:
         """Start reading window ``key`` in the background unless it is read or being read
-        (or nothing is read in the background: :attr:`background`)."""
+        (or nothing is read in the background: :attr:`background`). Without read-ahead (a
+        local source) the window is only named: it is no longer :meth:`cold`, and the first
+        :meth:`get` of it reads it in that thread."""
         if not self.background:
             return
         with self._lock:
             if key not in self._data:
-                self._submit(key)
+                if self._read_ahead:
+                    self._submit(key)
+                else:
+                    self._data[key] = None
             self._bound()
 
     def _bound(self) -> None:
@@ -148,7 +156,7 @@ class WindowCache:
         """Drop the windows' data (it pins the mapped shards' file descriptors), any
         read-ahead and its threads: called when an iteration ends or is abandoned."""
         with self._lock:
-            futures = list(self._data.values())
+            futures = [f for f in self._data.values() if f is not None]
             self._data.clear()
             pool, self._pool = self._pool, None
         for fut in futures:
