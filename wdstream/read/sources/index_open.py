@@ -25,7 +25,7 @@ import mmap
 import os
 import stat
 import tempfile
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from wdstream.errors import IncompleteDatasetError, IndexValidationError
@@ -175,7 +175,9 @@ def read_index(store: Store) -> DatasetIndex:
         return index
     rows = _open_table(store, index.shard_table, where)
     _same_shards(index, rows, where)
-    return DatasetIndex.from_table(_summary_of(text), rows, where)
+    # from_json checked every rule on these keys and on a list equal to the table row for
+    # row: from_table's parse and checks of the same again (~0.2 ms) could only pass.
+    return replace(index, shards=ShardTable(rows))
 
 
 def _is_summary(head: dict[str, Any] | None) -> bool:
@@ -230,12 +232,6 @@ def _missing(store: Store, where: str) -> IncompleteDatasetError:
         f"{where} does not exist: not a packed wdstream dataset (pack one with "
         "`wdstream pack`, or pass shard URLs such as 'data-{000000..000009}.tar')"
     )
-
-
-def _summary_of(text: bytes) -> dict[str, Any]:
-    obj = json.loads(text)
-    obj.pop("shards")
-    return dict(obj)
 
 
 def _same_shards(index: DatasetIndex, rows: ShardRows, where: str) -> None:
