@@ -164,7 +164,8 @@ class WindowReads:
 
     def start_reads(self, epoch: int, windows: Iterable[int], with_docs: bool) -> None:
         """Start reading windows ``windows`` of ``epoch`` (tagged or not) whole in the
-        background, where they are neither read nor being read."""
+        background, where they are neither read nor being read; a local source only names
+        them, and the next rows read them in line (:meth:`WindowCache.start`)."""
         for w in windows:
             self._cache.start((epoch, w & WINDOW_MASK, with_docs))
 
