@@ -28,7 +28,8 @@ from wdstream.errors import ListingNotSupportedError
 from wdstream.storage.body import iter_limited, iter_stream, socket_body
 from wdstream.storage.http_errors import HttpStatusError, check_read, check_status, is_transient
 from wdstream.storage.http_get import DirectGet, Reply
-from wdstream.storage.ranges import bad_answer, promised_by_range
+from wdstream.storage.http_head import codings
+from wdstream.storage.ranges import bad_answer, decimal, promised_by_range
 from wdstream.storage.remote import RemoteStore
 from wdstream.storage.retry import (
     Readable,
@@ -227,24 +228,35 @@ class HttpStore(RemoteStore):
         headers = {}
         if start > 0 or end is not None:
             headers["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
-        resp = self._get(name, headers)
         url = self.child_url(name)
+        try:
+            resp = self._get(name, headers)
+        except requests.exceptions.InvalidHeader as err:  # a ValueError: never retried
+            raise bad_answer(url, start, f"invalid header ({err})") from None
         if resp.status_code == 416:  # start at or past the end: nothing to read
             resp.close()
-            total = resp.headers.get("Content-Range", "").rpartition("/")[2]
-            if total.isdigit() and start < int(total):
+            total = decimal(resp.headers.get("Content-Range", "").rpartition("/")[2])
+            if total is not None and start < total:
                 raise bad_answer(url, start, f"416 for a range inside its {total} bytes")
             return 0, ()
         check_read(resp, url)
+        if resp.status_code not in (200, 206):  # 204, 203 (transformed), 226 (a delta)...
+            resp.close()
+            raise bad_answer(url, start, f"HTTP {resp.status_code} {resp.reason}")
+        coded = [c for c in codings([resp.headers.get("Transfer-Encoding", "")]) if c != "identity"]
+        if coded not in ([], ["chunked"]):  # a body we would not decode (gzip, chunked twice)
+            resp.close()
+            te = resp.headers.get("Transfer-Encoding")
+            raise bad_answer(url, start, f"Transfer-Encoding {te!r}")
         encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             resp.close()  # asked for identity: an encoded body is not the object's bytes
             raise bad_answer(url, start, f"Content-Encoding {encoding!r} (identity asked)")
         sent = resp.headers.get("Content-Length")
-        if sent is not None and not sent.strip().isdigit():
+        length = None if sent is None else decimal(sent.strip())
+        if sent is not None and length is None:
             resp.close()
             raise bad_answer(url, start, f"Content-Length {sent!r}")
-        length = int(sent) if sent is not None else None
         chunks = iter_stream(resp.raw, self.chunk_size)
         if resp.status_code == 206:
             value = resp.headers.get("Content-Range")
@@ -282,10 +294,13 @@ class HttpStore(RemoteStore):
 
     def size(self, name: str) -> int:
         length = self._head(name).headers.get("Content-Length")
-        if length is not None:
-            return int(length)
-        # Some servers leave Content-Length out of HEAD; a one-byte range has the total.
         url = self.child_url(name)
+        if length is not None:
+            size = decimal(length.strip())
+            if size is None:
+                raise RemoteReadError(f"{url}: HEAD: Content-Length {length!r}", url, "size")
+            return size
+        # Some servers leave Content-Length out of HEAD; a one-byte range has the total.
 
         def probe() -> int:
             resp = self._get(name, {"Range": "bytes=0-0"})
@@ -293,10 +308,10 @@ class HttpStore(RemoteStore):
             if resp.status_code == 416:
                 return 0
             check_read(resp, url)
-            total = resp.headers.get("Content-Range", "").rpartition("/")[2]
-            if not total.isdigit():
+            total = decimal(resp.headers.get("Content-Range", "").rpartition("/")[2])
+            if total is None:
                 raise RemoteReadError(f"{url}: server reports no size", url, "no size")
-            return int(total)
+            return total
 
         return self._retrier.call(probe, "size of", url)
 

@@ -19,7 +19,7 @@ import http.client
 import re
 from typing import Any
 
-__all__ = ["FastMessage", "begin", "parse_head"]
+__all__ = ["FastMessage", "begin", "codings", "parse_head"]
 
 # A header line ``email``'s feedparser takes as one ``name: value`` header: a name of the
 # characters it allows (not empty, no ``From `` line), the rest of the line without CR or LF.
@@ -68,17 +68,34 @@ def _by_email(lines: list[bytes]) -> http.client.HTTPMessage:
     return parser.parsestr(text)
 
 
+def codings(values: list[str]) -> list[str]:
+    """The transfer codings that ``Transfer-Encoding`` header values name, in order, lower
+    case, without the blanks around them (RFC 9112, 6.1: a list, over one header or more)."""
+    return [c.strip(" \t").lower() for v in values for c in v.split(",") if c.strip(" \t")]
+
+
 def begin(resp: http.client.HTTPResponse) -> None:
     """``resp.begin()`` (Python 3.10-3.13's ``HTTPResponse.begin``, line for line) with
-    :func:`parse_head` in place of ``http.client.parse_headers``."""
+    :func:`parse_head` in place of ``http.client.parse_headers``, and every interim (1xx)
+    answer before the final one skipped, not only ``100 Continue``: RFC 9110, 15.2 ("a client
+    MUST be able to parse one or more 1xx responses received prior to a final response");
+    ``http.client`` took a ``103 Early Hints`` for the answer, so the read failed with "HTTP
+    103" (tools/faultlib/http_heads.py). A ``101`` is final: it is not the object. The
+    interim answers are read under the head's deadline, like the rest of the head.
+
+    The body is chunked when ``chunked`` is the last transfer coding (:func:`codings`), as
+    RFC 9112, 6.3 reads it: ``http.client`` wanted the first header's value to be exactly
+    ``chunked``, so ``chunked `` (a blank after it), ``identity, chunked`` or two headers
+    had their chunk sizes read as the object's bytes, which then counted as bytes received
+    (the store refuses other codings: ``HttpStore._fetch``)."""
     if resp.headers is not None:
         return
     r: Any = resp
     while True:
         version, status, reason = r._read_status()
-        if status != http.client.CONTINUE:
+        if not 100 <= status < 200 or status == http.client.SWITCHING_PROTOCOLS:
             break
-        http.client._read_headers(r.fp)  # a 100's headers
+        http.client._read_headers(r.fp)  # an interim answer's headers, dropped
     resp.code = resp.status = status
     resp.reason = reason.strip()
     if version in ("HTTP/1.0", "HTTP/0.9"):
@@ -88,8 +105,7 @@ def begin(resp: http.client.HTTPResponse) -> None:
     else:
         raise http.client.UnknownProtocol(version)
     resp.headers = resp.msg = parse_head(http.client._read_headers(r.fp))
-    tr_enc = resp.headers.get("transfer-encoding")
-    r.chunked = bool(tr_enc and tr_enc.lower() == "chunked")
+    r.chunked = codings(resp.headers.get_all("transfer-encoding") or [])[-1:] == ["chunked"]
     if r.chunked:
         r.chunk_left = None
     r.will_close = r._check_close()

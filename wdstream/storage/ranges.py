@@ -13,7 +13,18 @@ from __future__ import annotations
 
 from wdstream.errors import RemoteReadError
 
-__all__ = ["bad_answer", "content_range", "promised_by_range"]
+__all__ = ["bad_answer", "content_range", "decimal", "promised_by_range"]
+
+
+def decimal(value: str | None) -> int | None:
+    """The number that ``value``, ASCII digits only, spells, else None.
+
+    Not ``str.isdigit``: a header is decoded as Latin-1, where ``"\xb2"`` (superscript two)
+    is a digit to ``isdigit`` but not to ``int``, and an answer's ``Content-Length: ²`` was
+    a bare ValueError that no retry or message named (tools/faultlib/http_heads.py)."""
+    if value is None:
+        return None
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def content_range(value: str) -> tuple[int | None, int | None]:
@@ -21,9 +32,7 @@ def content_range(value: str) -> tuple[int | None, int | None]:
     unit, _, rest = value.partition(" ")
     span = rest.partition("/")[0]
     first, _, last = span.partition("-")
-    if unit != "bytes" or not first.isdigit() or not last.isdigit():
-        return None, None
-    return int(first), int(last)
+    return (None, None) if unit != "bytes" else (decimal(first), decimal(last))
 
 
 def bad_answer(url: str, start: int, why: str) -> RemoteReadError:
@@ -44,7 +53,7 @@ def promised_by_range(
         RemoteReadError: the answer is not the asked bytes (see the module's text).
     """
     first, last = content_range(value or "")
-    total = (value or "").rpartition("/")[2]
+    total = decimal((value or "").rpartition("/")[2])
     if first is None or last is None or last < first:
         raise bad_answer(url, start, f"a range answered with Content-Range {value!r}")
     if first != start:
@@ -52,8 +61,8 @@ def promised_by_range(
     if length is not None and length != last - first + 1:
         raise bad_answer(url, start, f"Content-Length {length} for Content-Range {value}")
     limit = [end] if end is not None else []
-    if total.isdigit():
-        limit.append(int(total))
+    if total is not None:
+        limit.append(total)
     if limit and last + 1 < min(limit):
         return min(limit) - start  # the body ends at ``last``: the read resumes there
     return last + 1 - start
