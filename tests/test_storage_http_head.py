@@ -34,6 +34,9 @@ ODD = [
     b"X-Latin: caf\xe9\r\nX-Empty:\r\nX-Tab:\t\t v \t\r\n\r\n",
     b"Bad Name: 1\r\nA: 2\r\n\r\n",
     b"A: 1\nB: 2\n\n",  # LF only
+    b"Content-Type: \x0bmessage/rfc822\r\n\r\n",  # blanks only str.strip knows
+    b"Content-Type:\xa0multipart/x\r\n\r\n",
+    b"Content-Type: \x1cmultipart/byteranges; boundary=x\r\n\r\n",
     b"\r\n",
     b"",
 ]

@@ -18,6 +18,7 @@ from faultlib.holdout_edges import (
     shard_sizing,
 )
 from faultlib.http_body import http_bodies
+from faultlib.http_heads import http_heads
 from faultlib.inputs import bad_records, record_bombs, special_inputs, truncated_zst
 from faultlib.mixture import mixture_steps, spec_files
 from faultlib.packs import concurrent_packs, failed_shard_write, killed_packs
@@ -74,6 +75,7 @@ ATTACKS = [
     Attack("two packs into one output", "started together: one wins, the other is refused naming it, output identical", concurrent_packs),
     Attack("hostile HTTP servers", "1 byte / 0.5 s, 503 forever, every body cut, accept-and-never-answer, 501 on PUT", hostile_servers),
     Attack("hostile HTTP bodies", "ranged GETs answered (randomly, seeded, per request) with 200 and the whole object (sized, chunked), a shifted or missing Content-Range, a Content-Length longer/shorter than the range, a capped range, garbage after the body, gzip, a cut body, a reset, 416, 503, an empty 206, headers then close, another version of the object; headers or body a byte at a time; oracle: the Loader's rows over the local copy and the shard's bytes read with open()", http_bodies),
+    Attack("hostile HTTP answer heads", "GETs answered with ~70 hostile heads (Content-Length twice, signed, hex, 40 digits, Latin-1 digits, NUL; Content-Range of another unit/start/total/end, twice, folded; Transfer-Encoding chunked beside Content-Length, 'chunked ', 'identity, chunked', twice, gzip; obs-fold, no colon, empty name, NUL/FF/NEL in values, LF-only and CR-only line ends; no reason, HTTP/1.0, HTTP/2, 2O6, +206, 99, 203, 204, 226, 299, 200 whole; 100/103/three 1xx before the answer, 101; header lines or 1xx forever, a 20 MB header or status line, a header every 0.2 s; closed mid-status/header/value): every GET so answered, ranges through the store (oracle: the shard's bytes with open(); errors must name shard and offset); the Loader at 0/2 workers with a seeded share so answered (oracle: its local rows); heads without end under a 64 MiB peak-RSS bound; a HEAD's odd Content-Length; parse_head against http.client.parse_headers on 20,000 random heads", http_heads),
     Attack("raw-text cursor edits", "every field of both raw-text cursors (saved after 7 batches, 2 streams) moved by -2..+2, then 40 hostile values; accepted only if the next batches are the recorded uninterrupted run's from some step", text_cursors),
     Attack("mixture and one-dataset steps", "batch_at at hostile steps (bool, float, str, -1, 2**62, 2**63, 10**30, ...): the same clear error for one dataset and a mixture, or rows of the data; schedule pieces at unreachable or non-integer steps", mixture_steps),
     Attack("hostile mixture spec files", "deep nesting (JSON, TOML), 2 MB file, schedule steps 2**70 / true / 1.5, NaN weight, wrong shapes", spec_files),

@@ -55,7 +55,8 @@ def parse_head(lines: list[bytes]) -> http.client.HTTPMessage:
     msg = FastMessage()
     msg._headers = pairs  # type: ignore[attr-defined]
     msg.set_payload("")  # email's: the (empty) text after the headers
-    kind = msg.get("content-type", "").lstrip(" \t").lower()
+    # email strips every blank str.strip knows (\x0b, \x1c, \xa0, ...) from the type.
+    kind = msg.get("content-type", "").strip().lower()
     if kind.startswith(("multipart/", "message/")):
         return _by_email(lines)
     return msg
