@@ -10,6 +10,7 @@ from faultlib.cursors import cursors, text_cursors
 from faultlib.edges import arrow_edges, bound_edges, option_edges, state_edges, writer_edges
 from faultlib.first_step import between_batches, first_step_corruption, first_step_http
 from faultlib.flips import flips, index_edits
+from faultlib.flips_decoded import flips_decoded
 from faultlib.holdout import holdout_kills, holdout_leftovers
 from faultlib.holdout_edges import (
     holdout_fractions,
@@ -62,6 +63,7 @@ ATTACKS = [
     Attack("bit flip in sample bytes, 2 workers, document windows", "as above with `return_doc_boundaries=True` (decoded windows, verified in the read-ahead)", flips("sample", 50, 5, num_workers=2, return_doc_boundaries=True)),
     Attack("bit flip anywhere in a .tar", "1 random bit anywhere (headers, padding, data)", flips("tar", 100, 2)),
     Attack("bit flip in a sidecar (.idx)", "1 random bit anywhere in the sidecar", flips("idx", 150, 3)),
+    Attack("byte flips judged by our own decoder", "one byte XORed in a sample's tar header, msgpack head, tokens' bin length, a token's low or high byte (ids out of the vocabulary), its last byte, the padding after it, or the sidecar (6 samples of each of 3 shards of 40 samples); an epoch read at 0 and 2 workers (on_corrupt raise) and 0 workers (mask); oracle: tarfile + msgpack against the pristine shard, a CRC32C of our own (each changed sample's sidecar checksum must fail), the pristine rows: raise must name the shard and a changed sample's byte offset, mask must mask (never silently pass) every changed sample's rows", flips_decoded),
     Attack("edited index.json", "14 edits (counts, duplicates, swaps, inf/NaN, names leaving the root, ...), Loader and `verify`", index_edits),
     Attack("hostile cursor", "one field of a saved state (global and streams orders) replaced by a hostile JSON value; an accepted state must continue the uninterrupted run (recorded once; past the recording, the global order's random access of a loader that never saw the edit) from some step", cursors),
     Attack("truncated .zst input", "a .zst cut at random points (blocks flushed every 4 KB), with and without --on-error skip", truncated_zst),
