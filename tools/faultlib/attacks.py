@@ -22,6 +22,7 @@ from faultlib.http_body import http_bodies
 from faultlib.http_heads import http_heads
 from faultlib.inputs import bad_records, record_bombs, special_inputs, truncated_zst
 from faultlib.mixture import mixture_steps, spec_files
+from faultlib.mixture_blocks import mixture_blocks
 from faultlib.packs import concurrent_packs, failed_shard_write, killed_packs
 from faultlib.quarantine import quarantined_rows
 from faultlib.reasoning import long_conversations, rewritten_turns, template_eos
@@ -80,6 +81,7 @@ ATTACKS = [
     Attack("hostile HTTP answer heads", "GETs answered with ~70 hostile heads (Content-Length twice, signed, hex, 40 digits, Latin-1 digits, NUL; Content-Range of another unit/start/total/end, twice, folded; Transfer-Encoding chunked beside Content-Length, 'chunked ', 'identity, chunked', twice, gzip; obs-fold, no colon, empty name, NUL/FF/NEL in values, LF-only and CR-only line ends; no reason, HTTP/1.0, HTTP/2, 2O6, +206, 99, 203, 204, 226, 299, 200 whole; 100/103/three 1xx before the answer, 101; header lines or 1xx forever, a 20 MB header or status line, a header every 0.2 s; closed mid-status/header/value): every GET so answered, ranges through the store (oracle: the shard's bytes with open(); errors must name shard and offset); the Loader at 0/2 workers with a seeded share so answered (oracle: its local rows); heads without end under a 64 MiB peak-RSS bound; a HEAD's odd Content-Length; parse_head against http.client.parse_headers on 20,000 random heads", http_heads),
     Attack("raw-text cursor edits", "every field of both raw-text cursors (saved after 7 batches, 2 streams) moved by -2..+2, then 40 hostile values; accepted only if the next batches are the recorded uninterrupted run's from some step", text_cursors),
     Attack("mixture and one-dataset steps", "batch_at at hostile steps (bool, float, str, -1, 2**62, 2**63, 10**30, ...): the same clear error for one dataset and a mixture, or rows of the data; schedule pieces at unreachable or non-integer steps", mixture_steps),
+    Attack("mixture blocks at prime periods", "a 3-source mixture whose weights repeat every 7,919 or 65,521 rows (primes), 97 rows over 2 sources, or a schedule from 7,919 to 97 at step 7; batch 1-5, 1-3 ranks, chunk_batches 1-4, 24 steps; oracle: the same run with every chunk's rows located one by one (fill_block's cached Block bypassed), the ranks' batches joined against one rank's global batch, and 4 resumes from state_dict() against the uninterrupted run", mixture_blocks),
     Attack("hostile mixture spec files", "deep nesting (JSON, TOML), 2 MB file, schedule steps 2**70 / true / 1.5, NaN weight, wrong shapes", spec_files),
     Attack("bucketed batches, long documents", "max_tokens batches at 1-3 ranks: served rows plus the counted left-out rows equal every piece of every document (tarfile + msgpack) exactly once", bucketed_tokens),
     Attack("node cache files and identity", "cached blocks copied over, swapped with or bit-flipped into one another, read with `checksums=False`; two datasets differing only by the URL's query string in one cache folder", cache_files),
