@@ -95,6 +95,7 @@ HEADS: dict[str, Mode] = {
     "te 'chunked ' (blank)": _te(b"chunked "),
     "te identity, chunked": _te(b"identity, chunked"),
     "te gzip": _te(b"gzip", cl=None, chunk=False),
+    "te 'chunked ', a cookie": _te(b"chunked \r\nSet-Cookie: a=b"),
     "te twice": lambda a, z, d: (lambda s, h, b, c: (s, [*h, b"Transfer-Encoding: identity", b"Transfer-Encoding: chunked"], _chunked(b), True))(*_ok(a, z, d, cl=b"-")),
     "obs-fold in cr": lambda a, z, d: _ok(a, z, d, cr=b"bytes %d-%d\r\n /%d" % (a, z, len(d)), close=True),
     "obs-fold first line": lambda a, z, d: _ok(a, z, d, status=b"HTTP/1.1 206 Partial Content\r\n X-A: b"),

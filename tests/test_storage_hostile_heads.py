@@ -66,11 +66,19 @@ def test_a_head_s_odd_size_is_a_remote_read_error(length: bytes) -> None:
             open_store(server.base_url, **LIMITS).size("x.tar")
 
 
-@pytest.mark.parametrize("mode", ["te 'chunked ' (blank)", "te identity, chunked", "te twice"])
+@pytest.mark.parametrize(
+    "mode", ["te 'chunked ' (blank)", "te identity, chunked", "te twice", "te 'chunked ', a cookie"]
+)
 def test_a_chunked_body_is_never_landed_as_the_object_s_bytes(mode: str) -> None:
     """The first answer chunked under a Transfer-Encoding ``http.client`` did not take for
     chunked, then good ones: its chunk sizes were landed as bytes received, the read
-    resumed after them and returned them inside the range (no error)."""
+    resumed after them and returned them inside the range (no error). With a cookie the GETs
+    go through ``requests`` (``http.client``'s own head parser): refused there, not landed."""
     with HeadServer({"x.tar": DATA}, lambda n: mode if n == 0 else "ok") as server:
         store = open_store(server.base_url, **LIMITS)
-        assert bytes(store.read_range_view("x.tar", 0, len(DATA))) == DATA
+        try:
+            got = bytes(store.read_range_view("x.tar", 0, len(DATA)))
+        except RemoteReadError as exc:
+            assert "cookie" in mode and "byte 0" in str(exc), exc
+        else:
+            assert got == DATA

@@ -243,10 +243,13 @@ class HttpStore(RemoteStore):
         if resp.status_code not in (200, 206):  # 204, 203 (transformed), 226 (a delta)...
             resp.close()
             raise bad_answer(url, start, f"HTTP {resp.status_code} {resp.reason}")
-        coded = [c for c in codings([resp.headers.get("Transfer-Encoding", "")]) if c != "identity"]
-        if coded not in ([], ["chunked"]):  # a body we would not decode (gzip, chunked twice)
+        te = resp.headers.get("Transfer-Encoding")
+        coded = [c for c in codings([te or ""]) if c != "identity"]
+        # A body we would not decode (gzip, chunked twice), or chunked where http.client's
+        # own head parser (a GET left to requests) reads it as the object's bytes.
+        framed = getattr(getattr(resp.raw, "_original_response", None), "chunked", None)
+        if coded not in ([], ["chunked"]) or (coded and framed is False):
             resp.close()
-            te = resp.headers.get("Transfer-Encoding")
             raise bad_answer(url, start, f"Transfer-Encoding {te!r}")
         encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
