@@ -12,7 +12,8 @@ HTTP/2, ``2O6``, ``+206``, 99, 203, 204, 226, 299, a 200 with the whole object; 
 three 1xx or 1xx forever before the answer, 101; header lines forever, a 20 MB header or
 status line, a header every 0.2 s; the connection closed mid-status, mid-header, mid-value.
 
-Attempts: every GET so answered, ranges read through the store (oracle: the shard's bytes
+Attempts: every GET so answered, or each range's first GET only (its retries answered
+well: what the hostile answer landed must not stay), ranges read through the store (oracle: the shard's bytes
 read with ``open()``; an error must be a RemoteReadError naming the shard and a byte offset);
 the Loader over HTTP with a seeded share of the GETs so answered, at 0 and 2 workers (oracle:
 its rows over the local copy); the heads without end with the process's peak RSS (ru_maxrss)
@@ -57,15 +58,20 @@ def _server() -> tuple[dict[str, Callable], type]:
     return HEADS, HeadServer
 
 
-def _ranges(server_cls: type, objects: dict[str, bytes], shard: str, mode: str) -> str:
-    """Ranges of ``shard`` read with every GET answered in ``mode``."""
+def _ranges(
+    server_cls: type, objects: dict[str, bytes], shard: str, mode: str, first: bool = False
+) -> str:
+    """Ranges of ``shard`` read with every GET answered in ``mode`` (``first``: only each
+    range's first GET, its retries answered well: bytes it landed must not stay)."""
     data = objects[shard]
     rng = random.Random(mode)
     spans = [(0, len(data)), (len(data) - 1, len(data))]
     spans += [(a, a + rng.choice([1, 512, 5000])) for a in rng.sample(range(len(data)), 3)]
-    with server_cls(objects, lambda n: mode) as server:
+    asked: set[int] = set()  # the number of each range's first GET
+    with server_cls(objects, lambda n: "ok" if first and n not in asked else mode) as server:
         store = open_store(server.base_url, **LIMITS)
         for a, b in spans:
+            asked.add(server.gets)
             try:
                 got = bytes(store.read_range_view(shard, a, b))
             except WdstreamError as exc:
@@ -134,8 +140,8 @@ def http_heads(work: Path, scale: float) -> Iterator[Attempt]:
     heads, server_cls = _server()
     modes = [m for m in heads if m not in SLOW + ENDLESS]
 
-    def ranges(mode: str) -> Attempt:
-        return lambda: _ranges(server_cls, objects, shard, mode)
+    def ranges(mode: str, first: bool = False) -> Attempt:
+        return lambda: _ranges(server_cls, objects, shard, mode, first)
 
     def endless(mode: str) -> Attempt:
         return lambda: _endless(server_cls, objects, shard, mode)
@@ -152,8 +158,9 @@ def http_heads(work: Path, scale: float) -> Iterator[Attempt]:
 
         return attempt
 
-    for mode in modes:  # every mode once, whatever the scale: each is a different head
+    for mode in modes:  # every mode twice, whatever the scale: each is a different head
         yield ranges(mode)
+        yield ranges(mode, first=True)
     for mode in ENDLESS + SLOW:
         yield endless(mode)
 
