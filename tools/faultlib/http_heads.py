@@ -15,8 +15,8 @@ status line, a header every 0.2 s; the connection closed mid-status, mid-header,
 Attempts: every GET so answered, or each range's first GET only (its retries answered
 well: what the hostile answer landed must not stay), ranges read through the store (oracle: the shard's bytes
 read with ``open()``; an error must be a RemoteReadError naming the shard and a byte offset);
-the Loader over HTTP with a seeded share of the GETs so answered, at 0 and 2 workers (oracle:
-its rows over the local copy); the heads without end with the process's peak RSS (ru_maxrss)
+the Loader over HTTP (a ``wdstream pack`` of JSON lines, served) with a seeded share of
+the GETs so answered, at 0 and 2 workers (oracle: its rows over the local copy); the heads without end with the process's peak RSS (ru_maxrss)
 measured (more than 64 MiB more is a crash); a HEAD's odd Content-Length for ``size``; and
 ``parse_head`` against ``http.client.parse_headers`` on 20,000 random heads of hostile bytes.
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlib.common import Attempt, clean_dataset, compare, labelled, read_rows
+from faultlib.packs import pack_input
 from wdstream.errors import RemoteReadError, WdstreamError
 from wdstream.storage import open_store
 from wdstream.storage.http_head import parse_head
@@ -134,7 +135,7 @@ def _differential(seed: int, n: int) -> str:
 
 
 def http_heads(work: Path, scale: float) -> Iterator[Attempt]:
-    root, want = clean_dataset(work)
+    root, _ = clean_dataset(work)
     objects = {p.name: p.read_bytes() for p in Path(root).iterdir() if p.is_file()}
     shard = sorted(n for n in objects if n.endswith(".tar"))[0]
     heads, server_cls = _server()
@@ -146,15 +147,19 @@ def http_heads(work: Path, scale: float) -> Iterator[Attempt]:
     def endless(mode: str) -> Attempt:
         return lambda: _endless(server_cls, objects, shard, mode)
 
+    _, ref = pack_input(work)  # a `wdstream pack` of JSON lines, for the Loader
+    packed = {p.name: p.read_bytes() for p in ref.iterdir() if p.is_file()}
+    packed_rows = read_rows(str(ref))
+
     def loader(seed: int, chosen: list[str], p: float, workers: int) -> Attempt:
         def plan(n: int) -> str:
             r = random.Random(seed * 1_000_003 + n)
             return r.choice(chosen) if r.random() < p else "ok"
 
         def attempt() -> str:
-            with server_cls(objects, plan) as server:
+            with server_cls(packed, plan) as server:
                 rows = lambda: read_rows(server.base_url, num_workers=workers, **LIMITS)  # noqa: E731
-                return labelled(", ".join(chosen), compare(rows, want))
+                return labelled(", ".join(chosen), compare(rows, packed_rows))
 
         return attempt
 
