@@ -46,10 +46,12 @@ from wdstream.ray.layout import CutShard, SampleLayout
 from wdstream.ray.liveness import get_watched
 from wdstream.ray.pieces import InputPiece, PieceDocs, split_pieces
 from wdstream.ray.spans import SpanLayout, driver_layout, drop_resumed
+from wdstream.ray.start_help import StartHelp
 from wdstream.ray.tasks import (
     PieceJob,
     ShardJob,
     check_shard,
+    driver_encoder,
     tokenize_piece,
     warm_up,
     worker_recipe,
@@ -243,12 +245,11 @@ class _Driver:
             self._check.remote(job.output, job.store_options, dict(e.__dict__))
             for e in self.journal.entries
         ]
-        piece_job = ray.put(
-            PieceJob(
-                job.files, job.text_key, job.lines, job.on_error, job.errors, job.max_record_bytes,
-                worker_recipe(job.tokenizer), job.bos_id, job.eos_id, job.dtype,
-            )
+        pj = PieceJob(
+            job.files, job.text_key, job.lines, job.on_error, job.errors, job.max_record_bytes,
+            worker_recipe(job.tokenizer), job.bos_id, job.eos_id, job.dtype,
         )  # fmt: skip
+        piece_job = ray.put(pj)
         self.shard_job = ray.put(
             ShardJob(
                 job.output, job.store_options, job.name, job.shard_bytes, job.shard_samples,
@@ -262,14 +263,21 @@ class _Driver:
         )
         position = 0
         queue: deque[tuple[int, Any, Any]] = deque()
+        ahead = self.ahead
+        helper = StartHelp(pj, driver_encoder(job.tokenizer), ahead, ahead if given is None else 0)
         try:
             for i, piece in enumerate(self.pieces):
                 if given is not None:
                     queue.append(next(given))
+                elif helper.wanted(piece, queue):
+                    queue.append(helper.tokenize(i, piece))
                 else:
                     refs: Any = self._tokenize.remote(piece_job, piece)  # num_returns=2
                     queue.append((i, refs[0], refs[1]))
-                if len(queue) >= self.ahead:
+                nxt = self.pieces[i + 1] if i + 1 < len(self.pieces) else None
+                # Lay out while the window of cluster tasks is full, unless the driver
+                # takes the next piece itself (the workers are still starting).
+                while helper.on_cluster(queue) >= ahead and not helper.wanted(nxt, queue):
                     position += self._lay_out(*queue.popleft(), bar, position)
             while queue:
                 position += self._lay_out(*queue.popleft(), bar, position)

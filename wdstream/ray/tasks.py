@@ -36,11 +36,13 @@ from wdstream.write.samples import ConcatSampleBuilder, DocsSampleBuilder
 from wdstream.write.shards import ShardWriter, shard_names
 
 __all__ = [
+    "Encoder",
     "PieceJob",
     "ShardJob",
     "ShardPlan",
     "SpanPlan",
     "cached_tokenizer",
+    "driver_encoder",
     "check_shard",
     "tokenize_piece",
     "warm_up",
@@ -145,14 +147,14 @@ def worker_recipe(tok: Tokenizer) -> Recipe:
     through the same ``encode_flat``), as the local engine's workers do, instead of also
     tiktoken's ranks (~0.1-0.3 s of CPU per worker, decoded line by line in Python); else
     the tokenizer's own ``__reduce__``."""
-    if isinstance(_encoder(tok), BpeEncoder):
+    if isinstance(driver_encoder(tok), BpeEncoder):
         assert isinstance(tok, TiktokenTokenizer)
         return (BpeEncoder, (tok.name,))
     build, args = tok.__reduce__()
     return (build, tuple(args))
 
 
-def _encoder(tok: Tokenizer) -> Encoder:
+def driver_encoder(tok: Tokenizer) -> Encoder:
     """What encodes ``tok``'s texts: its bpe-openai binding when that is its backend."""
     return tok.bpe if isinstance(tok, TiktokenTokenizer) and tok.bpe is not None else tok
 
@@ -174,7 +176,7 @@ def warm_up(spec: str, backend: str) -> None:
         tok = load_tokenizer(spec, backend)
     except Exception:  # noqa: BLE001, S110 - the driver's load raises it, naming what was tried
         return
-    _tokenizers.setdefault(_recipe_key(worker_recipe(tok)), _encoder(tok))
+    _tokenizers.setdefault(_recipe_key(worker_recipe(tok)), driver_encoder(tok))
 
 
 def cached_tokenizer(recipe: Recipe) -> Encoder:
@@ -198,14 +200,18 @@ def _store(url: str, options: dict[str, Any]) -> Store:
     return _stores[key]
 
 
-def tokenize_piece(job: PieceJob, piece: InputPiece) -> tuple[PieceDocs, np.ndarray]:
-    """Read and tokenise one piece: its documents' metadata, and all their tokens in one array."""
+def tokenize_piece(
+    job: PieceJob, piece: InputPiece, encoder: Encoder | None = None
+) -> tuple[PieceDocs, np.ndarray]:
+    """Read and tokenise one piece: its documents' metadata, and all their tokens in one array.
+
+    ``encoder``: what to encode with (the driver's own tokenizer, when it takes a piece);
+    None: what ``job``'s recipe rebuilds, once per worker process."""
     texts, docs = read_piece(
         job.files, piece, job.text_key, job.lines, job.on_error, job.errors, job.max_record_bytes
     )
-    flat, lens = encode_flat(
-        cached_tokenizer(job.tokenizer), texts, job.bos_id, job.eos_id, job.dtype
-    )
+    tok = cached_tokenizer(job.tokenizer) if encoder is None else encoder
+    flat, lens = encode_flat(tok, texts, job.bos_id, job.eos_id, job.dtype)
     docs.lens = lens
     return docs, flat
 
