@@ -15,6 +15,9 @@ inputs and the journal::
                                               local sample builder, ShardWriter -> store
     commit shards to the journal in order ◄─   index entry (sha256 of what it wrote)
 
+Until the first tokenising task returns (a job's workers are new processes), the driver
+tokenises small pieces itself (:mod:`~wdstream.ray.start_help`), laid out in input order.
+
 At most a few pieces per CPU are tokenised ahead of the driver and a few shards per CPU are
 being written, so memory (the driver's and the object store's) stays flat in corpus size: a
 piece's tokens are released once every shard holding them has been handed to its task.
