@@ -33,6 +33,7 @@ import numpy as np
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.checks import MixtureOwnRows, row_at
+from wdstream.read.mixture.cursors import SourceCursors
 from wdstream.read.mixture.fill import fill_block, fill_rows
 from wdstream.read.mixture.interleave import MIXTURE_ORDER_VERSION
 from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weights
@@ -267,7 +268,7 @@ class MixtureReader:
         else:
             rows = self.rank_rows(first, n, position.origin)
             src, hits = self.fill_rows(rows, position, tokens, doc)
-        cursors = step_cursors(first, n, b, self.rank, hits)
+        cursors = SourceCursors(step_cursors(first, n, b, self.rank, hits))
         for cursor, batch_src in zip(cursors, src.reshape(n, b), strict=True):
             cursor["source"] = batch_src
         return cursors

@@ -1,0 +1,44 @@
+"""A mixture chunk's cursors, each carrying its batch's ``source`` indices, pickled compactly.
+
+A torch worker sends each chunk's cursors to the training process by pickle. A mixture's
+cursors each hold an int64 array of their batch's row sources; pickled one by one, the 16
+arrays of a chunk cost the worker 28 us to dump and the training process 14 us to load
+(numpy's reduce per array), where the same indices as one ``bytes`` object cost ~0.3 us each
+way. :class:`SourceCursors` is a plain list of the same dicts that pickles so: the cursors
+without their ``source`` and the sources' bytes, rebuilt on load as row views of one array::
+
+    cursors  [{"step": 17, "source": [0 1 0 2 ...]}, {"step": 18, "source": [...]}, ...]
+    pickled  [{"step": 17}, {"step": 18}, ...] + b"..." (n * B int64) + B + dtype
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from wdstream.read.order.base import Cursor
+
+__all__ = ["SourceCursors"]
+
+
+class SourceCursors(list[Cursor]):
+    """Cursors (each a dict with a ``source`` array of one dtype and length) that pickle
+    their sources as one ``bytes`` object; in every other way the list of dicts it holds."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        rows = [c["source"] for c in self]
+        plain = [{k: v for k, v in c.items() if k != "source"} for c in self]
+        if not rows:
+            return (SourceCursors, (plain,))
+        data = np.concatenate(rows).tobytes()
+        return (_rebuilt, (plain, data, len(rows[0]), rows[0].dtype.str))
+
+
+def _rebuilt(plain: list[Cursor], data: bytes, width: int, dtype: str) -> SourceCursors:
+    """The cursors ``plain`` with their sources back: rows of ``width`` of one writable
+    array read from ``data`` (each batch's own ``source``, as before pickling)."""
+    src = np.frombuffer(data, dtype=np.dtype(dtype)).copy().reshape(len(plain), width)
+    for cursor, row in zip(plain, src, strict=True):
+        cursor["source"] = row
+    return SourceCursors(plain)
