@@ -120,3 +120,29 @@ def test_each_local_read_passes_its_ids_before_its_sums(
     monkeypatch.setattr(checked_ranges, "find_corruption", spy_find)
     read_epoch(clean)
     assert events and events == ["ids", "sums"] * (len(events) // 2), events
+
+
+def test_the_ids_pass_runs_over_a_read_last_sample_first(
+    clean: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sums that follow run first to last, so they begin on the bytes the ids pass
+    touched last, still in the nearest cache (docs/READER.md, "Checks at 0 workers
+    (session 44)"): every strided ids pass of an epoch views its rows last to first."""
+    from wdstream.read.sources import vouch
+
+    strides: list[int] = []
+
+    class Rows(np.ndarray):
+        def max(self, *args: Any, **kwargs: Any) -> Any:
+            strides.append(self.strides[0])
+            return np.asarray(self).max(*args, **kwargs)
+
+    real = vouch._strided_rows
+
+    def spy(*args: Any) -> np.ndarray | None:
+        rows = real(*args)
+        return None if rows is None else rows.view(Rows)
+
+    monkeypatch.setattr(vouch, "_strided_rows", spy)
+    read_epoch(clean)
+    assert strides and all(s < 0 for s in strides), strides

@@ -163,7 +163,10 @@ def _sample_max(tokens: LocatedTokens, masked: bool) -> np.ndarray:
         first = first - lo
     rows = _strided_rows(base, first, count)
     if rows is not None:
-        return rows.max(axis=1).astype(np.int64)
+        # Last sample first: a local read's CRC32C pass right after this one sums its bytes
+        # first to last, so it then begins on the bytes touched last, still in the nearest
+        # cache (docs/READER.md, "Checks at 0 workers (session 44)").
+        return rows[::-1].max(axis=1)[::-1].astype(np.int64)
     nonempty = count > 0
     bounds = np.empty(2 * len(first), dtype=np.int64)
     bounds[0::2], bounds[1::2] = first, first + count
