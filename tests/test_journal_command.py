@@ -18,7 +18,8 @@ import pytest
 import wdstream
 from tests.conftest import make_corpus
 from wdstream.storage import LocalStore
-from wdstream.write.journal import COMMAND_NAME, JOURNAL_NAME
+from wdstream.write import journal
+from wdstream.write.journal import COMMAND_NAME, JOURNAL_NAME, journal_fingerprint, segment_name
 
 KW: dict[str, Any] = dict(seq_len=31, shard_size="8KB", workers=0, progress=False)
 
@@ -140,4 +141,74 @@ def test_a_command_object_gone_or_not_the_one_named_is_refused(
         wdstream.pack(inputs, str(out), **KW)
     res = wdstream.pack(inputs, str(out), overwrite=True, **KW)
     assert res.resumed_shards == 0 and _files(out) == expected
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".wdstream-pack")]
+
+
+def _named(out: Path, data: bytes) -> None:
+    """Replace the command object with ``data`` and name it in the live journal."""
+    (out / COMMAND_NAME).write_bytes(data)
+    live = json.loads((out / JOURNAL_NAME).read_text())
+    live["command"] = hashlib.sha256(data).hexdigest()
+    (out / JOURNAL_NAME).write_text(json.dumps(live))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["fingerprint a list", "fingerprint a string", "no fingerprint", "deep", "deep live"],
+)
+def test_a_named_command_object_without_a_fingerprint_object_is_refused(
+    tmp_path: Path,
+    packed: tuple[list[str], dict[str, bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+    damage: str,
+) -> None:
+    """A command object that the live journal names but that holds no fingerprint object
+    (or JSON nested past the parser's depth, in it or in the live journal) is refused as
+    an unreadable journal: it was an AttributeError or RecursionError (a traceback)."""
+    inputs, expected = packed
+    out = tmp_path / "out"
+    _interrupt(inputs, out, monkeypatch)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    bodies = {"fingerprint a list": b'{"fingerprint": [1, 2]}',
+              "fingerprint a string": b'{"fingerprint": "abc"}',
+              "no fingerprint": b'{"input_ctimes": []}', "deep": deep}  # fmt: skip
+    if damage == "deep live":
+        (out / JOURNAL_NAME).write_bytes(deep)
+    else:
+        _named(out, bodies[damage])
+    with pytest.raises(
+        wdstream.WdstreamError, match=r"\.wdstream-pack\.json: unreadable pack journal"
+    ):
+        wdstream.pack(inputs, str(out), **KW)
+    with pytest.raises(ValueError):  # what the chat pack's `now` and the holdout's check catch
+        journal_fingerprint(LocalStore(str(out)))
+    res = wdstream.pack(inputs, str(out), overwrite=True, **KW)
+    assert res.resumed_shards == 0 and _files(out) == expected
+
+
+def test_a_pack_stopped_while_removing_its_journal_leaves_nothing_after_the_rerun(
+    tmp_path: Path, packed: tuple[list[str], dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after index.json and the live journal's removal, before its segments and
+    command object went: the rerun refuses the complete dataset as before, and removes
+    those leftovers (nothing else ever did but --overwrite)."""
+    inputs, expected = packed
+    out = tmp_path / "out"
+    real = LocalStore.delete
+
+    def delete(self: LocalStore, name: str) -> None:
+        if name == COMMAND_NAME and not (Path(self.root) / JOURNAL_NAME).exists():
+            raise KeyboardInterrupt
+        real(self, name)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(journal, "SEGMENT", 4)
+        patch.setattr(LocalStore, "delete", delete)
+        with pytest.raises(KeyboardInterrupt):
+            wdstream.pack(inputs, str(out), **KW)
+        (out / segment_name(0)).write_text("{}")  # as if stopped before the segments went
+    assert _files(out) == expected and (out / COMMAND_NAME).exists()
+    with pytest.raises(wdstream.WdstreamError, match="already holds a complete dataset"):
+        wdstream.pack(inputs, str(out), **KW)
+    assert _files(out) == expected
     assert not [p.name for p in out.iterdir() if p.name.startswith(".wdstream-pack")]

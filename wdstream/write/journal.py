@@ -95,7 +95,7 @@ class Journal:
             return False
         where = self.store.child_url(JOURNAL_NAME)
         try:
-            obj = json.loads(raw)
+            obj = _parse(raw)
             if not isinstance(obj, dict):
                 raise ValueError("not a JSON object")
             if obj.get("version") not in (1, 2, JOURNAL_VERSION):
@@ -111,8 +111,8 @@ class Journal:
             raise WdstreamError(
                 f"{where}: unreadable pack journal ({exc}); use --overwrite (overwrite=True in Python)"
             ) from exc
-        if command.get("fingerprint") != self.fingerprint:
-            theirs = command.get("fingerprint") or {}
+        if command["fingerprint"] != self.fingerprint:
+            theirs = command["fingerprint"]
             changed = sorted(
                 k
                 for k in set(theirs) | set(self.fingerprint)
@@ -159,8 +159,8 @@ class Journal:
 
     def _segment(self, k: int) -> list[ShardEntry]:
         """Segment ``k``'s entries (its shards ``k * SEGMENT`` on)."""
-        obj = json.loads(self.store.read(segment_name(k)))
-        if obj.get("segment") != k or len(obj["shards"]) != SEGMENT:
+        obj = _parse(self.store.read(segment_name(k)))
+        if not isinstance(obj, dict) or obj.get("segment") != k or len(obj["shards"]) != SEGMENT:
             raise ValueError(f"{segment_name(k)}: not segment {k} of {SEGMENT} shards")
         return [ShardEntry(**e) for e in obj["shards"]]
 
@@ -225,32 +225,49 @@ class Journal:
 
 
 def journal_fingerprint(store: Store) -> dict[str, Any]:
-    """The fingerprint of the interrupted pack whose journal is at ``store`` ({} where it
-    records none).
+    """The fingerprint of the interrupted pack whose journal is at ``store``.
 
     Raises:
         FileNotFoundError: there is no journal (or its command object is gone).
-        ValueError: the journal or its command object does not parse or do not match.
+        ValueError: the journal or its command object does not parse, do not match, or
+            record no fingerprint object.
     """
-    fingerprint = _command(store, json.loads(store.read(JOURNAL_NAME))).get("fingerprint")
-    return fingerprint if isinstance(fingerprint, dict) else {}
+    fingerprint: dict[str, Any] = _command(store, _parse(store.read(JOURNAL_NAME)))["fingerprint"]
+    return fingerprint
 
 
 def _command(store: Store, journal: Any) -> dict[str, Any]:
     """The fingerprint and input ctimes a live journal records: in :data:`COMMAND_NAME`,
     checked against the sha256 the journal names (version 3), or in the journal itself
-    (versions 1 and 2)."""
+    (versions 1 and 2).
+
+    Raises:
+        ValueError: it records no fingerprint object (a command object that is not one).
+    """
     if not isinstance(journal, dict):
         raise ValueError("not a JSON object")
+    where = "the journal"
     if journal.get("version") in (1, 2):
-        return journal
-    raw = store.read(COMMAND_NAME)
-    if hashlib.sha256(raw).hexdigest() != journal.get("command"):
-        raise ValueError(f"{COMMAND_NAME} is not the command the journal names")
-    command = json.loads(raw)
+        command = journal
+    else:
+        raw = store.read(COMMAND_NAME)
+        if hashlib.sha256(raw).hexdigest() != journal.get("command"):
+            raise ValueError(f"{COMMAND_NAME} is not the command the journal names")
+        command, where = _parse(raw), COMMAND_NAME
     if not isinstance(command, dict):
-        raise ValueError(f"{COMMAND_NAME}: not a JSON object")
+        raise ValueError(f"{where}: not a JSON object")
+    if not isinstance(command.get("fingerprint"), dict):
+        raise ValueError(f"{where}: no fingerprint object")
     return command
+
+
+def _parse(raw: bytes) -> Any:
+    """``raw`` as JSON; nesting too deep for the parser is a ValueError like any other
+    unparsable journal part (json raises RecursionError, which no caller expects)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def _changed_files(theirs: Any, ours: Any) -> str:

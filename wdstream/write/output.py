@@ -13,7 +13,7 @@ from wdstream.storage import Store
 from wdstream.write.journal import COMMAND_NAME, JOURNAL_NAME, segment_name
 from wdstream.write.shards import shard_names
 
-__all__ = ["clear_output", "delete_shards_from"]
+__all__ = ["clear_output", "delete_shards_from", "remove_journal_parts"]
 
 
 def delete_shards_from(store: Store, name: str, first: int) -> None:
@@ -38,9 +38,17 @@ def clear_output(store: Store, name: str) -> None:
     store.delete(INDEX_NAME)
     store.delete(TABLE_NAME)
     store.delete(JOURNAL_NAME)
+    remove_journal_parts(store)
+    delete_shards_from(store, name, 0)
+
+
+def remove_journal_parts(store: Store) -> None:
+    """Delete a journal's segments and command object at ``store``, whose live journal is
+    gone: an interrupted pack's being cleared, or the leftovers of a pack stopped while
+    removing its journal after publishing ``index.json`` (:meth:`Journal.remove` deletes the
+    live journal first), which nothing else would ever remove."""
     k = 0
-    while store.exists(segment_name(k)):  # an interrupted pack's journal segments
+    while store.exists(segment_name(k)):
         store.delete(segment_name(k))
         k += 1
     store.delete(COMMAND_NAME)
-    delete_shards_from(store, name, 0)
