@@ -58,7 +58,9 @@ def _interrupt(inputs: list[str], out: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if not p.name.startswith(".")}
+    return {
+        p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file() and p.name[0] != "."
+    }
 
 
 @pytest.fixture(scope="module")
@@ -186,14 +188,23 @@ def test_a_named_command_object_without_a_fingerprint_object_is_refused(
     assert res.resumed_shards == 0 and _files(out) == expected
 
 
+@pytest.mark.parametrize("holdout", [None, 0.25])
 def test_a_pack_stopped_while_removing_its_journal_leaves_nothing_after_the_rerun(
-    tmp_path: Path, packed: tuple[list[str], dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    packed: tuple[list[str], dict[str, bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+    holdout: float | None,
 ) -> None:
     """Stopped after index.json and the live journal's removal, before its segments and
-    command object went: the rerun refuses the complete dataset as before, and removes
-    those leftovers (nothing else ever did but --overwrite)."""
+    command object went (and, with a holdout, before the held-out dataset's journal went):
+    the rerun refuses the complete dataset as before, and removes those leftovers (nothing
+    else ever did but --overwrite)."""
     inputs, expected = packed
-    out = tmp_path / "out"
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    kw = {**KW, "holdout": holdout}
+    if holdout is not None:
+        wdstream.pack(inputs, str(ref), **kw)
+        expected = _files(ref)
     real = LocalStore.delete
 
     def delete(self: LocalStore, name: str) -> None:
@@ -205,10 +216,14 @@ def test_a_pack_stopped_while_removing_its_journal_leaves_nothing_after_the_reru
         patch.setattr(journal, "SEGMENT", 4)
         patch.setattr(LocalStore, "delete", delete)
         with pytest.raises(KeyboardInterrupt):
-            wdstream.pack(inputs, str(out), **KW)
+            wdstream.pack(inputs, str(out), **kw)
         (out / segment_name(0)).write_text("{}")  # as if stopped before the segments went
     assert _files(out) == expected and (out / COMMAND_NAME).exists()
+    if holdout is not None:
+        assert (out / "holdout" / JOURNAL_NAME).exists() and _files(out / "holdout")
     with pytest.raises(wdstream.WdstreamError, match="already holds a complete dataset"):
-        wdstream.pack(inputs, str(out), **KW)
+        wdstream.pack(inputs, str(out), **kw)
     assert _files(out) == expected
-    assert not [p.name for p in out.iterdir() if p.name.startswith(".wdstream-pack")]
+    if holdout is not None:
+        assert _files(out / "holdout") == _files(ref / "holdout")
+    assert not [p for p in out.rglob(".wdstream-pack*")]

@@ -45,6 +45,7 @@ from wdstream.write.builders import SampleBuilder
 from wdstream.write.commit import Dataset
 from wdstream.write.documents import DocumentParts, mask_stats
 from wdstream.write.journal import Journal, journal_fingerprint
+from wdstream.write.output import remove_journal_parts
 from wdstream.write.resume import ResumePoint, drop_packed, resume_point
 from wdstream.write.shards import ShardWriter
 from wdstream.write.sizing import choose_shard_bytes
@@ -145,6 +146,24 @@ def open_holdout(
                 "pack into a fresh output or pass --overwrite (overwrite=True in Python)"
             )
     return store
+
+
+def remove_leftovers(output: Store, options: dict[str, Any] | None) -> None:
+    """Delete what a pack stopped while removing its journals left beside its published
+    ``index.json`` (the caller checked there and holds the lock): the journal parts at the
+    output, and a held-out dataset's whole journal when ``OUTPUT/holdout`` holds an
+    ``index.json`` too (:func:`~wdstream.write.commit.commit_datasets` removes the held-out
+    journal last). Nothing else would remove them but ``--overwrite``."""
+    remove_journal_parts(output)
+    try:
+        if _not_a_folder(output, False):
+            return
+    except WdstreamError:
+        return  # a link there: not ours to touch; the caller's refusal says what matters
+    held = open_store(output.child_url(HOLDOUT_DIR), **(options or {}))
+    if held.exists(INDEX_NAME):
+        held.delete(JOURNAL_NAME)
+        remove_journal_parts(held)
 
 
 def _not_a_folder(output: Store, needed: bool) -> bool:

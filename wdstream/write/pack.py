@@ -48,11 +48,12 @@ from wdstream.write.holdout import (
     held_out_datasets,
     holdout_target,
     open_holdout,
+    remove_leftovers,
 )
 from wdstream.write.journal import JOURNAL_NAME, Journal
 from wdstream.write.local import LocalEngine
 from wdstream.write.lock import LOCK_NAME, acquire
-from wdstream.write.output import clear_output, delete_shards_from, remove_journal_parts
+from wdstream.write.output import clear_output, delete_shards_from
 from wdstream.write.pack_result import (
     PackResult,
     describe,
@@ -272,7 +273,7 @@ def pack(
         # removing its journal. The journal resumes it (the same command only, see
         # Journal.load), every shard committed, which writes the same index.json again.
         if store.exists(INDEX_NAME) and not overwrite and not store.exists(JOURNAL_NAME):
-            remove_journal_parts(store)  # of the pack that published it, if it was stopped
+            remove_leftovers(output_store, store_options)  # of a pack stopped in its commit
             raise WdstreamError(
                 f"{store.child_url(INDEX_NAME)} exists: {output} already holds a complete dataset; "
                 "pack into a fresh output or pass --overwrite (overwrite=True in Python)"
