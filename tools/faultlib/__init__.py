@@ -20,5 +20,6 @@ calls between the first and second batch, an HTTP store failing during it), ``wo
 the next ``iter()``), ``worker_shards`` (a pack whose shards the token pool's workers build:
 kills, ^C, a full ``/dev/shm`` or disk; the rerun against the usual pipeline's bytes),
 ``changing_inputs`` (input files appended to, cut, rewritten, renamed over or deleted while
-packed or between a kill and the rerun; every format and pipeline, the Ray engine).
+packed or between a kill and the rerun; every format and pipeline, the Ray engine),
+``journal_command`` (the pack journal's command object: kills around it, hostile states).
 """
