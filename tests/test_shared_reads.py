@@ -9,8 +9,10 @@ summed, at 0 workers against 2 workers over the same epoch (before the share, 2 
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,9 @@ from click.testing import CliRunner
 from tests.servers import FaultProxy, FileServer
 from wdstream import Loader
 from wdstream.cli import main
+from wdstream.read.sources import exchange
 from wdstream.read.sources.exchange import SHARE_WAIT_S, ReadShare, SharedPieces, WindowShares
+from wdstream.read.sources.packed import ShardSource
 
 pytest_plugins = ["tests.fixtures_remote"]
 
@@ -120,4 +124,58 @@ def test_a_piece_offered_before_its_taker_starts_is_kept(tmp_path: Path) -> None
     got = taker.share.take((0, 0), 0, owner=0)
     assert got is not None and bytes(got) == b"xyz"
     taker.close()
-    assert not list(Path(folder).glob("*.1*"))
+    # Nothing left for worker 1 but its mark that its iteration ended (see the next test).
+    assert [p.name for p in Path(folder).glob("*.1*")] == ["progress.1"]
+
+
+def test_an_owner_that_ended_releases_its_takers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose iteration ended (a ``break``: its reads dropped) says so: a peer still
+    filling its last chunk stops waiting for the pieces it never claimed and fetches them
+    (before: until ``SHARE_WAIT_S``, and torch killed the worker after 5 s); the next
+    iteration's start drops the mark, so that its takers wait for that owner again."""
+    monkeypatch.setattr(exchange, "SHARE_WAIT_S", 3.0)
+    folder = str(tmp_path / "share")
+    owner, taker = ReadShare(folder, 0), ReadShare(folder, 1)
+    owner.begin((0, 2), [])
+    owner.end()
+    owner.begin((0, 3), [(0, [1])])  # a read starting as the iteration ends: claims nothing
+    t0 = time.monotonic()
+    assert taker.take((0, 3), 0, owner=0) is None
+    assert time.monotonic() - t0 < 1.0
+    WindowShares(folder, 1, lambda e, a, b: [0, 1])  # an iteration begins: the mark goes
+    assert not (Path(folder) / "progress.0").exists()
+
+
+def test_a_worker_that_ended_takes_nothing_more(tmp_path: Path) -> None:
+    """A worker's reads waiting for a peer's piece as its own iteration ends raise
+    ``CancelledError`` at once (they are being dropped), whether or not the peer has it."""
+    folder = str(tmp_path / "share")
+    owner = ReadShare(folder, 0)
+    shares = WindowShares(folder, 1, lambda e, a, b: [0, 1])
+    SharedPieces.split(owner, (0, 0), [5, 5], [0, 1]).begin()  # claims piece 0 for worker 1
+    waiting = ThreadPoolExecutor(1).submit(shares.share.take, (0, 0), 0, 0)
+    time.sleep(0.05)
+    shares.end()
+    with pytest.raises(CancelledError):
+        waiting.result(timeout=1.0)
+    owner.offer((0, 0), 0, memoryview(b"abc"), [1])
+    with pytest.raises(CancelledError):
+        shares.share.take((0, 0), 0, owner=0)
+
+
+def test_a_stopped_read_fetches_nothing_more(pack: Path) -> None:
+    """``ShardSource.read(stop=...)``: once set, no piece not yet started is fetched (the
+    reader dropping its windows waits only for the GETs in flight)."""
+    stop = threading.Event()
+    with FileServer(pack) as server:
+        source = ShardSource(server.base_url)
+        pieces = [(s, 0, 4) for s in range(3)]
+        source.read(pieces, stop=stop)  # sidecars in, then a plain read
+        server.faults.reset()
+        stop.set()
+        with pytest.raises(CancelledError):
+            source.read(pieces, stop=stop)
+        assert not [r for r in server.faults.requests if r[0] == "GET"]
+        source.end_fetches()

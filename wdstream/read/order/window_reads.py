@@ -12,6 +12,7 @@ fetches with the other workers (:meth:`WindowReads.share_reads`).
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 
@@ -75,6 +76,7 @@ class WindowReads:
         self.plan = plan
         self.window = window
         self._cache = WindowCache(self._load_data, deepen=source.remote, read_ahead=source.remote)
+        self._stop = threading.Event()  # set while release() drops the reads (see there)
         self._alone = True  # a cold window's few samples read alone first (read_mode)
         self._hot: tuple[WindowKey, WindowData] | None = None  # the window last cut from
         # None: the only consumer, verifying every sample read; else a worker of several
@@ -171,10 +173,24 @@ class WindowReads:
 
     def release(self) -> None:
         """Drop the windows' sample views (they pin the mapped shards' file descriptors), any
-        read-ahead and the threads reading: called when an iteration ends or is abandoned."""
+        read-ahead and the threads reading: called when an iteration ends or is abandoned.
+
+        The reads being dropped stop first: their pieces not started are not fetched, and a
+        torch worker's reads waiting for a peer's piece end (:meth:`WindowShares.end`, which
+        also tells the peers to wait no more for this one), so only the GETs in flight are
+        waited for. Before, the queued fetches of up to ``AHEAD_MAX`` windows read ahead
+        were all made first (~0.1-0.2 s at the end of every iteration from loopback S3),
+        and a worker whose peer had dropped a window's read before starting it waited for
+        that peer's pieces until torch killed it (5 s)."""
         self._hot = None
-        self._cache.release()
-        self.source.end_fetches()
+        self._stop.set()
+        if self._sharing is not None:
+            self._sharing.end()
+        try:
+            self._cache.release()
+            self.source.end_fetches()
+        finally:
+            self._stop.clear()
 
     def read_mode(self, background: bool = True, alone: bool = True) -> None:
         """How windows are read: ahead in background threads (else each where its rows
@@ -232,12 +248,13 @@ class WindowReads:
             bounds = np.cumsum([0, *sizes])
             checks = [used[i:j] for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
         if with_docs:
-            parts = self.reads.read(pieces, docs=True, checks=checks, shared=shared)
+            parts = self.reads.read(pieces, docs=True, checks=checks, shared=shared,
+                                    stop=self._stop)  # fmt: skip
             toks = [t for part in parts for t in part.tokens.views()]
             docs = [d for part in parts for d in part.doc_lens]
             return WindowData(toks, order.tolist(), [0] * len(order), [docs[k] for k in order],
                               bad=emitted_bad(parts, order))  # fmt: skip
-        parts = self.reads.read(pieces, checks=checks, shared=shared)
+        parts = self.reads.read(pieces, checks=checks, shared=shared, stop=self._stop)
         located = [part.tokens for part in parts]
         base_of = np.repeat(np.arange(len(located)), [len(x) for x in located])
         first = np.concatenate([x.first for x in located] or [np.zeros(0, dtype=np.int64)])
@@ -253,7 +270,7 @@ class WindowReads:
         bytes are in the cache. Checked by a read-ahead thread instead, in runs of the samples it
         uses, the sums cost 2-3x more there: every run is a GIL hand-off between that
         thread and the filling one, on cores the other workers already keep busy."""
-        reads = self.reads.read(pieces, verify=False, shared=shared)
+        reads = self.reads.read(pieces, verify=False, shared=shared, stop=self._stop)
         located = [part.tokens for part in reads]
         checks = [part.checks for part in reads]
         counts = [len(x) for x in located]

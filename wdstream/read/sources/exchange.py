@@ -20,8 +20,10 @@ taker never sees a partial piece.
 A taker never depends on a piece arriving: it stops waiting, and fetches the piece itself,
 when the owner marks the piece failed (its GET failed, or ``/dev/shm`` is full), when the
 owner has gone on to a later window without offering it (each worker publishes the last
-window it loaded), or after ``SHARE_WAIT_S``. The bytes a taker maps are checked exactly as
-fetched ones are (each sample's CRC32C at its copy), so a piece's path changes no result.
+window it loaded), when the owner's iteration ended (it dropped its reads: a ``break``), or
+after ``SHARE_WAIT_S``. The bytes a taker maps are checked exactly as fetched ones are (each
+sample's CRC32C at its copy), so a piece's path changes no result. A worker whose own
+iteration ended takes nothing more: its reads still waiting for a peer's piece end at once.
 
 The folder is ``wdstream-share-<pid>-<random>`` (pid: the process that made the order);
 that process removes it when the order is collected or the process exits, and a new folder
@@ -37,6 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +53,8 @@ Needers = Callable[[int, int, int], list[int]]
 SHARE_WAIT_S = 60.0  # the longest a taker waits for a live owner (then fetches the piece)
 _PREFIX = "wdstream-share-"
 _POLL_S = (0.0005, 0.01)  # a taker's first and longest pause between looks
+_ENDED = b"ended"  # a worker's progress once its iteration ended: after every window
+_AFTER_ALL = (1 << 62, 0)
 
 
 def share_folder(token: str) -> str:
@@ -86,7 +91,8 @@ class ReadShare:
 
     Files, for piece ``j`` of window ``(e, w)`` handed to worker ``t``: ``e-w-j.t`` (the
     bytes), ``e-w-j.t.c`` (claimed: its owner is fetching it), ``e-w-j.t.x`` (failed: fetch
-    it yourself); ``progress.v``: the last window worker ``v`` began to load.
+    it yourself); ``progress.v``: the last window worker ``v`` began to load, or ``ended``
+    (its iteration ended: it begins no window more, see :meth:`end`).
 
     Args:
         folder: from :func:`share_folder`; made here when missing.
@@ -100,11 +106,13 @@ class ReadShare:
             _sweep_dead(self.folder.parent)
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._tmp = 0
-        self._lock = threading.Lock()
+        self._count = threading.Lock()  # temporary names
+        self._lock = threading.Lock()  # begin() against end()
+        self._ended = False  # see end()
         self.taken = self.offered = 0  # pieces mapped from a peer / fetched and handed on
 
     def _temp(self) -> Path:
-        with self._lock:
+        with self._count:
             self._tmp += 1
             return self.folder / f".tmp-{os.getpid()}-{self.worker}-{self._tmp}"
 
@@ -120,34 +128,68 @@ class ReadShare:
 
     def clear(self, pieces: bool) -> None:
         """Drop what an earlier iteration left for this worker: claims its owners never
-        kept, failure marks, its progress, and with ``pieces`` (the iteration ends) the
-        pieces it left untaken. As an iteration begins a peer may already have offered
-        this one's pieces, so they stay (a piece's bytes are the same in any iteration)."""
+        kept, failure marks, and with ``pieces`` (the iteration ends) the pieces it left
+        untaken; without (an iteration begins) its progress and every worker's ``ended``
+        (of the iteration before: a peer that ended it begins this one). As an iteration
+        begins a peer may already have offered this one's pieces, so they stay (a piece's
+        bytes are the same in any iteration)."""
         mine = f".{self.worker}"
         for entry in list(self.folder.iterdir()) if self.folder.is_dir() else []:
+            if entry.name.startswith("progress."):
+                if not pieces and (entry.name.endswith(mine) or self._ended_mark(entry)):
+                    entry.unlink(missing_ok=True)
+                continue
             name = entry.name.removesuffix(".c").removesuffix(".x")
-            mark = name != entry.name or name.startswith("progress.")
+            mark = name != entry.name
             if name.endswith(mine) and not name.startswith(".") and (mark or pieces):
                 entry.unlink(missing_ok=True)
+
+    @staticmethod
+    def _ended_mark(path: Path) -> bool:
+        try:
+            return path.read_bytes() == _ENDED
+        except OSError:
+            return False
+
+    def end(self) -> None:
+        """This worker's iteration ended (its reads are being dropped): it begins no window
+        more, takes nothing more (a read waiting for a peer's piece raises
+        ``CancelledError`` at once), and says so in its progress, so that a peer still
+        filling its last chunk stops waiting for pieces this one never claimed and fetches
+        them itself (before, it waited ``SHARE_WAIT_S`` and torch killed it after 5 s)."""
+        with self._lock:
+            self._ended = True
+        try:
+            self._publish(self.folder / f"progress.{self.worker}", _ENDED)
+        except OSError:
+            pass  # peers then wait for the deadline, as for a worker that died
 
     def begin(self, window: Window, claims: Sequence[tuple[int, Sequence[int]]]) -> None:
         """Before fetching window ``window``: claim its pieces this worker fetches for
         others (``(piece, takers)``), then say it began this window (in that order: a
         taker that sees the progress sees the claims)."""
-        try:
-            for j, takers in claims:
-                for t in takers:
-                    self._publish(self._path(window, j, t, ".c"), b"")
-            self._publish(self.folder / f"progress.{self.worker}", b"%d %d" % window)
-        except OSError:
-            pass  # takers then wait for the owner to move on, or the deadline: never wrong
+        with self._lock:  # not after end(): its mark must stay the last progress
+            if self._ended:
+                return
+            try:
+                for j, takers in claims:
+                    for t in takers:
+                        self._publish(self._path(window, j, t, ".c"), b"")
+                self._publish(self.folder / f"progress.{self.worker}", b"%d %d" % window)
+            except OSError:
+                pass  # takers then wait for the owner to move on, or the deadline: never wrong
 
     def _path(self, window: Window, j: int, taker: int, suffix: str = "") -> Path:
         return self.folder / f"{window[0]}-{window[1]}-{j}.{taker}{suffix}"
 
     def _progress(self, worker: int) -> Window | None:
+        """The last window ``worker`` began, after every window once it ended; None: none
+        known (it began none yet, in this iteration)."""
         try:
-            epoch, window = (self.folder / f"progress.{worker}").read_text().split()
+            text = (self.folder / f"progress.{worker}").read_bytes()
+            if text == _ENDED:
+                return _AFTER_ALL
+            epoch, window = text.split()
         except (OSError, ValueError):
             return None
         return int(epoch), int(window)
@@ -179,13 +221,19 @@ class ReadShare:
 
     def take(self, window: Window, j: int, owner: int) -> memoryview | None:
         """Piece ``j`` of ``window`` from ``owner``, mapped; None where it will not come
-        (marked failed; the owner began a later window without claiming it; or after
-        ``SHARE_WAIT_S``): the caller then fetches it itself."""
+        (marked failed; the owner began a later window without claiming it, or ended; or
+        after ``SHARE_WAIT_S``): the caller then fetches it itself.
+
+        Raises:
+            CancelledError: this worker's iteration ended (:meth:`end`).
+        """
         path = self._path(window, j, self.worker)
         claim, failed = Path(f"{path}.c"), Path(f"{path}.x")
         deadline = time.monotonic() + SHARE_WAIT_S
         pause = _POLL_S[0]
         while True:
+            if self._ended:
+                raise CancelledError
             at = self._progress(owner)  # first: a claim made before it is seen below
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -305,6 +353,11 @@ class WindowShares:
             return None
         return SharedPieces.split(self.share, window, sizes, who)
 
+    def end(self) -> None:
+        """The iteration ends: take nothing more, and tell the peers (:meth:`ReadShare.end`)."""
+        self.share.end()
+
     def close(self) -> None:
         """The iteration ended: drop what was left for this worker."""
+        self.share.end()
         self.share.clear(pieces=True)

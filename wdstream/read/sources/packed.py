@@ -235,6 +235,7 @@ class ShardSource:
         checks: list[np.ndarray] | None = None,
         verify: bool = True,
         shared: SharedPieces | None = None,
+        stop: threading.Event | None = None,
     ) -> list[PieceRead]:
         """The samples of every ``(shard, a, b)`` piece (samples ``[a, b)`` of ``shard``),
         one ranged read each, in order.
@@ -258,6 +259,9 @@ class ShardSource:
                 must verify every sample it copies before handing the copy on.
             shared: how torch workers split these pieces' fetches
                 (:mod:`~wdstream.read.sources.exchange`); None: this process fetches all.
+            stop: once set, the pieces not started are not read (the read raises
+                ``CancelledError``): the reader dropping the window (its iteration ended)
+                waits only for the GETs in flight, not for those still queued.
         """
 
         failed = threading.Event()
@@ -265,7 +269,7 @@ class ShardSource:
         def one(j: int) -> PieceRead:
             # One fate per window: at its first failure the reads not started are not made,
             # so it fails by its first read's deadline, not one more per round of threads.
-            if failed.is_set():
+            if failed.is_set() or (stop is not None and stop.is_set()):
                 if shared is not None:
                     shared.abandon(j)
                 raise CancelledError

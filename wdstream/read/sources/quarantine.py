@@ -20,6 +20,8 @@ so every later row, is where a clean read puts it. A shard whose samples vary in
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from wdstream.errors import CorruptShardError
@@ -53,6 +55,7 @@ class QuarantinedReads:
         checks: list[np.ndarray] | None = None,
         verify: bool = True,
         shared: SharedPieces | None = None,
+        stop: threading.Event | None = None,
     ) -> list[PieceRead]:
         """:meth:`ShardSource.read`, but a sample that cannot be read stands in masked (a
         piece read again after a failure is fetched by this process, not ``shared``).
@@ -62,7 +65,9 @@ class QuarantinedReads:
                 length (no count keeps the later rows in place).
         """
         try:
-            return self.source.read(pieces, docs=docs, checks=checks, verify=verify, shared=shared)
+            return self.source.read(
+                pieces, docs=docs, checks=checks, verify=verify, shared=shared, stop=stop
+            )
         except _FAILURES:
             pass  # some piece failed: find which, one by one
         out = []
