@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from tests.servers import RawServer
+from tests.servers import RequestServer
 
 # A GET of bytes [a, last] of an object of n bytes: (status line, header lines, body, close).
 Answer = tuple[bytes, list[bytes], bytes, bool]
@@ -142,7 +142,7 @@ HEADS: dict[str, Mode] = {
 }  # fmt: skip
 
 
-class HeadServer(RawServer):
+class HeadServer(RequestServer):
     """Threaded raw HTTP/1.1 server on 127.0.0.1 (a context manager).
 
     Args:
@@ -160,37 +160,18 @@ class HeadServer(RawServer):
         self._lock = threading.Lock()
         super().__init__()
 
-    def _accepted(self, conn: socket.socket) -> None:
-        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            conn.settimeout(5)
-            f = conn.makefile("rb")
-            while not self._stop.is_set():
-                line = f.readline()
-                if not line:
-                    return
-                method, path = line.split()[:2]
-                headers = {}
-                while (h := f.readline()) not in (b"\r\n", b"\n", b""):
-                    k, _, v = h.decode("latin-1").partition(":")
-                    headers[k.strip().lower()] = v.strip()
-                data = self.objects.get(path.decode("latin-1").split("?")[0].lstrip("/"))
-                if data is None:
-                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
-                elif method == b"HEAD":
-                    size = b"%d" % len(data) if self.head is None else self.head
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: " + size + b"\r\n\r\n")
-                elif not self._answer(conn, data, headers.get("range")):
-                    return
-        except OSError:
-            return
-        finally:
-            try:
-                conn.close()
-            except OSError:
-                pass
+    def _request(
+        self, conn: socket.socket, method: str, path: str, headers: dict[str, str]
+    ) -> bool:
+        data = self.objects.get(path.split("?")[0].lstrip("/"))
+        if data is None:
+            conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+        elif method == "HEAD":
+            size = b"%d" % len(data) if self.head is None else self.head
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: " + size + b"\r\n\r\n")
+        else:
+            return self._answer(conn, data, headers.get("range"))
+        return True
 
     def _answer(self, conn: socket.socket, data: bytes, asked: str | None) -> bool:
         """Write one answer; False when the connection is to be closed."""

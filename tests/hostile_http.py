@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from tests.servers import RawServer
+from tests.servers import RequestServer
 
 # What each mode does to a GET of bytes [a, b] (inclusive, as asked):
 MODES = {
@@ -52,7 +52,7 @@ def other(data: bytes) -> bytes:
     return bytes(b ^ 0x5A for b in data)
 
 
-class HostileServer(RawServer):
+class HostileServer(RequestServer):
     """Threaded raw HTTP/1.1 server on 127.0.0.1 (a context manager).
 
     Args:
@@ -74,35 +74,14 @@ class HostileServer(RawServer):
         self._lock = threading.Lock()
         super().__init__()
 
-    def _accepted(self, conn: socket.socket) -> None:
-        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            conn.settimeout(5)
-            f = conn.makefile("rb")
-            while not self._stop.is_set():
-                line = f.readline()
-                if not line:
-                    return
-                method, path = line.split()[:2]
-                headers = {}
-                while (h := f.readline()) not in (b"\r\n", b"\n", b""):
-                    k, _, v = h.decode("latin-1").partition(":")
-                    headers[k.strip().lower()] = v.strip()
-                data = self._object(path.decode("latin-1"))
-                if data is None:
-                    conn.sendall(_head(404, {"Content-Length": 0}))
-                    continue
-                if not self._answer(conn, data, method.decode(), headers.get("range")):
-                    return
-        except OSError:
-            return
-        finally:
-            try:
-                conn.close()
-            except OSError:
-                pass
+    def _request(
+        self, conn: socket.socket, method: str, path: str, headers: dict[str, str]
+    ) -> bool:
+        data = self._object(path)
+        if data is None:
+            conn.sendall(_head(404, {"Content-Length": 0}))
+            return True
+        return self._answer(conn, data, method, headers.get("range"))
 
     def _object(self, path: str) -> bytes | None:
         if isinstance(self.data, bytes):

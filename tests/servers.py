@@ -5,6 +5,8 @@
 * :class:`FaultProxy`: forwards every request to an upstream (moto's S3 server) and can
   inject the same faults, answering 503 with an S3 ``SlowDown`` error document.
 * :class:`SilentServer`: accepts TCP connections and never answers (a hung endpoint).
+* :class:`RequestServer`: reads requests off raw connections for servers whose answers are
+  written by hand (the hostile servers of tests/hostile_http.py and tests/hostile_heads.py).
 * :class:`Faults`: the knobs, shared by both. Decisions come from request counters, never
   from randomness, so a failing test fails the same way every time.
 """
@@ -484,6 +486,45 @@ class RawServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class RequestServer(RawServer):
+    """A :class:`RawServer` that reads HTTP/1.1 requests off each connection (a thread per
+    connection, kept alive) and hands each to :meth:`_request`, which writes the answer by
+    hand: the hostile servers' shared loop (tests/hostile_http.py, tests/hostile_heads.py).
+    """
+
+    def _accepted(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(5)
+            f = conn.makefile("rb")
+            while not self._stop.is_set():
+                line = f.readline()
+                if not line:
+                    return
+                method, path = line.split()[:2]
+                headers = {}
+                while (h := f.readline()) not in (b"\r\n", b"\n", b""):
+                    k, _, v = h.decode("latin-1").partition(":")
+                    headers[k.strip().lower()] = v.strip()
+                if not self._request(conn, method.decode(), path.decode("latin-1"), headers):
+                    return
+        except OSError:
+            return
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def _request(
+        self, conn: socket.socket, method: str, path: str, headers: dict[str, str]
+    ) -> bool:
+        """Answer one request on ``conn``; False when the connection is to be closed."""
+        raise NotImplementedError
 
 
 class SilentServer(RawServer):
