@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pytest
 
 import wdstream
 from tests.conftest import make_corpus
+from tests.test_pack_resume import _interrupted_writer
 from wdstream.storage import LocalStore
 from wdstream.write import journal
 from wdstream.write.journal import COMMAND_NAME, JOURNAL_NAME, journal_fingerprint, segment_name
@@ -34,20 +33,6 @@ def _inputs(root: Path, n: int) -> list[str]:
         path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[3 * i : 3 * i + 3]))
         paths.append(str(path))
     return paths
-
-
-def _interrupted_writer(victim: str) -> Callable[..., AbstractContextManager[BinaryIO]]:
-    """``LocalStore.writer`` raising KeyboardInterrupt once ``victim``'s bytes are written."""
-    real = LocalStore.writer
-
-    @contextmanager
-    def writer(self: LocalStore, name: str) -> Iterator[BinaryIO]:
-        with real(self, name) as out:
-            yield out
-            if name == victim:
-                raise KeyboardInterrupt
-
-    return writer
 
 
 def _interrupt(inputs: list[str], out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
