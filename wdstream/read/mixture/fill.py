@@ -122,17 +122,14 @@ def block_runs(block: Block, rows_per_epoch: list[int]) -> list[Run]:
     same runs, in the same order), from each source's count and first index alone: a
     source's rows of consecutive mixture rows are consecutive rows of it."""
     runs: list[Run] = []
-    a = 0
-    for s, (m, first) in enumerate(zip(block.counts, block.firsts, strict=True)):
-        if not m:
-            continue
-        b, r = a + m, rows_per_epoch[s]
-        if first // r == (first + m - 1) // r:  # one run: the rule
-            runs.append((s, first // r, first % r, block.order[a:b]))
+    firsts = block.firsts
+    for s, m, into in block.groups:  # the sources with rows here, their places cached
+        epoch, k = divmod(firsts[s], rows_per_epoch[s])
+        if k + m <= rows_per_epoch[s]:  # one run: the rule
+            runs.append((s, epoch, k, into))
         else:
-            idx = np.arange(first, first + m, dtype=np.int64)
-            runs += _split(s, idx, block.order[a:b], r)
-        a = b
+            idx = np.arange(firsts[s], firsts[s] + m, dtype=np.int64)
+            runs += _split(s, idx, into, rows_per_epoch[s])
     return runs
 
 

@@ -47,14 +47,17 @@ class Block(NamedTuple):
     grouped by source (a stable argsort of ``source``); ``counts[i]`` rows of source ``i``
     among them; ``firsts[i]`` the index in source ``i`` of its first row there (its rows'
     indices are consecutive: the interleave gives each source's rows in index order).
-    ``source`` and ``order`` are read-only, shared by every block at the same place in the
-    period, as is ``memo`` (what a caller derives from ``order``: :meth:`places`)."""
+    ``groups``: ``(i, counts[i], its rows' places in order)`` of each source with rows
+    there, in source order (``order`` cut by source). ``source``, ``order`` and the groups'
+    arrays are read-only, shared by every block at the same place in the period, as is
+    ``memo`` (what a caller derives from ``order``: :meth:`places`)."""
 
     source: np.ndarray
     order: np.ndarray
     counts: list[int]
     firsts: list[int]
     memo: dict[int, RowPlaces]
+    groups: tuple[tuple[int, int, np.ndarray], ...]
 
     def places(self, row_tokens: int) -> RowPlaces:
         """Where the rows grouped by source go in a block of rows of ``row_tokens``
@@ -180,13 +183,17 @@ class Interleave:
             before = [int(np.searchsorted(off, r)) for off in self.offsets]
             src.setflags(write=False)
             order.setflags(write=False)
+            ends = np.cumsum(counts).tolist()
+            groups = tuple(
+                (i, m, order[e - m : e]) for i, (m, e) in enumerate(zip(counts, ends, strict=True)) if m
+            )
             if len(self._blocks) >= _BLOCKS:
                 self._blocks.clear()
-            hit = self._blocks[r, n] = Block(src, order, counts, before, {})
+            hit = self._blocks[r, n] = Block(src, order, counts, before, {}, groups)
         if not q:
             return hit
         firsts = [q * w + b for w, b in zip(self.weights, hit.firsts, strict=True)]
-        return Block(hit.source, hit.order, hit.counts, firsts, hit.memo)
+        return Block(hit.source, hit.order, hit.counts, firsts, hit.memo, hit.groups)
 
     def counts(self, rows: int) -> np.ndarray:
         """Rows each source gives among the first ``rows`` rows (int64 [K])."""

@@ -268,6 +268,10 @@ class MixtureReader:
         else:
             rows = self.rank_rows(first, n, position.origin)
             src, hits = self.fill_rows(rows, position, tokens, doc)
+        if not hits:  # mostly: each step's cursor made with its sources at once
+            return SourceCursors(
+                [{"step": first + i, "source": x} for i, x in enumerate(src.reshape(n, b), 1)]
+            )
         cursors = SourceCursors(step_cursors(first, n, b, self.rank, hits))
         for cursor, batch_src in zip(cursors, src.reshape(n, b), strict=True):
             cursor["source"] = batch_src

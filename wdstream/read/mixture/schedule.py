@@ -146,7 +146,7 @@ class Schedule:
         if j:
             base = self.base[j].tolist()
             firsts = [f + x for f, x in zip(b.firsts, base, strict=True)]
-            return Block(b.source, b.order, b.counts, firsts, b.memo)
+            return Block(b.source, b.order, b.counts, firsts, b.memo, b.groups)
         return b
 
     def counts(self, row: int) -> np.ndarray:

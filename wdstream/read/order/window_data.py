@@ -166,6 +166,9 @@ def copy_rows(
     wants: list[int]
     bufs: list[memoryview]
     row_at = places.starts if places is not None else []  # each filled row's flat offset
+    # As many segments as rows (a mixture's rows of whole samples): while every segment so
+    # far was one whole row, segment k is row k, its place one lookup with no arithmetic.
+    whole = len(segments) == len(row_at)
     for k, (w, i, off, take) in enumerate(segments):
         if w != cw:
             if checks is not None:  # leaving a window: its samples of this fill are verified
@@ -183,10 +186,15 @@ def copy_rows(
         base, at = data.bases[r], data.first[i] + off
         if places is None:
             flat[o : o + take] = base[at : at + take]
+        elif whole and take == row_tokens:  # row k, whole
+            d = row_at[k]
+            flat[d : d + take] = base[at : at + take]
         elif (c := o % row_tokens) + take <= row_tokens:  # in one row: the place inline
+            whole = False
             d = row_at[o // row_tokens] + c
             flat[d : d + take] = base[at : at + take]
         else:
+            whole = False
             places.copy(flat, o, base[at : at + take])
         if checks is not None:
             j = i - lo

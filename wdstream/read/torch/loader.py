@@ -423,8 +423,8 @@ class Loader:
                 # max_quarantined it is not).
                 self._quarantine.admit(cursors[j], handed.quarantined, B)
                 handed.hand_over(s, cursors, j)
-                if "source" in cursors[j]:  # a mixture: each row's source index
-                    src = torch.from_numpy(cursors[j]["source"])
+                if sources[j] is not None:  # a mixture: each row's source index
+                    src = torch.from_numpy(sources[j])
                     batch["source"] = src if self.device is None else src.to(self.device)
                 yield batch
         handed.iter_stop = None  # finished: the next iter() runs the following epochs
