@@ -185,7 +185,9 @@ class Interleave:
             order.setflags(write=False)
             ends = np.cumsum(counts).tolist()
             groups = tuple(
-                (i, m, order[e - m : e]) for i, (m, e) in enumerate(zip(counts, ends, strict=True)) if m
+                (i, m, order[e - m : e])
+                for i, (m, e) in enumerate(zip(counts, ends, strict=True))
+                if m
             )
             if len(self._blocks) >= _BLOCKS:
                 self._blocks.clear()
