@@ -10,6 +10,7 @@ import pytest
 
 from wdstream.read.order.global_order import GlobalOrder, OrderConfig
 from wdstream.read.order.row_places import RowPlaces
+from wdstream.read.order.window_data import WindowData, copy_rows
 from wdstream.read.sources.packed import ShardSource
 from wdstream.testing import write_synthetic_dataset
 
@@ -57,3 +58,32 @@ def test_row_places_copy_splits_a_piece_at_row_ends() -> None:
         [-1, -1, 100, 101],  # filled row 0, from its token 2
     ]
     assert places.flat(np.array([0, 5, 9])).tolist() == [12, 1, 9]
+
+
+@pytest.mark.parametrize(
+    "takes",
+    [
+        [4, 4, 4],  # as many segments as rows, each a whole row: placed by index
+        [6, 2, 4],  # as many segments as rows, not whole: placed by offset
+        [4, 6, 2],  # whole rows first, then not
+        [2, 4, 6],  # a segment of a row's tokens, not from its start
+        [4, 2, 2, 4],  # more segments than rows
+    ],
+)
+def test_copy_rows_places_each_segment_where_its_tokens_go(takes: list[int]) -> None:
+    """``copy_rows`` with places writes token ``o`` of the filled rows to row
+    ``into[o // T1]``, column ``o % T1``, however the segments cut the rows (a segment
+    per whole row is placed by its index: the count alone does not make it so)."""
+    T1, n = 4, sum(takes) // 4
+    base = np.arange(100, 100 + sum(takes), dtype=np.int32)
+    firsts = np.concatenate([[0], np.cumsum(takes)[:-1]]).tolist()
+    data = WindowData([base], [0] * len(takes), firsts, [()] * len(takes))
+    segments = [(0, i, 0, t) for i, t in enumerate(takes)]
+    into = np.array([2, 0, 3, 1][:n], dtype=np.int64)
+    flat = np.full(4 * T1, -1, dtype=np.int32)
+    got = copy_rows(segments, {0: data}, lambda w: data, flat, None, T1, lambda w: None,
+                    False, RowPlaces(into, T1))  # fmt: skip
+    assert got == []
+    want = np.full((4, T1), -1, dtype=np.int32)
+    want[into] = base.reshape(n, T1)
+    assert flat.reshape(4, T1).tolist() == want.tolist()
