@@ -28,10 +28,13 @@ class SourceCursors(list[Cursor]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         rows = [c["source"] for c in self]
-        plain = [{k: v for k, v in c.items() if k != "source"} for c in self]
         if not rows:
-            return (SourceCursors, (plain,))
+            return (SourceCursors, ([],))
         data = np.concatenate(rows).tobytes()
+        if all(len(c) == 2 for c in self):  # mostly: a step and its sources, nothing masked
+            return (_rebuilt_steps, ([c["step"] for c in self], data, len(rows[0]),
+                                     rows[0].dtype.str))  # fmt: skip
+        plain = [{k: v for k, v in c.items() if k != "source"} for c in self]
         return (_rebuilt, (plain, data, len(rows[0]), rows[0].dtype.str))
 
 
@@ -42,3 +45,10 @@ def _rebuilt(plain: list[Cursor], data: bytes, width: int, dtype: str) -> Source
     for cursor, row in zip(plain, src, strict=True):
         cursor["source"] = row
     return SourceCursors(plain)
+
+
+def _rebuilt_steps(steps: list[int], data: bytes, width: int, dtype: str) -> SourceCursors:
+    """:func:`_rebuilt` of cursors holding only ``step`` and ``source`` (sent as the steps:
+    a dict pickled per cursor cost the worker ~6 us a chunk more)."""
+    src = np.frombuffer(data, dtype=np.dtype(dtype)).copy().reshape(len(steps), width)
+    return SourceCursors([{"step": k, "source": x} for k, x in zip(steps, src, strict=True)])
