@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 from wdstream.read.order.base import Cursor
+from wdstream.read.order.steps import step_cursors
+from wdstream.read.order.window_data import Hit
 
-__all__ = ["SourceCursors"]
+__all__ = ["SourceCursors", "chunk_cursors"]
 
 
 class SourceCursors(list[Cursor]):
@@ -52,3 +54,18 @@ def _rebuilt_steps(steps: list[int], data: bytes, width: int, dtype: str) -> Sou
     a dict pickled per cursor cost the worker ~6 us a chunk more)."""
     src = np.frombuffer(data, dtype=np.dtype(dtype)).copy().reshape(len(steps), width)
     return SourceCursors([{"step": k, "source": x} for k, x in zip(steps, src, strict=True)])
+
+
+def chunk_cursors(
+    first: int, n: int, batch_size: int, rank: int, hits: list[Hit], src: np.ndarray
+) -> SourceCursors:
+    """The cursors of a chunk's steps ``[first, first + n)`` (:func:`step_cursors`), each
+    with its batch's ``source``: a row of ``src`` (the chunk's row sources, ``n *
+    batch_size``). Without masked rows (mostly) each is made with its sources at once."""
+    rows = src.reshape(n, batch_size)
+    if not hits:
+        return SourceCursors([{"step": first + i, "source": x} for i, x in enumerate(rows, 1)])
+    cursors = SourceCursors(step_cursors(first, n, batch_size, rank, hits))
+    for cursor, x in zip(cursors, rows, strict=True):
+        cursor["source"] = x
+    return cursors

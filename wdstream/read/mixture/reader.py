@@ -33,7 +33,7 @@ import numpy as np
 
 from wdstream.errors import StateMismatchError
 from wdstream.read.mixture.checks import MixtureOwnRows, row_at
-from wdstream.read.mixture.cursors import SourceCursors
+from wdstream.read.mixture.cursors import chunk_cursors
 from wdstream.read.mixture.fill import fill_block, fill_rows
 from wdstream.read.mixture.interleave import MIXTURE_ORDER_VERSION
 from wdstream.read.mixture.schedule import Schedule, SchedulePiece, parse_weights
@@ -50,7 +50,7 @@ from wdstream.read.order.global_order import ORDER_VERSION, GlobalOrder, OrderCo
 from wdstream.read.order.identity import check_identity, rows_fingerprint
 from wdstream.read.order.state_fields import SEAL_KEY
 from wdstream.read.order.step_check import check_step
-from wdstream.read.order.steps import GlobalPosition, StepChunks, step_cursors
+from wdstream.read.order.steps import GlobalPosition, StepChunks
 from wdstream.read.order.window_data import Hit
 from wdstream.read.sources.packed import ShardSource
 
@@ -268,14 +268,7 @@ class MixtureReader:
         else:
             rows = self.rank_rows(first, n, position.origin)
             src, hits = self.fill_rows(rows, position, tokens, doc)
-        if not hits:  # mostly: each step's cursor made with its sources at once
-            return SourceCursors(
-                [{"step": first + i, "source": x} for i, x in enumerate(src.reshape(n, b), 1)]
-            )
-        cursors = SourceCursors(step_cursors(first, n, b, self.rank, hits))
-        for cursor, batch_src in zip(cursors, src.reshape(n, b), strict=True):
-            cursor["source"] = batch_src
-        return cursors
+        return chunk_cursors(first, n, b, self.rank, hits, src)
 
     def verify_own_rows(
         self, position: GlobalPosition, worker: int, workers: int
