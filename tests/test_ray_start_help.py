@@ -39,13 +39,17 @@ def ray_local() -> Iterator[None]:
         c.shutdown()
 
 
-@pytest.mark.parametrize("mode", ["concat", "bestfit"])
+@pytest.mark.parametrize(
+    ("mode", "backend"), [("concat", "auto"), ("bestfit", "auto"), ("concat", "tiktoken")]
+)  # tiktoken: the workers build the encoding from the ranks the driver ships
 def test_pieces_the_driver_tokenises_give_the_local_engines_bytes(
-    ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+    ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, backend: str
 ) -> None:
     (tmp_path / "in").mkdir()
     corpus = write_corpus(tmp_path / "in")
-    opts: dict[str, Any] = {"mode": mode, "on_error": "skip", "lines": True, **PACK_OPTS}
+    opts: dict[str, Any] = {
+        "mode": mode, "backend": backend, "on_error": "skip", "lines": True, **PACK_OPTS,
+    }  # fmt: skip
     pack([str(corpus)], str(tmp_path / "local"), **opts)
     taken: list[int] = []
     tokenize = StartHelp.tokenize

@@ -1,24 +1,27 @@
 """What a Ray worker encodes with (no cluster): the warm-up fills the very cache entry the
-driver's recipe asks for, and a bpe-openai pack's workers load the binding alone."""
+driver's recipe asks for, a bpe-openai pack's workers load the binding alone, and a tiktoken
+pack's workers build the encoding from the ranks the driver ships."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+import ray
 
 from wdstream.ray import tasks
 from wdstream.tokenizers import load_tokenizer
-from wdstream.tokenizers.tiktoken import BpeEncoder
+from wdstream.tokenizers.tiktoken import BpeEncoder, TiktokenTokenizer
 from wdstream.write.encoders import encode_flat
 
 TEXTS = ["def f(x):\n    return x  # <|endoftext|> as text", "", "héllo wörld\n\n\tend"]
 
 
-@pytest.mark.parametrize("backend", ["auto", "bpe-openai", "tiktoken"])
+@pytest.mark.parametrize("backend", ["auto", "bpe-openai"])
 def test_warm_up_caches_what_the_driver_ships(
     backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if backend != "tiktoken":
-        pytest.importorskip("bpe_openai")
+    pytest.importorskip("bpe_openai")
     monkeypatch.setattr(tasks, "_tokenizers", {})
     tasks.warm_up("cl100k_base", backend)
     tok = load_tokenizer("cl100k_base", backend)  # the driver's load
@@ -31,3 +34,31 @@ def test_warm_up_caches_what_the_driver_ships(
     want = [[*tok._enc.encode_ordinary(t), 100257] for t in TEXTS]  # type: ignore[attr-defined]
     assert flat.tolist() == [i for ids in want for i in ids]
     assert lens.tolist() == [len(ids) for ids in want]
+
+
+def test_workers_build_a_tiktoken_encoding_from_the_ranks_the_driver_ships(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The warm-up loads nothing for a tiktoken encoding; the shipped recipe builds one that
+    encodes tiktoken's ids, once per worker process, reused by the next pack's recipe."""
+    monkeypatch.setattr(tasks, "_tokenizers", {})
+    tasks.warm_up("cl100k_base", "tiktoken")
+    assert tasks._tokenizers == {}
+    shipped: list[Any] = []  # the object store, without a cluster: put keeps, get returns
+
+    def put(value: Any) -> int:
+        shipped.append(value)
+        return len(shipped) - 1
+
+    monkeypatch.setattr(ray, "put", put)
+    monkeypatch.setattr(ray, "get", lambda ref: shipped[ref])
+    tok = load_tokenizer("cl100k_base", "tiktoken")  # the driver's load
+    worker = tasks.cached_tokenizer(tasks.shipped_recipe(tok))
+    assert isinstance(worker, TiktokenTokenizer) and worker is not tok
+    assert (worker.name, worker.eos_id, worker.n_vocab) == (tok.name, tok.eos_id, tok.n_vocab)
+    flat, lens = encode_flat(worker, TEXTS, None, 100257, "uint32")
+    want = [[*tok._enc.encode_ordinary(t), 100257] for t in TEXTS]  # type: ignore[attr-defined]
+    assert flat.tolist() == [i for ids in want for i in ids]
+    assert lens.tolist() == [len(ids) for ids in want]
+    assert tasks.cached_tokenizer(tasks.shipped_recipe(tok)) is worker  # another pack's put
+    assert len(shipped) == 2 and len(tasks._tokenizers) == 1

@@ -55,9 +55,9 @@ from wdstream.ray.tasks import (
     ShardJob,
     check_shard,
     driver_encoder,
+    shipped_recipe,
     tokenize_piece,
     warm_up,
-    worker_recipe,
     write_shard,
 )
 from wdstream.storage import Store, open_store
@@ -250,7 +250,7 @@ class _Driver:
         ]
         pj = PieceJob(
             job.files, job.text_key, job.lines, job.on_error, job.errors, job.max_record_bytes,
-            worker_recipe(job.tokenizer), job.bos_id, job.eos_id, job.dtype,
+            shipped_recipe(job.tokenizer), job.bos_id, job.eos_id, job.dtype,
         )  # fmt: skip
         piece_job = ray.put(pj)
         self.shard_job = ray.put(

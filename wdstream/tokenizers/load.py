@@ -33,10 +33,10 @@ from wdstream.errors import TokenizerError
 from wdstream.tokenizers.base import Tokenizer
 from wdstream.tokenizers.tiktoken import BACKENDS, CHECK_TEXT, TiktokenTokenizer, reference_ids
 
-__all__ = ["index_tokenizer", "load_tokenizer"]
+__all__ = ["index_tokenizer", "load_tokenizer", "tokenizer_file_kind"]
 
 
-def _file_kind(spec: str) -> str | None:
+def tokenizer_file_kind(spec: str) -> str | None:
     """``"tokenizers"`` or ``"sentencepiece"`` when ``spec`` names such a file, else None."""
     from wdstream.tokenizers.hf import hf_tokenizer_file
 
@@ -49,7 +49,7 @@ def _file_kind(spec: str) -> str | None:
 
 def _load_file_tokenizer(spec: str, backend: str) -> Tokenizer | None:
     """A Hugging Face or SentencePiece tokenizer when ``spec`` names one, else None."""
-    kind = _file_kind(spec)
+    kind = tokenizer_file_kind(spec)
     if kind is None:
         if os.path.isdir(spec):
             raise TokenizerError(

@@ -292,12 +292,41 @@ class TiktokenTokenizer(Tokenizer):
     def __init__(self, spec: str, backend: str = "tiktoken") -> None:
         if backend not in ("tiktoken", "bpe-openai"):
             raise ValueError(f"backend must be 'tiktoken' or 'bpe-openai', got {backend!r}")
-        self.spec = spec
-        self.name, self._enc, _ = _load_encoding(spec)
+        name, enc, _ = _load_encoding(spec)
+        self._set(spec, backend, name, enc)
+
+    def _set(self, spec: str, backend: str, name: str, enc: Any) -> None:
+        self.spec, self.name, self._enc = spec, name, enc
         self.n_vocab: int = self._enc.n_vocab
         self.eos_id: int | None = self._enc._special_tokens.get(ENDOFTEXT)
         self.backend = backend
         self.bpe = BpeEncoder(self.name) if backend == "bpe-openai" else None
+
+    def parts(self) -> dict[str, Any]:
+        """What :meth:`from_parts` builds this encoding from in another process: its name,
+        pre-tokenisation pattern, ranks and special tokens, as ``tiktoken.Encoding`` takes
+        them."""
+        enc = self._enc
+        return {
+            "name": enc.name,
+            "pat_str": enc._pat_str,
+            "mergeable_ranks": enc._mergeable_ranks,
+            "special_tokens": enc._special_tokens,
+        }
+
+    @classmethod
+    def from_parts(cls, spec: str, parts: dict[str, Any]) -> TiktokenTokenizer:
+        """The tokenizer ``spec`` names (backend tiktoken), built from another process's
+        :meth:`parts` instead of loaded: the same encoding, so the same ids, without reading
+        and base64-decoding the ranks file (~0.06-0.08 s of CPU for 100k ranks) or fetching
+        it where it is not installed. ``tiktoken.Encoding`` still builds its tables."""
+        import tiktoken
+
+        tok = cls.__new__(cls)
+        tok._set(
+            spec, "tiktoken", parts["name"].removesuffix("_offline"), tiktoken.Encoding(**parts)
+        )
+        return tok
 
     @property
     def ranks_sha256(self) -> str:
