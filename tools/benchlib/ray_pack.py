@@ -63,7 +63,9 @@ def pack_once(engine: str, files: list[str], out: str, cores: int) -> dict[str, 
     cluster, start_s = None, 0.0
     t0 = time.perf_counter()
     if engine == "ray-1":
-        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
+        # "local": a new instance even where another Ray runs on this host (ray.init() would
+        # connect to it, and refuse num_cpus).
+        ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False)
     elif engine == "ray-2":
         from ray.cluster_utils import Cluster
 
