@@ -93,9 +93,10 @@ class RayEngine:
     """:class:`~wdstream.write.engine.PackEngine` on a Ray cluster.
 
     Ray is connected (or started) when the pack begins, and each CPU's worker imports the
-    task code and loads the tokenizer at once, while the driver loads its own. Each
-    worker's first task otherwise paid both (~0.45 s on the bench corpus's 2.4 s pack)
-    while the driver waited.
+    task code (and loads a bpe-openai binding or tokenizer file) at once, while the driver
+    loads its own tokenizer. Each worker's first task otherwise paid both (~0.45 s on the
+    bench corpus's 2.4 s pack) while the driver waited. A tiktoken encoding's ranks the
+    driver ships once (:func:`~wdstream.ray.tasks.shipped_recipe`).
 
     Args:
         address: ``None``: a Ray instance already initialised in this process, else
