@@ -8,6 +8,7 @@ default run never touches the committed ``docs/BENCHMARKS.md``; only a full run 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -111,6 +112,8 @@ class Bench:
                 self.args.before, self.work / "before"
             )
             self.log(f"before: wdstream at {self.r['before']} in {self.before_root}")
+        for tree in filter(None, (str(ROOT), self.before_root)):
+            bytecode(Path(tree))
         try:
             for name in self.args.parts:
                 self.r[name] = PARTS[name].measure(self)
@@ -119,6 +122,18 @@ class Bench:
                 before.remove(self.before_root)
         self.r["total_s"] = time.perf_counter() - self.t_start
         return self.r
+
+
+def bytecode(tree: Path) -> None:
+    """Compile ``tree``'s ``wdstream`` package to bytecode before anything is timed.
+
+    An installed package has its bytecode (``pip install`` compiles it; so do the peers' in
+    the bench venv), and a checkout imported once has it in ``__pycache__``; but with
+    ``PYTHONDONTWRITEBYTECODE`` set (as on the hosts these runs are made on) every child
+    would compile wdstream's sources again, inside the clock where an import is timed (a
+    Ray worker's task module: ~70 ms against ~30 from bytecode, docs/RAY.md session 45).
+    """
+    compileall.compile_dir(str(tree / "wdstream"), quiet=1)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

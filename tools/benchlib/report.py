@@ -61,6 +61,9 @@ bash tools/setup_bench_env.sh /work/benchvenv   # separate venv: peers pin numpy
 ```
 
 nginx for the remote part's real-server rows: `apt-get install nginx-light` (skipped without).
+Before any part, the run compiles the checkout's `wdstream` (and `--before`'s) to bytecode, as
+`pip install` leaves an installed package and the peers in the bench venv: with
+`PYTHONDONTWRITEBYTECODE` set every child would otherwise compile it again inside its clock.
 
 Without `--output` a run writes `out/BENCHMARKS.md` (gitignored) and the raw results to
 `out/bench-results.json` (`--report-only` re-renders them); `--quick` refuses to write
