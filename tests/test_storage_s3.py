@@ -215,3 +215,13 @@ def test_store_pickles_for_worker_processes(s3_bucket: str) -> None:
         pool.close()
         pool.join()
     assert got == [DATA[:1_000], DATA[50_000:99_999]]
+
+
+def test_stores_share_one_botocore_data_loader(aws_env: str) -> None:
+    """Every store's client in a process loads botocore's models through one data loader
+    (a session of its own decoded S3's service model again: ~85 ms of CPU a client), and
+    boto3's data folder is on its search path once however many sessions were made."""
+    clients = [S3Store(f"s3://bucket-{i}/ds").client for i in range(3)]
+    loader = clients[0]._loader
+    assert all(c._loader is loader for c in clients[1:])
+    assert len(loader.search_paths) == len(set(loader.search_paths))

@@ -27,7 +27,6 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO, cast
 from urllib.parse import urlsplit
 
-import boto3
 import botocore.exceptions as bce
 from botocore.config import Config
 
@@ -45,6 +44,7 @@ from wdstream.storage.retry import (
     log,
 )
 from wdstream.storage.s3_errors import error_code, is_missing, is_transient
+from wdstream.storage.s3_session import shared_loader_session
 from wdstream.storage.s3_upload import S3Upload
 
 __all__ = ["MIN_PART_SIZE", "S3Store"]
@@ -151,7 +151,7 @@ class S3Store(RemoteStore):
                         retries={"total_max_attempts": 1, "mode": "standard"},
                         max_pool_connections=self.max_pool_connections,
                     )
-                    session = boto3.session.Session(profile_name=self.profile)
+                    session = shared_loader_session(self.profile)
                     self._client = session.client(
                         "s3",
                         endpoint_url=self.endpoint_url,
