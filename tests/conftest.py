@@ -52,10 +52,12 @@ if "PYTEST_DEBUG_TEMPROOT" not in os.environ and _roomy_tmpfs("/dev/shm"):
 # stops a tokenising worker by its title could catch the other cluster's. The grouping is a
 # scheduler of our own rather than ``xdist_group`` marks: pytest 9.2 no longer reads the
 # ``_nodeid`` that xdist's loadgroup writes the group into, so those marks were silently
-# ignored and the Ray files ran side by side.
+# ignored and the Ray files ran side by side. Every file that starts a cluster is in the
+# group (test_ray_start_help.py's was not, and ran beside the group's on another worker).
 _RAY_FILES = frozenset(
-    ("test_ray_node_loss.py", "test_ray_optional.py", "test_ray_pack.py", "test_ray_system_kill.py")
-)
+    ("test_ray_node_loss.py", "test_ray_optional.py", "test_ray_pack.py",
+     "test_ray_start_help.py", "test_ray_system_kill.py")
+)  # fmt: skip
 
 
 @pytest.hookimpl(optionalhook=True)
