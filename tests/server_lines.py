@@ -85,12 +85,18 @@ def flush_std_streams() -> None:
             pass
 
 
-def serve(preload: Iterable[str], run_child: Callable[[dict[str, Any]], None]) -> None:
-    """A server's loop: import ``preload``, then fork one child per request line on stdin
-    (``run_child`` never returns in it), answering its pid at once and its ``wait4`` status
-    and peak RSS when it ends."""
+def serve(
+    preload: Iterable[str],
+    run_child: Callable[[dict[str, Any]], None],
+    warm: Callable[[], object] | None = None,
+) -> None:
+    """A server's loop: import ``preload`` (then call ``warm``), then fork one child per
+    request line on stdin (``run_child`` never returns in it), answering its pid at once and
+    its ``wait4`` status and peak RSS when it ends."""
     for name in preload:
         importlib.import_module(name)
+    if warm is not None:
+        warm()
     for line in sys.stdin:
         req = json.loads(line)
         pid = os.fork()
