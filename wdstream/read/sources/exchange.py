@@ -129,27 +129,24 @@ class ReadShare:
     def clear(self, pieces: bool) -> None:
         """Drop what an earlier iteration left for this worker: claims its owners never
         kept, failure marks, and with ``pieces`` (the iteration ends) the pieces it left
-        untaken; without (an iteration begins) its progress and every worker's ``ended``
-        (of the iteration before: a peer that ended it begins this one). As an iteration
-        begins a peer may already have offered this one's pieces, so they stay (a piece's
-        bytes are the same in any iteration)."""
+        untaken; without (an iteration begins) its own progress. A peer's ``ended`` stays:
+        it may be this iteration's (a peer can begin and end a short one, a ``break`` after
+        a few batches, before this worker begins it; its claims for this worker are among
+        the marks dropped here, so with its mark gone too the takers waited ``SHARE_WAIT_S``
+        for pieces never coming); one of the iteration before makes a taker fetch that
+        peer's pieces itself until the peer begins (never wrong). As an iteration begins a
+        peer may already have offered this one's pieces, so they stay (a piece's bytes are
+        the same in any iteration)."""
         mine = f".{self.worker}"
         for entry in list(self.folder.iterdir()) if self.folder.is_dir() else []:
             if entry.name.startswith("progress."):
-                if not pieces and (entry.name.endswith(mine) or self._ended_mark(entry)):
+                if not pieces and entry.name.endswith(mine):
                     entry.unlink(missing_ok=True)
                 continue
             name = entry.name.removesuffix(".c").removesuffix(".x")
             mark = name != entry.name
             if name.endswith(mine) and not name.startswith(".") and (mark or pieces):
                 entry.unlink(missing_ok=True)
-
-    @staticmethod
-    def _ended_mark(path: Path) -> bool:
-        try:
-            return path.read_bytes() == _ENDED
-        except OSError:
-            return False
 
     def end(self) -> None:
         """This worker's iteration ended (its reads are being dropped): it begins no window

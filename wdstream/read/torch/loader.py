@@ -21,7 +21,8 @@ Each ``iter()`` runs ``epochs`` epochs from where the previous one stopped (fore
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -217,6 +218,7 @@ class Loader:
             "timeout": worker_timeout,
         })  # fmt: skip
         self._iterating = 0  # iterators of this loader not yet finished or closed
+        self._iterators: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
         # The position after the last batch handed to the caller: the dataset runs ahead of
         # it by the chunks prefetched or being sliced, so this is the loader's own.
         self._handed: SequencePosition = self.dataset.position.copy()
@@ -388,6 +390,18 @@ class Loader:
         return self._workers.chunks(position)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """An iteration from the batches handed out so far on. It ends the loader's earlier
+        iterators still held (not finished or closed): they would go on from their own
+        position, and their torch workers, reading ahead under the same worker ids in the
+        same share folder (:mod:`~wdstream.read.sources.exchange`), took this one's pieces
+        (a worker then waited 60 s for a piece its double had taken)."""
+        for earlier in list(self._iterators):
+            earlier.close()
+        iterator = self._iterate()
+        self._iterators.add(iterator)
+        return iterator
+
+    def _iterate(self) -> Generator[dict[str, torch.Tensor], None, None]:
         self._iterating += 1  # skip_steps refuses to run under a live iterator
         try:
             yield from self._batches()
