@@ -5,6 +5,8 @@ cut rows."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -60,6 +62,24 @@ def test_row_places_copy_splits_a_piece_at_row_ends() -> None:
     assert places.flat(np.array([0, 5, 9])).tolist() == [12, 1, 9]
 
 
+def _placed(takes: list[int], T1: int) -> tuple[list[list[int]], list[list[int]]]:
+    """``copy_rows`` of segments of ``takes`` tokens (one window, consecutive samples) into
+    rows ``into`` of a block of 4 rows of ``T1`` (the rest -1), and what it must write."""
+    n = sum(takes) // T1
+    base = np.arange(100, 100 + sum(takes), dtype=np.int32)
+    firsts = np.concatenate([[0], np.cumsum(takes)[:-1]]).tolist()
+    data = WindowData([base], [0] * len(takes), firsts, [()] * len(takes))
+    segments = [(0, i, 0, t) for i, t in enumerate(takes)]
+    into = np.array([2, 0, 3, 1][:n], dtype=np.int64)
+    flat = np.full(4 * T1, -1, dtype=np.int32)
+    got = copy_rows(segments, {0: data}, lambda w: data, flat, None, T1, lambda w: None,
+                    False, RowPlaces(into, T1))  # fmt: skip
+    assert got == []
+    want = np.full((4, T1), -1, dtype=np.int32)
+    want[into] = base.reshape(n, T1)
+    return flat.reshape(4, T1).tolist(), want.tolist()
+
+
 @pytest.mark.parametrize(
     "takes",
     [
@@ -74,16 +94,17 @@ def test_copy_rows_places_each_segment_where_its_tokens_go(takes: list[int]) -> 
     """``copy_rows`` with places writes token ``o`` of the filled rows to row
     ``into[o // T1]``, column ``o % T1``, however the segments cut the rows (a segment
     per whole row is placed by its index: the count alone does not make it so)."""
-    T1, n = 4, sum(takes) // 4
-    base = np.arange(100, 100 + sum(takes), dtype=np.int32)
-    firsts = np.concatenate([[0], np.cumsum(takes)[:-1]]).tolist()
-    data = WindowData([base], [0] * len(takes), firsts, [()] * len(takes))
-    segments = [(0, i, 0, t) for i, t in enumerate(takes)]
-    into = np.array([2, 0, 3, 1][:n], dtype=np.int64)
-    flat = np.full(4 * T1, -1, dtype=np.int32)
-    got = copy_rows(segments, {0: data}, lambda w: data, flat, None, T1, lambda w: None,
-                    False, RowPlaces(into, T1))  # fmt: skip
-    assert got == []
-    want = np.full((4, T1), -1, dtype=np.int32)
-    want[into] = base.reshape(n, T1)
-    assert flat.reshape(4, T1).tolist() == want.tolist()
+    got, want = _placed(takes, 4)
+    assert got == want
+
+
+def test_copy_rows_places_every_cut_into_as_many_segments_as_rows() -> None:
+    """Every way to cut 1-4 rows of 4 tokens into as many segments as rows (518 cuts: the
+    count that lets ``copy_rows`` place whole rows by index) is placed where its tokens go:
+    also a row's length of tokens after a segment across two rows (``[4, 6, 4, 2]``), not
+    at a row's start (fails with the index path kept after a segment across rows)."""
+    for n in range(1, 5):
+        for cuts in itertools.combinations(range(1, 4 * n), n - 1):
+            takes = np.diff([0, *cuts, 4 * n]).tolist()
+            got, want = _placed(takes, 4)
+            assert got == want, takes
