@@ -62,6 +62,11 @@ def test_row_places_copy_splits_a_piece_at_row_ends() -> None:
     assert places.flat(np.array([0, 5, 9])).tolist() == [12, 1, 9]
 
 
+def _no_source(window: int) -> ShardSource:
+    """``copy_rows``'s ``source_of``: asked only for a failed check's message (none here)."""
+    raise AssertionError(f"no check fails here (window {window})")
+
+
 def _placed(takes: list[int], T1: int) -> tuple[list[list[int]], list[list[int]]]:
     """``copy_rows`` of segments of ``takes`` tokens (one window, consecutive samples) into
     rows ``into`` of a block of 4 rows of ``T1`` (the rest -1), and what it must write."""
@@ -72,8 +77,8 @@ def _placed(takes: list[int], T1: int) -> tuple[list[list[int]], list[list[int]]
     segments = [(0, i, 0, t) for i, t in enumerate(takes)]
     into = np.array([2, 0, 3, 1][:n], dtype=np.int64)
     flat = np.full(4 * T1, -1, dtype=np.int32)
-    got = copy_rows(segments, {0: data}, lambda w: data, flat, None, T1, lambda w: None,
-                    False, RowPlaces(into, T1))  # fmt: skip
+    got = copy_rows(segments, {0: data}, lambda w: data, flat, None, T1, _no_source, False,
+                    RowPlaces(into, T1))  # fmt: skip
     assert got == []
     want = np.full((4, T1), -1, dtype=np.int32)
     want[into] = base.reshape(n, T1)
