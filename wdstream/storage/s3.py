@@ -237,22 +237,45 @@ class S3Store(RemoteStore):
         return self.head(name) is not None
 
     def list(self) -> list[str]:
+        """The names of the objects right under the prefix (not in sub-folders), sorted.
+
+        A listing is checked, not trusted (tests/test_storage_hostile_s3.py): a key below a
+        sub-folder (an endpoint that ignores ``Delimiter``: a glob ``ds/*.tar`` took in the
+        held-out split's ``ds/holdout/*.tar``) is left out, as S3 would have; a key outside
+        the prefix, a continuation token or a key seen twice (pages that loop: the listing
+        never ended) is a RemoteReadError.
+        """
+
         def list_all() -> list[str]:
-            names = []
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket,
-                Prefix=self.prefix,
-                Delimiter="/",
-                PaginationConfig={"PageSize": self._list_page_size},
-            )
-            for page in pages:
+            names: list[str] = []
+            keys: set[str] = set()
+            tokens: set[str] = set()
+            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix,
+                                  "Delimiter": "/", "MaxKeys": self._list_page_size}  # fmt: skip
+            while True:
+                page = self.client.list_objects_v2(**kw)
                 for obj in page.get("Contents", ()):
-                    name = obj["Key"][len(self.prefix) :]
-                    if name and not name.startswith("."):
+                    key = str(obj["Key"])
+                    if not key.startswith(self.prefix) or key in keys:
+                        why = "outside the prefix" if key not in keys else "listed twice"
+                        raise self._bad_listing(f"key {key!r} {why}")
+                    keys.add(key)
+                    name = key[len(self.prefix) :]
+                    if name and "/" not in name and not name.startswith("."):
                         names.append(name)
-            return sorted(names)
+                token = page.get("NextContinuationToken")
+                if not page.get("IsTruncated") or not token:
+                    return sorted(names)
+                if token in tokens:
+                    raise self._bad_listing("a continuation token came back (pages loop)")
+                tokens.add(token)
+                kw["ContinuationToken"] = token
 
         return self._retrier.call(list_all, "list", self.url)
+
+    def _bad_listing(self, why: str) -> RemoteReadError:
+        return RemoteReadError(f"list {self.url}: the endpoint's listing is wrong: {why}",
+                               self.url, why)  # fmt: skip
 
     # -- writes ---------------------------------------------------------------------------
 

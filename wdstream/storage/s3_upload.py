@@ -3,6 +3,13 @@
 The object appears under its key only when :meth:`S3Upload.finish` completes (the ``with``
 block of :meth:`~wdstream.storage.s3.S3Store.writer` exited cleanly); :meth:`S3Upload.abort`
 aborts the multipart upload. At most one part is held in memory.
+
+An answer is not taken on trust (tests/test_storage_hostile_s3.py): a 200 without the
+``UploadId`` or ``ETag`` that S3 always sends is retried like a 5xx (it was a bare
+``KeyError``), and :meth:`S3Upload.finish` returns only once a HEAD finds the object with the
+size written and the ETag the write was answered with: an endpoint that answers 200 yet
+stores nothing (or completes an upload with an empty answer) fails the write, instead of a
+``pack`` that exits 0 over a dataset missing a shard (or holding an older one).
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ from typing import Any, Protocol
 
 import botocore.exceptions as bce
 
-from wdstream.storage.retry import describe, log
+from wdstream.errors import RemoteWriteError
+from wdstream.storage.retry import TransientError, describe, log
 from wdstream.storage.s3_errors import error_code
 
 __all__ = ["S3Upload", "UploadTarget"]
@@ -86,21 +94,33 @@ class S3Upload:
     def _call(self, fn: Any, what: str) -> Any:
         return self._store.write_call(fn, what, self._url)
 
+    def _answered(self, fn: Callable[[], Any], field: str, what: str) -> Any:
+        """``fn()``'s answer, which must hold ``field`` (S3 always sends it): a 200 without
+        it is retried like a 5xx."""
+
+        def call() -> Any:
+            resp = fn()
+            if not resp.get(field):
+                raise TransientError(f"{what} answered 200 without {field}")
+            return resp
+
+        return self._call(call, what)
+
     def _upload_part(self, data: bytes) -> None:
         s, client = self._store, self._store.client
         if self._upload_id is None:
-            resp = self._call(
+            resp = self._answered(
                 lambda: client.create_multipart_upload(Bucket=s.bucket, Key=self._key),
-                "CreateMultipartUpload",
-            )
+                "UploadId", "CreateMultipartUpload",
+            )  # fmt: skip
             self._upload_id = resp["UploadId"]
         number = len(self._parts) + 1
-        resp = self._call(
+        resp = self._answered(
             lambda: client.upload_part(
                 Bucket=s.bucket, Key=self._key, UploadId=self._upload_id,
                 PartNumber=number, Body=data,
             ),
-            f"UploadPart {number}",
+            "ETag", f"UploadPart {number}",
         )  # fmt: skip
         part = {"ETag": resp["ETag"], "PartNumber": number}
         for field in ("ChecksumCRC32", "ChecksumCRC32C", "ChecksumCRC64NVME", "ChecksumSHA1"):
@@ -114,10 +134,11 @@ class S3Upload:
         self.closed = True
         if self._upload_id is None:
             body = bytes(self._buf)
-            self._call(
+            resp = self._answered(
                 lambda: client.put_object(Bucket=s.bucket, Key=self._key, Body=body),
-                "PutObject",
-            )
+                "ETag", "PutObject",
+            )  # fmt: skip
+            self._check_stored(resp["ETag"])
             s.abort_leftovers(self._name)
             return
         if self._buf:
@@ -126,11 +147,11 @@ class S3Upload:
         upload_id, parts = self._upload_id, self._parts
         attempts = 0
 
-        def complete() -> None:
+        def complete() -> str | None:
             nonlocal attempts
             attempts += 1
             try:
-                client.complete_multipart_upload(
+                resp = client.complete_multipart_upload(
                     Bucket=s.bucket, Key=self._key, UploadId=upload_id,
                     MultipartUpload={"Parts": parts},
                 )  # fmt: skip
@@ -139,12 +160,31 @@ class S3Upload:
                 if attempts > 1 and error_code(exc)[0] == "NoSuchUpload":
                     head = s.head(self._name)
                     if head is not None and int(head["ContentLength"]) == self._pos:
-                        return
+                        return None
                 raise
+            if not resp.get("ETag"):  # an empty 200: S3 always names the object's ETag
+                raise TransientError("CompleteMultipartUpload answered 200 without ETag")
+            return str(resp["ETag"])
 
-        self._call(complete, "CompleteMultipartUpload")
+        etag = self._call(complete, "CompleteMultipartUpload")
         self._upload_id = None
+        self._check_stored(etag)
         s.abort_leftovers(self._name)
+
+    def _check_stored(self, etag: str | None) -> None:
+        """Raise a RemoteWriteError unless a HEAD finds the object just written with its size
+        and (when known) the ETag its write was answered with: one request per object, and
+        S3's reads after a write see the write."""
+        head = self._store.head(self._name)
+        if head is None:
+            why = "the endpoint answered the write with success, yet the object is missing"
+        elif int(head["ContentLength"]) != self._pos:
+            why = f"{self._pos} bytes written, the stored object has {head['ContentLength']}"
+        elif etag is not None and head.get("ETag") not in (None, etag):
+            why = f"written with ETag {etag}, the stored object has {head.get('ETag')}"
+        else:
+            return
+        raise RemoteWriteError(f"{self._url}: {why}", self._url, why)
 
     def abort(self) -> None:
         """Drop everything written; nothing appears under the name."""
