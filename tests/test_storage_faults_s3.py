@@ -72,7 +72,8 @@ def test_failing_cleanup_does_not_fail_the_write_and_is_tried_once(
     with caplog.at_level(logging.WARNING, logger="wdstream.storage"):
         store.write_bytes("a.bin", b"first")
         store.write_bytes("b.bin", b"second")
-    assert [m for m, _, _ in s3_proxy.faults.requests] == ["PUT", "GET", "PUT"]
+    # Each write: PutObject, the HEAD that checks it is stored, then (once) the listing.
+    assert [m for m, _, _ in s3_proxy.faults.requests] == ["PUT", "HEAD", "GET", "PUT", "HEAD"]
     assert "ds/a.bin is written, but earlier incomplete multipart uploads" in caplog.text
     s3_proxy.faults.reset()
     assert store.read("a.bin") == b"first" and store.read("b.bin") == b"second"

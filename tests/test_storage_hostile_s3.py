@@ -107,8 +107,9 @@ def _outside(req: Request, fwd: Forward) -> Reply:
     return reply
 
 
-@pytest.mark.parametrize(("lie", "said"), [(_looping, "listed twice"),
-                                           (_outside, "'other/x.tar' outside the prefix")])
+@pytest.mark.parametrize(
+    ("lie", "said"), [(_looping, "listed twice"), (_outside, "'other/x.tar' outside the prefix")]
+)
 def test_a_listing_that_loops_or_leaves_the_prefix_is_an_error(
     s3_bucket: str, aws_env: str, lie: Any, said: str
 ) -> None:
@@ -125,9 +126,7 @@ def test_a_listing_that_loops_or_leaves_the_prefix_is_an_error(
 
 
 @pytest.mark.parametrize("size", [100, 6 * MiB])
-def test_a_write_answered_200_but_not_stored_fails(
-    s3_bucket: str, aws_env: str, size: int
-) -> None:
+def test_a_write_answered_200_but_not_stored_fails(s3_bucket: str, aws_env: str, size: int) -> None:
     """PutObject (small) or CompleteMultipartUpload (large) answered 200 and never stored:
     the write returned as if the object were there."""
     data = random.Random(size).randbytes(size)
