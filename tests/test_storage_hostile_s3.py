@@ -208,3 +208,44 @@ def test_complete_retried_into_no_such_upload(s3_bucket: str, aws_env: str, done
         assert client.get_object(Bucket=s3_bucket, Key="ds/obj")["Body"].read() == data
     else:
         assert "Contents" not in client.list_objects_v2(Bucket=s3_bucket, Prefix="ds/")
+
+
+def _uploads_looping(req: Request, fwd: Forward) -> Reply:
+    """ListMultipartUploads whose every page is the first, truncated, markers A, B, A, ..."""
+    marker = req.query.get("key-marker", ["B"])[0]
+    _drop_query(req, "key-marker")
+    _drop_query(req, "upload-id-marker")
+    reply = fwd()
+    nxt = "AB"[marker == "A"]
+    more = f"<IsTruncated>true</IsTruncated><NextKeyMarker>{nxt}</NextKeyMarker>"
+    more += f"<NextUploadIdMarker>{nxt}</NextUploadIdMarker>"
+    reply.body = reply.body.replace(b"<IsTruncated>false</IsTruncated>", more.encode())
+    return reply
+
+
+def test_remove_partials_over_looping_pages_is_an_error(s3_bucket: str, aws_env: str) -> None:
+    """``remove_partials`` (every pack's start) and the leftovers' cleanup after each write
+    paged ListMultipartUploads with botocore's paginator: markers A, B, A, ... never ended."""
+    boto3.client("s3").create_multipart_upload(Bucket=s3_bucket, Key="ds/x.tar")
+    with LyingS3(aws_env, _on("ListMultipartUploads", _uploads_looping)) as s3:
+        with pytest.raises(RemoteWriteError, match="pages loop"):
+            _store(s3.base_url, f"s3://{s3_bucket}/ds").remove_partials()
+
+
+def test_remove_partials_never_aborts_an_upload_outside_its_prefix(
+    s3_bucket: str, aws_env: str
+) -> None:
+    """An endpoint that ignores ``Prefix`` lists another dataset's live upload: it was
+    aborted (that pack's shard then failed); only the prefix's leftovers are."""
+    client = boto3.client("s3")
+    live = client.create_multipart_upload(Bucket=s3_bucket, Key="other/live.tar")["UploadId"]
+    client.create_multipart_upload(Bucket=s3_bucket, Key="ds/left.tar")
+
+    def no_prefix(req: Request, fwd: Forward) -> Reply:
+        _drop_query(req, "prefix")
+        return fwd()
+
+    with LyingS3(aws_env, _on("ListMultipartUploads", no_prefix)) as s3:
+        assert _store(s3.base_url, f"s3://{s3_bucket}/ds").remove_partials() == 1
+    left = client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+    assert [(u["Key"], u["UploadId"]) for u in left] == [("other/live.tar", live)]

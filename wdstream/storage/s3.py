@@ -45,6 +45,7 @@ from wdstream.storage.retry import (
 )
 from wdstream.storage.s3_errors import error_code, is_missing, is_transient
 from wdstream.storage.s3_session import shared_loader_session
+from wdstream.storage.s3_list import incomplete_uploads, object_names
 from wdstream.storage.s3_upload import S3Upload
 
 __all__ = ["MIN_PART_SIZE", "S3Store"]
@@ -237,45 +238,12 @@ class S3Store(RemoteStore):
         return self.head(name) is not None
 
     def list(self) -> list[str]:
-        """The names of the objects right under the prefix (not in sub-folders), sorted.
-
-        A listing is checked, not trusted (tests/test_storage_hostile_s3.py): a key below a
-        sub-folder (an endpoint that ignores ``Delimiter``: a glob ``ds/*.tar`` took in the
-        held-out split's ``ds/holdout/*.tar``) is left out, as S3 would have; a key outside
-        the prefix, a continuation token or a key seen twice (pages that loop: the listing
-        never ended) is a RemoteReadError.
-        """
-
-        def list_all() -> list[str]:
-            names: list[str] = []
-            keys: set[str] = set()
-            tokens: set[str] = set()
-            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix,
-                                  "Delimiter": "/", "MaxKeys": self._list_page_size}  # fmt: skip
-            while True:
-                page = self.client.list_objects_v2(**kw)
-                for obj in page.get("Contents", ()):
-                    key = str(obj["Key"])
-                    if not key.startswith(self.prefix) or key in keys:
-                        why = "outside the prefix" if key not in keys else "listed twice"
-                        raise self._bad_listing(f"key {key!r} {why}")
-                    keys.add(key)
-                    name = key[len(self.prefix) :]
-                    if name and "/" not in name and not name.startswith("."):
-                        names.append(name)
-                token = page.get("NextContinuationToken")
-                if not page.get("IsTruncated") or not token:
-                    return sorted(names)
-                if token in tokens:
-                    raise self._bad_listing("a continuation token came back (pages loop)")
-                tokens.add(token)
-                kw["ContinuationToken"] = token
-
-        return self._retrier.call(list_all, "list", self.url)
-
-    def _bad_listing(self, why: str) -> RemoteReadError:
-        return RemoteReadError(f"list {self.url}: the endpoint's listing is wrong: {why}",
-                               self.url, why)  # fmt: skip
+        """Names right under the prefix, the listing checked (:mod:`.s3_list`)."""
+        return self._retrier.call(
+            lambda: object_names(self.client, self.bucket, self.prefix, self._list_page_size,
+                                 self.url),
+            "list", self.url,
+        )  # fmt: skip
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -334,12 +302,9 @@ class S3Store(RemoteStore):
 
     # builtins.list: inside this class ``list`` names the method S3Store.list.
     def _incomplete_uploads(self, prefix: str) -> builtins.list[tuple[str, str]]:
-        """(key, upload id) of every incomplete multipart upload whose key starts with
-        ``prefix``."""
-        pages = self.client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=prefix
-        )
-        return [(u["Key"], u["UploadId"]) for page in pages for u in page.get("Uploads", ())]
+        """(key, upload id) of every incomplete multipart upload under ``prefix``, the
+        listing checked (:mod:`.s3_list`)."""
+        return incomplete_uploads(self.client, self.bucket, prefix, self.url)
 
     def _abort_upload(self, key: str, upload_id: str) -> None:
         def abort() -> None:
