@@ -4,7 +4,7 @@ of moto's S3 server (``tests/hostile_s3.py``) that rewrites a seeded share of it
 Reads (``Loader`` on ``s3://bucket/ds``, the root or a glob, 0 and 2 workers, node cache on and
 off): GetObject answered 200 with the whole object to a Range, 206 with a shifted
 Content-Range, a body cut short of its Content-Length, longer than it, bytes after it on the
-kept-alive connection, gzip-encoded, another ETag (the object replaced), SlowDown, a 200 of
+kept-alive connection, gzip-encoded, another ETag (the object replaced), SlowDown, 416, a 200 of
 malformed XML; ListObjectsV2 ignoring the Delimiter (the held-out split ``ds/holdout/`` listed
 too), looping its pages, naming keys outside the prefix; HeadObject lying about the size; a
 head trickled a byte per 0.2 s. Oracle: the Loader's rows over the local copy.
@@ -12,9 +12,10 @@ head trickled a byte per 0.2 s. Oracle: the Loader's rows over the local copy.
 Writes (the store's ``write_bytes`` of a dataset with 9 MB shards, so multipart uploads, and
 ``wdstream.pack`` with its journal): PutObject / CompleteMultipartUpload answered 200 without
 storing, an empty 200, a 200 holding an ``<Error>``, CreateMultipartUpload without UploadId,
-UploadPart without or with a wrong ETag, SlowDown. Oracle: every object read from moto
+UploadPart without or with a wrong ETag, SlowDown; ListMultipartUploads looping its pages or
+ignoring Prefix (another dataset's live upload listed). Oracle: every object read from moto
 directly with boto3 against the local pack's files (sha256); a pack that failed is rerun
-against the honest endpoint and must then equal it.
+against the honest endpoint and must then equal it; the other dataset's upload still there.
 """
 
 from __future__ import annotations
@@ -65,6 +66,18 @@ class _Moto:
         self.client = boto3.client("s3", endpoint_url=self.url)
         self.client.create_bucket(Bucket="bkt")
         return self
+
+    def live_upload(self) -> Callable[[], str | None]:
+        """Start another dataset's multipart upload; the function returned says what went
+        wrong with it afterwards (None: still there, as it must be)."""
+        upload = self.client.create_multipart_upload(Bucket="bkt", Key="other/live.tar")
+
+        def check() -> str | None:
+            left = self.client.list_multipart_uploads(Bucket="bkt").get("Uploads", [])
+            ids = {u["UploadId"] for u in left}
+            return None if upload["UploadId"] in ids else "another prefix's live upload aborted"
+
+        return check
 
     def upload(self, local: str, prefix: str) -> None:
         for f in sorted(Path(local).iterdir()):
@@ -141,6 +154,9 @@ def _read_lies(hostile: Any, client: Any) -> dict[str, tuple[str, Lie]]:
     def slowdown(req: Any, fwd: Any) -> Any:
         return Reply(503, {}, hostile.error_xml("SlowDown"))
 
+    def invalid_range(req: Any, fwd: Any) -> Any:
+        return Reply(416, {"content-type": "application/xml"}, hostile.error_xml("InvalidRange"))
+
     def bad_xml(req: Any, fwd: Any) -> Any:
         fwd()
         return Reply(200, {}, b"<ListBucketResult><Contents><Key>ds/a")
@@ -176,6 +192,7 @@ def _read_lies(hostile: Any, client: Any) -> dict[str, tuple[str, Lie]]:
         "GetObject gzip": ("GetObject", body(gzipped)),
         "GetObject another ETag": ("GetObject", body(replaced)),
         "GetObject SlowDown": ("GetObject", slowdown),
+        "GetObject 416 InvalidRange": ("GetObject", invalid_range),
         "GetObject head trickled": ("GetObject", body(trickle)),
         "HeadObject size": ("HeadObject", body(head_size)),
         "ListObjectsV2 ignores Delimiter": ("ListObjectsV2", no_delimiter),
@@ -207,6 +224,20 @@ def _write_lies(hostile: Any) -> dict[str, tuple[str, Lie]]:
     def slowdown(req: Any, fwd: Any) -> Any:
         return Reply(503, {}, error_xml("SlowDown"))
 
+    def uploads_loop(req: Any, fwd: Any) -> Any:
+        marker = req.query.get("key-marker", ["B"])[0]
+        req.path = re.sub(r"&?(key-marker|upload-id-marker)=[^&]*", "", req.path)
+        r = fwd()
+        nxt = "AB"[marker == "A"]
+        more = f"<IsTruncated>true</IsTruncated><NextKeyMarker>{nxt}</NextKeyMarker>"
+        more += f"<NextUploadIdMarker>{nxt}</NextUploadIdMarker>"
+        r.body = r.body.replace(b"<IsTruncated>false</IsTruncated>", more.encode())
+        return r
+
+    def no_prefix(req: Any, fwd: Any) -> Any:
+        req.path = re.sub(r"&?prefix=[^&]*", "", req.path)
+        return fwd()
+
     return {
         "PutObject 200, not stored": ("PutObject", not_stored),
         "PutObject empty 200 (forwarded)": ("PutObject", empty),
@@ -218,6 +249,8 @@ def _write_lies(hostile: Any) -> dict[str, tuple[str, Lie]]:
         "UploadPart without ETag": ("UploadPart", empty),
         "UploadPart wrong ETag": ("UploadPart", wrong_etag),
         "UploadPart SlowDown": ("UploadPart", slowdown),
+        "ListMultipartUploads pages loop": ("ListMultipartUploads", uploads_loop),
+        "ListMultipartUploads ignores Prefix": ("ListMultipartUploads", no_prefix),
     }
 
 
@@ -271,6 +304,7 @@ def s3_lies(work: Path, scale: float) -> Iterator[Attempt]:
         def attempt() -> str:
             hostile = _hostile()
             with _Moto() as moto:
+                live = moto.live_upload()
                 op, lie = _write_lies(hostile)[name]
                 told = _seeded(op, lie, seed, p, hostile.honest)
                 with hostile.LyingS3(moto.url, told) as s3:
@@ -279,9 +313,11 @@ def s3_lies(work: Path, scale: float) -> Iterator[Attempt]:
                         for f in sorted(big.iterdir()):
                             store.write_bytes(f.name, f.read_bytes())
                     except WdstreamError:
-                        return "clear error"
+                        wrong = live()
+                        return f"silent wrong: {name}: {wrong}" if wrong else "clear error"
                 got, ref = moto.tree("big/"), _tree(str(big))
-                return "handled" if got == ref else f"silent wrong: {name}: objects differ"
+                wrong = live() or (None if got == ref else "objects differ")
+                return f"silent wrong: {name}: {wrong}" if wrong else "handled"
 
         return attempt
 
@@ -295,6 +331,7 @@ def s3_lies(work: Path, scale: float) -> Iterator[Attempt]:
             kw: dict[str, Any] = {"seq_len": 63, "shard_size": "16KB", "workers": 0,
                                   "progress": False}  # fmt: skip
             with _Moto() as moto:
+                live = moto.live_upload()
                 op, lie = _write_lies(hostile)[name]
                 told = _seeded(op, lie, seed, p, hostile.honest)
                 with hostile.LyingS3(moto.url, told) as s3:
@@ -311,9 +348,11 @@ def s3_lies(work: Path, scale: float) -> Iterator[Attempt]:
                 if failed:  # the rerun, honest endpoint: resumes from the journal
                     wdstream.pack([str(src)], "s3://bkt/p", **kw, force_unlock=True)
                 got = {k: v for k, v in moto.tree("p/").items() if not k.startswith(".")}
-                same = got == _tree(str(ref))
-                if not same:
-                    return f"silent wrong: {name}: pack{' rerun' if failed else ''} differs"
+                wrong = live()
+                if got != _tree(str(ref)):
+                    wrong = f"pack{' rerun' if failed else ''} differs"
+                if wrong:
+                    return f"silent wrong: {name}: {wrong}"
                 return "clear error" if failed else "handled"
 
         return attempt
@@ -332,7 +371,7 @@ def s3_lies(work: Path, scale: float) -> Iterator[Attempt]:
     for i, name in enumerate(writes):
         for k in range(n):
             p = (0.5, 1.0, 0.2)[k % 3]
-            if "Part" in name or "Multipart" in name:
+            if name.startswith(("UploadPart", "CreateMultipart", "CompleteMultipart")):
                 yield write(name, 4600 + 10 * i + k, p)
             else:
                 yield pack(name, 4600 + 10 * i + k, p)
