@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -220,8 +219,3 @@ def error_xml(code: str, message: str = "injected") -> bytes:
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
         f"<Message>{message}</Message><RequestId>x</RequestId></Error>"
     ).encode()
-
-
-def slept(seconds: float) -> None:
-    """``time.sleep`` (named so lies read plainly)."""
-    time.sleep(seconds)

@@ -180,7 +180,7 @@ class S3Upload:
             why = "the endpoint answered the write with success, yet the object is missing"
         elif int(head["ContentLength"]) != self._pos:
             why = f"{self._pos} bytes written, the stored object has {head['ContentLength']}"
-        elif etag is not None and head.get("ETag") not in (None, etag):
+        elif etag is not None and _tag(head.get("ETag") or etag) != _tag(etag):
             why = f"written with ETag {etag}, the stored object has {head.get('ETag')}"
         else:
             return
@@ -202,3 +202,8 @@ class S3Upload:
                 "of it, S3Store.remove_partials() or a lifecycle rule will clear it",
                 self._url, describe(exc),
             )  # fmt: skip
+
+
+def _tag(etag: str) -> str:
+    """An ETag compared as S3-compatible stores may spell it: quoted or not, any case."""
+    return etag.removeprefix("W/").strip('"').lower()
