@@ -21,5 +21,7 @@ the next ``iter()``), ``worker_shards`` (a pack whose shards the token pool's wo
 kills, ^C, a full ``/dev/shm`` or disk; the rerun against the usual pipeline's bytes),
 ``changing_inputs`` (input files appended to, cut, rewritten, renamed over or deleted while
 packed or between a kill and the rerun; every format and pipeline, the Ray engine),
-``journal_command`` (the pack journal's command object: kills around it, hostile states).
+``journal_command`` (the pack journal's command object: kills around it, hostile states),
+``s3_lies`` (an S3 endpoint that lies: a proxy in front of moto rewriting reads, listings
+and writes).
 """
