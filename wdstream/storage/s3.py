@@ -44,8 +44,8 @@ from wdstream.storage.retry import (
     log,
 )
 from wdstream.storage.s3_errors import error_code, is_missing, is_transient
-from wdstream.storage.s3_session import shared_loader_session
 from wdstream.storage.s3_list import incomplete_uploads, object_names
+from wdstream.storage.s3_session import shared_loader_session
 from wdstream.storage.s3_upload import S3Upload
 
 __all__ = ["MIN_PART_SIZE", "S3Store"]
