@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import ray
 
 from wdstream.format.index import ShardEntry
 from wdstream.format.sample import DTYPES
@@ -182,6 +181,8 @@ def shipped_recipe(tok: Tokenizer) -> Recipe:
     (nor tiktoken's download of it). Measured per worker, cl100k_base: ~0.08 s of CPU
     instead of ~0.14 s (docs/RAY.md); the driver pickles the ranks once (~0.01 s)."""
     if isinstance(tok, TiktokenTokenizer) and tok.bpe is None:
+        import ray  # here, not at the top: the local engine imports this module (layouts)
+
         key = f"{tok.spec!r} {tok.ranks_sha256}"  # ranks_sha256: computed for index.json
         return (tiktoken_from_driver, (tok.spec, ShippedParts(key, ray.put(tok.parts()))))
     return worker_recipe(tok)
@@ -189,6 +190,8 @@ def shipped_recipe(tok: Tokenizer) -> Recipe:
 
 def tiktoken_from_driver(spec: str, parts: ShippedParts) -> TiktokenTokenizer:
     """The tiktoken encoding :func:`shipped_recipe` shipped, built in this worker."""
+    import ray
+
     return TiktokenTokenizer.from_parts(spec, ray.get(parts.ref))
 
 
