@@ -82,7 +82,7 @@ def child_remote(
             if f.is_file():
                 s3.upload_file(str(f), "bench", f"ds/{f.relative_to(root).as_posix()}")
         proxy = {"endpoint_url": f"http://127.0.0.1:{ports['proxy']}"}
-        kw = {"batches": batches, "warmup": warmup, "min_seconds": min_seconds}
+        kw: dict[str, Any] = {"batches": batches, "warmup": warmup, "min_seconds": min_seconds}
         out: dict[str, list[dict[str, Any]]] = {}
         # None: local disk; the delayed S3 read also in the per-rank stream order, to compare
         # the global order's reads (only the rows' own samples) with the streams' windows.
