@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-from benchlib import checksums, cli, corpus, read, readers, report, rounds, runner  # noqa: E402
+from benchlib import checksums, cli, corpus, read, readers, remote, report, rounds, runner  # noqa: E402
 from benchlib.common import COMMITTED_REPORT, SAMPLE  # noqa: E402
 
 # --------------------------------------------------------------------------------------
@@ -89,6 +89,17 @@ def test_interleave_runs_every_contender_once_per_round_with_rotating_start() ->
     per_round = [[c for r, c in order if r == k] for k in range(3)]
     assert all(sorted(p) == ["a", "b", "c"] for p in per_round)
     assert [p[0] for p in per_round] == ["a", "b", "c"]  # nobody always goes first
+
+
+def test_remote_rounds_run_the_compared_delays_back_to_back_each_first_in_turn() -> None:
+    runs = list(remote.schedule([0, 2], [0.0, 0.02], 4))
+    for rnd in range(4):
+        seq = [run for r, run in runs if r == rnd]
+        assert len(seq) == len(set(seq)) == 10  # every run once a round
+        for w in (0, 2):
+            a, b = seq.index((w, 0.0, "global")), seq.index((w, 0.02, "global"))
+            assert abs(a - b) == 1  # back to back, not ~30 s apart
+            assert (a < b) == (rnd % 2 == 0)  # the undelayed read first in even rounds only
 
 
 def test_ratios_are_taken_per_round_and_spread_is_min_median_max() -> None:

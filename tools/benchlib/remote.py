@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,13 +85,7 @@ def child_remote(
         proxy = {"endpoint_url": f"http://127.0.0.1:{ports['proxy']}"}
         kw: dict[str, Any] = {"batches": batches, "warmup": warmup, "min_seconds": min_seconds}
         out: dict[str, list[dict[str, Any]]] = {}
-        # None: local disk; the delayed S3 read also in the per-rank stream order, to compare
-        # the global order's reads (only the rows' own samples) with the streams' windows.
-        sources: list[tuple[float | None, str]] = [(None, "global")]
-        sources += [(d, "global") for d in delays] + [(max(delays), "streams")]
-        sources += [(max(delays), "cached")]
-        contenders = [(w, d, order) for w in workers for d, order in sources]
-        for rnd, (w, delay, order) in interleave(contenders, repeats):
+        for rnd, (w, delay, order) in schedule(workers, delays, repeats):
             if delay is None:
                 res, key = child_read("wdstream", root, w, **kw), f"local/{w}"
             elif order == "cached":
@@ -114,6 +109,30 @@ def child_remote(
     finally:
         stdin.close()
         server.wait(timeout=30)
+
+
+Run = tuple[int, float | None, str]  # (workers, delay (None: local disk), order or "cached")
+
+
+def schedule(workers: list[int], delays: list[float], repeats: int) -> Iterator[tuple[int, Run]]:
+    """``(round, run)`` of every run, in interleaved rounds (:func:`interleave`).
+
+    Per worker count: local disk, S3 at each delay, the delayed read also in the per-rank
+    streams order (to compare the global order's reads, only the rows' own samples, with
+    the streams' windows) and through the node-local cache. The S3 reads at the different
+    delays, which the latency rows compare, are one unit of the rotation, run back to back
+    and in turn first. Rotated one by one, at 2 workers the delayed read ran right after the
+    undelayed one in every round of 3, and at 0 workers round 2 put them at the two ends of
+    the round; on a busy host the second of two back-to-back S3 runs measured 2-5 % slower
+    in the medians (within that host's noise; docs/STORAGE.md, session 46).
+    """
+    units: list[list[Run]] = []
+    for w in workers:
+        units += [[(w, None, "global")], [(w, d, "global") for d in delays]]
+        units += [[(w, max(delays), "streams")], [(w, max(delays), "cached")]]
+    for rnd, unit in interleave(units, repeats):
+        for run in unit[::-1] if rnd % 2 else unit:
+            yield rnd, run
 
 
 def _read_one_epoch(url: str, workers: int, options: dict[str, Any]) -> float:
