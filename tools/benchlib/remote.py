@@ -331,7 +331,8 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         "own process), through the storage tests' `FaultProxy` (tests/servers.py) with no delay "
         "and with a per-GET delay; same warm-up as the read table, every run timed at least "
         f"{timed:g} s (from S3 the batches come in bursts, and leaving the loop waits for the "
-        "GETs in flight), all in one process, interleaved. The delayed read is also made in the "
+        "GETs in flight), all in one process, interleaved (the S3 reads at the two delays back "
+        "to back, each first in turn). The delayed read is also made in the "
         "per-rank streams order "
         '(`order="streams"`; the default is the global order), and through the node-local '
         "cache (`cache_dir`, a fresh folder per round): one unmeasured epoch fills it, then a "
