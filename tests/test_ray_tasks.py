@@ -4,6 +4,8 @@ pack's workers build the encoding from the ranks the driver ships."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -62,3 +64,20 @@ def test_workers_build_a_tiktoken_encoding_from_the_ranks_the_driver_ships(
     assert lens.tolist() == [len(ids) for ids in want]
     assert tasks.cached_tokenizer(tasks.shipped_recipe(tok)) is worker  # another pack's put
     assert len(shipped) == 2 and len(tasks._tokenizers) == 1
+
+
+def test_the_task_module_imports_no_index_json_parser() -> None:
+    """A Ray worker imports the task code afresh for every pack; its tasks write shards but
+    never read an ``index.json``, so its parser and validation rules stay unimported, while
+    the package's names for them still resolve."""
+    code = (
+        "import sys\n"
+        "import wdstream.ray.tasks\n"
+        "print(sorted(m for m in sys.modules if m.startswith('wdstream.format.index')))\n"
+        "import wdstream, wdstream.format.index as ix\n"
+        "print(wdstream.ShardEntry is ix.ShardEntry, wdstream.DatasetIndex is ix.DatasetIndex,"
+        " callable(wdstream.wds_decoder))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "True True True"]

@@ -25,10 +25,11 @@ from wdstream.errors import (
     WdstreamError,
     WorkerTimeoutError,
 )
-from wdstream.format.index import DatasetIndex, ShardEntry
-from wdstream.format.wds import wds_decoder
 
 if TYPE_CHECKING:
+    from wdstream.format.entry import ShardEntry
+    from wdstream.format.index import DatasetIndex
+    from wdstream.format.wds import wds_decoder
     from wdstream.inspect import documents
     from wdstream.read.mixture.inspect import explain_mixture
     from wdstream.read.order.global_sequence import global_batch_at
@@ -39,8 +40,13 @@ if TYPE_CHECKING:
     from wdstream.write.writer import Writer, pack_records
 
 # The reader imports torch (~2 s); the writer's tokenizer processes import this package too
-# and must not pay for it, so these names are imported on first use (PEP 562).
+# and must not pay for it, so these names are imported on first use (PEP 562). Nor for
+# index.json's parser and rules (~20 ms from source): a Ray worker imports this package
+# afresh for every pack, and its tasks never read an index.json.
 _LAZY = {
+    "DatasetIndex": "wdstream.format.index",
+    "ShardEntry": "wdstream.format.entry",
+    "wds_decoder": "wdstream.format.wds",
     "Loader": "wdstream.read.torch.loader",
     "PackResult": "wdstream.write.pack",
     "TokenDataset": "wdstream.read.torch.dataset",

@@ -16,6 +16,14 @@ from typing import Any, overload
 
 import numpy as np
 
+from wdstream.format.entry import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_NAME,
+    JOURNAL_NAME,
+    READABLE_VERSIONS,
+    ShardEntry,
+)
 from wdstream.format.index_checks import validate_index
 from wdstream.format.index_columns import ShardColumns
 from wdstream.format.index_rules import index_error, show_value
@@ -32,31 +40,6 @@ __all__ = [
     "ShardEntry",
     "ShardTable",
 ]
-
-FORMAT_NAME = "wdstream"
-FORMAT_VERSION = 2  # v2: per-sample CRC32C in the sidecars, members named KEY.mp
-READABLE_VERSIONS = (1, 2)
-INDEX_NAME = "index.json"
-# Present at a dataset root only while a pack runs there or after one was interrupted.
-JOURNAL_NAME = ".wdstream-pack.json"
-
-
-@dataclass(frozen=True)
-class ShardEntry:
-    """One shard as recorded in ``index.json``."""
-
-    name: str  # tar file name, relative to the dataset root
-    sidecar: str  # sidecar index file name, relative to the dataset root
-    samples: int
-    tokens: int
-    documents: int  # documents whose first token is in this shard
-    bytes: int
-    sha256: str
-    sidecar_sha256: str
-    # Optional: the shard's provenance table (``NAME-NNNNNN.prov``) and its sha256; absent in
-    # datasets packed before provenance (they read the same, without ``explain``).
-    provenance: str | None = None
-    provenance_sha256: str | None = None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from wdstream.format.index import ShardEntry
+from wdstream.format.entry import ShardEntry
 from wdstream.format.sample import DTYPES
 from wdstream.inputs import InputFile
 from wdstream.ray.pieces import InputPiece, PieceDocs, read_piece

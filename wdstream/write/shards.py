@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from wdstream.format.checksum import running_checksum, sample_checksum
-from wdstream.format.index import FORMAT_VERSION, ShardEntry
+from wdstream.format.entry import FORMAT_VERSION, ShardEntry
 from wdstream.format.provenance import ShardProvenance, provenance_name
 from wdstream.format.sample import SAMPLE_SUFFIXES, encode_sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
