@@ -118,12 +118,13 @@ def test_a_blocks_runs_are_those_of_locating_every_row(
     src, idx = sched.locate(rows)
     want, placed = source_runs(src, idx, per_epoch)
     for _ in range(2):
-        block = sched.block(row, n)
+        found = sched.block(row, n)
         if row < boundary < row + n:
-            assert block is None
+            assert found is None
             return
-        assert block is not None
-        got = block_runs(block, per_epoch)
+        assert found is not None
+        block, q = found
+        got = block_runs(block, q, per_epoch)
         assert [r[:3] for r in got] == [r[:3] for r in want]
         assert [r[3].tolist() for r in got] == [r[3].tolist() for r in want]
         assert block.order.tolist() == placed.tolist() and block.source.tolist() == src.tolist()
@@ -134,10 +135,10 @@ def test_a_block_is_cached_read_only_per_place_in_the_period() -> None:
     """A block's arrays are shared by every chunk at its place in the period, so they
     are read-only (``fill_block`` hands the batches a copy of the sources)."""
     sched = Schedule([SchedulePiece(0, 0, (2, 1))])
-    block = sched.block(0, 6)
-    assert block is not None and not block.source.flags.writeable
+    found = sched.block(0, 6)
+    assert found is not None and not found[0].source.flags.writeable
     again = sched.block(3 * 6, 6)  # period 3: the same place
-    assert again is not None and again.source is block.source
+    assert again is not None and again[0] is found[0] and again[1] == 6
 
 
 def test_a_chunks_sources_cross_to_the_training_process_as_one_buffer(

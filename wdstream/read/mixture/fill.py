@@ -84,11 +84,12 @@ def fill_block(
     """:func:`fill_rows` of the consecutive rows ``[row, row + n)`` (one rank's steps):
     their runs from the schedule's cached :class:`Block` (counts and first indices: no
     lookup or sort per chunk), the rows' places made once per place in the period."""
-    block = sched.block(row, n)
-    if block is None:  # across two schedule pieces
+    got = sched.block(row, n)
+    if got is None:  # across two schedule pieces
         rows = np.arange(row, row + n, dtype=np.int64)
         return _fill_located(sched, orders, rows, tokens, doc_start)
-    runs = block_runs(block, [o.rows_per_epoch for o in orders])
+    block, q = got
+    runs = block_runs(block, q, [o.rows_per_epoch for o in orders])
     src = block.source.copy()  # the batches' own (the block's is shared)
     return src, fill_runs(orders, runs, block.places(tokens.shape[1]), tokens, doc_start)
 
@@ -117,18 +118,20 @@ def source_runs(
     return runs, order
 
 
-def block_runs(block: Block, rows_per_epoch: list[int]) -> list[Run]:
-    """:func:`source_runs` of consecutive rows (``block``: their sources, grouped; the
-    same runs, in the same order), from each source's count and first index alone: a
-    source's rows of consecutive mixture rows are consecutive rows of it."""
+def block_runs(block: Block, q: int, rows_per_epoch: list[int]) -> list[Run]:
+    """:func:`source_runs` of consecutive rows (``block``, ``q`` periods on: their
+    sources, grouped; the same runs, in the same order), from each source's count and
+    first index alone: a source's rows of consecutive mixture rows are consecutive rows
+    of it."""
     runs: list[Run] = []
-    firsts = block.firsts
+    firsts, weights = block.firsts, block.weights
     for s, m, into in block.groups:  # the sources with rows here, their places cached
-        epoch, k = divmod(firsts[s], rows_per_epoch[s])
+        first = firsts[s] + q * weights[s]
+        epoch, k = divmod(first, rows_per_epoch[s])
         if k + m <= rows_per_epoch[s]:  # one run: the rule
             runs.append((s, epoch, k, into))
         else:
-            idx = np.arange(firsts[s], firsts[s] + m, dtype=np.int64)
+            idx = np.arange(first, first + m, dtype=np.int64)
             runs += _split(s, idx, into, rows_per_epoch[s])
     return runs
 
@@ -160,13 +163,19 @@ def fill_runs(
         s, e, k, _ = runs[0]
         return orders[s].fill(e, k, tokens, doc_start)
     T1, with_docs = tokens.shape[1], doc_start is not None
-    run_of = [(orders[s], e) for s, e, _, _ in runs]  # by tag: the run's order and epoch
-    cut = [
-        orders[s].fill_segments(e, k, len(into), j * WINDOW_TAG)
-        for j, (s, e, k, into) in enumerate(runs)
-    ]
+    run_of: list[tuple[GlobalOrder, int]] = []  # by tag: the run's order and epoch
+    cut: list[list[Segment]] = []
+    segments: list[Segment] = []
+    # One loop, no comprehension or chain: a fill runs once per chunk, after the chunk's
+    # batches moved ~4 MB through the caches, and each code object it enters costs there
+    # several times what it costs warm (docs/MIXTURES.md, session 46).
+    for j, (s, e, k, into) in enumerate(runs):
+        order = orders[s]
+        run_of.append((order, e))
+        part = order.fill_segments(e, k, len(into), j * WINDOW_TAG)
+        cut.append(part)
+        segments += part
     windows, alone = _read_alone(runs, run_of, cut, with_docs)
-    segments = cut[0] if len(cut) == 1 else list(itertools.chain.from_iterable(cut))
 
     def load(key: int) -> WindowData:
         order, epoch = run_of[key // WINDOW_TAG]
@@ -184,9 +193,14 @@ def fill_runs(
         order.data.start_reads(epoch, ws, with_docs)
     got = copy_rows(segments, windows, load, flat, flat_ds, T1, source_of,
                     run_of[0][0].quarantine, places)  # fmt: skip
-    verified = all(d.unverified is None for d in windows.values())
-    if not got and (verified or _admitted(run_of, tokens)):
-        return []  # nothing masked, every id checked as read or in the whole block at once
+    if not got:  # nothing masked: done where every id was checked as read or is admitted
+        for data in windows.values():  # in the whole block at once
+            if data.unverified is not None:
+                if _admitted(run_of, tokens):
+                    return []
+                break
+        else:
+            return []
     hits: list[Hit] = []
     a = 0
     for (order, _), part, (_, _, _, into) in zip(run_of, cut, runs, strict=True):

@@ -43,14 +43,16 @@ _BLOCKS = 1024  # blocks kept per interleave (:meth:`Interleave.block`; ~8 KB ea
 
 
 class Block(NamedTuple):
-    """``n`` consecutive rows, by source: ``source[t]`` gives row ``t``; ``order`` the rows
-    grouped by source (a stable argsort of ``source``); ``counts[i]`` rows of source ``i``
-    among them; ``firsts[i]`` the index in source ``i`` of its first row there (its rows'
-    indices are consecutive: the interleave gives each source's rows in index order).
+    """``n`` consecutive rows at one place in the period, by source: ``source[t]`` gives
+    row ``t``; ``order`` the rows grouped by source (a stable argsort of ``source``);
+    ``counts[i]`` rows of source ``i`` among them; ``firsts[i] + q * weights[i]`` the index
+    in source ``i`` of its first row there, ``q`` periods on (:meth:`Interleave.block`; its
+    rows' indices are consecutive: the interleave gives each source's rows in index order).
     ``groups``: ``(i, counts[i], its rows' places in order)`` of each source with rows
-    there, in source order (``order`` cut by source). ``source``, ``order`` and the groups'
-    arrays are read-only, shared by every block at the same place in the period, as is
-    ``memo`` (what a caller derives from ``order``: :meth:`places`)."""
+    there, in source order (``order`` cut by source). A block is shared by every chunk at
+    its place in the period (one object, not one per chunk: a fill touches fewer objects),
+    so its arrays are read-only, and ``memo`` keeps what a caller derives from ``order``
+    (:meth:`places`)."""
 
     source: np.ndarray
     order: np.ndarray
@@ -58,6 +60,7 @@ class Block(NamedTuple):
     firsts: list[int]
     memo: dict[int, RowPlaces]
     groups: tuple[tuple[int, int, np.ndarray], ...]
+    weights: tuple[int, ...]
 
     def places(self, row_tokens: int) -> RowPlaces:
         """Where the rows grouped by source go in a block of rows of ``row_tokens``
@@ -169,11 +172,12 @@ class Interleave:
         q, r = np.divmod(rows, self.period)
         return self._source[r], q * self._step[r] + self._within[r]
 
-    def block(self, row: int, n: int) -> Block:
-        """Rows ``[row, row + n)`` by source (:class:`Block`): what :meth:`locate` and a
-        stable argsort of its sources give, with the arrays cached per place in the period
-        (a chunk of a fixed size meets a few places, ``period / gcd(period, n)``), so a
-        chunk costs a few integer operations rather than a lookup and a sort."""
+    def block(self, row: int, n: int) -> tuple[Block, int]:
+        """Rows ``[row, row + n)`` by source: the :class:`Block` of their place in the
+        period (what :meth:`locate` and a stable argsort of its sources give, cached per
+        place: a chunk of a fixed size meets a few, ``period / gcd(period, n)``) and how
+        many periods on they are (``q``), so a chunk costs a few integer operations rather
+        than a lookup and a sort."""
         q, r = divmod(row, self.period)
         hit = self._blocks.get((r, n))
         if hit is None:
@@ -191,11 +195,9 @@ class Interleave:
             )
             if len(self._blocks) >= _BLOCKS:
                 self._blocks.clear()
-            hit = self._blocks[r, n] = Block(src, order, counts, before, {}, groups)
-        if not q:
-            return hit
-        firsts = [q * w + b for w, b in zip(self.weights, hit.firsts, strict=True)]
-        return Block(hit.source, hit.order, hit.counts, firsts, hit.memo, hit.groups)
+            hit = self._blocks[r, n] = Block(src, order, counts, before, {}, groups,
+                                             self.weights)  # fmt: skip
+        return hit, q
 
     def counts(self, rows: int) -> np.ndarray:
         """Rows each source gives among the first ``rows`` rows (int64 [K])."""

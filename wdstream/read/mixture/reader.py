@@ -104,11 +104,15 @@ class MixtureReader:
         self.rank, self.batch_size = rank, batch_size
         self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
         self._schedules: dict[tuple[SchedulePiece, ...], Schedule] = {}
+        # The pieces last asked for and their schedule: every chunk of an iteration asks
+        # with the same tuple, found by identity without hashing its pieces.
+        self._last_schedule: tuple[tuple[SchedulePiece, ...], Schedule] | None = None
         self.steps = StepChunks(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_schedules"] = {}  # rebuilt on use (tables are cached per process)
+        state["_last_schedule"] = None
         return state
 
     # ---- steps, rows, schedule ---------------------------------------------------------
@@ -118,9 +122,13 @@ class MixtureReader:
 
     def schedule(self, position: GlobalPosition) -> Schedule:
         assert isinstance(position, MixturePosition)
+        last = self._last_schedule
+        if last is not None and last[0] is position.pieces:
+            return last[1]
         sched = self._schedules.get(position.pieces)
         if sched is None:
             sched = self._schedules[position.pieces] = Schedule(position.pieces)
+        self._last_schedule = (position.pieces, sched)
         return sched
 
     def future_pieces(self, after: int, origin: Origin) -> list[SchedulePiece]:

@@ -136,18 +136,21 @@ class Schedule:
             src[sel], idx[sel] = s, i + self.base[j][s]
         return src, idx
 
-    def block(self, row: int, n: int) -> Block | None:
-        """Global rows ``[row, row + n)`` by source (:meth:`Interleave.block`, indices
-        counted from the schedule's start); None where they span two pieces."""
+    def block(self, row: int, n: int) -> tuple[Block, int] | None:
+        """Global rows ``[row, row + n)`` by source (:meth:`Interleave.block`: the block
+        and its periods ``q``, indices counted from the schedule's start); None where they
+        span two pieces."""
+        if len(self.parts) == 1:  # mostly: the cached block as it is
+            return self.parts[0].block(row, n)
         j = self.piece_at(row)
         if j + 1 < len(self.starts) and row + n > self.starts[j + 1]:
             return None
-        b = self.parts[j].block(row - self.starts[j], n)
+        b, q = self.parts[j].block(row - self.starts[j], n)
         if j:
             base = self.base[j].tolist()
             firsts = [f + x for f, x in zip(b.firsts, base, strict=True)]
-            return Block(b.source, b.order, b.counts, firsts, b.memo, b.groups)
-        return b
+            b = b._replace(firsts=firsts)
+        return b, q
 
     def counts(self, row: int) -> np.ndarray:
         """Rows of each source among global rows ``[0, row)`` (int64 [K])."""

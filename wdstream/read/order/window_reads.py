@@ -141,12 +141,12 @@ class WindowReads:
         line, as ever)."""
         # Segments run through windows in order; most fills touch only windows already
         # read or being read, and then no segment needs looking at.
-        if not self._alone or not (self.source.remote or self._cache.empty()):
-            return {}
         first, last = (segments[0][0], segments[-1][0]) if segments else (0, -1)
         hot = self._hot
         if first == last and hot is not None and hot[0] == (epoch, first & WINDOW_MASK, with_docs):
-            return {}  # all in the window the last fill cut from: at hand
+            return {}  # all in the window the last fill cut from: at hand (no lock taken)
+        if not self._alone or not (self.source.remote or self._cache.empty()):
+            return {}
         spanned = range(first & WINDOW_MASK, (last & WINDOW_MASK) + 1)
         wanted: dict[int, set[int]] = {
             w: set() for w in spanned if self._cache.cold((epoch, w, with_docs))
