@@ -271,7 +271,7 @@ class MixtureReader:
     ) -> list[Cursor]:
         b = self.batch_size
         if b == self.cfg.global_batch:  # one rank: the steps' rows are consecutive
-            row = self.row_at(first, position.origin)
+            row = row_at(first, position.origin, b)
             src, hits = fill_block(self.schedule(position), self.orders, row, n * b, tokens, doc)
         else:
             rows = self.rank_rows(first, n, position.origin)
