@@ -104,8 +104,7 @@ class MixtureReader:
         self.rank, self.batch_size = rank, batch_size
         self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
         self._schedules: dict[tuple[SchedulePiece, ...], Schedule] = {}
-        # The pieces last asked for and their schedule: every chunk of an iteration asks
-        # with the same tuple, found by identity without hashing its pieces.
+        # The pieces last asked for (a chunk's, by identity: no hash) and their schedule.
         self._last_schedule: tuple[tuple[SchedulePiece, ...], Schedule] | None = None
         self.steps = StepChunks(self)
 
