@@ -36,12 +36,22 @@ from tests.ray_support import (
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 
+# How soon the head's GCS counts a node whose raylet stopped answering as dead: Ray's
+# defaults (a check every 3 s, dead after 5 failed ones) made the test wait ~15 s for it
+# after the node was removed; here ~3 s (a check a second, dead after 3 failed ones). A
+# check fails when its call is refused (the node is gone) or has no answer within
+# ``health_check_timeout_ms`` (10 s, Ray's default, kept): a live node slowed by a loaded
+# host still answers in time, so the nodes left are not counted dead.
+HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+
+
 @pytest.fixture(scope="module")
 def two_worker_nodes() -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, head_node_args={**NODE, "num_cpus": 0,
-                                                     "include_dashboard": False})  # fmt: skip
+                                                     "include_dashboard": False,
+                                                     "_system_config": HEALTH_CHECKS})  # fmt: skip
     c.add_node(**NODE)
     c.add_node(**NODE)
     c.wait_for_nodes()
