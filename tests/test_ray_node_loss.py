@@ -2,10 +2,11 @@
 byte-identical to the local engine's.
 
 Its own cluster (a head with no CPUs, so every task runs on one of two worker nodes of one
-CPU each, all on 127.0.0.1): the test removes the node whose worker is blocked reading one
-input (a FIFO), with every process of that node killed (raylet, workers, object store), then
-feeds the FIFO to the retried task on the other node. Token arrays that lived in the lost
-node's object store are rebuilt from lineage.
+CPU each, all on 127.0.0.1): the test stops a tokenising worker mid-task (SIGSTOP, see
+:func:`tests.ray_support.frozen_task`), removes its node with every process of that node
+killed (raylet, workers, object store), waits until Ray counts the node dead, and the task
+is retried on the other node. Token arrays that lived in the lost node's object store are
+rebuilt from lineage.
 """
 
 from __future__ import annotations
