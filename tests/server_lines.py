@@ -92,7 +92,11 @@ def serve(
 ) -> None:
     """A server's loop: import ``preload`` (then call ``warm``), then fork one child per
     request line on stdin (``run_child`` never returns in it), answering its pid at once and
-    its ``wait4`` status and peak RSS when it ends."""
+    its ``wait4`` status and peak RSS when it ends. At the end of stdin the server ends at
+    once (``os._exit``; every child was waited for): finalising an interpreter that imported
+    torch, ``torch._dynamo`` and pandas took ~1 s of CPU, and the test process waits for it
+    (script_server's ``close``), up to ~3.5 s at the end of a whole-suite run with every
+    worker's server finalising at once."""
     for name in preload:
         importlib.import_module(name)
     if warm is not None:
@@ -105,3 +109,5 @@ def serve(
         print(json.dumps({"pid": pid}), flush=True)
         _, status, usage = os.wait4(pid, 0)
         print(json.dumps({"status": status, "maxrss_kb": usage.ru_maxrss}), flush=True)
+    flush_std_streams()
+    os._exit(0)
