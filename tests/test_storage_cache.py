@@ -125,14 +125,13 @@ def test_second_pass_from_the_cache_reads_serially_and_keeps_token_spans(
         )
 
     assert same(read_all())  # fetches every block: through the fetch threads
-    assert len(searches) == len(pieces) and remote._fetch_pool is not None
+    assert len(searches) == len(pieces) and remote._fetches._pool is not None
     searches.clear()
     assert same(read_all())  # maps the cached blocks (threads again), searches nothing
     assert searches == []
-    remote._fetch_pool.shutdown()
-    remote._fetch_pool = None
+    remote.end_fetches()
     assert same(read_all())  # every block mapped: one read after the other
-    assert searches == [] and remote._fetch_pool is None
+    assert searches == [] and remote._fetches._pool is None
 
 
 def test_kept_token_spans_never_skip_the_checksums(

@@ -11,8 +11,6 @@ exception.
 from __future__ import annotations
 
 import random
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import pytest
 
 from tests.hostile_http import HostileServer
 from wdstream import Loader
+from wdstream.read.sources.fetches import FetchPool
 from wdstream.read.sources.packed import ShardSource
 from wdstream.storage import RemoteReadError, open_store
 from wdstream.testing import write_synthetic_dataset
@@ -110,8 +109,7 @@ def test_a_cancelled_read_raises_the_failure_that_cancelled_it(monkeypatch: Any)
     first): the failure of a later piece cancels an earlier one; the caller gets that
     failure, not the CancelledError (was: CancelledError, a raw traceback)."""
     source = object.__new__(ShardSource)
-    source.remote, source._lock = True, threading.Lock()
-    source._fetch_pool = ThreadPoolExecutor(1)
+    source.remote, source._fetches = True, FetchPool()
     monkeypatch.setattr(ShardSource, "_held", lambda self, pieces: False)
 
     def piece(self: Any, shard: int, *rest: Any) -> Any:
@@ -126,7 +124,7 @@ def test_a_cancelled_read_raises_the_failure_that_cancelled_it(monkeypatch: Any)
     monkeypatch.setattr(ShardSource, "_read_piece", piece)
     with pytest.raises(RemoteReadError, match="shard 1 failed"):
         source.read([(0, 0, 1), (1, 0, 1)], shared=Shared())  # type: ignore[arg-type]
-    source._fetch_pool.shutdown()
+    source.end_fetches()
 
 
 def test_loader_rows_over_a_hostile_server_equal_the_local_ones(tmp_path: Path) -> None:

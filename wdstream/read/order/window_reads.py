@@ -177,8 +177,10 @@ class WindowReads:
 
         The reads being dropped stop first: their pieces not started are not fetched, and a
         torch worker's reads waiting for a peer's piece end (:meth:`WindowShares.end`, which
-        also tells the peers to wait no more for this one), so only the GETs in flight are
-        waited for. Before, the queued fetches of up to ``AHEAD_MAX`` windows read ahead
+        also tells the peers to wait no more for this one), and the GETs in flight are left
+        to end on their own, their bytes dropped (:mod:`~wdstream.read.sources.fetches`).
+        Before, the GETs in flight were waited for (80-160 ms a worker from loopback S3, a
+        stalled one up to the read timeout, past torch's 5 s join); before that, the queued fetches of up to ``AHEAD_MAX`` windows read ahead
         were all made first (~0.1-0.2 s at the end of every iteration from loopback S3),
         and a worker whose peer had dropped a window's read before starting it waited for
         that peer's pieces until torch killed it (5 s)."""
@@ -190,7 +192,8 @@ class WindowReads:
             self._cache.release()
             self.source.end_fetches()
         finally:
-            self._stop.clear()
+            # A new stop for the next reads: the GETs left in flight keep seeing theirs set.
+            self._stop = threading.Event()
 
     def read_mode(self, background: bool = True, alone: bool = True) -> None:
         """How windows are read: ahead in background threads (else each where its rows

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import CancelledError
 from functools import cached_property, partial
 from typing import Any
 
@@ -26,6 +26,7 @@ from wdstream.format.sample import LocatedTokens, Sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.sources.checked_ranges import CheckedRanges
 from wdstream.read.sources.exchange import SharedPieces
+from wdstream.read.sources.fetches import FetchPool, results
 from wdstream.read.sources.identity import DatasetIdentity, packed_identity
 from wdstream.read.sources.layouts import KeptLayouts
 from wdstream.read.sources.names import TableNames, TableUrls
@@ -46,7 +47,6 @@ from wdstream.storage.urls import is_dataset_root, split_url
 # CopyChecks, PieceRead: reads.py; expand_urls: stores.py
 __all__ = ["CopyChecks", "PieceRead", "ShardSource", "expand_urls"]
 
-_REMOTE_READS = 16  # concurrent ranged reads from a remote store (windows read ahead share them)
 _SIDECAR_CACHE = 64  # shards whose sidecars stay in memory per process (~16 B/sample each)
 
 
@@ -77,11 +77,10 @@ class ShardSource:
     ) -> None:
         self.checksums = checksums
         self._stores = StoreCache(**store_options)
-        self._fetch_pool: ThreadPoolExecutor | None = None
+        self._fetches = FetchPool()  # remote reads' threads (read/sources/fetches.py)
         # Where each sample's tokens lie in its shard (None: not the writer's layout; a
         # remote shard's start of -1: not searched yet), see _token_spans.
         self._layouts = KeptLayouts(_SIDECAR_CACHE)
-        self._lock = threading.Lock()
         self.index: DatasetIndex | None = None
         self._entries: Sequence[ShardEntry] | None = None  # each shard's entry in self.index
         # Opened by URL: per shard (samples, tokens, sha256 of its sidecar), for the identity.
@@ -164,26 +163,19 @@ class ShardSource:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_fetch_pool"] = None  # threads are per process
         state.pop("identity", None)  # made again where asked (states are the loader's)
-        del state["_lock"]
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def close(self) -> None:
         """Release the stores' cached file handles / connections."""
         self._stores.close()
 
     def end_fetches(self) -> None:
-        """Stop the threads of concurrent remote reads (made again when next needed): a
-        process about to fork leaves none behind, which its children would wait on."""
-        with self._lock:
-            pool, self._fetch_pool = self._fetch_pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        """Leave the threads of concurrent remote reads (made again when next needed): the
+        fetches not started are not made, and the GETs in flight are not waited for (their
+        results are dropped; :func:`~wdstream.read.sources.fetches.join_dropped` waits for
+        them, before a fork)."""
+        self._fetches.drop()
 
     def __del__(self) -> None:
         try:
@@ -260,8 +252,10 @@ class ShardSource:
             shared: how torch workers split these pieces' fetches
                 (:mod:`~wdstream.read.sources.exchange`); None: this process fetches all.
             stop: once set, the pieces not started are not read (the read raises
-                ``CancelledError``): the reader dropping the window (its iteration ended)
-                waits only for the GETs in flight, not for those still queued.
+                ``CancelledError``), and the read stops waiting for those in flight (it
+                raises ``CancelledError`` at once): the reader dropping the window (its
+                iteration ended) waits neither for the GETs queued nor for those in
+                flight (:mod:`~wdstream.read.sources.fetches`).
         """
 
         failed = threading.Event()
@@ -286,17 +280,15 @@ class ShardSource:
             shared.begin()
         if not self.remote or len(pieces) < 2 or self._held(pieces):
             return [one(j) for j in range(len(pieces))]
-        with self._lock:
-            if self._fetch_pool is None:
-                self._fetch_pool = ThreadPoolExecutor(
-                    _REMOTE_READS, thread_name_prefix="wdstream-fetch"
-                )
-        pool = self._fetch_pool
+        pool = self._fetches.get()
         order = shared.taken_first() if shared is not None else range(len(pieces))
         jobs = {j: pool.submit(one, j) for j in order}
         try:
-            return [jobs[j].result() for j in range(len(pieces))]  # the first failure in order
+            # The first failure in order; CancelledError at once when stopped.
+            return results([jobs[j] for j in range(len(pieces))], stop)
         except CancelledError:
+            if stop is not None and stop.is_set():
+                raise  # the window is dropped: its GETs in flight are not waited for
             # A read not made because another failed (which may come later in this order,
             # e.g. workers' shared pieces taken first): raise that failure, not the cancel.
             for j in range(len(pieces)):

@@ -20,6 +20,7 @@ from torch.utils.data._utils.signal_handling import _remove_worker_pids
 
 from wdstream.errors import WorkerTimeoutError
 from wdstream.read.order.base import SequencePosition
+from wdstream.read.sources.fetches import join_dropped
 from wdstream.read.torch.dataset import Chunk, TokenDataset
 from wdstream.read.torch.handoff import WorkerHandoff, forked_workers, worker_start
 
@@ -116,8 +117,10 @@ class TorchWorkers:
         """Drop this process's windows and stop its reader threads before the workers are
         forked: what the caller read between the first batch and the second (``batch_at``
         reads windows ahead in threads) would leave a forked child waiting on a read-ahead
-        thread it does not have (it hung)."""
+        thread it does not have (it hung); the GETs the release left in flight are waited
+        for here (:func:`~wdstream.read.sources.fetches.join_dropped`)."""
         self.dataset.sequence.release()
+        join_dropped()
 
     def _resolve(self, chunks: Iterator[Chunk], fresh: bool) -> Iterator[Chunk]:
         """Turn the workers' ring-slot references into tensor views of the slot.

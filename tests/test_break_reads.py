@@ -1,0 +1,136 @@
+"""Leaving a remote iteration early (a ``break``) does not wait for the GETs in flight
+(read/sources/fetches.py): a stalled GET at the break no longer holds the loop's end for
+the store's read timeout, the GETs left behind never reach a later iteration's data, and
+the threads they keep stay within the stated bound however often a loop breaks.
+
+Real components: the repo's HTTP file server, made to cut every GET after 300 bytes and then
+go silent (its header promised more) once the first batches are out. Oracle: the same
+batches read from the local pack, with the same break.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tests.servers import FileServer
+from wdstream import Loader
+from wdstream.cli import main
+from wdstream.read.order.read_ahead import AHEAD_MAX
+from wdstream.read.sources.fetches import DROPPED_MAX, REMOTE_READS, join_dropped
+
+pytestmark = pytest.mark.timeout(180)
+
+PACK_ARGS = ["--seq-len", "64", "--shard-size", "64KB", "--workers", "0", "-q"]
+KW: dict[str, Any] = {"seq_len": 64, "batch_size": 4, "epochs": 1, "shuffle_window": 64,
+                      "shuffle_lanes": 4}  # fmt: skip
+STALL = {"cut_every": 1, "cut_at": 300, "stall": True, "methods": ("GET",)}
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.conftest import _write_jsonl, make_corpus
+
+    d = tmp_path_factory.mktemp("brk")
+    src = _write_jsonl(d / "in.jsonl", make_corpus())
+    out = d / "ds"
+    result = CliRunner().invoke(main, ["pack", str(src), "--output", str(out), *PACK_ARGS])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _rows(batch: dict[str, Any]) -> list[list[int]]:
+    return batch["input_ids"].tolist()  # type: ignore[no-any-return]
+
+
+def _reader_threads() -> int:
+    """The reader's threads alive: fetch and read-ahead (not the test server's)."""
+    names = ("wdstream-fetch", "wdstream-readahead")
+    return sum(t.name.startswith(names) for t in threading.enumerate())
+
+
+def _until_a_get_stalls(it: Iterator[dict[str, Any]], server: FileServer) -> list[Any]:
+    """Batches taken after the server began stalling, until a GET (a window read ahead)
+    is in flight at it; that GET is then stalled (cut after 300 bytes, then silence)."""
+    got = []
+    for _ in range(200):
+        end = time.monotonic() + 0.3  # a read started behind the last batch shows up first
+        while time.monotonic() < end:
+            if any(m == "GET" for m, _, _ in server.faults.requests):
+                time.sleep(0.2)  # its 300 bytes sent: stalled
+                return got
+            time.sleep(0.01)
+        got.append(_rows(next(it)))
+    raise AssertionError("no GET within 200 batches: nothing read ahead to stall")
+
+
+def test_a_break_over_a_stalled_get_returns_at_once_and_the_next_iteration_is_right(
+    pack: Path,
+) -> None:
+    """A GET stalled at the break (the server went silent mid-body; read timeout 10 s):
+    leaving the loop takes well under the read timeout (it waited the whole timeout
+    before), and the next iteration's batches, after the server heals, are those of the
+    local pack with the same break: nothing the dropped GET brought reached them."""
+    timeout = 10.0
+    with FileServer(pack) as server:
+        loader = Loader(server.base_url, num_workers=0, timeout=timeout, retries=1,
+                        backoff=0.001, **KW)  # fmt: skip
+        it = iter(loader)
+        first = [_rows(next(it)) for _ in range(2)]
+        server.faults.reset(**STALL)
+        first += _until_a_get_stalls(it, server)
+        t0 = time.perf_counter()
+        it.close()  # a break: the loop leaves the iterator, which ends it
+        del it
+        took = time.perf_counter() - t0
+        server.faults.reset()
+        again = [_rows(b) for b in loader]
+    local = Loader(str(pack), num_workers=0, **KW)
+    want_it = iter(local)
+    want_first = [_rows(next(want_it)) for _ in range(len(first))]
+    want_it.close()
+    del want_it
+    want_again = [_rows(b) for b in local]
+    assert took < timeout / 4, f"the break took {took:.2f}s (read timeout {timeout:g}s)"
+    assert first == want_first
+    assert again == want_again
+
+
+def test_many_breaks_keep_the_threads_bounded_and_they_all_end(pack: Path) -> None:
+    """A loop broken again and again, a GET stalled at every break (read timeout 3 s, no
+    retry): the first ``DROPPED_MAX`` breaks return at once, none waits longer than one
+    stalled GET, the reader's threads never exceed the stated bound, and once the dropped
+    GETs are joined (as before a fork) none is left."""
+    timeout, cycles = 3.0, 5
+    bound = (1 + DROPPED_MAX) * REMOTE_READS + AHEAD_MAX
+    join_dropped()
+    base = _reader_threads()
+    took, seen = [], []
+    with FileServer(pack) as server:
+        loader = Loader(server.base_url, num_workers=0, timeout=timeout, retries=0,
+                        backoff=0.001, **KW)  # fmt: skip
+        for _ in range(cycles):
+            server.faults.reset()
+            it = iter(loader)
+            next(it)
+            server.faults.reset(**STALL)
+            _until_a_get_stalls(it, server)
+            t0 = time.perf_counter()
+            it.close()
+            del it
+            took.append(time.perf_counter() - t0)
+            seen.append(_reader_threads() - base)
+        t0 = time.perf_counter()
+        join_dropped()
+        joined = time.perf_counter() - t0
+        left = _reader_threads() - base
+    assert max(seen) <= bound, (seen, bound)
+    assert all(t < timeout / 4 for t in took[:DROPPED_MAX]), took
+    assert all(t < timeout + 1.5 for t in took), took
+    assert joined < timeout + 1.5 and left == 0, (joined, left)

@@ -1,0 +1,116 @@
+"""The threads a packed source's remote ranged reads run on, and how an ending iteration
+leaves the GETs it no longer needs without waiting for them.
+
+A remote window's pieces are fetched concurrently (:meth:`ShardSource.read
+<wdstream.read.sources.packed.ShardSource.read>`) on a :class:`FetchPool`. When an
+iteration ends early (a ``break``, an iterator closed or collected) its reads are told to
+stop: the pieces not started are not fetched, and the reads waiting for pieces in flight
+stop waiting (:func:`results`). The GETs in flight are *dropped*, not waited for: before,
+a worker's end waited for them (80-160 ms from loopback S3), and for a stalled one up to
+the store's read timeout, past torch's 5 s worker join, which then killed the worker.
+
+What a dropped GET may still do when it ends: its bytes land in its own buffer, returned
+to a future nobody reads; where the torch workers share a window's fetches it hands the
+piece to its peers under the piece's own name (epoch, window, piece: the same bytes in
+any iteration, :mod:`~wdstream.read.sources.exchange`), and a node cache keeps the range
+under its own name. Nothing of it reaches a later iteration's windows.
+
+Bounded: a pool dropped keeps its threads only until their GETs end (by the store's
+timeouts and retries at worst); at most ``DROPPED_MAX`` pools are dropped and not yet
+joined per process, so past that a drop first waits for the oldest. The threads alive
+are at most ``(1 + DROPPED_MAX) x REMOTE_READS`` fetch threads per process besides each
+source's live pool (48 with the defaults, and 16 per source more). A process about to
+fork joins them all first (:func:`join_dropped`): a forked child must not inherit a lock
+a thread it does not have was holding.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
+from typing import TypeVar
+
+__all__ = ["DROPPED_MAX", "REMOTE_READS", "FetchPool", "join_dropped", "results"]
+
+T = TypeVar("T")
+
+REMOTE_READS = 16  # concurrent ranged reads from a remote store (windows read ahead share them)
+DROPPED_MAX = 2  # pools dropped with GETs in flight, per process, before a drop waits
+_STOP_POLL_S = 0.05  # how often a read waiting for its pieces looks at its stop
+
+_dropped: deque[ThreadPoolExecutor] = deque()
+_dropped_lock = threading.Lock()
+
+
+def _none_in_child() -> None:
+    """A forked child has none of its parent's threads (nor a lock one of them held)."""
+    global _dropped_lock
+    _dropped.clear()
+    _dropped_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_none_in_child)
+
+
+class FetchPool:
+    """A source's fetch threads, made when first needed (none in a process that reads
+    nothing remote, or before it forks)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {}  # threads are per process
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def get(self) -> ThreadPoolExecutor:
+        """The threads, made at the first call after :meth:`drop`."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="wdstream-fetch")
+            return self._pool
+
+    def drop(self) -> None:
+        """Leave the threads (made again when next needed): fetches not started are
+        cancelled, those in flight end on their own and their results are dropped (see the
+        module's text). Past ``DROPPED_MAX`` pools dropped, the oldest is waited for."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        pool.shutdown(wait=False, cancel_futures=True)
+        with _dropped_lock:
+            _dropped.append(pool)
+            older = [_dropped.popleft() for _ in range(len(_dropped) - DROPPED_MAX)]
+        for old in older:
+            old.shutdown(wait=True)
+
+
+def join_dropped() -> None:
+    """Wait for every pool dropped in this process (their GETs in flight to end): a process
+    about to fork leaves no fetch thread behind, which its children would wait on."""
+    with _dropped_lock:
+        pools = list(_dropped)
+        _dropped.clear()
+    for pool in pools:
+        pool.shutdown(wait=True)
+
+
+def results(jobs: list[Future[T]], stop: threading.Event | None) -> list[T]:
+    """The jobs' results in order (the first failure in order raised), or
+    ``CancelledError`` as soon as ``stop`` is set: the reader dropping the window does not
+    wait for the GETs in flight (:meth:`FetchPool.drop` leaves them)."""
+    if stop is None:
+        return [job.result() for job in jobs]
+    out = []
+    for job in jobs:
+        while not wait([job], timeout=_STOP_POLL_S).done:
+            if stop.is_set():
+                raise CancelledError
+        out.append(job.result())
+    return out
