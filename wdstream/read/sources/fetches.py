@@ -27,12 +27,14 @@ a thread it does not have was holding.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from collections import deque
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
-from typing import TypeVar
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future, wait
+from typing import Any, TypeVar
 
-__all__ = ["DROPPED_MAX", "REMOTE_READS", "FetchPool", "join_dropped", "results"]
+__all__ = ["DROPPED_MAX", "REMOTE_READS", "FetchPool", "Threads", "join_dropped", "results"]
 
 T = TypeVar("T")
 
@@ -40,7 +42,68 @@ REMOTE_READS = 16  # concurrent ranged reads from a remote store (windows read a
 DROPPED_MAX = 2  # pools dropped with GETs in flight, per process, before a drop waits
 _STOP_POLL_S = 0.05  # how often a read waiting for its pieces looks at its stop
 
-_dropped: deque[ThreadPoolExecutor] = deque()
+
+class Threads:
+    """Up to ``n`` daemon threads running submitted calls (as a ``ThreadPoolExecutor``, whose
+    threads every process joins at its exit: a torch worker ending with a GET left in
+    flight then waited for it, past torch's 5 s join, and was killed). A daemon thread is
+    not waited for at exit; :func:`join_dropped` waits for them before a fork."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self._n, self._name = n, name
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None]
+        self._queue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` on a thread; its future."""
+        fut: Future[T] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._queue.put((fut, lambda: fn(*args)))
+            if not self._idle.acquire(timeout=0) and len(self._threads) < self._n:
+                name = f"{self._name}_{len(self._threads)}"
+                thread = threading.Thread(target=self._work, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return fut
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fut, call = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(call())
+                except BaseException as exc:  # the caller's to see, as in an executor
+                    fut.set_exception(exc)
+            del item, fut, call
+            self._idle.release()
+
+    def shutdown(self, wait: bool) -> None:
+        """No more calls; those not started are cancelled; with ``wait``, the threads are
+        joined (else they end after their call in flight)."""
+        with self._lock:
+            self._closed = True
+            threads = list(self._threads)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in threads:
+            self._queue.put(None)
+        if wait:
+            for thread in threads:
+                thread.join()
+
+
+_dropped: deque[Threads] = deque()
 _dropped_lock = threading.Lock()
 
 
@@ -59,7 +122,7 @@ class FetchPool:
     nothing remote, or before it forks)."""
 
     def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: Threads | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, object]:
@@ -68,11 +131,11 @@ class FetchPool:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__()  # type: ignore[misc]
 
-    def get(self) -> ThreadPoolExecutor:
+    def get(self) -> Threads:
         """The threads, made at the first call after :meth:`drop`."""
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="wdstream-fetch")
+                self._pool = Threads(REMOTE_READS, "wdstream-fetch")
             return self._pool
 
     def drop(self) -> None:
@@ -83,7 +146,7 @@ class FetchPool:
             pool, self._pool = self._pool, None
         if pool is None:
             return
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=False)
         with _dropped_lock:
             _dropped.append(pool)
             older = [_dropped.popleft() for _ in range(len(_dropped) - DROPPED_MAX)]
