@@ -178,11 +178,11 @@ class WindowReads:
         The reads being dropped stop first: their pieces not started are not fetched, and a
         torch worker's reads waiting for a peer's piece end (:meth:`WindowShares.end`, which
         also tells the peers to wait no more for this one), and the GETs in flight are left
-        to end on their own, their bytes dropped (:mod:`~wdstream.read.sources.fetches`).
-        Before, the GETs in flight were waited for (80-160 ms a worker from loopback S3, a
-        stalled one up to the read timeout, past torch's 5 s join); before that, the queued fetches of up to ``AHEAD_MAX`` windows read ahead
-        were all made first (~0.1-0.2 s at the end of every iteration from loopback S3),
-        and a worker whose peer had dropped a window's read before starting it waited for
+        to end on their own, their bytes dropped (:mod:`~wdstream.read.sources.fetches`):
+        they were waited for (80-160 ms a worker from loopback S3, a stalled one up to the
+        read timeout). Before that, the queued fetches of up to ``AHEAD_MAX`` windows read
+        ahead were all made first (~0.1-0.2 s at the end of every iteration from loopback
+        S3), and a worker whose peer had dropped a window's read before starting it waited for
         that peer's pieces until torch killed it (5 s)."""
         self._hot = None
         self._stop.set()

@@ -16,12 +16,17 @@ any iteration, :mod:`~wdstream.read.sources.exchange`), and a node cache keeps t
 under its own name. Nothing of it reaches a later iteration's windows.
 
 Bounded: a pool dropped keeps its threads only until their GETs end (by the store's
-timeouts and retries at worst); at most ``DROPPED_MAX`` pools are dropped and not yet
-joined per process, so past that a drop first waits for the oldest. The threads alive
-are at most ``(1 + DROPPED_MAX) x REMOTE_READS`` fetch threads per process besides each
-source's live pool (48 with the defaults, and 16 per source more). A process about to
-fork joins them all first (:func:`join_dropped`): a forked child must not inherit a lock
-a thread it does not have was holding.
+timeouts and retries at worst: a dropped GET is not cut short, and may retry); at most
+``DROPPED_MAX`` pools are dropped and not yet joined per process, so past that a drop first
+waits for the oldest. The fetch threads alive are at most ``DROPPED_MAX x REMOTE_READS``
+dropped ones per process (32) besides each source's live pool (16): 48 for one source. They
+are daemon threads (:class:`Threads`), not waited for at a process's exit; a process about
+to fork joins them first (:func:`join_dropped`): a forked child must not inherit a lock a
+thread it does not have was holding.
+
+Not covered: a torch worker blocked *in* a chunk's read (its rows' window, read in line,
+stalled) does not learn that the loop was left until that read ends; see
+``docs/STORAGE.md`` (session 46, a ``break`` over a stalled GET).
 """
 
 from __future__ import annotations
