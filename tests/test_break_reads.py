@@ -135,3 +135,60 @@ def test_many_breaks_keep_the_threads_bounded_and_they_all_end(pack: Path) -> No
     assert all(t < timeout / 4 for t in took[:DROPPED_MAX]), took
     assert all(t < timeout + 1.5 for t in took), took
     assert joined < timeout + 1.5 and left == 0, (joined, left)
+
+
+def test_a_dropped_window_releases_its_takers_of_the_pieces_never_fetched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torch worker's window read dropped (its iteration ended) while pieces it claimed
+    for a peer were still queued behind its fetch threads: the peer waiting for them is told
+    at once that they will not come (a failure mark), as for the pieces its reads skipped.
+    Dropping the fetch pool cancels the queued fetches, so they never ran the read's own
+    ``abandon``, and the peer waited ``SHARE_WAIT_S`` (60 s) for each such piece, e.g. a
+    persistent worker still filling a chunk while its peer went on to the next iteration.
+
+    Real components: a ShardSource over the repo's HTTP file server (each shard's GET held
+    0.5 s, so 16 GETs are in flight and the rest queued), the exchange's folder. Oracle:
+    the taker's wall time per piece, and the bytes it gets against the local pack's."""
+    from wdstream.read.sources import exchange
+    from wdstream.read.sources.exchange import ReadShare, SharedPieces
+    from wdstream.read.sources.packed import ShardSource
+    from wdstream.testing import write_synthetic_dataset
+
+    root = tmp_path / "ds"
+    write_synthetic_dataset(str(root), n_docs=120, sample_tokens=65, samples_per_shard=40)
+    pieces = [(s, k, k + 1) for s in range(3) for k in range(0, 40, 4)]  # 30 > 16 threads
+    n = len(pieces)
+    folder = str(tmp_path / "share")
+    monkeypatch.setattr(exchange, "SHARE_WAIT_S", 4.0)
+    with FileServer(root) as server:
+        source = ShardSource(server.base_url)
+        for s in range(3):
+            source.sidecars.get(s)  # not fetched in the timed window below
+        server.faults.reset(delay=0.5, methods=("GET",), only=".tar")
+        shared = SharedPieces(ReadShare(folder, 0), (0, 0), [0] * n, [(1,)] * n)
+        stop = threading.Event()
+        failed: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                source.read(pieces, shared=shared, stop=stop)
+            except BaseException as exc:  # noqa: BLE001 - the read's end is asserted below
+                failed.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.2)  # 16 GETs in flight, the rest queued
+        stop.set()
+        shared.share.end()
+        reader.join(5)
+        source.end_fetches()
+        taker = ReadShare(folder, 1)
+        waits = []
+        for j in range(n):
+            t0 = time.perf_counter()
+            taker.take((0, 0), j, 0)
+            waits.append(time.perf_counter() - t0)
+        join_dropped()
+    assert failed and type(failed[0]).__name__ == "CancelledError", failed
+    assert max(waits) < 2.0, [round(w, 2) for w in waits]

@@ -39,9 +39,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import CancelledError
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["SHARE_WAIT_S", "Needers", "ReadShare", "SharedPieces", "WindowShares",
            "remove_share_folder", "share_folder"]  # fmt: skip
@@ -319,6 +320,13 @@ class SharedPieces:
         release its takers (a piece already offered is taken before the mark is seen)."""
         if self.owner[j] == self.share.worker:
             self.share.fail(self.window, j, self.takers[j])
+
+    def abandon_cancelled(self, j: int, job: Future[Any]) -> None:
+        """:meth:`abandon` piece ``j`` if its fetch ``job`` was cancelled before it ran (a
+        dropped fetch pool cancels those not started): it never reached the read's own
+        ``abandon``, and its takers waited ``SHARE_WAIT_S`` for it."""
+        if job.cancelled():
+            self.abandon(j)
 
 
 class WindowShares:

@@ -283,6 +283,9 @@ class ShardSource:
         pool = self._fetches.get()
         order = shared.taken_first() if shared is not None else range(len(pieces))
         jobs = {j: pool.submit(one, j) for j in order}
+        if shared is not None:  # a fetch cancelled unstarted (the pool dropped) releases its
+            for j, job in jobs.items():  # takers as one skipped does (else they wait 60 s)
+                job.add_done_callback(partial(shared.abandon_cancelled, j))
         try:
             # The first failure in order; CancelledError at once when stopped.
             return results([jobs[j] for j in range(len(pieces))], stop)
