@@ -1,0 +1,156 @@
+"""An iteration's end over GETs in flight (``read/sources/fetches.py``: a ``break`` drops the
+fetch pool instead of waiting for its GETs).
+
+Attacked: many short iterations (1-5 batches, up to 40) of one loader over the tests' HTTP
+file server answering each GET after a delay drawn per iteration (0, 50, 200 or 500 ms), so
+that GETs read ahead are in flight at the ``break`` and end, late, during the next iteration;
+0 workers, 2 workers persistent or not, a node cache (``cache_dir``) on or off. And a break
+over a *stalled* GET (0 workers; every GET cut after 300 bytes, then silence; read timeout
+10 s, one retry), the run then read on by a new ``iter()`` once the server heals, node cache
+on or off. Oracles outside the code under test: the uninterrupted run without workers over
+the local folder (its batches); the wall time (a break over the stalled GET taking
+``JOIN_S`` or more waited for it: a hang; an iteration past ``BOUND_S`` too); the reader's
+threads alive after the breaks (past the stated bound ``(1 + DROPPED_MAX) x REMOTE_READS +
+AHEAD_MAX`` they grow: a crash); no ``.tmp`` file left in the node cache once the dropped
+GETs are joined; no worker process alive 2 s after the loader is dropped.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from faultlib.breaks import BOUND_S, JOIN_S, KW, _dataset, _left, _outcome
+from faultlib.common import Attempt, labelled, test_servers
+from wdstream import Loader
+from wdstream.errors import RemoteReadError
+from wdstream.read.order.read_ahead import AHEAD_MAX
+from wdstream.read.sources.fetches import DROPPED_MAX, REMOTE_READS, join_dropped
+
+DELAYS = (0.0, 0.05, 0.2, 0.5)  # seconds before each GET is answered, drawn per iteration
+STALL = {"cut_every": 1, "cut_at": 300, "stall": True, "methods": ("GET",)}
+THREADS_MAX = (1 + DROPPED_MAX) * REMOTE_READS + AHEAD_MAX
+
+
+def _reader_threads() -> int:
+    return sum(t.name.startswith("wdstream-") for t in threading.enumerate())
+
+
+def _after(got: list[np.ndarray], want: list[np.ndarray], slow: float, cache: Path | None,
+           threads: int) -> str:  # fmt: skip
+    """The attempt's outcome once its loader ran to the end (see the module's oracles)."""
+    outcome = _outcome(got, want, slow)
+    join_dropped()
+    left = sorted(p.name for p in cache.rglob("*.tmp")) if cache is not None else []
+    if outcome == "handled" and threads > THREADS_MAX:
+        return f"crash: {threads} reader threads alive (bound {THREADS_MAX})"
+    if outcome == "handled" and left:
+        return f"crash: {len(left)} partial files left in the node cache ({left[0]})"
+    return outcome
+
+
+def _slow_breaks(root: Path, want: list[np.ndarray], workers: int, persistent: bool,
+                 cache: Path | None, seed: int) -> str:  # fmt: skip
+    file_server, _ = test_servers()
+    rng = np.random.default_rng(seed)
+    before = {p.pid for p in mp.active_children()}
+    opts: dict[str, Any] = dict(num_workers=workers, persistent_workers=persistent, **KW)
+    if cache is not None:
+        opts["cache_dir"] = str(cache)
+    with file_server(root) as server:
+        loader = Loader(server.base_url, **opts)
+        got: list[np.ndarray] = []
+        slowest, threads = 0.0, 0
+        for _ in range(40):
+            server.faults.reset(delay=float(rng.choice(DELAYS)), methods=("GET",))
+            k, t0 = int(rng.integers(1, 6)), time.monotonic()
+            for batch in loader:
+                got.append(batch["input_ids"].numpy().copy())
+                k -= 1
+                if k == 0:
+                    break
+            slowest = max(slowest, time.monotonic() - t0)
+            threads = max(threads, _reader_threads())
+            if len(got) >= len(want) or slowest > BOUND_S:
+                break
+        server.faults.reset()
+        t0 = time.monotonic()
+        if len(got) < len(want):
+            got += [b["input_ids"].numpy().copy() for b in loader]
+        outcome = _after(got, want, max(slowest, time.monotonic() - t0), cache, threads)
+        del loader
+    return "hang" if _left(before) else outcome
+
+
+def _stalled_break(root: Path, want: list[np.ndarray], cache: Path | None, at: int) -> str:
+    """``at`` batches, a break while a GET read ahead is stalled, the run read on. Where a
+    batch's own read meets the stall first it fails (``RemoteReadError``, a clear error) and
+    the run is read on all the same; where no GET is made any more (the node cache holds
+    every block), the run's end comes first."""
+    file_server, _ = test_servers()
+    opts: dict[str, Any] = dict(num_workers=0, timeout=10.0, retries=1, backoff=0.001, **KW)
+    if cache is not None:
+        opts["cache_dir"] = str(cache)
+    with file_server(root) as server:
+        loader = Loader(server.base_url, **opts)
+        it = iter(loader)
+        got = [next(it)["input_ids"].numpy().copy() for _ in range(at)]
+        server.faults.reset(**STALL)
+        ended = False  # the run's end came first (every window read, or a node cache's)
+        for _ in range(len(want)):  # until a GET is in flight (and stalled) at the server
+            if any(m == "GET" for m, _, _ in server.faults.requests):
+                break
+            time.sleep(0.3)
+            try:
+                got.append(next(it)["input_ids"].numpy().copy())
+            except StopIteration:
+                ended = True
+                break
+            except RemoteReadError:
+                break  # the batch's own read stalled (a clear error); the run is read on
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        cast(Generator[Any, None, None], it).close()
+        closing = time.monotonic() - t0
+        server.faults.reset()
+        t0 = time.monotonic()
+        if not ended:
+            got += [b["input_ids"].numpy().copy() for b in loader]
+        outcome = _after(got, want, time.monotonic() - t0, cache, _reader_threads())
+    if closing >= JOIN_S:
+        return f"hang: the break waited {closing:.1f}s for a stalled GET"
+    return outcome
+
+
+def inflight_breaks(work: Path, scale: float) -> Iterator[Attempt]:
+    """Breaks with GETs in flight (slow, or stalled), then the run read on."""
+    root, want = _dataset(work)
+    n = 0
+    for cached in (False, True):
+        for workers, persistent in ((0, False), (2, False), (2, True)):
+            for seed in range(max(1, round(2 * scale))):
+                n += 1
+                cache = work / f"inflight-cache-{n}" if cached else None
+                label = (f"{workers} workers{', persistent' if persistent else ''}, node cache "
+                         f"{'on' if cached else 'off'}, slow GETs, seed {seed}")  # fmt: skip
+
+                def slow(w: int = workers, p: bool = persistent, c: Path | None = cache,
+                         s: int = seed, label: str = label) -> str:  # fmt: skip
+                    return labelled(label, _slow_breaks(root, want, w, p, c, s))
+
+                yield slow
+        for at in (1, 7, 40)[: max(1, round(3 * scale))]:
+            n += 1
+            cache = work / f"inflight-cache-{n}" if cached else None
+            label = f"0 workers, node cache {'on' if cached else 'off'}, stalled GET after {at}"
+
+            def stalled(c: Path | None = cache, a: int = at, label: str = label) -> str:
+                return labelled(label, _stalled_break(root, want, c, a))
+
+            yield stalled
