@@ -180,6 +180,20 @@ def write_jsonl() -> Callable[..., Path]:
     return _write_jsonl
 
 
+def pack_cli_corpus(d: Path, args: list[str]) -> Path:
+    """:func:`make_corpus` as JSON lines under ``d``, packed by the CLI with ``args``: the
+    output folder (``d / "ds"``)."""
+    from click.testing import CliRunner
+
+    from wdstream.cli import main
+
+    src = _write_jsonl(d / "in.jsonl", make_corpus())
+    out = d / "ds"
+    result = CliRunner().invoke(main, ["pack", str(src), "--output", str(out), *args])
+    assert result.exit_code == 0, result.output
+    return out
+
+
 def pack_docs_corpus(d: Path, n_docs: int, seed: int, stdlib_files: int) -> str:
     """A docs-mode pack (32 KB shards) of :func:`make_corpus` documents under ``d``; its root."""
     import wdstream

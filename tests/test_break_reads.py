@@ -17,11 +17,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from click.testing import CliRunner
 
 from tests.servers import FileServer
 from wdstream import Loader
-from wdstream.cli import main
 from wdstream.read.order.read_ahead import AHEAD_MAX
 from wdstream.read.sources.fetches import DROPPED_MAX, REMOTE_READS, join_dropped
 
@@ -35,14 +33,9 @@ STALL = {"cut_every": 1, "cut_at": 300, "stall": True, "methods": ("GET",)}
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.conftest import _write_jsonl, make_corpus
+    from tests.conftest import pack_cli_corpus
 
-    d = tmp_path_factory.mktemp("brk")
-    src = _write_jsonl(d / "in.jsonl", make_corpus())
-    out = d / "ds"
-    result = CliRunner().invoke(main, ["pack", str(src), "--output", str(out), *PACK_ARGS])
-    assert result.exit_code == 0, result.output
-    return out
+    return pack_cli_corpus(tmp_path_factory.mktemp("brk"), PACK_ARGS)
 
 
 def _rows(batch: dict[str, Any]) -> list[list[int]]:

@@ -18,11 +18,9 @@ from typing import Any
 
 import boto3
 import pytest
-from click.testing import CliRunner
 
 from tests.servers import FaultProxy, FileServer
 from wdstream import Loader
-from wdstream.cli import main
 from wdstream.read.sources import exchange
 from wdstream.read.sources.exchange import SHARE_WAIT_S, ReadShare, SharedPieces, WindowShares
 from wdstream.read.sources.packed import ShardSource
@@ -40,14 +38,9 @@ KW: dict[str, Any] = {"seq_len": 64, "batch_size": 4, "epochs": 1, "shuffle_wind
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.conftest import _write_jsonl, make_corpus
+    from tests.conftest import pack_cli_corpus
 
-    d = tmp_path_factory.mktemp("shared")
-    src = _write_jsonl(d / "in.jsonl", make_corpus())
-    out = d / "ds"
-    result = CliRunner().invoke(main, ["pack", str(src), "--output", str(out), *PACK_ARGS])
-    assert result.exit_code == 0, result.output
-    return out
+    return pack_cli_corpus(tmp_path_factory.mktemp("shared"), PACK_ARGS)
 
 
 def _range_bytes(rng: str | None) -> int:

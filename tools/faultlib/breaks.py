@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,30 @@ def _one_break(root: Path, want: list[np.ndarray], workers: int, persistent: boo
     return outcome
 
 
+def short_iterations(loader: Loader, rng: np.random.Generator, rows: int, cycles: int,
+                     before: Callable[[], object] = lambda: None,
+                     after: Callable[[], object] = lambda: None) -> tuple[list[np.ndarray], float]:  # fmt: skip
+    """Up to ``cycles`` iterations of 1-5 batches, each left by a ``break``, until ``rows``
+    batches are read or one iteration took longer than ``BOUND_S``: the batches read and the
+    slowest iteration's seconds. ``before``/``after`` run around each iteration (a fault
+    set, a count taken)."""
+    got: list[np.ndarray] = []
+    slowest = 0.0
+    for _ in range(cycles):
+        before()
+        k, t0 = int(rng.integers(1, 6)), time.monotonic()
+        for batch in loader:
+            got.append(batch["input_ids"].numpy().copy())
+            k -= 1
+            if k == 0:
+                break
+        slowest = max(slowest, time.monotonic() - t0)
+        after()
+        if len(got) >= rows or slowest > BOUND_S:
+            break
+    return got, slowest
+
+
 def _many_breaks(root: Path, want: list[np.ndarray], workers: int, persistent: bool,
                  seed: int) -> str:  # fmt: skip
     file_server, _ = test_servers()
@@ -99,18 +123,7 @@ def _many_breaks(root: Path, want: list[np.ndarray], workers: int, persistent: b
         server.faults.reset(delay=0.02)
         loader = Loader(server.base_url, num_workers=workers, persistent_workers=persistent,
                         **KW)  # fmt: skip
-        got: list[np.ndarray] = []
-        slowest = 0.0
-        for _ in range(50):
-            k, t0 = int(rng.integers(1, 6)), time.monotonic()
-            for batch in loader:
-                got.append(batch["input_ids"].numpy().copy())
-                k -= 1
-                if k == 0:
-                    break
-            slowest = max(slowest, time.monotonic() - t0)
-            if len(got) >= len(want) or slowest > BOUND_S:
-                break
+        got, slowest = short_iterations(loader, rng, len(want), 50)
         t0 = time.monotonic()
         if len(got) < len(want):  # an iteration that ran to the end finished the run
             got += [b["input_ids"].numpy().copy() for b in loader]

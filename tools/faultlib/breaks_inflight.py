@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from faultlib.breaks import BOUND_S, JOIN_S, KW, _dataset, _left, _outcome
+from faultlib.breaks import JOIN_S, KW, _dataset, _left, _outcome, short_iterations
 from faultlib.common import Attempt, labelled, test_servers
 from wdstream import Loader
 from wdstream.errors import RemoteReadError
@@ -65,20 +65,16 @@ def _slow_breaks(root: Path, want: list[np.ndarray], workers: int, persistent: b
         opts["cache_dir"] = str(cache)
     with file_server(root) as server:
         loader = Loader(server.base_url, **opts)
-        got: list[np.ndarray] = []
-        slowest, threads = 0.0, 0
-        for _ in range(40):
+        counts = [0]
+
+        def slow() -> None:
             server.faults.reset(delay=float(rng.choice(DELAYS)), methods=("GET",))
-            k, t0 = int(rng.integers(1, 6)), time.monotonic()
-            for batch in loader:
-                got.append(batch["input_ids"].numpy().copy())
-                k -= 1
-                if k == 0:
-                    break
-            slowest = max(slowest, time.monotonic() - t0)
-            threads = max(threads, _reader_threads())
-            if len(got) >= len(want) or slowest > BOUND_S:
-                break
+
+        def count() -> None:
+            counts.append(_reader_threads())
+
+        got, slowest = short_iterations(loader, rng, len(want), 40, slow, count)
+        threads = max(counts)
         server.faults.reset()
         t0 = time.monotonic()
         if len(got) < len(want):
