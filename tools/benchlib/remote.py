@@ -38,7 +38,8 @@ LATENCY_GOAL = 0.95  # delayed GETs over no delay, tokens/s (issue 26: read-ahea
 # workers' chunks of each window as it arrives, ~0.1-0.25 s apart at moto's ~110 MB/s) and
 # a timing ends at the first batch after its mark: one run's rate taken at any mark in
 # 0.9-1.1 s spread 13 % (median of 12 runs; near 3 s: 3.9 %), and leaving the loop (~0.13 s:
-# the GETs in flight at the `break`) was 1/8 of a 1 s timing (docs/STORAGE.md, session 46).
+# the GETs in flight at the `break`, which a later change of session 46 stopped waiting for)
+# was 1/8 of a 1 s timing (docs/STORAGE.md, session 46).
 TIMING_FACTOR = 3
 
 _AWS = {
@@ -330,8 +331,8 @@ def section(r: dict[str, Any], notes: list[str]) -> list[str]:
         "wdstream `Loader` reading `s3://` from moto's `ThreadedMotoServer` on 127.0.0.1 (in its "
         "own process), through the storage tests' `FaultProxy` (tests/servers.py) with no delay "
         "and with a per-GET delay; same warm-up as the read table, every run timed at least "
-        f"{timed:g} s (from S3 the batches come in bursts, and leaving the loop waits for the "
-        "GETs in flight), all in one process, interleaved (the S3 reads at the two delays back "
+        f"{timed:g} s (from S3 the batches come in bursts, and a timing ends at the first batch "
+        "after its mark), all in one process, interleaved (the S3 reads at the two delays back "
         "to back, each first in turn). The delayed read is also made in the "
         "per-rank streams order "
         '(`order="streams"`; the default is the global order), and through the node-local '
