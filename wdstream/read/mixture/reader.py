@@ -26,7 +26,7 @@ can re-weight its future (annealing), while any change to its past is refused.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -295,6 +295,10 @@ class MixtureReader:
     def release(self) -> None:
         for order in self.orders:
             order.data.release()
+
+    def stop_reads_when(self, outside: Callable[[], bool] | None) -> None:
+        for order in self.orders:
+            order.data.stop_when(outside)
 
     def read_mode(self, background: bool = True, alone: bool = True) -> None:
         for order in self.orders:

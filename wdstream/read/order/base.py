@@ -16,7 +16,7 @@ chunk's number in this process (which ring slot it used), the filled int32 rows,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -146,3 +146,7 @@ class BatchSequence(Protocol[P]):
 
     def release(self) -> None:
         """Drop cached window data (the end of an iteration)."""
+
+    def stop_reads_when(self, outside: Callable[[], bool] | None) -> None:
+        """Stop this process's reads also once ``outside()`` is true (a torch worker's
+        iteration that the training process left: :meth:`WindowReads.stop_when`)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -323,6 +323,10 @@ class GlobalReader:
     def release(self) -> None:
         """Drop cached window data (the end of an iteration)."""
         self.order.data.release()
+
+    def stop_reads_when(self, outside: Callable[[], bool] | None) -> None:
+        """Stop the window reads also once ``outside()`` is true (:meth:`WindowReads.stop_when`)."""
+        self.order.data.stop_when(outside)
 
     def read_mode(self, background: bool = True, alone: bool = True) -> None:
         """How windows are read (:meth:`WindowReads.read_mode`)."""

@@ -16,7 +16,7 @@ in-order worker round-robin reproduces exactly the single-process order above.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -152,6 +152,9 @@ class StreamsSequence:
 
     def release(self) -> None:
         """Nothing is cached across iterations (each stream closes its own reads)."""
+
+    def stop_reads_when(self, outside: Callable[[], bool] | None) -> None:
+        """Not looked at: a stream's reads are whole shards, read where they are used."""
 
     def first_chunk(
         self, position: StreamsPosition, buffers: ChunkBuffers, epochs: int | None

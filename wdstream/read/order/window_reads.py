@@ -12,7 +12,6 @@ fetches with the other workers (:meth:`WindowReads.share_reads`).
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 from collections.abc import Callable, Iterable
 
@@ -36,6 +35,7 @@ from wdstream.read.sources.exchange import (
     remove_share_folder,
     share_folder,
 )
+from wdstream.read.sources.fetches import ReadStop
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.quarantine import QuarantinedReads
 
@@ -76,7 +76,10 @@ class WindowReads:
         self.plan = plan
         self.window = window
         self._cache = WindowCache(self._load_data, deepen=source.remote, read_ahead=source.remote)
-        self._stop = threading.Event()  # set while release() drops the reads (see there)
+        # Set while release() drops the reads (see there), or in a torch worker once the
+        # training process left the iteration (stop_when).
+        self._outside: Callable[[], bool] | None = None
+        self._stop = ReadStop()
         self._alone = True  # a cold window's few samples read alone first (read_mode)
         self._hot: tuple[WindowKey, WindowData] | None = None  # the window last cut from
         # None: the only consumer, verifying every sample read; else a worker of several
@@ -193,7 +196,16 @@ class WindowReads:
             self.source.end_fetches()
         finally:
             # A new stop for the next reads: the GETs left in flight keep seeing theirs set.
-            self._stop = threading.Event()
+            self._stop = ReadStop(self._outside)
+
+    def stop_when(self, outside: Callable[[], bool] | None) -> None:
+        """Stop the reads also once ``outside()`` is true (looked at while a read waits for
+        its pieces): in a torch worker, the training process left the iteration it serves
+        (:meth:`~wdstream.read.torch.handoff.WorkerHandoff.left`), so a chunk blocked in a
+        stalled read ends at once instead of after the read's timeout. Set at the start of
+        each of the worker's iterations (reads of a later one never see an earlier one's)."""
+        self._outside = outside
+        self._stop = ReadStop(outside)
 
     def read_mode(self, background: bool = True, alone: bool = True) -> None:
         """How windows are read: ahead in background threads (else each where its rows

@@ -24,9 +24,12 @@ are daemon threads (:class:`Threads`), not waited for at a process's exit; a pro
 to fork joins them first (:func:`join_dropped`): a forked child must not inherit a lock a
 thread it does not have was holding.
 
-Not covered: a torch worker blocked *in* a chunk's read (its rows' window, read in line,
-stalled) does not learn that the loop was left until that read ends; see
-``docs/STORAGE.md`` (session 46, a ``break`` over a stalled GET).
+A torch worker's reads stop too when the *training process* leaves the iteration (a
+``break``, its iterator closed or collected, a new ``iter()``): their :class:`ReadStop` also
+asks the loader's hand-off whether the iteration the worker serves was left
+(:meth:`~wdstream.read.torch.handoff.WorkerHandoff.left`), so a worker blocked in a chunk's
+stalled read ends that chunk within ``_STOP_POLL_S`` instead of after the read's timeout
+(torch's 5 s join killed it before).
 """
 
 from __future__ import annotations
@@ -37,15 +40,54 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, wait
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["DROPPED_MAX", "REMOTE_READS", "FetchPool", "Threads", "join_dropped", "results"]
+__all__ = [
+    "DROPPED_MAX",
+    "REMOTE_READS",
+    "FetchPool",
+    "ReadStop",
+    "Stop",
+    "Threads",
+    "join_dropped",
+    "results",
+]
 
 T = TypeVar("T")
 
 REMOTE_READS = 16  # concurrent ranged reads from a remote store (windows read ahead share them)
 DROPPED_MAX = 2  # pools dropped with GETs in flight, per process, before a drop waits
 _STOP_POLL_S = 0.05  # how often a read waiting for its pieces looks at its stop
+
+
+class Stop(Protocol):
+    """What a read looks at to stop (a ``threading.Event``, a :class:`ReadStop`)."""
+
+    def is_set(self) -> bool: ...
+
+
+class ReadStop:
+    """One iteration's stop for its reads: set by this process (:meth:`set`, as the reader
+    drops the iteration's windows), or, in a torch worker, once ``outside()`` says the
+    training process left the iteration (looked at only by :meth:`is_set`, which a read
+    waiting for its pieces calls every ``_STOP_POLL_S``; once seen, it stays set)."""
+
+    def __init__(self, outside: Callable[[], bool] | None = None) -> None:
+        self._own = threading.Event()
+        self._outside = outside
+
+    def set(self) -> None:
+        """Stop the reads (this process drops them)."""
+        self._own.set()
+
+    def is_set(self) -> bool:
+        """Whether the reads stop: set here, or left by the training process."""
+        if self._own.is_set():
+            return True
+        if self._outside is not None and self._outside():
+            self._own.set()
+            return True
+        return False
 
 
 class Threads:
@@ -169,7 +211,7 @@ def join_dropped() -> None:
         pool.shutdown(wait=True)
 
 
-def results(jobs: list[Future[T]], stop: threading.Event | None) -> list[T]:
+def results(jobs: list[Future[T]], stop: Stop | None) -> list[T]:
     """The jobs' results in order (the first failure in order raised), or
     ``CancelledError`` as soon as ``stop`` is set: the reader dropping the window does not
     wait for the GETs in flight (:meth:`FetchPool.drop` leaves them)."""

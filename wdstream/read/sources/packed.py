@@ -26,7 +26,7 @@ from wdstream.format.sample import LocatedTokens, Sample
 from wdstream.format.sidecar import ShardSidecar, sidecar_name
 from wdstream.read.sources.checked_ranges import CheckedRanges
 from wdstream.read.sources.exchange import SharedPieces
-from wdstream.read.sources.fetches import FetchPool, results
+from wdstream.read.sources.fetches import FetchPool, Stop, results
 from wdstream.read.sources.identity import DatasetIdentity, packed_identity
 from wdstream.read.sources.layouts import KeptLayouts
 from wdstream.read.sources.names import TableNames, TableUrls
@@ -227,7 +227,7 @@ class ShardSource:
         checks: list[np.ndarray] | None = None,
         verify: bool = True,
         shared: SharedPieces | None = None,
-        stop: threading.Event | None = None,
+        stop: Stop | None = None,
     ) -> list[PieceRead]:
         """The samples of every ``(shard, a, b)`` piece (samples ``[a, b)`` of ``shard``),
         one ranged read each, in order.
@@ -278,7 +278,10 @@ class ShardSource:
         each = checks if checks is not None else [None] * len(pieces)
         if shared is not None:
             shared.begin()
-        if not self.remote or len(pieces) < 2 or self._held(pieces):
+        # A single remote piece goes to a fetch thread too where a stop may end the wait: in
+        # line, a stalled GET held its reader (a torch worker) for the read timeout.
+        alone = len(pieces) < 2 and stop is None
+        if not self.remote or alone or not pieces or self._held(pieces):
             return [one(j) for j in range(len(pieces))]
         pool = self._fetches.get()
         order = shared.taken_first() if shared is not None else range(len(pieces))

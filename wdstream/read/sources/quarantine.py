@@ -20,13 +20,12 @@ so every later row, is where a clean read puts it. A shard whose samples vary in
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from wdstream.errors import CorruptShardError
 from wdstream.format.sample import LocatedTokens, Sample
 from wdstream.read.sources.exchange import SharedPieces
+from wdstream.read.sources.fetches import Stop
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.reads import BadSample, PieceRead, masked_tokens, neutral_id
 
@@ -55,7 +54,7 @@ class QuarantinedReads:
         checks: list[np.ndarray] | None = None,
         verify: bool = True,
         shared: SharedPieces | None = None,
-        stop: threading.Event | None = None,
+        stop: Stop | None = None,
     ) -> list[PieceRead]:
         """:meth:`ShardSource.read`, but a sample that cannot be read stands in masked (a
         piece read again after a failure is fetched by this process, not ``shared``).

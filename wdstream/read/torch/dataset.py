@@ -11,9 +11,11 @@ position. :class:`wdstream.Loader` uses it with ``K > 1``: it passes its own pos
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -212,12 +214,20 @@ class TokenDataset(IterableDataset):
     # ---- iteration ---------------------------------------------------------------------
     def iter_chunks(self, position: SequencePosition | None = None) -> Iterator[Chunk]:
         """Yield this process's chunks, advancing ``position`` (default: this dataset's;
-        in a worker of a Loader, the position the loader published)."""
+        in a worker of a Loader, the position the loader published).
+
+        In a Loader's worker the reads also stop once the training process left this
+        iteration (:meth:`WorkerHandoff.left`): the chunk being made then ends the worker's
+        iteration, no error raised and nothing handed out (nobody takes it: torch's end, or
+        the next iteration's reset, which drops what the workers sent before it)."""
         info = get_worker_info()
         worker = (info.id, info.num_workers) if info is not None else None
+        left: Callable[[], bool] | None = None
         if info is not None and self.handoff is not None:
+            left = functools.partial(self.handoff.left, self.handoff.iteration())
             position = self.sequence.position_from_dict(self.handoff.position())
             self.position = position
+            self.sequence.stop_reads_when(left)
         elif position is None:
             position = self.position
         handoff = self.handoff if info is not None else None
@@ -229,13 +239,17 @@ class TokenDataset(IterableDataset):
             buffers = FreshBuffers(c.seq_len, c.doc_boundaries, shared=True)
         else:  # sliced in this process: reused once their batches are cut
             buffers = ReusedChunks(c.chunk_batches * c.batch_size, c.seq_len, c.doc_boundaries)
-        for s, i, tokens, positions, cursors in self.sequence.chunks(
-            position, worker, buffers, self.epochs
-        ):
-            if handoff is not None:
-                yield s, buffers.reference(i, tokens), None, cursors
-            else:
-                yield s, tokens, positions, cursors
+        chunks = self.sequence.chunks(position, worker, buffers, self.epochs)
+        try:
+            for s, i, tokens, positions, cursors in chunks:
+                if handoff is not None:
+                    yield s, buffers.reference(i, tokens), None, cursors
+                else:
+                    yield s, tokens, positions, cursors
+        except CancelledError:
+            if left is None or not left():
+                raise
+            # The training process left: the chunk's reads stopped (its windows are dropped).
 
     def first_chunk(self, position: SequencePosition) -> Chunk | None:
         """The first chunk (one step) of an iteration from ``position``, made in this

@@ -7,6 +7,15 @@ a worker's message is a slot number instead of a fresh shared-memory tensor (whi
 more than the data). Without a hand-off (no workers, or ``TokenDataset`` used directly)
 chunks go into fresh tensors (:class:`FreshBuffers`). :func:`worker_start` is each worker's
 first act.
+
+It also tells the workers when the training process has left an iteration (a ``break``,
+its iterator closed or collected, an error): two int64 words in shared memory, the number
+of the iteration last published and that of the last one left. A worker's reads look at
+them while they wait (:meth:`WorkerHandoff.left`, through
+:class:`~wdstream.read.sources.fetches.ReadStop`), so a worker blocked in a stalled read
+ends its chunk at once and takes torch's end (an index ``None``, or the next iteration's
+reset) instead of being killed at torch's 5 s join. Numbered, a stop never reaches a later
+iteration's reads, and neither a flag to clear nor a message to miss is left behind.
 """
 
 from __future__ import annotations
@@ -149,6 +158,12 @@ class WorkerHandoff:
             if forked
             else torch.zeros(size, dtype=torch.uint8).share_memory_()
         )
+        # [iteration last published, iteration last left] (see the module's text).
+        self.iterations = (
+            inherited_buffer((2,), torch.int64)
+            if forked
+            else torch.zeros(2, dtype=torch.int64).share_memory_()
+        )
 
         def ring(shape: tuple[int, ...]) -> torch.Tensor:
             # Made in shared memory (share_memory_ would copy a private buffer there: the
@@ -179,6 +194,20 @@ class WorkerHandoff:
         out = self.blob.numpy()  # (torch's first slice assignment in a process: ~0.5 ms)
         out[:8] = np.frombuffer(len(blob).to_bytes(8, "little"), dtype=np.uint8)
         out[8 : 8 + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+        self.iterations[0] += 1  # after the position: a worker reads both at its iter()
+
+    def iteration(self) -> int:
+        """The number of the iteration last published (a worker's, read at its ``iter()``)."""
+        return int(self.iterations[0])
+
+    def leave(self) -> None:
+        """The training process left the iteration last published: its workers' reads stop."""
+        self.iterations[1] = self.iterations[0]
+
+    def left(self, iteration: int) -> bool:
+        """Whether the training process left iteration ``iteration`` (a worker's reads
+        look at it every ~50 ms while they wait for a GET: ~2 us a look)."""
+        return int(self.iterations[1]) >= iteration
 
     def position(self) -> dict[str, Any]:
         """The published position, as :meth:`SequencePosition.to_dict` wrote it."""

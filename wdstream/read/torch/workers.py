@@ -142,10 +142,14 @@ class TorchWorkers:
                 tokens, positions = self._handoff.resolve(ref)
                 yield s, tokens, positions, cursors
         except GeneratorExit:  # a break: persistent workers are kept, unless one has died
+            # First the workers' reads still waiting stop (no chunk more is taken): a worker
+            # blocked in a stalled read then takes torch's end (or reset) at once.
+            self._handoff.leave()
             if self._running and self._dl is not None and not _all_alive(self._dl):
                 self._end()  # (torch's SIGCHLD handler raised its error in the caller's code)
             raise
         except BaseException as exc:
+            self._handoff.leave()
             self._fail(exc, chunks, fresh)
 
     def _fail(self, exc: BaseException, it: Any, starting: bool = False) -> NoReturn:
