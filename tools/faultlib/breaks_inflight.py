@@ -5,11 +5,13 @@ Attacked: many short iterations (1-5 batches, up to 40) of one loader over the t
 file server answering each GET after a delay drawn per iteration (0, 50, 200 or 500 ms), so
 that GETs read ahead are in flight at the ``break`` and end, late, during the next iteration;
 0 workers, 2 workers persistent or not, a node cache (``cache_dir``) on or off. And a break
-over a *stalled* GET (0 workers; every GET cut after 300 bytes, then silence; read timeout
-10 s, one retry), the run then read on by a new ``iter()`` once the server heals, node cache
-on or off. Oracles outside the code under test: the uninterrupted run without workers over
-the local folder (its batches); the wall time (a break over the stalled GET taking
-``JOIN_S`` or more waited for it: a hang; an iteration past ``BOUND_S`` too); the reader's
+over a *stalled* GET (every GET cut after 300 bytes, then silence; read timeout 10 s, one
+retry), the run then read on by a new ``iter()`` once the server heals, 0 workers and 2
+(persistent or not: a worker blocked in its chunk's stalled read), node cache on or off.
+Oracles outside the code under test: the uninterrupted run without workers over the local
+folder (its batches); the wall time (a break over the stalled GET taking ``JOIN_S`` or
+more waited for it, as does a next iteration's first batch, persistent workers still in
+the stalled read: a hang; an iteration past ``BOUND_S`` too); the reader's
 threads alive after the breaks (past the stated bound ``(1 + DROPPED_MAX) x REMOTE_READS +
 AHEAD_MAX`` they grow: a crash); no ``.tmp`` file left in the node cache once the dropped
 GETs are joined; no worker process alive 2 s after the loader is dropped.
@@ -17,6 +19,7 @@ GETs are joined; no worker process alive 2 s after the loader is dropped.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import threading
 import time
@@ -84,13 +87,17 @@ def _slow_breaks(root: Path, want: list[np.ndarray], workers: int, persistent: b
     return "hang" if _left(before) else outcome
 
 
-def _stalled_break(root: Path, want: list[np.ndarray], cache: Path | None, at: int) -> str:
-    """``at`` batches, a break while a GET read ahead is stalled, the run read on. Where a
-    batch's own read meets the stall first it fails (``RemoteReadError``, a clear error) and
-    the run is read on all the same; where no GET is made any more (the node cache holds
-    every block), the run's end comes first."""
+def _stalled_break(root: Path, want: list[np.ndarray], cache: Path | None, at: int,
+                   workers: int = 0, persistent: bool = False) -> str:  # fmt: skip
+    """``at`` batches, a break while a GET is stalled (read ahead, or with workers, any
+    read a worker waits in), the run read on. Where a batch's own read meets the stall
+    first it fails (``RemoteReadError``, a clear error) and the run is read on all the
+    same; where no GET is made any more (the node cache holds every block), the run's end
+    comes first."""
     file_server, _ = test_servers()
-    opts: dict[str, Any] = dict(num_workers=0, timeout=10.0, retries=1, backoff=0.001, **KW)
+    before = {p.pid for p in mp.active_children()}
+    opts: dict[str, Any] = dict(num_workers=workers, persistent_workers=persistent,
+                                timeout=10.0, retries=1, backoff=0.001, **KW)  # fmt: skip
     if cache is not None:
         opts["cache_dir"] = str(cache)
     with file_server(root) as server:
@@ -116,12 +123,19 @@ def _stalled_break(root: Path, want: list[np.ndarray], cache: Path | None, at: i
         closing = time.monotonic() - t0
         server.faults.reset()
         t0 = time.monotonic()
+        resumed = 0.0  # the next iteration's first batch (persistent workers: their reset)
         if not ended:
-            got += [b["input_ids"].numpy().copy() for b in loader]
+            it = iter(loader)
+            for b in it:
+                resumed = resumed or time.monotonic() - t0
+                got.append(b["input_ids"].numpy().copy())
         outcome = _after(got, want, time.monotonic() - t0, cache, _reader_threads())
+        del loader, it
     if closing >= JOIN_S:
         return f"hang: the break waited {closing:.1f}s for a stalled GET"
-    return outcome
+    if resumed >= JOIN_S:
+        return f"hang: the next iteration's first batch waited {resumed:.1f}s (a stalled read)"
+    return "hang" if workers and _left(before) else outcome
 
 
 def inflight_breaks(work: Path, scale: float) -> Iterator[Attempt]:
@@ -141,12 +155,16 @@ def inflight_breaks(work: Path, scale: float) -> Iterator[Attempt]:
                     return labelled(label, _slow_breaks(root, want, w, p, c, s))
 
                 yield slow
-        for at in (1, 7, 40)[: max(1, round(3 * scale))]:
+        for (workers, persistent), at in itertools.product(
+            ((0, False), (2, False), (2, True)), (1, 7, 40)[: max(1, round(3 * scale))]
+        ):
             n += 1
             cache = work / f"inflight-cache-{n}" if cached else None
-            label = f"0 workers, node cache {'on' if cached else 'off'}, stalled GET after {at}"
+            label = (f"{workers} workers{', persistent' if persistent else ''}, node cache "
+                     f"{'on' if cached else 'off'}, stalled GET after {at}")  # fmt: skip
 
-            def stalled(c: Path | None = cache, a: int = at, label: str = label) -> str:
-                return labelled(label, _stalled_break(root, want, c, a))
+            def stalled(c: Path | None = cache, a: int = at, w: int = workers,
+                        p: bool = persistent, label: str = label) -> str:  # fmt: skip
+                return labelled(label, _stalled_break(root, want, c, a, w, p))
 
             yield stalled

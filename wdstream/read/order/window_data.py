@@ -27,6 +27,7 @@ from wdstream.format.checksum import crc32c
 from wdstream.format.loss import NO_LOSS_BIT
 from wdstream.read.order.plan import EpochPlan
 from wdstream.read.order.row_places import RowPlaces, piece_starts
+from wdstream.read.sources.fetches import Stop
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.quarantine import QuarantinedReads
 from wdstream.read.sources.reads import CHECKSUM_REASON, BadSample, CopyChecks, PieceRead
@@ -287,10 +288,11 @@ def samples_alone(
     positions: np.ndarray,
     emitted: set[int],
     docs: bool,
+    stop: Stop | None = None,
 ) -> WindowData:
     """A window whose samples are at epoch ``positions`` (emitted order) with only the
     ``emitted`` ones read, each alone (one ranged read, verified); only those may be
-    copied from it.
+    copied from it. ``stop``: the reads' (:meth:`ShardSource.read`).
 
     For rows that hold few of a window not read yet (the first batch of an iteration): a
     window is ~1,000 samples, often from a hundred shards, and the first batch needs 8.
@@ -301,7 +303,7 @@ def samples_alone(
         p = int(positions[i])
         [(shard, k, _)] = plan.pieces(p, p + 1)
         pieces_read.append((shard, k, k + 1))
-    parts = reads.read(pieces_read, docs=docs)
+    parts = reads.read(pieces_read, docs=docs, stop=stop)
     size = len(positions)
     base_of, first = [-1] * size, [0] * size
     pieces: list[tuple[int, ...]] = [()] * size if docs else []

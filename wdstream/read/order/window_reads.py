@@ -164,7 +164,7 @@ class WindowReads:
             positions = self.window(epoch, w).positions
             if emitted and len(emitted) * _ALONE_SHARE <= len(positions):
                 plan = self.plan(epoch)
-                out[w] = samples_alone(self.reads, plan, positions, emitted, with_docs)
+                out[w] = samples_alone(self.reads, plan, positions, emitted, with_docs, self._stop)
         return out
 
     def start_reads(self, epoch: int, windows: Iterable[int], with_docs: bool) -> None:
