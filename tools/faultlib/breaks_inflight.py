@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+import signal
 import threading
 import time
 from collections.abc import Generator, Iterator
@@ -38,6 +39,7 @@ from wdstream.read.sources.fetches import DROPPED_MAX, REMOTE_READS, join_droppe
 
 DELAYS = (0.0, 0.05, 0.2, 0.5)  # seconds before each GET is answered, drawn per iteration
 STALL = {"cut_every": 1, "cut_at": 300, "stall": True, "methods": ("GET",)}
+WAIT_S = 2.0  # a batch not come in this long: a worker is blocked in the stalled read
 THREADS_MAX = (1 + DROPPED_MAX) * REMOTE_READS + AHEAD_MAX
 
 
@@ -87,13 +89,59 @@ def _slow_breaks(root: Path, want: list[np.ndarray], workers: int, persistent: b
     return "hang" if _left(before) else outcome
 
 
+def _get_within(server: Any, seconds: float) -> bool:
+    """Whether a GET reached ``server`` (its faults' log) within ``seconds``."""
+    end = time.monotonic() + seconds
+    while not any(m == "GET" for m, _, _ in server.faults.requests):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class _Waited(BaseException):
+    """Raised by the alarm in the wait for a batch (as ^C's ``KeyboardInterrupt`` is)."""
+
+
+def _interrupt_stalled(it: Iterator[Any], got: list[np.ndarray], n: int) -> tuple[float, bool]:
+    """Batches until one does not come within ``WAIT_S`` (a worker is blocked in a stalled
+    read), then that wait interrupted by an exception a signal handler raises, as ^C does:
+    the seconds from the interrupt to the loader raising it, and whether the run's end came
+    first. (A ``break`` is only possible between batches, when the workers may be idle with
+    only a read ahead stalled: the interrupt meets a worker blocked in its chunk's read.)"""
+    fired = [0.0]
+
+    def alarm(signum: int, frame: Any) -> None:
+        fired[0] = time.monotonic()
+        raise _Waited
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        for _ in range(n):
+            signal.setitimer(signal.ITIMER_REAL, WAIT_S)
+            try:
+                batch = next(it)
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            except StopIteration:
+                return 0.0, True
+            except _Waited:
+                return time.monotonic() - fired[0], False
+            got.append(batch["input_ids"].numpy().copy())
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    return 0.0, True
+
+
 def _stalled_break(root: Path, want: list[np.ndarray], cache: Path | None, at: int,
-                   workers: int = 0, persistent: bool = False) -> str:  # fmt: skip
+                   workers: int = 0, persistent: bool = False,
+                   interrupt: bool = False) -> str:  # fmt: skip
     """``at`` batches, a break while a GET is stalled (read ahead, or with workers, any
-    read a worker waits in), the run read on. Where a batch's own read meets the stall
-    first it fails (``RemoteReadError``, a clear error) and the run is read on all the
-    same; where no GET is made any more (the node cache holds every block), the run's end
-    comes first."""
+    read a worker waits in; ``interrupt``: the wait for a batch a worker cannot make
+    interrupted instead, :func:`_interrupt_stalled`), the run read on. Where a batch's own
+    read meets the stall first it fails (``RemoteReadError``, a clear error) and the run is
+    read on all the same; where no GET is made any more (the node cache holds every block),
+    the run's end comes first."""
     file_server, _ = test_servers()
     before = {p.pid for p in mp.active_children()}
     opts: dict[str, Any] = dict(num_workers=workers, persistent_workers=persistent,
@@ -103,13 +151,16 @@ def _stalled_break(root: Path, want: list[np.ndarray], cache: Path | None, at: i
     with file_server(root) as server:
         loader = Loader(server.base_url, **opts)
         it = iter(loader)
-        got = [next(it)["input_ids"].numpy().copy() for _ in range(at)]
+        # With workers, after they run (they start at the second batch): the stall then
+        # meets reads they wait in, not the first batch of a worker's own start.
+        got = [next(it)["input_ids"].numpy().copy() for _ in range(max(at, 4 if workers else 1))]
         server.faults.reset(**STALL)
         ended = False  # the run's end came first (every window read, or a node cache's)
-        for _ in range(len(want)):  # until a GET is in flight (and stalled) at the server
-            if any(m == "GET" for m, _, _ in server.faults.requests):
-                break
-            time.sleep(0.3)
+        for _ in range(
+            0 if interrupt else len(want)
+        ):  # until a GET is in flight (and stalled) at the server
+            if _get_within(server, 0.3):  # looked at up to the next batch's request: a
+                break  # worker's GET stalled meanwhile would block that request
             try:
                 got.append(next(it)["input_ids"].numpy().copy())
             except StopIteration:
@@ -119,8 +170,11 @@ def _stalled_break(root: Path, want: list[np.ndarray], cache: Path | None, at: i
                 break  # the batch's own read stalled (a clear error); the run is read on
         time.sleep(0.2)
         t0 = time.monotonic()
-        cast(Generator[Any, None, None], it).close()
-        closing = time.monotonic() - t0
+        if interrupt:
+            closing, ended = _interrupt_stalled(it, got, len(want))
+        else:
+            cast(Generator[Any, None, None], it).close()
+            closing = time.monotonic() - t0
         server.faults.reset()
         t0 = time.monotonic()
         resumed = 0.0  # the next iteration's first batch (persistent workers: their reset)
@@ -132,7 +186,8 @@ def _stalled_break(root: Path, want: list[np.ndarray], cache: Path | None, at: i
         outcome = _after(got, want, time.monotonic() - t0, cache, _reader_threads())
         del loader, it
     if closing >= JOIN_S:
-        return f"hang: the break waited {closing:.1f}s for a stalled GET"
+        how = "interrupt" if interrupt else "break"
+        return f"hang: the {how} waited {closing:.1f}s for a stalled GET"
     if resumed >= JOIN_S:
         return f"hang: the next iteration's first batch waited {resumed:.1f}s (a stalled read)"
     return "hang" if workers and _left(before) else outcome
@@ -155,16 +210,19 @@ def inflight_breaks(work: Path, scale: float) -> Iterator[Attempt]:
                     return labelled(label, _slow_breaks(root, want, w, p, c, s))
 
                 yield slow
-        for (workers, persistent), at in itertools.product(
-            ((0, False), (2, False), (2, True)), (1, 7, 40)[: max(1, round(3 * scale))]
+        ways = ((0, False, False), (2, False, False), (2, True, False), (2, False, True),
+                (2, True, True))  # fmt: skip
+        for (workers, persistent, interrupt), at in itertools.product(
+            ways, (1, 7, 40)[: max(1, round(3 * scale))]
         ):
             n += 1
             cache = work / f"inflight-cache-{n}" if cached else None
             label = (f"{workers} workers{', persistent' if persistent else ''}, node cache "
-                     f"{'on' if cached else 'off'}, stalled GET after {at}")  # fmt: skip
+                     f"{'on' if cached else 'off'}, stalled GET after {at}"
+                     f"{', the wait interrupted' if interrupt else ''}")  # fmt: skip
 
             def stalled(c: Path | None = cache, a: int = at, w: int = workers,
-                        p: bool = persistent, label: str = label) -> str:  # fmt: skip
-                return labelled(label, _stalled_break(root, want, c, a, w, p))
+                        p: bool = persistent, i: bool = interrupt, label: str = label) -> str:  # fmt: skip
+                return labelled(label, _stalled_break(root, want, c, a, w, p, i))
 
             yield stalled
