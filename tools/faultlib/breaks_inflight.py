@@ -7,7 +7,9 @@ that GETs read ahead are in flight at the ``break`` and end, late, during the ne
 0 workers, 2 workers persistent or not, a node cache (``cache_dir``) on or off. And a break
 over a *stalled* GET (every GET cut after 300 bytes, then silence; read timeout 10 s, one
 retry), the run then read on by a new ``iter()`` once the server heals, 0 workers and 2
-(persistent or not: a worker blocked in its chunk's stalled read), node cache on or off.
+(persistent or not), node cache on or off; and at 2 workers the wait for a batch that does
+not come (a worker blocked in its chunk's stalled read) interrupted by an exception a signal
+handler raises, as ^C does: the training process leaves while a worker waits in the read.
 Oracles outside the code under test: the uninterrupted run without workers over the local
 folder (its batches); the wall time (a break over the stalled GET taking ``JOIN_S`` or
 more waited for it, as does a next iteration's first batch, persistent workers still in
