@@ -201,9 +201,11 @@ class WorkerHandoff:
         """The number of the iteration last published (a worker's, read at its ``iter()``)."""
         return int(self.iterations[0])
 
-    def leave(self) -> None:
-        """The training process left the iteration last published: its workers' reads stop."""
-        self.iterations[1] = self.iterations[0]
+    def leave(self, iteration: int) -> None:
+        """The training process left iteration ``iteration``: its workers' reads stop (never
+        a later one's: an earlier iterator ended late leaves the number where it is)."""
+        if int(self.iterations[1]) < iteration:
+            self.iterations[1] = iteration
 
     def left(self, iteration: int) -> bool:
         """Whether the training process left iteration ``iteration``. A worker's reads look

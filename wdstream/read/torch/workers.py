@@ -98,7 +98,7 @@ class TorchWorkers:
             running = iter(dl)  # persistent workers: torch's reset of the running ones
         except BaseException as exc:  # one of them died, or stopped, since the last iteration
             self._fail(exc, dl._iterator)
-        yield from self._resolve(running, fresh)
+        yield from self._resolve(running, fresh, self._handoff.iteration())
 
     def _first_here(self) -> bool:
         """Whether this process makes the iteration's first chunk (one step) itself.
@@ -122,7 +122,7 @@ class TorchWorkers:
         self.dataset.sequence.release()
         join_dropped()
 
-    def _resolve(self, chunks: Iterator[Chunk], fresh: bool) -> Iterator[Chunk]:
+    def _resolve(self, chunks: Iterator[Chunk], fresh: bool, number: int) -> Iterator[Chunk]:
         """Turn the workers' ring-slot references into tensor views of the slot.
 
         An error raised here (a worker's, re-raised by torch; a worker's death; a
@@ -134,7 +134,8 @@ class TorchWorkers:
         workers are ended too: torch's ``DataLoader`` would hand the same iterator, and a
         dead worker's, to the next ``iter()``. A ``break`` (the generator closed) keeps them.
         ``fresh``: the workers were started for this iteration (a timeout before their first
-        chunk may be their start-up's)."""
+        chunk may be their start-up's); ``number``: the iteration's in the hand-off, which
+        the workers' reads are told was left (:meth:`WorkerHandoff.leave`)."""
         assert self._handoff is not None
         try:
             for s, ref, _, cursors in chunks:
@@ -144,12 +145,12 @@ class TorchWorkers:
         except GeneratorExit:  # a break: persistent workers are kept, unless one has died
             # First the workers' reads still waiting stop (no chunk more is taken): a worker
             # blocked in a stalled read then takes torch's end (or reset) at once.
-            self._handoff.leave()
+            self._handoff.leave(number)
             if self._running and self._dl is not None and not _all_alive(self._dl):
                 self._end()  # (torch's SIGCHLD handler raised its error in the caller's code)
             raise
         except BaseException as exc:
-            self._handoff.leave()
+            self._handoff.leave(number)
             self._fail(exc, chunks, fresh)
 
     def _fail(self, exc: BaseException, it: Any, starting: bool = False) -> NoReturn:
