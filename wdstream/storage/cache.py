@@ -46,7 +46,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import mmap
 import os
 import stat
 import struct
@@ -58,6 +57,7 @@ from urllib.parse import quote
 
 from wdstream.format.checksum import crc32c
 from wdstream.storage.base import ForwardingStore, Store
+from wdstream.storage.private_read import read_private
 
 __all__ = ["CACHE_BLOCK_BYTES", "CachedStore", "parse_cache_limit"]
 
@@ -69,6 +69,7 @@ _MAX_NAME = 200  # longer quoted names become a hash (file names stop at 255 byt
 _SUFFIX = ".blk"
 _LOCK_NAME = ".evict.lock"
 _MAPS = 64  # verified blocks kept mapped per process (64 x 4 MiB of address space)
+_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or quota: the cache is skipped, not the read
 _STALE_TMP_S = 3600.0  # temporary files older than this were left by a killed process
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
@@ -133,10 +134,14 @@ class CachedStore(ForwardingStore):
         try:
             os.makedirs(self._dir, exist_ok=True)
         except OSError as exc:
-            raise OSError(
-                exc.errno, f"cannot create the cache folder {self._dir} ({exc.strerror}); "
-                "give a writable cache_dir"
-            ) from exc  # fmt: skip
+            if exc.errno not in _FULL:
+                raise OSError(
+                    exc.errno, f"cannot create the cache folder ({exc.strerror}); "
+                    "give a writable cache_dir", self._dir
+                ) from exc  # fmt: skip
+            # Full: as for a block, nothing is cached until there is room (see _write).
+            warnings.warn(f"cache folder {self._dir} cannot be made: the disk is full; reads "
+                          "are not cached until there is room", stacklevel=2)  # fmt: skip
         self._sweep_every = min(self.limit // 16 + 1, 256 << 20)
         self._written = self._sweep_every  # sweep once at the first write: start bounded
         self._lock = threading.Lock()
@@ -166,8 +171,7 @@ class CachedStore(ForwardingStore):
         data = self.inner.read(name)
         self.misses += 1
         if hashlib.sha256(data).hexdigest() == sha256:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            self._write(path, (data,), "copy of " + name)
+            self._write(path, (data,), "copy of " + name)  # makes the folder
         return data
 
     # -- the cached path ----------------------------------------------------------------
@@ -280,15 +284,13 @@ class CachedStore(ForwardingStore):
         absent (a damaged, foreign or swapped one is dropped)."""
         try:
             with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+                raw = read_private(f.fileno())  # not mapped: see storage/private_read.py
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise OSError(
                 exc.errno, f"cannot read the node cache's block ({exc.strerror})", path
             ) from exc
-        raw = memoryview(mapped) if mapped is not None else memoryview(b"")
         n = len(raw) - _TRAILER.size
         if n < 0 or _TRAILER.unpack_from(raw, n) != (_MAGIC, crc32c(raw[:n], seed), n):
             self._drop(path)
@@ -341,20 +343,21 @@ class CachedStore(ForwardingStore):
     def _write(self, path: str, parts: tuple[bytes, ...], what: str) -> bool:
         """Write ``parts`` to ``path`` through a private name renamed into place (readers
         never see a partial file); False when the disk is full: that costs the cache, never
-        the read, the bytes are in hand.
+        the read, the bytes are in hand. A folder removed meanwhile is made again.
 
         Raises:
             OSError: naming ``path``, for any other failure.
         """
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
-            with open(tmp, "wb") as f:
-                for part in parts:
-                    f.write(part)
-            os.replace(tmp, path)
+            try:
+                _write_file(tmp, path, parts)
+            except FileNotFoundError:  # its folder was removed (the cache cleared meanwhile)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                _write_file(tmp, path, parts)
         except OSError as exc:
             _unlink_quietly(tmp)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno in _FULL:
                 warnings.warn(f"cache folder {self._dir} is full; {what} not cached", stacklevel=5)
                 return False
             raise OSError(
@@ -368,7 +371,12 @@ class CachedStore(ForwardingStore):
         (down to 90% of it, so sweeps are rare). Returns how many bytes were freed; 0 when
         another process holds the sweep lock (it is sweeping the same folder)."""
         lock_path = os.path.join(self.cache_dir, _LOCK_NAME)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exc.errno not in (*_FULL, errno.ENOENT):
+                raise
+            return 0  # the folder is full or was removed meanwhile: no sweep this time
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -413,6 +421,14 @@ def _subdirs(folder: str) -> list[str]:
         return [e.path for e in os.scandir(folder) if e.is_dir()]
     except FileNotFoundError:
         return []
+
+
+def _write_file(tmp: str, path: str, parts: tuple[bytes, ...]) -> None:
+    """``parts`` written as ``tmp``, then renamed to ``path``."""
+    with open(tmp, "wb") as f:
+        for part in parts:
+            f.write(part)
+    os.replace(tmp, path)
 
 
 def _unlink_quietly(path: str) -> bool:

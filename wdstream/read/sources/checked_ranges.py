@@ -89,7 +89,7 @@ class CheckedRanges:
         else:
             # Workers differ in which samples they verify: all share the widest range.
             wide = begin if by_run or sidecar.crc32c_run is None else sidecar.run_check(a, b)[0]
-            got = shared.fetch(j, lambda: store.read_range_view(name, wide, end))
+            got = shared.fetch(j, lambda: store.read_range_view(name, wide, end), end - wide)
             buf = got[begin - wide :]
         if look is not None and verify:
             look(buf, begin)

@@ -18,6 +18,7 @@ size. Datasets without a table (packed before it) open as they always did.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -25,6 +26,7 @@ import mmap
 import os
 import stat
 import tempfile
+import warnings
 from dataclasses import fields, replace
 from typing import Any
 
@@ -45,6 +47,7 @@ _HEADER_BYTES = 64  # a table's header: sizes and the CRC32C of the rest
 # last) is no summary, and the whole file is parsed, as every reader of it would.
 _REQUIRED = ("format", "version", "tokenizer", "eos_id", "bos_id", "dtype", "mode", "seq_len",
              "sample_tokens")  # fmt: skip
+_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or quota: the cache is skipped, not the read
 _KNOWN = frozenset(f.name for f in fields(DatasetIndex)) - {"shards"}
 
 
@@ -316,11 +319,19 @@ def _cached_table(store: CachedStore, at: str, size: int, digest: str, where: st
     """The table from the node cache, its sha256 and CRC32C checked once: fetched by the
     first process of the node (under a lock, so ranks starting together fetch it once),
     refused before the cache keeps it if it is not the committed one, and mapped by all;
-    a cached copy whose sha256 differs is fetched again."""
+    a cached copy whose sha256 differs is fetched again. Where the cache's disk is full the
+    table is fetched and kept in memory (a warning says so), as block writes are skipped:
+    a full cache costs the caching, never the run."""
     folder = os.path.join(store.cache_dir, "tables")
-    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{digest}.shards")
-    with open(os.path.join(folder, f"{digest}.lock"), "a+b") as lock:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = open(os.path.join(folder, f"{digest}.lock"), "a+b")  # noqa: SIM115 - with below
+    except OSError as exc:
+        if exc.errno not in _FULL:
+            raise
+        return _kept(store, at, size, digest, where, path)
+    with lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         try:
             cached: ShardRows | None = MappedRows(path, at, size, check_crc=False)
@@ -331,10 +342,33 @@ def _cached_table(store: CachedStore, at: str, size: int, digest: str, where: st
                 cached.verify_crc()
                 return cached
             os.unlink(path)  # damaged in the cache: fetched again
-        fetched = ShardRows(_fetch(store, at, size), at, check_crc=False)
-        _check_sha(fetched, digest, where)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        return _kept(store, at, size, digest, where, path)
+
+
+def _kept(store: Store, at: str, size: int, digest: str, where: str, path: str) -> ShardRows:
+    """The table fetched and checked, then kept in the node cache as ``path`` and mapped from
+    there; in memory where the cache's disk is full (ENOSPC, EDQUOT), with a warning.
+
+    Raises:
+        OSError: naming ``path``, for any other failure to keep it.
+    """
+    fetched = ShardRows(_fetch(store, at, size), at, check_crc=False)
+    _check_sha(fetched, digest, where)
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(fetched.data)
         os.replace(tmp, path)
-        return MappedRows(path, at, size, check_crc=False)
+    except OSError as exc:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        if exc.errno not in _FULL:
+            raise OSError(
+                exc.errno, f"cannot keep the shard table in the node cache ({exc.strerror})", path
+            ) from exc
+        warnings.warn(f"{path}: the node cache's disk is full; the shard table of {at} is "
+                      "kept in memory, not cached", stacklevel=5)  # fmt: skip
+        return fetched
+    return MappedRows(path, at, size, check_crc=False)
