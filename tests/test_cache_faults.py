@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import shutil
 import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -163,3 +164,39 @@ def test_a_piece_of_the_wrong_length_is_fetched_by_its_taker(tmp_path: Path) -> 
         return memoryview(data)
 
     assert bytes(taker.fetch(0, get, len(data))) == data and fetched == [1]
+
+
+_FULL_SHM_CHILD = """
+import os, sys
+from wdstream import Loader, WdstreamError
+from wdstream.testing import write_synthetic_dataset
+write_synthetic_dataset("/dev/shm/ds", n_docs=20, sample_tokens=33, samples_per_shard=20)
+fd = os.open("/dev/shm/fill", os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, bytes(4096))
+except OSError:
+    pass
+try:
+    list(Loader("/dev/shm/ds", seq_len=32, batch_size=4, num_workers=2))
+except WdstreamError as exc:
+    sys.exit(f"WdstreamError: {exc}")
+"""
+
+
+def test_a_full_dev_shm_at_the_workers_start_is_said(tmp_path: Path) -> None:
+    """torch's workers need ``/dev/shm`` for their queues' semaphores; full, that was
+    multiprocessing's bare ``OSError: [Errno 28] No space left on device`` (no file named).
+    Run in a mount namespace of its own with a 1 MB ``/dev/shm`` (the host's untouched)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs on /dev/shm in a namespace needs root")
+    script = 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$@"'
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", sys.executable, "-c",
+                           _FULL_SHM_CHILD], capture_output=True, text=True, timeout=90,
+                          env=env)  # fmt: skip
+    if "unshare" in proc.stderr or "mount" in proc.stderr:
+        pytest.skip(f"no mount namespace here: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().startswith("WdstreamError: cannot start the torch workers")
+    assert "/dev/shm" in proc.stderr and "num_workers=0" in proc.stderr

@@ -23,5 +23,7 @@ kills, ^C, a full ``/dev/shm`` or disk; the rerun against the usual pipeline's b
 packed or between a kill and the rerun; every format and pipeline, the Ray engine),
 ``journal_command`` (the pack journal's command object: kills around it, hostile states),
 ``s3_lies`` (an S3 endpoint that lies: a proxy in front of moto rewriting reads, listings
-and writes).
+and writes), ``local_storage`` (the node cache and the workers' piece exchange on a full,
+read-only or cleared disk, their files cut short while read; ``local_storage_driver`` runs
+each attempt).
 """
