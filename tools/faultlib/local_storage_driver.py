@@ -110,6 +110,9 @@ def main() -> None:
         said = "clear error" if exc.filename or "/" in str(exc) else "crash"
         print(json.dumps(f"{said}: {type(exc).__name__}: {exc}"[:300]))
         return
+    except Exception as exc:  # noqa: BLE001 - a torch worker killed (SIGBUS), anything else
+        print(json.dumps(f"crash: {type(exc).__name__}: {exc}"[:300]))
+        return
     finally:
         stop.set()
     same = len(got) == len(want) and all(map(torch.equal, got, want))

@@ -342,8 +342,8 @@ class CachedStore(ForwardingStore):
 
     def _write(self, path: str, parts: tuple[bytes, ...], what: str) -> bool:
         """Write ``parts`` to ``path`` through a private name renamed into place (readers
-        never see a partial file); False when the disk is full: that costs the cache, never
-        the read, the bytes are in hand. A folder removed meanwhile is made again.
+        never see a partial file); False when the disk is full, or the folder was removed
+        again as it was made anew: that costs the cache, never the read, the bytes are in hand.
 
         Raises:
             OSError: naming ``path``, for any other failure.
@@ -357,8 +357,9 @@ class CachedStore(ForwardingStore):
                 _write_file(tmp, path, parts)
         except OSError as exc:
             _unlink_quietly(tmp)
-            if exc.errno in _FULL:
-                warnings.warn(f"cache folder {self._dir} is full; {what} not cached", stacklevel=5)
+            if exc.errno in (*_FULL, errno.ENOENT):
+                why = "was removed meanwhile" if exc.errno == errno.ENOENT else "is full"
+                warnings.warn(f"cache folder {self._dir} {why}; {what} not cached", stacklevel=5)
                 return False
             raise OSError(
                 exc.errno, f"cannot write the node cache's {what} ({exc.strerror})", path
