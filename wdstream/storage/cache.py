@@ -68,7 +68,7 @@ _TRAILER = struct.Struct("<8sIQ")  # magic, CRC32C (seeded with the binding) of 
 _MAX_NAME = 200  # longer quoted names become a hash (file names stop at 255 bytes)
 _SUFFIX = ".blk"
 _LOCK_NAME = ".evict.lock"
-_MAPS = 64  # verified blocks kept mapped per process (64 x 4 MiB of address space)
+_MAPS = 64  # verified blocks a process keeps in its memory (at most 64 x 4 MiB)
 _FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or quota: the cache is skipped, not the read
 _STALE_TMP_S = 3600.0  # temporary files older than this were left by a killed process
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -179,7 +179,7 @@ class CachedStore(ForwardingStore):
         return bytes(self.read_range_view(name, start, end))
 
     def read_range_view(self, name: str, start: int, end: int) -> memoryview:
-        """Bytes ``[start, end)``: a view into one mapped block when the range lies in one,
+        """Bytes ``[start, end)``: a view into one kept block when the range lies in one,
         else the blocks joined; missing runs of blocks are fetched with one GET each."""
         if start < 0 or end < start:
             raise ValueError(f"bad byte range [{start}, {end}) of {self.child_url(name)}")
@@ -215,15 +215,15 @@ class CachedStore(ForwardingStore):
         return memoryview(b"".join(parts))
 
     def holds_range(self, name: str, start: int, end: int) -> bool:
-        """Whether every block of ``[start, end)`` is mapped in this process, verified: a read
-        of it is a slice of memory. A block that is only on disk still costs a map and a
+        """Whether every block of ``[start, end)`` is kept in this process, verified: a read
+        of it is a slice of memory. A block that is only on disk still costs a read and a
         4 MB checksum, which the reader's fetch threads overlap (the sum drops the GIL)."""
         first, last = start // self.block, max(end - 1, start) // self.block
         with self._lock:
             return all((name, k) in self._maps for k in range(first, last + 1))
 
     def forget_range(self, name: str, start: int, end: int) -> list[str]:
-        """Unmap and delete the blocks of ``[start, end)``: their bytes failed a reader's
+        """Forget and delete the blocks of ``[start, end)``: their bytes failed a reader's
         checksums although their trailers passed (damage after the check); the next read
         fetches them again. Returns the block files deleted."""
         first, last = start // self.block, max(end - 1, start) // self.block
@@ -257,10 +257,10 @@ class CachedStore(ForwardingStore):
     def _cached(self, name: str, k: int) -> memoryview | None:
         """Block ``k`` of ``name`` from the cache, verified, or None (then it is fetched).
 
-        A block is checked once per process, when it is mapped; the mapping is then kept
-        (up to ``_MAPS`` of them), so the hot path is a slice of memory, not a file read and
-        a checksum per sample. A block unlinked or replaced meanwhile stays valid through
-        its mapping (blocks are immutable).
+        A block is checked once per process, when it is read (into the process's memory,
+        never mapped: :mod:`wdstream.storage.private_read`); it is then kept (up to ``_MAPS``
+        of them), so the hot path is a slice of memory, not a file read and a checksum per
+        sample. A block file unlinked, replaced or cut short meanwhile changes nothing here.
         """
         key = (name, k)
         with self._lock:
@@ -269,7 +269,7 @@ class CachedStore(ForwardingStore):
                 self._maps.move_to_end(key)
                 self.hits += 1
                 return view
-        view = self._map(self._path(name, k), self._seed(name, k))
+        view = self._load(self._path(name, k), self._seed(name, k))
         if view is None:
             return None
         with self._lock:
@@ -279,8 +279,8 @@ class CachedStore(ForwardingStore):
             self.hits += 1
         return view
 
-    def _map(self, path: str, seed: int) -> memoryview | None:
-        """Map a block file and check its trailer against ``seed`` (its binding); None if
+    def _load(self, path: str, seed: int) -> memoryview | None:
+        """Read a block file and check its trailer against ``seed`` (its binding); None if
         absent (a damaged, foreign or swapped one is dropped)."""
         try:
             with open(path, "rb") as f:
@@ -296,7 +296,7 @@ class CachedStore(ForwardingStore):
             self._drop(path)
             return None
         try:
-            os.utime(path)  # the LRU clock: last mapped by some process
+            os.utime(path)  # the LRU clock: last read by some process
         except OSError:
             pass  # evicted meanwhile, or another user's file: the touch is best-effort
         return raw[:n]
