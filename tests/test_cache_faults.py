@@ -44,12 +44,17 @@ def _batches(url: str, **kw: object) -> list[torch.Tensor]:
     return [b["input_ids"] for b in Loader(url, **KW, **kw)]  # type: ignore[arg-type]
 
 
-def _in_child(fn: Callable[[], None]) -> int | None:
-    """``fn`` run in a forked child; its exit code (-7: killed by SIGBUS)."""
+def _in_child(fn: Callable[[], None], timeout: float = 60.0) -> int | None:
+    """``fn`` run in a forked child; its exit code (-7: killed by SIGBUS; None: still running
+    at ``timeout``, then killed)."""
     proc = multiprocessing.get_context("fork").Process(target=fn)
     proc.start()
-    proc.join(60)
-    return proc.exitcode
+    proc.join(timeout)
+    code = proc.exitcode
+    if code is None:
+        proc.kill()
+        proc.join()
+    return code
 
 
 @pytest.fixture
@@ -132,6 +137,27 @@ def test_a_block_cut_short_under_its_reader_is_no_sigbus(
         assert again.dropped == 1
 
     assert _in_child(child) == 0
+
+
+def test_a_fifo_in_place_of_a_block_is_dropped_not_waited_on(
+    dataset: tuple[Path, str], tmp_path: Path
+) -> None:
+    """Before: opening the block blocked until some process opened the FIFO to write."""
+    root, url = dataset
+    want = (root / "data-000003.tar").read_bytes()[:100]
+
+    def child() -> None:
+        CachedStore(open_store(url), str(tmp_path / "c")).read_range("data-000003.tar", 0, 10)
+        (block,) = (tmp_path / "c").rglob("*.blk")
+        block.unlink()
+        os.mkfifo(block)
+        store = CachedStore(open_store(url), str(tmp_path / "c"))
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            assert store.read_range("data-000003.tar", 0, 100) == want
+        assert store.dropped == 1 and block.is_file()
+
+    assert _in_child(child, timeout=20) == 0
 
 
 def test_a_piece_cut_short_under_its_taker_is_no_sigbus(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """The read side when local storage runs out or is changed under it: the node cache
 (``cache_dir``) on a small tmpfs that is full from the start or fills mid-epoch, read-only,
-a file, cleared while read, its block files cut short in place while read; the torch
-workers' piece exchange with ``/dev/shm`` full from the start or filling mid-epoch, and its
-piece files cut short while taken. Every attempt is a fresh process
+a file, cleared while read, its block files cut short in place or replaced by FIFOs while
+read; the torch workers' piece exchange with ``/dev/shm`` full from the start or filling
+mid-epoch, and its piece files cut short while taken. Every attempt is a fresh process
 (``local_storage_driver.py``) in a mount namespace of its own where it mounts a tmpfs (on a
 folder of the attempt, or on ``/dev/shm``: the host's is never touched), reading the tests'
 HTTP file server at 0, 2 or 3 workers. Oracle: the same Loader over the local folder without
@@ -78,6 +78,9 @@ def _cases(work: Path) -> list[tuple[str, dict[str, Any], tuple[str, str] | None
                               {"cache": cache, "workers": w, "fault": "cut", "prefill": True,
                                "target": f"{cache}/*/*.blk", "frac": frac, "at": at},
                               ("size=64m", mnt)))  # fmt: skip
+        cases.append(("cached blocks replaced by FIFOs from batch 5",
+                      {"cache": cache, "workers": w, "fault": "fifo", "prefill": True,
+                       "target": f"{cache}/*/*.blk", "at": 5}, ("size=64m", mnt)))  # fmt: skip
         cases.append(("read-only cache disk",
                       {"cache": cache, "workers": w, "fault": "none", "at": 0},
                       ("size=1m,ro", mnt)))  # fmt: skip

@@ -6,7 +6,8 @@ storage from batch ``at`` on, and prints one JSON outcome line.
 Usage: ``python local_storage_driver.py '{"root": ..., "cache": ..., "workers": 2, ...}'``.
 Faults (from batch ``at``; before the loader opens the dataset where ``at`` < 0): ``fill`` (a file fills the filesystem of ``target``), ``clear`` (the contents of
 ``target`` removed, again and again), ``cut`` (block or piece files under ``target``
-truncated in place, again and again), ``none`` (the filesystem as the caller set it up).
+truncated in place, again and again), ``fifo`` (block files replaced by named pipes, again
+and again), ``none`` (the filesystem as the caller set it up).
 Oracle: the same Loader over the local folder, no cache, no workers: every batch equal
 (``torch.equal``), and the second half read again from the state saved at the middle.
 """
@@ -57,12 +58,23 @@ def _cut(pattern: str, frac: float) -> None:
             pass  # gone meanwhile
 
 
+def _fifo(pattern: str) -> None:
+    for path in glob.glob(pattern):
+        try:
+            os.unlink(path)
+            os.mkfifo(path)
+        except OSError:
+            pass  # gone or made meanwhile
+
+
 def _fault(spec: dict, stop: threading.Event) -> threading.Thread:
     fault, target = spec["fault"], spec["target"]
     if fault == "fill":
         job = threading.Thread(target=_fill, args=(target, stop))
     elif fault == "clear":
         job = threading.Thread(target=_again_and_again, args=(lambda: _clear(target), stop))
+    elif fault == "fifo":
+        job = threading.Thread(target=_again_and_again, args=(lambda: _fifo(target), stop))
     else:
         cut = lambda: _cut(target, spec["frac"])  # noqa: E731 - a glob pattern
         job = threading.Thread(target=_again_and_again, args=(cut, stop))
