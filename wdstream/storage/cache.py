@@ -44,19 +44,18 @@ the inner store: they are small, and ``index.json`` must be fresh.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 import stat
 import struct
 import threading
-import time
 import warnings
 from collections import OrderedDict
 from urllib.parse import quote
 
 from wdstream.format.checksum import crc32c
 from wdstream.storage.base import ForwardingStore, Store
+from wdstream.storage.cache_evict import BLOCK_SUFFIX, FULL, sweep, unlink_quietly
 from wdstream.storage.private_read import read_private
 
 __all__ = ["CACHE_BLOCK_BYTES", "CachedStore", "parse_cache_limit"]
@@ -66,11 +65,7 @@ _FORMAT = 2  # version of the block files: part of the folder's key and of the t
 _MAGIC = b"WDSBLK02"
 _TRAILER = struct.Struct("<8sIQ")  # magic, CRC32C (seeded with the binding) of the data, length
 _MAX_NAME = 200  # longer quoted names become a hash (file names stop at 255 bytes)
-_SUFFIX = ".blk"
-_LOCK_NAME = ".evict.lock"
 _MAPS = 64  # verified blocks a process keeps in its memory (at most 64 x 4 MiB)
-_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or quota: the cache is skipped, not the read
-_STALE_TMP_S = 3600.0  # temporary files older than this were left by a killed process
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
 
@@ -134,7 +129,7 @@ class CachedStore(ForwardingStore):
         try:
             os.makedirs(self._dir, exist_ok=True)
         except OSError as exc:
-            if exc.errno not in _FULL:
+            if exc.errno not in FULL:
                 raise OSError(
                     exc.errno, f"cannot create the cache folder ({exc.strerror}); "
                     "give a writable cache_dir", self._dir
@@ -232,7 +227,7 @@ class CachedStore(ForwardingStore):
             with self._lock:
                 self._maps.pop((name, k), None)
             path = self._path(name, k)
-            if _unlink_quietly(path):
+            if unlink_quietly(path):
                 gone.append(path)
         with self._lock:
             self.forgotten += len(gone)
@@ -242,7 +237,7 @@ class CachedStore(ForwardingStore):
         flat = quote(name, safe="-_.~")  # sub/x.tar -> sub%2Fx.tar: one flat folder
         if len(flat) > _MAX_NAME:
             flat = hashlib.sha256(name.encode()).hexdigest()
-        return os.path.join(self._dir, f"{flat}.{k:08d}{_SUFFIX}")
+        return os.path.join(self._dir, f"{flat}.{k:08d}{BLOCK_SUFFIX}")
 
     def _seed(self, name: str, k: int) -> int:
         """The CRC32C seed that binds block ``k`` to its object: the checksum of the hash of
@@ -317,7 +312,7 @@ class CachedStore(ForwardingStore):
         )
         with self._lock:
             self.dropped += 1
-        _unlink_quietly(path)
+        unlink_quietly(path)
 
     def _missing_run(self, name: str, k: int, last: int) -> int:
         """How many blocks from ``k`` (at most to ``last``) are absent: one GET for all."""
@@ -364,8 +359,8 @@ class CachedStore(ForwardingStore):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 _write_file(tmp, path, parts)
         except OSError as exc:
-            _unlink_quietly(tmp)
-            if exc.errno in (*_FULL, errno.ENOENT):
+            unlink_quietly(tmp)
+            if exc.errno in (*FULL, errno.ENOENT):
                 why = "was removed meanwhile" if exc.errno == errno.ENOENT else "is full"
                 warnings.warn(f"cache folder {self._dir} {why}; {what} not cached", stacklevel=5)
                 return False
@@ -377,59 +372,9 @@ class CachedStore(ForwardingStore):
     # -- eviction -------------------------------------------------------------------------
     def evict(self) -> int:
         """Delete least recently used blocks until the folder holds at most ``limit`` bytes
-        (down to 90% of it, so sweeps are rare). Returns how many bytes were freed; 0 when
-        another process holds the sweep lock (it is sweeping the same folder)."""
-        lock_path = os.path.join(self.cache_dir, _LOCK_NAME)
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            if exc.errno not in (*_FULL, errno.ENOENT):
-                raise
-            return 0  # the folder is full or was removed meanwhile: no sweep this time
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return 0
-            entries, total = self._scan()
-            if total <= self.limit:
-                return 0
-            freed, target = 0, total - int(self.limit * 0.9)
-            for _, size, path in sorted(entries):
-                if freed >= target:
-                    break
-                try:
-                    os.unlink(path)
-                    freed += size
-                except OSError:
-                    pass  # gone meanwhile, or not ours to delete: the sweep goes on
-            return freed
-        finally:
-            os.close(fd)  # releases the lock
-
-    def _scan(self) -> tuple[list[tuple[float, int, str]], int]:
-        """Every block under ``cache_dir`` (all roots) as (mtime, size, path), and the total;
-        deletes temporary files a killed process left behind."""
-        entries: list[tuple[float, int, str]] = []
-        now = time.time()
-        for root in _subdirs(self.cache_dir):
-            for entry in os.scandir(root):
-                try:
-                    st = entry.stat()
-                except FileNotFoundError:
-                    continue
-                if entry.name.endswith(_SUFFIX):
-                    entries.append((st.st_mtime, st.st_size, entry.path))
-                elif entry.name.endswith(".tmp") and now - st.st_mtime > _STALE_TMP_S:
-                    _unlink_quietly(entry.path)
-        return entries, sum(e[1] for e in entries)
-
-
-def _subdirs(folder: str) -> list[str]:
-    try:
-        return [e.path for e in os.scandir(folder) if e.is_dir()]
-    except FileNotFoundError:
-        return []
+        (down to 90% of it): :func:`~wdstream.storage.cache_evict.sweep`. Returns how many
+        bytes were freed; 0 when another process is sweeping the same folder."""
+        return sweep(self.cache_dir, self.limit)
 
 
 def _write_file(tmp: str, path: str, parts: tuple[bytes, ...]) -> None:
@@ -438,12 +383,3 @@ def _write_file(tmp: str, path: str, parts: tuple[bytes, ...]) -> None:
         for part in parts:
             f.write(part)
     os.replace(tmp, path)
-
-
-def _unlink_quietly(path: str) -> bool:
-    """Delete ``path`` if it is there; whether it was."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    return True

@@ -18,7 +18,6 @@ size. Datasets without a table (packed before it) open as they always did.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -36,6 +35,7 @@ from wdstream.format.index_head import parse_head
 from wdstream.format.shard_table import TABLE_NAME, ShardRows
 from wdstream.storage import Store
 from wdstream.storage.cache import CachedStore
+from wdstream.storage.cache_evict import FULL
 from wdstream.storage.local import LocalStore
 
 __all__ = ["HEAD_BYTES", "MappedRows", "listed_problem", "read_index"]
@@ -47,7 +47,6 @@ _HEADER_BYTES = 64  # a table's header: sizes and the CRC32C of the rest
 # last) is no summary, and the whole file is parsed, as every reader of it would.
 _REQUIRED = ("format", "version", "tokenizer", "eos_id", "bos_id", "dtype", "mode", "seq_len",
              "sample_tokens")  # fmt: skip
-_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or quota: the cache is skipped, not the read
 _KNOWN = frozenset(f.name for f in fields(DatasetIndex)) - {"shards"}
 
 
@@ -328,7 +327,7 @@ def _cached_table(store: CachedStore, at: str, size: int, digest: str, where: st
         os.makedirs(folder, exist_ok=True)
         lock = open(os.path.join(folder, f"{digest}.lock"), "a+b")  # noqa: SIM115 - with below
     except OSError as exc:
-        if exc.errno not in _FULL:
+        if exc.errno not in FULL:
             raise
         return _kept(store, at, size, digest, where, path)
     with lock:
@@ -364,7 +363,7 @@ def _kept(store: Store, at: str, size: int, digest: str, where: str, path: str) 
     except OSError as exc:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-        if exc.errno not in _FULL:
+        if exc.errno not in FULL:
             raise OSError(
                 exc.errno, f"cannot keep the shard table in the node cache ({exc.strerror})", path
             ) from exc
