@@ -1,12 +1,12 @@
 """A file's bytes read into this process's own memory, never mapped.
 
-Files that other processes can write (the node cache's blocks, the torch workers' pieces in
-``/dev/shm``) are read with :func:`read_private` instead of ``mmap``: a page of a shared
-mapping whose file another process cuts short (``truncate``, ``cp`` or ``open(..., "wb")``
-over it, ``rsync --inplace``), or whose disk fails to read it, is not an exception but a
-``SIGBUS`` that kills the process on its next access, long after any check (a training
-process at 0 workers; a torch worker, which torch reports as "out of shared memory"). A
-private copy can only come back short, which the callers' checks then see.
+Files that other processes can write (the node cache's blocks) are read with
+:func:`read_private` instead of ``mmap``: a page of a shared mapping whose file another
+process cuts short (``truncate``, ``cp`` or ``open(..., "wb")`` over it, ``rsync
+--inplace``), or whose disk fails to read it, is not an exception but a ``SIGBUS`` that
+kills the process on its next access, long after any check (a training process at 0
+workers; a torch worker, which torch reports as "out of shared memory"). A private copy can
+only come back short, which the callers' checks then see.
 """
 
 from __future__ import annotations

@@ -9,13 +9,12 @@ of them, its owner, and handed to the others through files in a private folder i
 ``/dev/shm`` (memory, not disk)::
 
     window pieces     p0        p1        p2        p3         (owners by size, greedily)
-    worker 0          GET p0 -> write once, hard-link as <key>.1, read p1 and p3 once linked
-    worker 1          GET p1 -> ... <key>.0          read p0 and p2 once linked
+    worker 0          GET p0 -> write once, hard-link as <key>.1, map p1 and p3 once linked
+    worker 1          GET p1 -> ... <key>.0          map p0 and p2 once linked
 
-A taker reads its link into its own memory (one copy, as a fetched buffer; not mapped: the
-links of one piece share a file, and one cut short under a map would kill the taker with
-SIGBUS) and unlinks it at once, so a piece's file lives from its fetch until every taker has
-read it. The owner writes each link under a temporary name and renames it into place, so a
+A taker maps its link and unlinks it at once, so a piece's file lives from its fetch until
+every taker has mapped it, and its memory until the window is dropped (as a fetched buffer
+would). The owner writes each link under a temporary name and renames it into place, so a
 taker never sees a partial piece; one of the wrong length (cut by another process) is
 fetched by the taker itself.
 
@@ -23,7 +22,7 @@ A taker never depends on a piece arriving: it stops waiting, and fetches the pie
 when the owner marks the piece failed (its GET failed, or ``/dev/shm`` is full), when the
 owner has gone on to a later window without offering it (each worker publishes the last
 window it loaded), when the owner's iteration ended (it dropped its reads: a ``break``), or
-after ``SHARE_WAIT_S``. The bytes a taker reads are checked exactly as fetched ones are (each
+after ``SHARE_WAIT_S``. The bytes a taker maps are checked exactly as fetched ones are (each
 sample's CRC32C at its copy), so a piece's path changes no result. A worker whose own
 iteration ended takes nothing more: its reads still waiting for a peer's piece end at once.
 
@@ -34,6 +33,7 @@ first removes those of processes no longer alive.
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import tempfile
@@ -44,8 +44,6 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from wdstream.storage.private_read import read_private
 
 __all__ = ["SHARE_WAIT_S", "Needers", "ReadShare", "SharedPieces", "WindowShares",
            "remove_share_folder", "share_folder"]  # fmt: skip
@@ -113,7 +111,7 @@ class ReadShare:
         self._count = threading.Lock()  # temporary names
         self._lock = threading.Lock()  # begin() against end()
         self._ended = False  # see end()
-        self.taken = self.offered = 0  # pieces read from a peer / fetched and handed on
+        self.taken = self.offered = 0  # pieces mapped from a peer / fetched and handed on
 
     def _temp(self) -> Path:
         with self._count:
@@ -221,7 +219,7 @@ class ReadShare:
                 pass  # they stop waiting when this worker moves on, or at the deadline
 
     def take(self, window: Window, j: int, owner: int) -> memoryview | None:
-        """Piece ``j`` of ``window`` from ``owner``, read; None where it will not come
+        """Piece ``j`` of ``window`` from ``owner``, mapped; None where it will not come
         (marked failed; the owner began a later window without claiming it, or ended; or
         after ``SHARE_WAIT_S``): the caller then fetches it itself.
 
@@ -241,14 +239,15 @@ class ReadShare:
             except FileNotFoundError:
                 fd = -1
             if fd >= 0:
-                try:  # read, not mapped: a peer's link of it cut short would SIGBUS a map
-                    data = read_private(fd)
+                try:
+                    size = os.fstat(fd).st_size
+                    data = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
                 finally:
                     os.close(fd)
                 for done in (path, claim):
                     done.unlink(missing_ok=True)
                 self.taken += 1
-                return data
+                return memoryview(data)
             if failed.exists():
                 for done in (failed, claim):
                     done.unlink(missing_ok=True)
