@@ -65,7 +65,7 @@ _FORMAT = 2  # version of the block files: part of the folder's key and of the t
 _MAGIC = b"WDSBLK02"
 _TRAILER = struct.Struct("<8sIQ")  # magic, CRC32C (seeded with the binding) of the data, length
 _MAX_NAME = 200  # longer quoted names become a hash (file names stop at 255 bytes)
-_MAPS = 64  # verified blocks a process keeps in its memory (at most 64 x 4 MiB)
+_KEPT = 16  # verified blocks a process keeps in its own memory (at most 16 x 4 MiB: 64 MiB)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
 
@@ -140,7 +140,7 @@ class CachedStore(ForwardingStore):
         self._sweep_every = min(self.limit // 16 + 1, 256 << 20)
         self._written = self._sweep_every  # sweep once at the first write: start bounded
         self._lock = threading.Lock()
-        self._maps: OrderedDict[tuple[str, int], memoryview] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, int], memoryview] = OrderedDict()
         self._seeds: dict[str, bytes] = {}  # name -> hash of its identity (see _seed)
         self.hits = self.misses = self.dropped = self.forgotten = 0
 
@@ -215,7 +215,7 @@ class CachedStore(ForwardingStore):
         4 MB checksum, which the reader's fetch threads overlap (the sum drops the GIL)."""
         first, last = start // self.block, max(end - 1, start) // self.block
         with self._lock:
-            return all((name, k) in self._maps for k in range(first, last + 1))
+            return all((name, k) in self._kept for k in range(first, last + 1))
 
     def forget_range(self, name: str, start: int, end: int) -> list[str]:
         """Forget and delete the blocks of ``[start, end)``: their bytes failed a reader's
@@ -225,7 +225,7 @@ class CachedStore(ForwardingStore):
         gone = []
         for k in range(first, last + 1):
             with self._lock:
-                self._maps.pop((name, k), None)
+                self._kept.pop((name, k), None)
             path = self._path(name, k)
             if unlink_quietly(path):
                 gone.append(path)
@@ -253,24 +253,24 @@ class CachedStore(ForwardingStore):
         """Block ``k`` of ``name`` from the cache, verified, or None (then it is fetched).
 
         A block is checked once per process, when it is read (into the process's memory,
-        never mapped: :mod:`wdstream.storage.private_read`); it is then kept (up to ``_MAPS``
+        never mapped: :mod:`wdstream.storage.private_read`); it is then kept (up to ``_KEPT``
         of them), so the hot path is a slice of memory, not a file read and a checksum per
         sample. A block file unlinked, replaced or cut short meanwhile changes nothing here.
         """
         key = (name, k)
         with self._lock:
-            view = self._maps.get(key)
+            view = self._kept.get(key)
             if view is not None:
-                self._maps.move_to_end(key)
+                self._kept.move_to_end(key)
                 self.hits += 1
                 return view
         view = self._load(self._path(name, k), self._seed(name, k))
         if view is None:
             return None
         with self._lock:
-            self._maps[key] = view
-            while len(self._maps) > _MAPS:
-                self._maps.popitem(last=False)
+            self._kept[key] = view
+            while len(self._kept) > _KEPT:
+                self._kept.popitem(last=False)
             self.hits += 1
         return view
 
