@@ -101,6 +101,31 @@ def test_a_break_over_a_workers_stalled_read_leaves_at_once(
     persistent ones live on), a persistent worker's threads stay within the reader's bound,
     and the next iteration, after the server heals, equals the local pack's with the same
     break."""
+    _check_break(pack, persistent, context)
+
+
+@pytest.fixture(scope="module")
+def docs_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.conftest import pack_docs_corpus
+
+    return Path(pack_docs_corpus(tmp_path_factory.mktemp("brkwd"), 400, 3, 20))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_break_over_a_stalled_sidecar_read_leaves_at_once(
+    docs_pack: Path, persistent: bool
+) -> None:
+    """The same over a docs-mode pack (samples of varied length): a window's metadata needs
+    its shards' sidecars (token counts), read in the worker's own thread as it picks the
+    windows to read ahead, outside the window reads' stop. The sidecar read takes the
+    hand-off's word too (``ShardSidecars.stop_when``): before, the break waited 5-10 s
+    (torch's join, the worker killed) without persistent workers, and with them the next
+    iteration's first batch waited ~10 s for the worker still in the stalled read."""
+    _check_break(docs_pack, persistent, "fork")
+
+
+def _check_break(pack: Path, persistent: bool, context: str) -> None:
+    """:func:`_run` over ``pack`` served with the stall, against the local pack."""
     with FileServer(pack) as server:
         got = _run(server.base_url, persistent, context, server)
     n = len(got["first"])

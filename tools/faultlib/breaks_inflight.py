@@ -38,6 +38,7 @@ from wdstream import Loader
 from wdstream.errors import RemoteReadError
 from wdstream.read.order.read_ahead import AHEAD_MAX
 from wdstream.read.sources.fetches import DROPPED_MAX, REMOTE_READS, join_dropped
+from wdstream.testing import write_synthetic_dataset
 
 DELAYS = (0.0, 0.05, 0.2, 0.5)  # seconds before each GET is answered, drawn per iteration
 STALL = {"cut_every": 1, "cut_at": 300, "stall": True, "methods": ("GET",)}
@@ -228,3 +229,24 @@ def inflight_breaks(work: Path, scale: float) -> Iterator[Attempt]:
                 return labelled(label, _stalled_break(root, want, c, a, w, p, i))
 
             yield stalled
+    # A docs-mode pack (samples of varied length): a window's metadata needs its shards'
+    # sidecars (token counts), fetched in line by the worker's own thread where it chooses
+    # the windows to read ahead (WindowReads._needs), outside any ReadStop.
+    docs_root, docs_want = _docs_dataset(work)
+    for persistent in (False, True):
+        label = f"2 workers{', persistent' if persistent else ''}, docs-mode pack, stalled GET"
+
+        def stalled_docs(p: bool = persistent, label: str = label) -> str:
+            return labelled(label, _stalled_break(docs_root, docs_want, None, 1, 2, p))
+
+        yield stalled_docs
+
+
+def _docs_dataset(work: Path) -> tuple[Path, list[np.ndarray]]:
+    """A docs-mode pack (one document per sample, varied lengths: sidecars give the token
+    counts) and its batches read whole, locally, without workers."""
+    root = work / "breaks-docs-ds"
+    if not root.exists():
+        write_synthetic_dataset(str(root), n_docs=240, mode="docs", samples_per_shard=2)
+    want = [b["input_ids"].numpy().copy() for b in Loader(str(root), num_workers=0, **KW)]
+    return root, want

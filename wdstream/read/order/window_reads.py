@@ -206,6 +206,8 @@ class WindowReads:
         each of the worker's iterations (reads of a later one never see an earlier one's)."""
         self._outside = outside
         self._stop = ReadStop(outside)
+        if self.source.remote:  # a window's metadata may read sidecars in line
+            self.source.sidecars.stop_when(outside)
 
     def read_mode(self, background: bool = True, alone: bool = True) -> None:
         """How windows are read: ahead in background threads (else each where its rows

@@ -51,6 +51,7 @@ __all__ = [
     "Threads",
     "join_dropped",
     "results",
+    "stoppable",
 ]
 
 T = TypeVar("T")
@@ -224,3 +225,23 @@ def results(jobs: list[Future[T]], stop: Stop | None) -> list[T]:
                 raise CancelledError
         out.append(job.result())
     return out
+
+
+def stoppable(call: Callable[[], T], outside: Callable[[], bool]) -> T:
+    """``call()``, made on a daemon thread of its own and waited for here, or
+    ``CancelledError`` once ``outside()`` is true (looked at first, then every
+    ``_STOP_POLL_S`` while it waits): a read in a torch worker's own thread that a stalled
+    GET would hold past the training process's leaving (a sidecar's). The call left behind
+    ends on its own (its read timeout); only a torch worker uses this, which never forks."""
+    if outside():
+        raise CancelledError
+    fut: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(call())
+        except BaseException as exc:
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, name="wdstream-sidecar", daemon=True).start()
+    return results([fut], ReadStop(outside))[0]

@@ -20,6 +20,7 @@ import numpy as np
 from wdstream.format.index import DatasetIndex, ShardEntry
 from wdstream.format.sidecar import ShardSidecar
 from wdstream.read.sources.damage import scanned_sidecar
+from wdstream.read.sources.fetches import stoppable
 from wdstream.read.sources.shards import parse_sidecar
 from wdstream.read.sources.stores import StoreCache
 from wdstream.read.sources.vouch import refuse_missing_sidecar
@@ -66,6 +67,7 @@ class ShardSidecars:
         self._unchecked_warned = False
         self._cache: OrderedDict[int, SidecarEntry] = OrderedDict()
         self._lock = threading.Lock()
+        self._outside: Callable[[], bool] | None = None  # see stop_when
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -92,7 +94,19 @@ class ShardSidecars:
             if hit is not None:
                 self._cache.move_to_end(shard)
                 return hit
+        if self._outside is not None:
+            return stoppable(lambda: self.load(shard)[0], self._outside)
         return self.load(shard)[0]
+
+    def stop_when(self, outside: Callable[[], bool] | None) -> None:
+        """Make a miss's read (:meth:`get`) end with ``CancelledError`` once ``outside()`` is
+        true, the read left to end on its own (:func:`~wdstream.read.sources.fetches.stoppable`).
+
+        A torch worker's: a window's metadata (a docs-mode pack's token counts) needs its
+        shards' sidecars, read in the worker's own thread where it picks the windows to read
+        ahead, outside any window read's stop; a stalled sidecar GET there held the worker
+        past the training process's ``break`` until torch killed it (5 s). None: read in line."""
+        self._outside = outside
 
     def held(self, shard: int) -> SidecarEntry | None:
         """The sidecar of ``shard`` if it is in memory (no read, the LRU order left)."""
