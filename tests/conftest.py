@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sysconfig
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +206,21 @@ def pack_docs_corpus(d: Path, n_docs: int, seed: int, stdlib_files: int) -> str:
     )
     wdstream.pack([str(src)], str(d / "out"), mode="docs", shard_size="32KB", workers=0)
     return str(d / "out")
+
+
+@contextmanager
+def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``"2m"``) mounted on a new ``folder`` (root only; the test is
+    skipped where mounting is impossible), always unmounted afterwards: full-disk tests."""
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        if subprocess.run(["umount", str(folder)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(folder)], check=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import small_tmpfs
 from tests.servers import FileServer
 from wdstream import Loader
 from wdstream.read.sources.exchange import ReadShare, SharedPieces
@@ -61,15 +62,7 @@ def _in_child(fn: Callable[[], None], timeout: float = 60.0) -> int | None:
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MB tmpfs (root only), filled to the last byte; unmounted afterwards."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "1m") as mnt:
         (mnt / "cache").mkdir()
         fd = os.open(mnt / "fill", os.O_WRONLY | os.O_CREAT)
         with pytest.raises(OSError, match="No space"):
@@ -77,9 +70,6 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
                 os.write(fd, b"\0" * 4096)
         os.close(fd)
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)]).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

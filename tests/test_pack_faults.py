@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import wdstream
-from tests.conftest import make_corpus
+from tests.conftest import make_corpus, small_tmpfs
 from tests.test_pack_resume import _files
 from wdstream.errors import WdstreamError
 from wdstream.format.index import ShardEntry
@@ -106,22 +105,8 @@ def test_journal_never_records_a_gap(tmp_path: Path) -> None:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MB tmpfs mounted on a fresh folder (root only); always unmounted afterwards."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "2m") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)]).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def test_disk_full_names_the_object_then_rerun(tmp_path: Path, small_disk: Path) -> None:
