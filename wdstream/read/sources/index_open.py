@@ -35,7 +35,7 @@ from wdstream.format.index_head import parse_head
 from wdstream.format.shard_table import TABLE_NAME, ShardRows
 from wdstream.storage import Store
 from wdstream.storage.cache import CachedStore
-from wdstream.storage.cache_evict import FULL
+from wdstream.storage.cache_evict import FULL, unlink_quietly
 from wdstream.storage.local import LocalStore
 
 __all__ = ["HEAD_BYTES", "MappedRows", "listed_problem", "read_index"]
@@ -361,8 +361,8 @@ def _kept(store: Store, at: str, size: int, digest: str, where: str, path: str) 
             f.write(fetched.data)
         os.replace(tmp, path)
     except OSError as exc:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp is not None:
+            unlink_quietly(tmp)
         if exc.errno not in FULL:
             raise OSError(
                 exc.errno, f"cannot keep the shard table in the node cache ({exc.strerror})", path
