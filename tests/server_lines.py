@@ -27,8 +27,10 @@ class ServerLines:
         """The server's next line as JSON; None if none came within ``timeout`` seconds."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
+        ready = select.poll()  # not select(): a test process may hold over 1023 descriptors
+        ready.register(fd, select.POLLIN)
         while b"\n" not in self.pending:
-            if timeout is not None and not select.select([fd], [], [], timeout)[0]:
+            if timeout is not None and not ready.poll(timeout * 1000):
                 return None
             chunk = os.read(fd, 4096)
             assert chunk, "the test's fork server ended"
@@ -42,15 +44,24 @@ class ServerLines:
         wait status, and what else the server adds). A child still running after ``timeout``
         seconds is killed and ``subprocess.TimeoutExpired`` raised for ``argv``."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-        self.proc.stdin.flush()
-        started = self._answer(None)
-        assert started is not None
-        done = self._answer(timeout)
-        if done is None:
-            os.kill(started["pid"], signal.SIGKILL)
-            self._answer(None)
-            raise subprocess.TimeoutExpired(argv, timeout)
+        try:
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+            started = self._answer(None)
+            assert started is not None
+            done = self._answer(timeout)
+            if done is None:
+                os.kill(started["pid"], signal.SIGKILL)
+                self._answer(None)
+                raise subprocess.TimeoutExpired(argv, timeout)
+        except subprocess.TimeoutExpired:
+            raise
+        except BaseException:
+            # Its answers are no longer in step with the requests: end it, so that the
+            # owner starts a fresh one for the next request instead of reading this one's.
+            self.proc.kill()
+            self.proc.wait()
+            raise
         return done
 
 

@@ -24,9 +24,10 @@ __all__ = ["LocalStore", "PARTIAL_SUFFIX"]
 # Half-written objects live under a hidden name with this suffix until renamed into place.
 PARTIAL_SUFFIX = ".partial"
 
-# Shards kept mapped at once: enough for every lane of a window and its read-ahead, far
-# below the usual limit of 1024 open files however many shards a dataset has.
-_MAPPED_FILES = 64
+# Shards kept mapped at once in a process, over every LocalStore in it (each map holds a
+# descriptor): enough for the lanes of a few sources' windows and their read-ahead, and far
+# below the usual limit of 1024 open files however many shards, sources or Loaders there are.
+_MAPPED_FILES = 256
 
 
 _KINDS = (
@@ -74,6 +75,67 @@ def _unmap(mapped: mmap.mmap) -> None:
         pass  # token views still point into it; it is unmapped when they are freed
 
 
+def _map_file(path: Path) -> mmap.mmap | None:
+    """A read-only map of the whole regular file at ``path`` (None if it is empty)."""
+    with open(_open_regular(path), "rb") as f:  # the map has its own descriptor
+        size = os.fstat(f.fileno()).st_size
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+
+
+class _MappedFiles:
+    """The files mapped in this process, least recently read first, over every LocalStore.
+
+    One bound for the process, not one per store: a mixture of many local sources, or
+    Loaders dropped but not yet collected (their objects form reference cycles, freed only
+    by the cyclic collector), would otherwise hold 64 descriptors each until the process
+    ran out of them (or past 1023, where ``select()`` fails). A key is a store's own token
+    and a file name, so two stores over the same folder never share a map (a store made
+    after a repack sees the new files).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._maps: OrderedDict[tuple[object, str], mmap.mmap | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def view(self, owner: object, path: Path, start: int, end: int) -> memoryview:
+        """Bytes ``[start, end)`` of ``path`` (cut at its end) as a view of its map; the view
+        is taken under the lock, so a map evicted by another thread is never read closed."""
+        key = (owner, str(path))
+        with self._lock:
+            if key in self._maps:
+                self._maps.move_to_end(key)
+                mapped = self._maps[key]
+            else:
+                mapped = self._maps[key] = _map_file(path)
+                while len(self._maps) > self.limit:
+                    old = self._maps.popitem(last=False)[1]
+                    if old is not None:
+                        _unmap(old)
+            if mapped is None:
+                return memoryview(b"")
+            return memoryview(mapped)[start : min(end, len(mapped))]
+
+    def drop(self, owner: object) -> None:
+        """Unmap every file ``owner`` mapped."""
+        with self._lock:
+            for key in [key for key in self._maps if key[0] is owner]:
+                mapped = self._maps.pop(key)
+                if mapped is not None:
+                    _unmap(mapped)
+
+    def after_fork(self) -> None:
+        """In a forked child: a lock another thread held at the fork would never be freed."""
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+
+_MAPPED = _MappedFiles(_MAPPED_FILES)
+os.register_at_fork(after_in_child=_MAPPED.after_fork)
+
+
 class LocalStore(Store):
     """Objects are files directly under ``root``."""
 
@@ -82,32 +144,10 @@ class LocalStore(Store):
         self.url = str(self.root)
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
-        self._maps: OrderedDict[str, mmap.mmap | None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._token = object()  # this store's maps in the process-wide _MAPPED
 
     def _path(self, name: str) -> Path:
         return self.root / name
-
-    def _map(self, name: str) -> mmap.mmap | None:
-        """A read-only map of the whole file (None if empty), from a small LRU cache.
-
-        Shards are immutable once visible, so one map serves every ranged read of a shard
-        without reopening it (reopening per sample is what makes some peers slow) and
-        without copying bytes out of the page cache first.
-        """
-        with self._lock:
-            if name in self._maps:
-                self._maps.move_to_end(name)
-                return self._maps[name]
-            with open(_open_regular(self._path(name)), "rb") as f:  # the map has its own fd
-                size = os.fstat(f.fileno()).st_size
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-            self._maps[name] = mapped
-            while len(self._maps) > _MAPPED_FILES:
-                old = self._maps.popitem(last=False)[1]
-                if old is not None:
-                    _unmap(old)
-            return mapped
 
     def read(self, name: str) -> bytes:
         with open(_open_regular(self._path(name)), "rb") as f:
@@ -117,10 +157,10 @@ class LocalStore(Store):
         return bytes(self.read_range_view(name, start, end))
 
     def read_range_view(self, name: str, start: int, end: int) -> memoryview:
-        mapped = self._map(name)
-        if mapped is None:
-            return memoryview(b"")
-        return memoryview(mapped)[start : min(end, len(mapped))]
+        """A view of the shard's map: shards are immutable once visible, so one map serves
+        every ranged read of a shard without reopening it (reopening per sample is what
+        makes some peers slow) and without copying bytes out of the page cache first."""
+        return _MAPPED.view(self._token, self._path(name), start, end)
 
     def size(self, name: str) -> int:
         path = self._path(name)
@@ -186,17 +226,12 @@ class LocalStore(Store):
         return len(leftovers)
 
     def close(self) -> None:
-        with self._lock:
-            for mapped in self._maps.values():
-                if mapped is not None:
-                    _unmap(mapped)
-            self._maps.clear()
+        _MAPPED.drop(self._token)
 
     def __getstate__(self) -> dict[str, object]:
-        # Maps and locks do not survive a fork/spawn into DataLoader workers; remade there.
+        # Maps do not travel to a spawned DataLoader worker; it maps what it reads itself.
         return {"root": self.root, "url": self.url}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
-        self._maps = OrderedDict()
-        self._lock = threading.Lock()
+        self._token = object()
