@@ -9,6 +9,7 @@ import gc
 import itertools
 import os
 import resource
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,3 +108,28 @@ def test_the_cli_server_answers_with_over_1023_descriptors_open() -> None:
             server.lines.proc.wait()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert code == 0 and "wdstream" in out.lower()
+
+
+def test_a_store_closed_while_its_own_thread_maps_never_waits(sources: dict[str, str]) -> None:
+    """The cyclic collector runs ``__del__`` (which closes stores) wherever it is triggered,
+    even inside a map's lookup on the thread holding the maps' lock: closing must not wait."""
+    store = local.LocalStore(sources["a"])
+    name = sorted(n for n in os.listdir(sources["a"]) if n.endswith(".tar"))[0]
+    store.read_range_view(name, 0, 16)
+    key = (store._token, str(Path(sources["a"]) / name))
+    closed = threading.Event()
+
+    def close_holding_the_lock() -> None:
+        with local._MAPPED._lock:
+            store.close()
+            closed.set()
+
+    thread = threading.Thread(target=close_holding_the_lock, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert closed.is_set(), "closing a store waited for a lock its own thread held"
+    assert key in local._MAPPED._maps  # still mapped: the lock was held
+    local.LocalStore(sources["b"]).read_range_view(
+        sorted(n for n in os.listdir(sources["b"]) if n.endswith(".tar"))[0], 0, 16
+    )
+    assert key not in local._MAPPED._maps  # unmapped at the next read

@@ -11,7 +11,7 @@ import mmap
 import os
 import stat
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,12 +97,14 @@ class _MappedFiles:
         self.limit = limit
         self._maps: OrderedDict[tuple[object, str], mmap.mmap | None] = OrderedDict()
         self._lock = threading.Lock()
+        self._dropped: deque[object] = deque()  # owners whose maps are still to be unmapped
 
     def view(self, owner: object, path: Path, start: int, end: int) -> memoryview:
         """Bytes ``[start, end)`` of ``path`` (cut at its end) as a view of its map; the view
         is taken under the lock, so a map evicted by another thread is never read closed."""
         key = (owner, str(path))
         with self._lock:
+            self._unmap_dropped()
             if key in self._maps:
                 self._maps.move_to_end(key)
                 mapped = self._maps[key]
@@ -117,8 +119,22 @@ class _MappedFiles:
             return memoryview(mapped)[start : min(end, len(mapped))]
 
     def drop(self, owner: object) -> None:
-        """Unmap every file ``owner`` mapped."""
-        with self._lock:
+        """Unmap every file ``owner`` mapped: now, or at the next read if the lock is held.
+
+        Never waits for the lock: a store is closed from ``__del__`` too, which the cyclic
+        collector may run inside :meth:`view` on the very thread holding it.
+        """
+        self._dropped.append(owner)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._unmap_dropped()
+            finally:
+                self._lock.release()
+
+    def _unmap_dropped(self) -> None:
+        """Unmap the files of the owners dropped so far (the lock held)."""
+        while self._dropped:
+            owner = self._dropped.popleft()
             for key in [key for key in self._maps if key[0] is owner]:
                 mapped = self._maps.pop(key)
                 if mapped is not None:
