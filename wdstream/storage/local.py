@@ -94,22 +94,23 @@ class _MappedFiles:
     """
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
+        self.limit = limit  # maps kept; a map still viewed stays until its views are freed
         self._maps: OrderedDict[tuple[object, str], mmap.mmap | None] = OrderedDict()
         self._lock = threading.Lock()
         self._dropped: deque[object] = deque()  # owners whose maps are still to be unmapped
 
-    def view(self, owner: object, path: Path, start: int, end: int) -> memoryview:
-        """Bytes ``[start, end)`` of ``path`` (cut at its end) as a view of its map; the view
-        is taken under the lock, so a map evicted by another thread is never read closed."""
-        key = (owner, str(path))
+    def view(self, owner: object, root: Path, name: str, start: int, end: int) -> memoryview:
+        """Bytes ``[start, end)`` of the file ``name`` under ``root`` (cut at its end) as a
+        view of its map; taken under the lock, so a map another thread evicts is never read
+        closed."""
+        key = (owner, name)
         with self._lock:
             self._unmap_dropped()
             if key in self._maps:
                 self._maps.move_to_end(key)
                 mapped = self._maps[key]
             else:
-                mapped = self._maps[key] = _map_file(path)
+                mapped = self._maps[key] = _map_file(root / name)
                 while len(self._maps) > self.limit:
                     old = self._maps.popitem(last=False)[1]
                     if old is not None:
@@ -176,7 +177,7 @@ class LocalStore(Store):
         """A view of the shard's map: shards are immutable once visible, so one map serves
         every ranged read of a shard without reopening it (reopening per sample is what
         makes some peers slow) and without copying bytes out of the page cache first."""
-        return _MAPPED.view(self._token, self._path(name), start, end)
+        return _MAPPED.view(self._token, self.root, name, start, end)
 
     def size(self, name: str) -> int:
         path = self._path(name)
