@@ -179,3 +179,26 @@ def test_a_full_dev_shm_at_the_pool_start_is_a_clear_error(
     with pytest.raises(wdstream.WdstreamError, match=r"/dev/shm.*full.*workers=0"):
         wdstream.pack(_inputs(tmp_path), str(tmp_path / "out"), workers=2, pool="processes",
                       seq_len=100, backend="tiktoken", on_error="skip")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("refusal", "blamed"),
+    [((28, "No space left on device"), True), ((13, "Permission denied"), True),
+     ((24, "Too many open files"), False), ((12, "Cannot allocate memory"), False)],
+)  # fmt: skip
+def test_only_a_refusal_of_dev_shm_is_blamed_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: tuple[int, str], blamed: bool
+) -> None:
+    """Too many open files, or no memory, at the pool's start is not /dev/shm's fault: the
+    error is raised as it is, not worded as a full /dev/shm."""
+    import wdstream.write.tokenpool as tokenpool
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(*refusal)
+
+    monkeypatch.setattr(tokenpool, "ProcessPoolExecutor", refuse)
+    with pytest.raises((OSError, wdstream.WdstreamError)) as caught:
+        wdstream.pack(_inputs(tmp_path), str(tmp_path / "out"), workers=2, pool="processes",
+                      seq_len=100, backend="tiktoken", on_error="skip")  # fmt: skip
+    assert isinstance(caught.value, wdstream.WdstreamError) == blamed
+    assert ("/dev/shm" in str(caught.value)) == blamed

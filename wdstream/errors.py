@@ -7,6 +7,8 @@ the problem is.
 
 from __future__ import annotations
 
+import errno
+
 __all__ = [
     "ChatTemplateError",
     "ConversationError",
@@ -24,6 +26,7 @@ __all__ = [
     "TokenizerError",
     "WdstreamError",
     "WorkerTimeoutError",
+    "shm_refusal",
 ]
 
 
@@ -103,3 +106,21 @@ class WorkerTimeoutError(WdstreamError, TimeoutError):
     """The ``Loader``'s torch workers sent no chunk within its ``timeout``: names each
     worker's pid and state (a stopped or hung process); the workers have been ended, and the
     next ``iter()`` starts new ones from the position after the last batch handed out."""
+
+
+# How the kernel refuses a file in /dev/shm: no room, no quota, no permission, read-only.
+_SHM_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def shm_refusal(exc: OSError, starting: str, instead: str) -> BaseException:
+    """What to raise when starting processes (``starting``: "the torch workers") failed with
+    ``exc``: ``multiprocessing`` makes its queues' semaphores in ``/dev/shm`` and, refused
+    there, raises a bare ``OSError`` naming no file. That case is a :class:`WdstreamError`
+    saying so and what to pass ``instead``; any other error (one naming a file, too many
+    open files, no memory) is ``exc`` itself, never blamed on ``/dev/shm``."""
+    if exc.filename is not None or exc.errno not in _SHM_REFUSALS:
+        return exc
+    return WdstreamError(
+        f"cannot start {starting} ({exc}): /dev/shm, where their semaphores live, is full or "
+        f"unwritable; free room there, or pass {instead}"
+    )

@@ -49,7 +49,7 @@ except ImportError:  # Windows has none: the pipes keep their size
 
 import numpy as np
 
-from wdstream.errors import WdstreamError
+from wdstream.errors import WdstreamError, shm_refusal
 from wdstream.inputs.blocks import BlockParser, LineBlock, ParsedBlock
 from wdstream.tokenizers.base import Tokenizer
 from wdstream.tokenizers.tiktoken import BpeEncoder
@@ -194,11 +194,10 @@ def process_pool(
             workers, mp_context=_process_context(), initializer=_init_worker, initargs=initargs
         )
     except OSError as exc:
-        raise WdstreamError(
-            f"cannot start the tokenizer process pool ({exc}): /dev/shm, where its "
-            "semaphores live, is full or unwritable; free room there, or pass workers=0 "
-            "or pool='threads'"
-        ) from exc
+        said = shm_refusal(exc, "the tokenizer process pool", "workers=0 or pool='threads'")
+        if said is exc:
+            raise
+        raise said from exc
     _widen_pipes(executor)
     return executor
 

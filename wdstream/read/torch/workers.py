@@ -18,25 +18,13 @@ from typing import Any, NoReturn
 from torch.utils.data import DataLoader
 from torch.utils.data._utils.signal_handling import _remove_worker_pids
 
-from wdstream.errors import WdstreamError, WorkerTimeoutError
+from wdstream.errors import WorkerTimeoutError, shm_refusal
 from wdstream.read.order.base import SequencePosition
 from wdstream.read.sources.fetches import join_dropped
 from wdstream.read.torch.dataset import Chunk, TokenDataset
 from wdstream.read.torch.handoff import WorkerHandoff, forked_workers, worker_start
 
 __all__ = ["TorchWorkers"]
-
-
-def _no_shm(exc: OSError) -> BaseException:
-    """torch's workers could not start for want of ``/dev/shm`` (where ``multiprocessing``
-    keeps the semaphores of their queues: its bare ``OSError`` names no file): say so, as the
-    pack's token pool does; another ``OSError`` as it is."""
-    if exc.filename is not None:
-        return exc
-    return WdstreamError(
-        f"cannot start the torch workers ({exc}): /dev/shm, where their queues' semaphores "
-        "live, is full or unwritable; free room there, or pass num_workers=0"
-    )
 
 
 def _identity(x: Any) -> Any:
@@ -109,7 +97,7 @@ class TorchWorkers:
         try:
             running = iter(dl)  # persistent workers: torch's reset of the running ones
         except OSError as exc:  # no room for multiprocessing's semaphores
-            self._fail(_no_shm(exc), dl._iterator)
+            self._fail(shm_refusal(exc, "the torch workers", "num_workers=0"), dl._iterator)
         except BaseException as exc:  # one of them died, or stopped, since the last iteration
             self._fail(exc, dl._iterator)
         yield from self._resolve(running, fresh, self._handoff.iteration())
