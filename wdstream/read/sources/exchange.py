@@ -21,8 +21,8 @@ fetched by the taker itself.
 A taker never depends on a piece arriving: it stops waiting, and fetches the piece itself,
 when the owner marks the piece failed (its GET failed, or ``/dev/shm`` is full), when the
 owner has gone on to a later window without offering it (each worker publishes the last
-window it loaded), when the owner's iteration ended (it dropped its reads: a ``break``), or
-after ``SHARE_WAIT_S``. The bytes a taker maps are checked exactly as fetched ones are (each
+window it loaded), when the owner's iteration ended (it dropped its reads: a ``break``, or
+its read failed; a piece it claimed may never come then), or after ``SHARE_WAIT_S``. The bytes a taker maps are checked exactly as fetched ones are (each
 sample's CRC32C at its copy), so a piece's path changes no result. A worker whose own
 iteration ended takes nothing more: its reads still waiting for a peer's piece end at once.
 
@@ -220,8 +220,8 @@ class ReadShare:
 
     def take(self, window: Window, j: int, owner: int) -> memoryview | None:
         """Piece ``j`` of ``window`` from ``owner``, mapped; None where it will not come
-        (marked failed; the owner began a later window without claiming it, or ended; or
-        after ``SHARE_WAIT_S``): the caller then fetches it itself.
+        (marked failed; the owner began a later window without claiming it, or ended, even
+        with the piece claimed; or after ``SHARE_WAIT_S``): the caller then fetches it.
 
         Raises:
             CancelledError: this worker's iteration ended (:meth:`end`).
@@ -252,7 +252,10 @@ class ReadShare:
                 for done in (failed, claim):
                     done.unlink(missing_ok=True)
                 return None
-            gone = not claim.exists() and at is not None and at > window
+            # An owner at a later window may still be fetching a piece it claimed; one whose
+            # iteration ended may not: a claimed GET was left in flight as its read failed,
+            # and its process then ended with it (a taker waited SHARE_WAIT_S: 60 s).
+            gone = at is not None and at > window and (at == _AFTER_ALL or not claim.exists())
             if gone or time.monotonic() > deadline:
                 claim.unlink(missing_ok=True)
                 return None
