@@ -31,7 +31,11 @@ ARGS = ["--seq-len", "255", "--shard-size", "96KB", "-q"]
 
 
 def _cli(args: list[str]) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    # RAY_ADDRESS=local: a pack without --ray-address starts a Ray of its own, as on a machine
+    # running no other cluster (ray.init() otherwise joins any cluster it finds running here:
+    # once another job's, in another environment, and the rerun failed with OwnerDiedError).
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "RAY_ADDRESS": "local"}  # fmt: skip
     return subprocess.Popen(
         [sys.executable, "-m", "wdstream.cli", *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
