@@ -22,6 +22,7 @@ botocore client gets the same connections (:func:`head_deadline`).
 
 from __future__ import annotations
 
+import functools
 import http.client
 import io
 import socket
@@ -185,9 +186,12 @@ class _HeadDeadline(http.client.HTTPResponse):
             self._io.end_deadline()
 
 
+@functools.lru_cache(maxsize=64)
 def _with_head_deadline(cls: Any, deadline: float) -> Any:
     """Connection class ``cls`` whose answers' heads have ``deadline`` seconds (botocore's
-    swaps in its own response class only after a ``100 Continue``, for uploads)."""
+    swaps in its own response class only after a ``100 Continue``, for uploads). Made once
+    per class and deadline: a class is a reference cycle (its ``__mro__``), and one made per
+    store was freed only by the collector, ~10 KB for each store dropped."""
     response = type("_HeadDeadline", (_HeadDeadline,), {"deadline": deadline})
     return type(cls.__name__, (cls,), {"response_class": response})
 
@@ -206,8 +210,15 @@ def head_deadline(client: Any, deadline: float) -> None:
         return
     for scheme, pool in (("http", awsrequest.AWSHTTPConnectionPool),
                          ("https", awsrequest.AWSHTTPSConnectionPool)):  # fmt: skip
-        conn = _with_head_deadline(pool.ConnectionCls, deadline)
-        classes[scheme] = type(pool.__name__, (pool,), {"ConnectionCls": conn})
+        classes[scheme] = _pool_with_head_deadline(pool, deadline)
+
+
+@functools.lru_cache(maxsize=64)
+def _pool_with_head_deadline(pool: Any, deadline: float) -> Any:
+    """Pool class ``pool`` whose connections are :func:`_with_head_deadline`'s (made once
+    per class and deadline, as that is)."""
+    conn = _with_head_deadline(pool.ConnectionCls, deadline)
+    return type(pool.__name__, (pool,), {"ConnectionCls": conn})
 
 
 def _requests_error(err: MaxRetryError) -> requests.RequestException:

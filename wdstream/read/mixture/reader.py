@@ -106,7 +106,12 @@ class MixtureReader:
         self._schedules: dict[tuple[SchedulePiece, ...], Schedule] = {}
         # The pieces last asked for (a chunk's, by identity: no hash) and their schedule.
         self._last_schedule: tuple[tuple[SchedulePiece, ...], Schedule] | None = None
-        self.steps = StepChunks(self)
+
+    @property
+    def steps(self) -> StepChunks:
+        """This process's chunks of these steps: made on each use, not kept (a kept one
+        pointing back here was a reference cycle, see :mod:`~wdstream.read.weak_calls`)."""
+        return StepChunks(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

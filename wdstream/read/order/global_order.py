@@ -41,6 +41,7 @@ from wdstream.read.order.window_data import Hit, Segment, copy_rows, finish_copy
 from wdstream.read.order.window_reads import WindowReads
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.reads import neutral_id
+from wdstream.read.weak_calls import weak_method
 
 __all__ = ["ORDER_VERSION", "GlobalOrder", "OrderConfig", "Origin"]
 
@@ -112,7 +113,9 @@ class GlobalOrder:
         self._lock = threading.Lock()
         self._last: tuple[int, int] | None = None  # (epoch, window) of the last rows cut
         # The windows' sample data: read, kept, read ahead, verified, shared with workers.
-        self.data = WindowReads(source, quarantine, self.geometry, self.plan, self.window)
+        self.data = WindowReads(
+            source, quarantine, self.geometry, weak_method(self.plan), weak_method(self.window)
+        )
 
     def __getstate__(self) -> dict[str, object]:
         return {"source": self.source, "cfg": self.cfg, "quarantine": self.quarantine,

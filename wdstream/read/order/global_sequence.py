@@ -88,7 +88,12 @@ class GlobalReader:
         self.row_tokens = self.order.row_tokens
         self.rank, self.batch_size = rank, batch_size
         self.chunk_batches, self.doc_boundaries = chunk_batches, doc_boundaries
-        self.steps = StepChunks(self)
+
+    @property
+    def steps(self) -> StepChunks:
+        """This process's chunks of these steps: made on each use, not kept (a kept one
+        pointing back here was a reference cycle, see :mod:`~wdstream.read.weak_calls`)."""
+        return StepChunks(self)
 
     # ---- counts ------------------------------------------------------------------------
     def epoch_of(self, position: GlobalPosition) -> int:

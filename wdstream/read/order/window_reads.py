@@ -38,6 +38,7 @@ from wdstream.read.sources.exchange import (
 from wdstream.read.sources.fetches import ReadStop
 from wdstream.read.sources.packed import ShardSource
 from wdstream.read.sources.quarantine import QuarantinedReads
+from wdstream.read.weak_calls import weak_method
 
 __all__ = ["ReadSpans", "WindowReads"]
 
@@ -75,7 +76,9 @@ class WindowReads:
         self.n_windows = geometry.n_windows
         self.plan = plan
         self.window = window
-        self._cache = WindowCache(self._load_data, deepen=source.remote, read_ahead=source.remote)
+        self._cache = WindowCache(
+            weak_method(self._load_data), deepen=source.remote, read_ahead=source.remote
+        )
         # Set while release() drops the reads (see there), or in a torch worker once the
         # training process left the iteration (stop_when).
         self._outside: Callable[[], bool] | None = None

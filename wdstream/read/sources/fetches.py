@@ -216,15 +216,21 @@ def results(jobs: list[Future[T]], stop: Stop | None) -> list[T]:
     """The jobs' results in order (the first failure in order raised), or
     ``CancelledError`` as soon as ``stop`` is set: the reader dropping the window does not
     wait for the GETs in flight (:meth:`FetchPool.drop` leaves them)."""
-    if stop is None:
-        return [job.result() for job in jobs]
-    out = []
-    for job in jobs:
-        while not wait([job], timeout=_STOP_POLL_S).done:
-            if stop.is_set():
-                raise CancelledError
-        out.append(job.result())
-    return out
+    try:
+        if stop is None:
+            return [job.result() for job in jobs]
+        out = []
+        for job in jobs:
+            while not wait([job], timeout=_STOP_POLL_S).done:
+                if stop.is_set():
+                    raise CancelledError
+            out.append(job.result())
+        return out
+    finally:
+        # An exception raised here holds this frame: without the jobs, not their futures,
+        # which hold a failure's exception (a cycle, freed only by the collector, that kept
+        # the reader's source, sockets and bytes).
+        jobs = job = None  # type: ignore[assignment]
 
 
 def stoppable(call: Callable[[], T], outside: Callable[[], bool]) -> T:

@@ -8,12 +8,12 @@ name under the packer's rule is one string format, a listed one a slice of the m
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import overload
 
 from wdstream.format.shard_table import ShardRows
 
-__all__ = ["TableNames", "TableUrls"]
+__all__ = ["ShardWhere", "TableNames", "TableUrls"]
 
 
 class TableNames(Sequence[str]):
@@ -60,3 +60,16 @@ class TableUrls(Sequence[tuple[str, str]]):
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         return ((self.root, n) for n in self.names)
+
+
+class ShardWhere:
+    """A shard's URL, for messages: what a source's reads and sidecars are given in place
+    of its bound ``where``, which held the source (a reference cycle through every part it
+    was given: a dropped source's stores and mapped table lived until the cyclic collector
+    ran, see :mod:`~wdstream.read.weak_calls`)."""
+
+    def __init__(self, url: Callable[[str, str], str], urls: Sequence[tuple[str, str]]) -> None:
+        self._url, self._urls = url, urls
+
+    def __call__(self, shard: int) -> str:
+        return self._url(*self._urls[shard])

@@ -29,7 +29,7 @@ from wdstream.read.sources.exchange import SharedPieces
 from wdstream.read.sources.fetches import FetchPool, Stop, results
 from wdstream.read.sources.identity import DatasetIdentity, packed_identity
 from wdstream.read.sources.layouts import KeptLayouts
-from wdstream.read.sources.names import TableNames, TableUrls
+from wdstream.read.sources.names import ShardWhere, TableNames, TableUrls
 from wdstream.read.sources.reads import CopyChecks, PieceRead
 from wdstream.read.sources.shards import (
     decode_span,
@@ -125,7 +125,7 @@ class ShardSource:
                 (ix.mode, ix.sample_tokens) if ix else infer_mode(counts)
             )
             roots = {r for r, _ in self.urls}
-        self.ranges = CheckedRanges(self._stores, self.urls, checksums, self.where)
+        self.ranges = CheckedRanges(self._stores, self.urls, checksums, self._where)
         drop_short_last_sample(self.samples, self.tokens, self.mode, self.sample_tokens)
         check_index_ids(self.index, self._stores.url(self.urls[0][0], "index.json"))
         self._ids = id_limit(self.index)  # every read's ids are checked against it (vouch.py)
@@ -186,10 +186,15 @@ class ShardSource:
     def _sidecars(self) -> ShardSidecars:
         """The shards' sidecars, read as shards are (once ``urls``, the index are known)."""
         return ShardSidecars(self._stores, self.urls, self.sidecar_names, self.index,
-                             self._entries, self.checksums, self.where, _SIDECAR_CACHE)  # fmt: skip
+                             self._entries, self.checksums, self._where, _SIDECAR_CACHE)  # fmt: skip
 
     def _store(self, root: str) -> Store:
         return self._stores.get(root)
+
+    @property
+    def _where(self) -> ShardWhere:
+        """:meth:`where` without this source (see :class:`ShardWhere`)."""
+        return ShardWhere(self._stores.url, self.urls)
 
     def where(self, shard: int) -> str:
         """URL of a shard, for messages."""
@@ -302,6 +307,10 @@ class ShardSource:
                 if err is not None and not isinstance(err, CancelledError):
                     raise err from None
             raise
+        finally:
+            # The exception raised holds this frame, whose futures hold it: a cycle that
+            # kept the source, its sockets and its windows' bytes until the collector ran.
+            jobs, err = {}, None
 
     def _held(self, pieces: list[tuple[int, int, int]]) -> bool:
         """Whether the stores hold every piece's bytes at hand (a node cache's mapped
