@@ -16,7 +16,9 @@ import resource
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from faultlib.common import READ, Attempt, clean_dataset
 from wdstream import Loader
@@ -96,7 +98,7 @@ def process_resources(work: Path, scale: float) -> Iterator[Attempt]:
             shutil.copytree(root, dst)
         mixture[f"m{k}"] = str(dst)
     n = max(25, int(300 * scale))
-    opts = {**READ, "epochs": None}
+    opts: dict[str, Any] = {**READ, "epochs": None}
 
     def local() -> Loader:
         return Loader(root, **opts)
@@ -112,11 +114,9 @@ def process_resources(work: Path, scale: float) -> Iterator[Attempt]:
         (mixed, max(10, n // 5), "iterated"), (workers, max(5, n // 25), "iterated"),
     ]  # fmt: skip
     for (make, count, use), collector in itertools.product(cases, (True, False)):
-        yield lambda make=make, count=count, use=use, collector=collector: _repeat(
-            make, count, use, collector
-        )
+        yield partial(_repeat, make, count, use, collector)
     for collector in (True, False):
-        yield lambda collector=collector: _remote(root, work, max(10, n // 10), collector)
+        yield partial(_remote, root, work, max(10, n // 10), collector)
 
 
 def _remote(root: str, work: Path, n: int, collector: bool) -> str:
@@ -129,4 +129,5 @@ def _remote(root: str, work: Path, n: int, collector: bool) -> str:
         shutil.copytree(root, served / "ds")
     with FileServer(served) as server:
         url = f"{server.base_url}/ds"
-        return _repeat(lambda: Loader(url, **{**READ, "epochs": None}), n, "iterated", collector)
+        opts: dict[str, Any] = {**READ, "epochs": None}
+        return _repeat(lambda: Loader(url, **opts), n, "iterated", collector)
