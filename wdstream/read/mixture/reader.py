@@ -109,8 +109,7 @@ class MixtureReader:
 
     @property
     def steps(self) -> StepChunks:
-        """This process's chunks of these steps: made on each use, not kept (a kept one
-        pointing back here was a reference cycle, see :mod:`~wdstream.read.weak_calls`)."""
+        """Made on each use: one kept here was a reference cycle (``read/weak_calls.py``)."""
         return StepChunks(self)
 
     def __getstate__(self) -> dict[str, Any]:

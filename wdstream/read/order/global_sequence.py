@@ -13,11 +13,9 @@ the same batches. The state is the global step and where counting began::
      "worker": null, "order_version": 1, "next_rows": "<16 hex>", "check": "<48 hex>"}
 
 ``order_version`` and ``next_rows`` name the order (:mod:`~wdstream.read.order.identity`);
-``skips`` and ``quarantined`` (rows the saving rank masked, ``on_corrupt="mask"``) appear
-once above 0.
-Nothing in it depends on the rank, the world size or the workers: every rank saves the same
-state, and any rank of any world size with the same global batch loads rank 0's. With another
-global batch the run continues from the same row of the same epoch (``origin``).
+``skips`` and ``quarantined`` (rows masked, ``on_corrupt="mask"``) appear once above 0. No
+field depends on the rank, world size or workers: any rank of any world size with the same
+global batch loads rank 0's state; with another, the run goes on from the same row (``origin``).
 """
 
 from __future__ import annotations
@@ -91,8 +89,7 @@ class GlobalReader:
 
     @property
     def steps(self) -> StepChunks:
-        """This process's chunks of these steps: made on each use, not kept (a kept one
-        pointing back here was a reference cycle, see :mod:`~wdstream.read.weak_calls`)."""
+        """Made on each use: one kept here was a reference cycle (``read/weak_calls.py``)."""
         return StepChunks(self)
 
     # ---- counts ------------------------------------------------------------------------
