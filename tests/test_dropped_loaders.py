@@ -70,9 +70,10 @@ def _reader_garbage() -> list[str]:
 
 
 def _settles(value: Callable[[], object], want: object) -> bool:
-    """Whether ``value()`` comes to ``want`` within 3 s: the last Loader's read-ahead
-    (order="streams") may still be in flight, holding its reader until it ends."""
-    stop = time.monotonic() + 3
+    """Whether ``value()`` comes to ``want`` within 10 s (a loaded host): the last Loader's
+    read-ahead (order="streams", remote GETs) may still be in flight, holding what it read
+    with until it ends."""
+    stop = time.monotonic() + 10
     while value() != want and time.monotonic() < stop:
         time.sleep(0.01)
     return value() == want
@@ -130,6 +131,8 @@ def test_a_dropped_remote_loader_leaves_no_thread_or_socket(
         threads, sockets = len(os.listdir("/proc/self/task")), _sockets()
         for _ in range(8):
             _iterate(Loader(url, batch_size=4, **OPTS))
-        assert _sockets() <= sockets
-        assert len(os.listdir("/proc/self/task")) <= threads
+        # The last Loaders' dropped GETs may still be in flight on a loaded host (their
+        # fetch threads end, and free their sockets, when the answers come).
+        assert _settles(lambda: _sockets() <= sockets, True), _sockets()
+        assert _settles(lambda: len(os.listdir("/proc/self/task")) <= threads, True)
         assert _reader_garbage() == []
