@@ -12,7 +12,7 @@ import pytest
 from wdstream import CorruptShardError, Loader
 from wdstream.format.index import DatasetIndex
 from wdstream.format.sidecar import ShardSidecar
-from wdstream.storage import LocalStore
+from wdstream.storage import LocalStore, local
 from wdstream.testing import rewrite_index, write_synthetic_dataset
 
 
@@ -21,7 +21,10 @@ def _open_fds() -> int:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
-def test_store_keeps_a_bounded_number_of_files_open(tmp_path: Path) -> None:
+def test_store_keeps_a_bounded_number_of_files_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local._MAPPED, "limit", 64)  # the process's maps, over every store
     for i in range(300):
         (tmp_path / f"f{i:03d}").write_bytes(bytes([i % 256]) * 100)
     store = LocalStore(tmp_path)
@@ -34,7 +37,10 @@ def test_store_keeps_a_bounded_number_of_files_open(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
-def test_loader_over_many_shards_does_not_pile_up_open_files(tmp_path: Path) -> None:
+def test_loader_over_many_shards_does_not_pile_up_open_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local._MAPPED, "limit", 64)
     write_synthetic_dataset(str(tmp_path), n_docs=400, sample_tokens=9, samples_per_shard=1)
     assert len(DatasetIndex.from_json((tmp_path / "index.json").read_text()).shards) > 200
     before = _open_fds()
