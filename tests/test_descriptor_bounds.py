@@ -133,3 +133,21 @@ def test_a_store_closed_while_its_own_thread_maps_never_waits(sources: dict[str,
         sorted(n for n in os.listdir(sources["b"]) if n.endswith(".tar"))[0], 0, 16
     )
     assert key not in local._MAPPED._maps  # unmapped at the next read
+
+
+def test_a_store_dropped_unclosed_gives_its_maps_back(sources: dict[str, str]) -> None:
+    """``open_store`` in a script, never closed: its maps go with it, not when 256 newer
+    maps push them out of the process's LRU."""
+    names = sorted(n for n in os.listdir(sources["b"]) if n.endswith(".tar"))[:5]
+    root = str(Path(sources["b"]).resolve())
+    gc.collect()
+    gc.disable()
+    try:
+        before = _shard_descriptors([root])
+        for name in names:
+            store = local.LocalStore(sources["b"])
+            store.read_range_view(name, 0, 16).release()
+            del store
+        assert _shard_descriptors([root]) == before
+    finally:
+        gc.enable()

@@ -245,6 +245,14 @@ class LocalStore(Store):
     def close(self) -> None:
         _MAPPED.drop(self._token)
 
+    def __del__(self) -> None:
+        # A store dropped unclosed (``open_store`` in a script) gives its maps back too,
+        # not when 256 newer ones push them out; ``drop`` never waits (the collector).
+        try:
+            self.close()
+        except Exception:  # noqa: S110 - interpreter shutdown: the module's LRU is gone
+            pass
+
     def __getstate__(self) -> dict[str, object]:
         # Maps do not travel to a spawned DataLoader worker; it maps what it reads itself.
         return {"root": self.root, "url": self.url}

@@ -310,7 +310,7 @@ class ShardSource:
         finally:
             # The exception raised holds this frame, whose futures hold it: a cycle that
             # kept the source, its sockets and its windows' bytes until the collector ran.
-            jobs, err = {}, None
+            jobs, job, err = {}, None, None  # type: ignore[assignment]
 
     def _held(self, pieces: list[tuple[int, int, int]]) -> bool:
         """Whether the stores hold every piece's bytes at hand (a node cache's mapped
