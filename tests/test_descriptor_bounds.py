@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.cli_server import _Server
+from tests.open_files import open_descriptors
 from wdstream import Loader
 from wdstream.storage import local
 from wdstream.testing import write_synthetic_dataset
@@ -36,14 +37,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def _shard_descriptors(roots: list[str]) -> int:
     """How many of this process's descriptors are open on a ``.tar`` under ``roots``."""
-    count = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        count += target.endswith(".tar") and any(target.startswith(r) for r in roots)
-    return count
+    return open_descriptors(lambda t: t.endswith(".tar") and t.startswith(tuple(roots)))
 
 
 def _loaders(sources: dict[str, str]) -> Iterator[Loader]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.open_files import open_descriptors
 from tests.servers import FileServer
 from wdstream import Loader
 from wdstream.testing import write_synthetic_dataset
@@ -36,23 +37,11 @@ def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def _open_under(root: str) -> int:
     """Descriptors of this process open on anything under ``root``."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith(root + os.sep)
-        except OSError:
-            continue
-    return count
+    return open_descriptors(lambda target: target.startswith(root + os.sep))
 
 
 def _sockets() -> int:
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            continue
-    return count
+    return open_descriptors(lambda target: target.startswith("socket:"))
 
 
 def _reader_garbage() -> list[str]:
