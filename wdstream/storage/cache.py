@@ -279,21 +279,17 @@ class CachedStore(ForwardingStore):
         absent (a damaged, foreign or swapped one is dropped)."""
         try:  # O_NONBLOCK and fstat: a FIFO put in its place is dropped, never waited on
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                raw = read_private(fd) if regular else memoryview(b"")  # not mapped: see there
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise OSError(
                 exc.errno, f"cannot read the node cache's block ({exc.strerror})", path
             ) from exc
-        try:
-            regular = stat.S_ISREG(os.fstat(fd).st_mode)
-            raw = read_private(fd) if regular else memoryview(b"")  # not mapped: see there
-        except OSError as exc:
-            raise OSError(
-                exc.errno, f"cannot read the node cache's block ({exc.strerror})", path
-            ) from exc
-        finally:
-            os.close(fd)
         n = len(raw) - _TRAILER.size
         if n < 0 or _TRAILER.unpack_from(raw, n) != (_MAGIC, crc32c(raw[:n], seed), n):
             self._drop(path)

@@ -22,8 +22,9 @@ A taker never depends on a piece arriving: it stops waiting, and fetches the pie
 when the owner marks the piece failed (its GET failed, or ``/dev/shm`` is full), when the
 owner has gone on to a later window without offering it (each worker publishes the last
 window it loaded), when the owner's iteration ended (it dropped its reads: a ``break``, or
-its read failed; a piece it claimed may never come then), or after ``SHARE_WAIT_S``. The bytes a taker maps are checked exactly as fetched ones are (each
-sample's CRC32C at its copy), so a piece's path changes no result. A worker whose own
+its read failed; a piece it claimed may never come then), or after ``SHARE_WAIT_S``. The
+bytes a taker maps are checked exactly as fetched ones are (each sample's CRC32C at its
+copy), so a piece's path changes no result. A worker whose own
 iteration ended takes nothing more: its reads still waiting for a peer's piece end at once.
 
 The folder is ``wdstream-share-<pid>-<random>`` (pid: the process that made the order);
